@@ -1,0 +1,3 @@
+module github.com/cudacore/cudacore
+
+go 1.26.0
