@@ -1,0 +1,41 @@
+package cudacore
+
+import (
+	"errors"
+	"fmt"
+	"runtime/debug"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
+
+// guard runs fn, recovers a panic into a CUDACORE_ERROR_INTERNAL error carrying the stack, and renders
+// any error in the wire format. Every exported function's body goes through it.
+func guard[T any](op string, fn func() (T, error)) (v T, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			var zero T
+			v = zero
+			err = wireError(&cuda.Error{Op: op, Result: cuda.ErrorInternal,
+				Msg: fmt.Sprintf("panic: %v\n%s", p, debug.Stack())})
+		}
+	}()
+	v, err = fn()
+	if err != nil {
+		var zero T
+		return zero, wireError(err)
+	}
+	return v, nil
+}
+
+// wireError is an error whose text is the wire form; gopy passes err.Error() to Python as is.
+type wireErr struct{ text string }
+
+func (w wireErr) Error() string { return w.text }
+
+func wireError(err error) error {
+	var w wireErr
+	if errors.As(err, &w) {
+		return w
+	}
+	return wireErr{cuda.Encode(err)}
+}
