@@ -7,7 +7,7 @@
 // package can depend on it.
 package cuda
 
-//go:generate go run ./internal/resultgen results.tsv results_gen.go
+//go:generate go run ./internal/resultgen results.tsv results_gen.go ../../python/cudacore/_results.py
 
 import "strconv"
 

@@ -129,12 +129,12 @@ func wireToken(s, def string) string {
 	return s
 }
 
-// wireKey keeps only [a-z0-9_] of a field key.
+// wireKey lower-cases a field key and keeps only [a-z0-9_] of it.
 func wireKey(k string) string {
 	return strings.Map(func(c rune) rune {
 		if c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' {
 			return c
 		}
 		return -1
-	}, k)
+	}, strings.ToLower(k))
 }

@@ -1,0 +1,401 @@
+// shim.c: the C half of package libcuda. Every wrapper that takes a context makes it current and calls the
+// entry point in the same C function: a goroutine can move to another OS thread between two cgo calls, and
+// CUDA contexts are per thread, so a separate "set current" call from Go could bind the wrong thread.
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+
+_Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps must match cuda.h (88 bytes)");
+_Static_assert(offsetof(CUmemPoolProps, win32SecurityAttributes) == 16, "CUmemPoolProps layout");
+_Static_assert(offsetof(CUmemPoolProps, maxSize) == 24, "CUmemPoolProps layout");
+_Static_assert(offsetof(CUmemPoolProps, usage) == 32, "CUmemPoolProps layout");
+_Static_assert(sizeof(CUuuid) == 16, "CUuuid is 16 bytes");
+// cc_table_set/get address the table as an array of pointers.
+_Static_assert(sizeof(cc_table) % sizeof(void *) == 0, "cc_table holds only pointers");
+
+enum { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_NOT_SUPPORTED = 801 };
+
+void *cc_dlopen(const char *path, char *err, size_t errlen) {
+	// dlerror's text is per thread and is only valid until the next dl* call on it, so it is read here, in
+	// the same C call as dlopen, and copied out.
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (h == NULL && errlen > 0) {
+		const char *e = dlerror();
+		strncpy(err, e ? e : "unknown dlopen error", errlen - 1);
+		err[errlen - 1] = 0;
+	}
+	return h;
+}
+
+void *cc_dlsym(void *lib, const char *name) {
+	// A NULL result means "absent" here: no CUDA entry point is legitimately at address 0.
+	return dlsym(lib, name);
+}
+
+void cc_dlclose(void *lib) { dlclose(lib); }
+
+cc_table *cc_table_new(void) { return (cc_table *)calloc(1, sizeof(cc_table)); }
+
+size_t cc_table_len(void) { return sizeof(cc_table) / sizeof(void *); }
+
+size_t cc_mempoolprops_size(void) { return sizeof(CUmemPoolProps); }
+
+void cc_table_set(cc_table *t, size_t index, void *fn) {
+	if (index < cc_table_len()) memcpy((char *)t + index * sizeof(void *), &fn, sizeof fn);
+}
+
+void *cc_table_get(const cc_table *t, size_t index) {
+	void *fn = NULL;
+	if (index < cc_table_len()) memcpy(&fn, (const char *)t + index * sizeof(void *), sizeof fn);
+	return fn;
+}
+
+// cc_ensure makes ctx current on the calling thread. cuCtxGetCurrent is a thread-local read in the driver, so
+// checking first makes the common case (already current) cost almost nothing, while cuCtxSetCurrent may take
+// a lock.
+static inline CUresult cc_ensure(const cc_table *t, uintptr_t ctx) {
+	CUcontext cur = NULL;
+	CUresult r;
+	if (ctx == 0) return CC_FAIL_NOCONTEXT;
+	r = t->cuCtxGetCurrent(&cur);
+	if (r != CUDA_SUCCESS) return r | CC_FAIL_GETCURRENT;
+	if ((uintptr_t)cur == ctx) return CUDA_SUCCESS;
+	r = t->cuCtxSetCurrent((CUcontext)ctx);
+	if (r != CUDA_SUCCESS) return r | CC_FAIL_SETCURRENT;
+	return CUDA_SUCCESS;
+}
+
+#define ENSURE                                   \
+	do {                                         \
+		CUresult r_ = cc_ensure(t, ctx);         \
+		if (r_ != CUDA_SUCCESS) return r_;       \
+	} while (0)
+
+// Optional entry points may be NULL; Go checks first, and this is the backstop that keeps a NULL call from
+// ever happening.
+#define NEED(f)                                             \
+	do {                                                    \
+		if (t->f == NULL) return CUDA_ERROR_NOT_SUPPORTED;  \
+	} while (0)
+
+CUresult cc_init(const cc_table *t) { return t->cuInit(0); }
+CUresult cc_driverGetVersion(const cc_table *t, int *v) { return t->cuDriverGetVersion(v); }
+CUresult cc_deviceGetCount(const cc_table *t, int *n) { return t->cuDeviceGetCount(n); }
+CUresult cc_deviceGet(const cc_table *t, int ordinal, int *dev) { return t->cuDeviceGet(dev, ordinal); }
+CUresult cc_deviceGetName(const cc_table *t, int dev, char *buf, int len) {
+	return t->cuDeviceGetName(buf, len, dev);
+}
+CUresult cc_deviceGetUuid(const cc_table *t, int dev, unsigned char *out16) {
+	CUuuid u;
+	CUresult r;
+	memset(&u, 0, sizeof u);
+	r = t->cuDeviceGetUuid(&u, dev);
+	if (r == CUDA_SUCCESS) memcpy(out16, u.bytes, 16);
+	return r;
+}
+CUresult cc_deviceGetPCIBusId(const cc_table *t, int dev, char *buf, int len) {
+	return t->cuDeviceGetPCIBusId(buf, len, dev);
+}
+CUresult cc_deviceGetAttribute(const cc_table *t, int dev, int attr, int *v) {
+	return t->cuDeviceGetAttribute(v, attr, dev);
+}
+CUresult cc_deviceTotalMem(const cc_table *t, int dev, unsigned long long *bytes) {
+	size_t b = 0;
+	CUresult r = t->cuDeviceTotalMem(&b, dev);
+	*bytes = b;
+	return r;
+}
+CUresult cc_deviceGetDefaultMemPool(const cc_table *t, int dev, uintptr_t *pool) {
+	CUmemoryPool p = NULL;
+	CUresult r = t->cuDeviceGetDefaultMemPool(&p, dev);
+	*pool = (uintptr_t)p;
+	return r;
+}
+CUresult cc_primaryCtxRetain(const cc_table *t, int dev, uintptr_t *ctx) {
+	CUcontext c = NULL;
+	CUresult r = t->cuDevicePrimaryCtxRetain(&c, dev);
+	*ctx = (uintptr_t)c;
+	return r;
+}
+CUresult cc_primaryCtxRelease(const cc_table *t, int dev) { return t->cuDevicePrimaryCtxRelease(dev); }
+const char *cc_getErrorName(const cc_table *t, CUresult r) {
+	const char *s = NULL;
+	if (t->cuGetErrorName == NULL || t->cuGetErrorName(r, &s) != CUDA_SUCCESS) return NULL;
+	return s;
+}
+
+CUresult cc_ctxSynchronize(const cc_table *t, uintptr_t ctx) {
+	ENSURE;
+	return t->cuCtxSynchronize();
+}
+CUresult cc_ctxSetLimit(const cc_table *t, uintptr_t ctx, int limit, unsigned long long v) {
+	ENSURE;
+	return t->cuCtxSetLimit(limit, (size_t)v);
+}
+CUresult cc_ctxGetLimit(const cc_table *t, uintptr_t ctx, int limit, unsigned long long *v) {
+	size_t x = 0;
+	CUresult r;
+	ENSURE;
+	r = t->cuCtxGetLimit(&x, limit);
+	*v = x;
+	return r;
+}
+CUresult cc_ctxGetStreamPriorityRange(const cc_table *t, uintptr_t ctx, int *least, int *greatest) {
+	ENSURE;
+	return t->cuCtxGetStreamPriorityRange(least, greatest);
+}
+CUresult cc_memGetInfo(const cc_table *t, uintptr_t ctx, unsigned long long *free, unsigned long long *total) {
+	size_t f = 0, tot = 0;
+	CUresult r;
+	ENSURE;
+	r = t->cuMemGetInfo(&f, &tot);
+	*free = f;
+	*total = tot;
+	return r;
+}
+CUresult cc_memAlloc(const cc_table *t, uintptr_t ctx, unsigned long long n, CUdeviceptr *p) {
+	ENSURE;
+	return t->cuMemAlloc(p, (size_t)n);
+}
+CUresult cc_memFree(const cc_table *t, uintptr_t ctx, CUdeviceptr p) {
+	ENSURE;
+	return t->cuMemFree(p);
+}
+CUresult cc_memAllocManaged(const cc_table *t, uintptr_t ctx, unsigned long long n, unsigned int flags,
+                            CUdeviceptr *p) {
+	ENSURE;
+	return t->cuMemAllocManaged(p, (size_t)n, flags);
+}
+CUresult cc_memAllocAsync(const cc_table *t, uintptr_t ctx, unsigned long long n, uintptr_t s, CUdeviceptr *p) {
+	ENSURE;
+	return t->cuMemAllocAsync(p, (size_t)n, (CUstream)s);
+}
+CUresult cc_memAllocFromPoolAsync(const cc_table *t, uintptr_t ctx, unsigned long long n, uintptr_t pool,
+                                  uintptr_t s, CUdeviceptr *p) {
+	ENSURE;
+	return t->cuMemAllocFromPoolAsync(p, (size_t)n, (CUmemoryPool)pool, (CUstream)s);
+}
+CUresult cc_memFreeAsync(const cc_table *t, uintptr_t ctx, CUdeviceptr p, uintptr_t s) {
+	ENSURE;
+	return t->cuMemFreeAsync(p, (CUstream)s);
+}
+CUresult cc_memPoolCreate(const cc_table *t, uintptr_t ctx, int dev, uintptr_t *pool) {
+	CUmemPoolProps props;
+	CUmemoryPool p = NULL;
+	CUresult r;
+	ENSURE;
+	// Zeroed first: reserved bytes must be 0, and a driver newer than this struct reads them.
+	memset(&props, 0, sizeof props);
+	props.allocType = 1;     // CU_MEM_ALLOCATION_TYPE_PINNED
+	props.handleTypes = 0;   // CU_MEM_HANDLE_TYPE_NONE
+	props.location.type = 1; // CU_MEM_LOCATION_TYPE_DEVICE
+	props.location.id = dev;
+	r = t->cuMemPoolCreate(&p, &props);
+	*pool = (uintptr_t)p;
+	return r;
+}
+CUresult cc_memPoolDestroy(const cc_table *t, uintptr_t ctx, uintptr_t pool) {
+	ENSURE;
+	return t->cuMemPoolDestroy((CUmemoryPool)pool);
+}
+CUresult cc_memPoolSetAttribute(const cc_table *t, uintptr_t ctx, uintptr_t pool, int attr, unsigned long long v) {
+	unsigned long long x = v; // cuuint64_t: the attributes cudacore sets are all 64-bit
+	ENSURE;
+	return t->cuMemPoolSetAttribute((CUmemoryPool)pool, attr, &x);
+}
+CUresult cc_memPoolGetAttribute(const cc_table *t, uintptr_t ctx, uintptr_t pool, int attr,
+                                unsigned long long *v) {
+	unsigned long long x = 0;
+	CUresult r;
+	ENSURE;
+	r = t->cuMemPoolGetAttribute((CUmemoryPool)pool, attr, &x);
+	*v = x;
+	return r;
+}
+CUresult cc_memPoolTrimTo(const cc_table *t, uintptr_t ctx, uintptr_t pool, unsigned long long keep) {
+	ENSURE;
+	return t->cuMemPoolTrimTo((CUmemoryPool)pool, (size_t)keep);
+}
+CUresult cc_memHostAlloc(const cc_table *t, uintptr_t ctx, unsigned long long n, unsigned int flags, void **p) {
+	ENSURE;
+	return t->cuMemHostAlloc(p, (size_t)n, flags);
+}
+CUresult cc_memFreeHost(const cc_table *t, uintptr_t ctx, void *p) {
+	ENSURE;
+	return t->cuMemFreeHost(p);
+}
+CUresult cc_memcpyHtoD(const cc_table *t, uintptr_t ctx, CUdeviceptr dst, const void *src, size_t n) {
+	ENSURE;
+	return t->cuMemcpyHtoD(dst, src, n);
+}
+CUresult cc_memcpyDtoH(const cc_table *t, uintptr_t ctx, void *dst, CUdeviceptr src, size_t n) {
+	ENSURE;
+	return t->cuMemcpyDtoH(dst, src, n);
+}
+CUresult cc_memcpyDtoD(const cc_table *t, uintptr_t ctx, CUdeviceptr dst, CUdeviceptr src, unsigned long long n) {
+	ENSURE;
+	return t->cuMemcpyDtoD(dst, src, (size_t)n);
+}
+CUresult cc_memcpyHtoDAsync(const cc_table *t, uintptr_t ctx, CUdeviceptr dst, const void *src, size_t n,
+                            uintptr_t s) {
+	ENSURE;
+	return t->cuMemcpyHtoDAsync(dst, src, n, (CUstream)s);
+}
+CUresult cc_memcpyDtoHAsync(const cc_table *t, uintptr_t ctx, void *dst, CUdeviceptr src, size_t n, uintptr_t s) {
+	ENSURE;
+	return t->cuMemcpyDtoHAsync(dst, src, n, (CUstream)s);
+}
+CUresult cc_memcpyDtoDAsync(const cc_table *t, uintptr_t ctx, CUdeviceptr dst, CUdeviceptr src,
+                            unsigned long long n, uintptr_t s) {
+	ENSURE;
+	return t->cuMemcpyDtoDAsync(dst, src, (size_t)n, (CUstream)s);
+}
+CUresult cc_memsetD8Async(const cc_table *t, uintptr_t ctx, CUdeviceptr dst, unsigned char v, unsigned long long n,
+                          uintptr_t s) {
+	ENSURE;
+	return t->cuMemsetD8Async(dst, v, (size_t)n, (CUstream)s);
+}
+CUresult cc_streamCreate(const cc_table *t, uintptr_t ctx, unsigned int flags, int prio, uintptr_t *s) {
+	CUstream x = NULL;
+	CUresult r;
+	ENSURE;
+	r = t->cuStreamCreateWithPriority(&x, flags, prio);
+	*s = (uintptr_t)x;
+	return r;
+}
+CUresult cc_streamDestroy(const cc_table *t, uintptr_t ctx, uintptr_t s) {
+	ENSURE;
+	return t->cuStreamDestroy((CUstream)s);
+}
+CUresult cc_streamSynchronize(const cc_table *t, uintptr_t ctx, uintptr_t s) {
+	ENSURE;
+	return t->cuStreamSynchronize((CUstream)s);
+}
+CUresult cc_streamQuery(const cc_table *t, uintptr_t ctx, uintptr_t s) {
+	ENSURE;
+	return t->cuStreamQuery((CUstream)s);
+}
+CUresult cc_streamWaitEvent(const cc_table *t, uintptr_t ctx, uintptr_t s, uintptr_t e) {
+	ENSURE;
+	return t->cuStreamWaitEvent((CUstream)s, (CUevent)e, 0);
+}
+CUresult cc_streamBeginCapture(const cc_table *t, uintptr_t ctx, uintptr_t s, int mode) {
+	ENSURE;
+	return t->cuStreamBeginCapture((CUstream)s, mode);
+}
+CUresult cc_streamEndCapture(const cc_table *t, uintptr_t ctx, uintptr_t s, uintptr_t *g) {
+	CUgraph x = NULL;
+	CUresult r;
+	ENSURE;
+	r = t->cuStreamEndCapture((CUstream)s, &x);
+	*g = (uintptr_t)x;
+	return r;
+}
+CUresult cc_streamIsCapturing(const cc_table *t, uintptr_t ctx, uintptr_t s, int *status) {
+	ENSURE;
+	return t->cuStreamIsCapturing((CUstream)s, status);
+}
+CUresult cc_eventCreate(const cc_table *t, uintptr_t ctx, unsigned int flags, uintptr_t *e) {
+	CUevent x = NULL;
+	CUresult r;
+	ENSURE;
+	r = t->cuEventCreate(&x, flags);
+	*e = (uintptr_t)x;
+	return r;
+}
+CUresult cc_eventDestroy(const cc_table *t, uintptr_t ctx, uintptr_t e) {
+	ENSURE;
+	return t->cuEventDestroy((CUevent)e);
+}
+CUresult cc_eventRecord(const cc_table *t, uintptr_t ctx, uintptr_t e, uintptr_t s) {
+	ENSURE;
+	return t->cuEventRecord((CUevent)e, (CUstream)s);
+}
+CUresult cc_eventQuery(const cc_table *t, uintptr_t ctx, uintptr_t e) {
+	ENSURE;
+	return t->cuEventQuery((CUevent)e);
+}
+CUresult cc_eventSynchronize(const cc_table *t, uintptr_t ctx, uintptr_t e) {
+	ENSURE;
+	return t->cuEventSynchronize((CUevent)e);
+}
+CUresult cc_eventElapsedTime(const cc_table *t, uintptr_t ctx, uintptr_t start, uintptr_t end, float *ms) {
+	ENSURE;
+	return t->cuEventElapsedTime(ms, (CUevent)start, (CUevent)end);
+}
+CUresult cc_graphInstantiate(const cc_table *t, uintptr_t ctx, uintptr_t g, uintptr_t *exec) {
+	CUgraphExec x = NULL;
+	CUresult r;
+	NEED(cuGraphInstantiateWithFlags);
+	ENSURE;
+	r = t->cuGraphInstantiateWithFlags(&x, (CUgraph)g, 0);
+	*exec = (uintptr_t)x;
+	return r;
+}
+CUresult cc_graphUpload(const cc_table *t, uintptr_t ctx, uintptr_t exec, uintptr_t s) {
+	ENSURE;
+	return t->cuGraphUpload((CUgraphExec)exec, (CUstream)s);
+}
+CUresult cc_graphLaunch(const cc_table *t, uintptr_t ctx, uintptr_t exec, uintptr_t s) {
+	ENSURE;
+	return t->cuGraphLaunch((CUgraphExec)exec, (CUstream)s);
+}
+CUresult cc_graphExecUpdate(const cc_table *t, uintptr_t ctx, uintptr_t exec, uintptr_t g, int *updateResult) {
+	CUgraphExecUpdateResultInfo info;
+	CUresult r;
+	NEED(cuGraphExecUpdate);
+	ENSURE;
+	memset(&info, 0, sizeof info);
+	r = t->cuGraphExecUpdate((CUgraphExec)exec, (CUgraph)g, &info);
+	*updateResult = info.result;
+	return r;
+}
+CUresult cc_graphExecDestroy(const cc_table *t, uintptr_t ctx, uintptr_t exec) {
+	ENSURE;
+	return t->cuGraphExecDestroy((CUgraphExec)exec);
+}
+CUresult cc_graphDestroy(const cc_table *t, uintptr_t ctx, uintptr_t g) {
+	ENSURE;
+	return t->cuGraphDestroy((CUgraph)g);
+}
+CUresult cc_graphNodeCount(const cc_table *t, uintptr_t ctx, uintptr_t g, unsigned long long *n) {
+	size_t x = 0;
+	CUresult r;
+	ENSURE;
+	r = t->cuGraphGetNodes((CUgraph)g, NULL, &x); // nodes == NULL: the driver only writes the count
+	*n = x;
+	return r;
+}
+CUresult cc_moduleLoadData(const cc_table *t, uintptr_t ctx, const void *image, uintptr_t *mod) {
+	CUmodule m = NULL;
+	CUresult r;
+	ENSURE;
+	r = t->cuModuleLoadData(&m, image);
+	*mod = (uintptr_t)m;
+	return r;
+}
+CUresult cc_moduleUnload(const cc_table *t, uintptr_t ctx, uintptr_t mod) {
+	ENSURE;
+	return t->cuModuleUnload((CUmodule)mod);
+}
+CUresult cc_moduleGetFunction(const cc_table *t, uintptr_t ctx, uintptr_t mod, const char *name, uintptr_t *fn) {
+	CUfunction f = NULL;
+	CUresult r;
+	ENSURE;
+	r = t->cuModuleGetFunction(&f, (CUmodule)mod, name);
+	*fn = (uintptr_t)f;
+	return r;
+}
+CUresult cc_funcGetAttribute(const cc_table *t, uintptr_t ctx, uintptr_t fn, int attr, int *v) {
+	ENSURE;
+	return t->cuFuncGetAttribute(v, attr, (CUfunction)fn);
+}
+CUresult cc_launchKernel(const cc_table *t, uintptr_t ctx, uintptr_t fn, const unsigned int *grid,
+                         const unsigned int *block, unsigned int shared, uintptr_t s, void **params) {
+	ENSURE;
+	return t->cuLaunchKernel((CUfunction)fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared,
+	                         (CUstream)s, params, NULL);
+}
