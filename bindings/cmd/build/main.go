@@ -1,0 +1,320 @@
+// Command build produces cudacore's CPython extension for one Python interpreter.
+//
+// It does what `gopy build -vm=PY -dynamic-link=true` does, step by step, with cudacore's additions:
+//
+//  1. build the pinned gopy and goimports (go.mod's tool directives) into build/bin;
+//  2. `gopy gen` the bindings of the facade package into a work directory;
+//  3. patch the generated Go file according to the facade's //cudacore:gil directives (bindings/gil) and
+//     write the policy manifest _gil_policy.json;
+//  4. goimports, then one c-shared build only to get the cgo export header that pybindgen's C includes;
+//  5. run gopy's build.py with the target Python (pybindgen writes the C module);
+//  6. relink the final extension with that Python's include flags and without libpython;
+//  7. copy the extension and the generated Python files into -out (a Python package directory).
+//
+// Usage (from the repository root):
+//
+//	go run ./bindings/cmd/build -python /path/to/python [-out python/cudacore/_gopy]
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/cudacore/cudacore/bindings/gil"
+)
+
+const (
+	facadePkg = "github.com/cudacore/cudacore/cudacore"
+	facadeDir = "cudacore"
+	// name is gopy's -name: it names the Go file (core.go), the header (core_go.h) and the extension
+	// (_core<EXT_SUFFIX>). It must not start with "_": gopy's go.py calls the extension as `_<name>` from
+	// inside class bodies, and Python mangles `__core` there into `_ClassName__core`. The module is private
+	// because the package it goes into, cudacore._gopy, is.
+	name = "core"
+	// pybindgenVersion is installed into a build-local directory when the target Python lacks pybindgen.
+	pybindgenVersion = "0.22.1"
+)
+
+func main() {
+	log.SetFlags(0)
+	log.SetPrefix("bindings/build: ")
+	python := flag.String("python", "python3", "the Python interpreter to build for")
+	out := flag.String("out", "python/cudacore/_gopy", "directory that receives the extension and the generated Python files")
+	work := flag.String("work", "", "work directory (default build/_gopy_<python tag>)")
+	flag.Parse()
+	if err := run(*python, *out, *work); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(python, out, work string) error {
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	if err := os.Chdir(root); err != nil {
+		return err
+	}
+	if python, err = exec.LookPath(python); err != nil {
+		return fmt.Errorf("python interpreter: %w", err)
+	}
+	if python, err = filepath.Abs(python); err != nil {
+		return err
+	}
+	py, err := pythonConfig(python)
+	if err != nil {
+		return err
+	}
+	log.Printf("target %s (%s, %s)", python, py.Tag, py.ExtSuffix)
+
+	if work == "" {
+		// A leading "_" keeps the generated main package out of `go build/vet/test ./...`.
+		work = filepath.Join("build", "_gopy_"+py.Tag)
+	}
+	work, err = filepath.Abs(work)
+	if err != nil {
+		return err
+	}
+	if err := os.RemoveAll(work); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		return err
+	}
+
+	// 1. Tools, built from the versions go.mod pins (`go install pkg@version` needs the version list,
+	// which the module proxy here refuses).
+	bin, err := filepath.Abs(filepath.Join("build", "bin"))
+	if err != nil {
+		return err
+	}
+	for _, tool := range []string{"github.com/go-python/gopy", "golang.org/x/tools/cmd/goimports"} {
+		if err := cmd("", nil, "go", "build", "-o", bin+string(os.PathSeparator), tool); err != nil {
+			return err
+		}
+	}
+	// gopy runs `go` and (in build mode) goimports from PATH; put ours first.
+	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+
+	pyEnv, err := ensurePybindgen(python, root, py.Tag, env)
+	if err != nil {
+		return err
+	}
+
+	// gopy gen builds the facade first but carries on when that fails, and then fails later with a less
+	// helpful message; stop here instead.
+	if err := cmd("", env, "go", "build", facadePkg); err != nil {
+		return err
+	}
+
+	// 2. Generate. -no-make: we drive the build; -dynamic-link: do not link libpython (the interpreter
+	// provides its symbols; a wheel built here must load into another machine's Python of that version).
+	if err := cmd("", env, filepath.Join(bin, "gopy"), "gen", "-vm="+python, "-output="+work, "-name="+name,
+		"-no-make", "-dynamic-link=true", facadePkg); err != nil {
+		return err
+	}
+
+	// 3. GIL policy.
+	funcs, err := gil.Parse(facadeDir)
+	if err != nil {
+		return err
+	}
+	policy := gil.Policy(funcs)
+	goFile := filepath.Join(work, name+".go")
+	src, err := os.ReadFile(goFile)
+	if err != nil {
+		return err
+	}
+	patched, err := gil.Patch(src, policy)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(goFile, patched, 0o644); err != nil {
+		return err
+	}
+	manifest, err := gil.Manifest(policy)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(work, "_gil_policy.json"), manifest, 0o644); err != nil {
+		return err
+	}
+	for _, f := range funcs {
+		log.Printf("gil: %-24s %s", f.Name, f.Mode)
+	}
+
+	// 4. goimports (gopy's output has unused and missing imports), then a first c-shared build whose only
+	// purpose is the export header core_go.h that the pybindgen C code includes.
+	if err := cmd(work, env, filepath.Join(bin, "goimports"), "-w", name+".go"); err != nil {
+		return err
+	}
+	header := name + "_go"
+	if err := cmd(work, env, "go", "build", "-buildmode=c-shared", "-o", header+".so", "."); err != nil {
+		return err
+	}
+	if err := os.Remove(filepath.Join(work, header+".so")); err != nil {
+		return err
+	}
+
+	// 5. pybindgen writes core.c (the PyInit__core module and its method table).
+	if err := cmd(work, pyEnv, python, "build.py"); err != nil {
+		return err
+	}
+
+	// 6. The extension. CGO_CFLAGS/CGO_LDFLAGS as gopy computes them for -dynamic-link, with one change:
+	// gopy adds -Ofast, whose -ffast-math may also switch the process's FPU into flush-to-zero when the
+	// library loads; nothing here needs it, so -O2.
+	ext := "_" + name + py.ExtSuffix
+	buildEnv := append(env[:len(env):len(env)],
+		"CGO_ENABLED=1",
+		"CGO_CFLAGS="+strings.Join(append([]string{"-I" + py.IncDir}, "-fPIC", "-O2"), " "),
+		"CGO_LDFLAGS="+strings.Join(py.LdDynamicFlags, " "))
+	if err := cmd(work, buildEnv, "go", "build", "-buildmode=c-shared", "-o", ext, "."); err != nil {
+		return err
+	}
+
+	// 7. Install into the package directory. Generated Python: gopy's package files (__init__.py, go.py and
+	// cudacore.py, named after the Go package).
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(work)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		n := e.Name()
+		if n == ext || n == "_gil_policy.json" || (strings.HasSuffix(n, ".py") && n != "build.py") {
+			if err := copyFile(filepath.Join(work, n), filepath.Join(out, n)); err != nil {
+				return err
+			}
+		}
+	}
+	log.Printf("installed %s and the generated Python files into %s", ext, out)
+	return nil
+}
+
+// pyConfig is what the build needs to know about the target Python; pythonConfig follows gopy's
+// bind.GetPythonConfig for the dynamic-link case.
+type pyConfig struct {
+	Tag            string   // cp311, cp312, ...
+	ExtSuffix      string   // .cpython-311-x86_64-linux-gnu.so
+	IncDir         string   // Python.h lives here
+	LdDynamicFlags []string // LDSHARED without the compiler: link flags for a module that relies on the interpreter's symbols
+}
+
+const pyConfigScript = `
+import json, sys, sysconfig
+ldshared = sysconfig.get_config_var("LDSHARED") or ""
+print(json.dumps({
+    "tag": "cp%d%d" % sys.version_info[:2],
+    "extsuffix": sysconfig.get_config_var("EXT_SUFFIX"),
+    "incdir": sysconfig.get_path("include"),
+    # LDSHARED is "<compiler> -shared ..."; cgo brings its own compiler. "-bundle" is macOS-only and cgo
+    # already passes the equivalent (gopy's clear_ld_flags does the same).
+    "ldflags": ldshared.split(" ", 1)[1].replace("-bundle", "") if " " in ldshared else "",
+}))
+`
+
+func pythonConfig(python string) (pyConfig, error) {
+	var stdout bytes.Buffer
+	c := exec.Command(python, "-c", pyConfigScript)
+	c.Stdout, c.Stderr = &stdout, os.Stderr
+	if err := c.Run(); err != nil {
+		return pyConfig{}, fmt.Errorf("%s: reading sysconfig: %w", python, err)
+	}
+	var raw struct {
+		Tag, ExtSuffix, IncDir, LdFlags string
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &raw); err != nil {
+		return pyConfig{}, fmt.Errorf("%s: decoding sysconfig: %w", python, err)
+	}
+	if raw.ExtSuffix == "" || raw.IncDir == "" {
+		return pyConfig{}, fmt.Errorf("%s: sysconfig has no EXT_SUFFIX or include path", python)
+	}
+	if _, err := os.Stat(filepath.Join(raw.IncDir, "Python.h")); err != nil {
+		return pyConfig{}, fmt.Errorf("%s: no Python.h in %s (install the Python development headers)", python, raw.IncDir)
+	}
+	return pyConfig{Tag: raw.Tag, ExtSuffix: raw.ExtSuffix, IncDir: raw.IncDir,
+		LdDynamicFlags: strings.Fields(raw.LdFlags)}, nil
+}
+
+// ensurePybindgen returns the environment for running gopy's build.py. If the target Python cannot import
+// pybindgen (under pip, the build requirements provide it), it is installed into build/pydeps/<tag> and
+// put on PYTHONPATH, leaving the interpreter's own site-packages alone.
+func ensurePybindgen(python, root, tag string, env []string) ([]string, error) {
+	if exec.Command(python, "-c", "import pybindgen").Run() == nil {
+		return env, nil
+	}
+	deps := filepath.Join(root, "build", "pydeps", tag)
+	pyEnv := append(env[:len(env):len(env)], "PYTHONPATH="+deps+string(os.PathListSeparator)+os.Getenv("PYTHONPATH"))
+	c := exec.Command(python, "-c", "import pybindgen")
+	c.Env = pyEnv
+	if c.Run() == nil {
+		return pyEnv, nil
+	}
+	log.Printf("pybindgen missing for %s: installing it into %s", python, deps)
+	if err := cmd("", env, python, "-m", "pip", "install", "--disable-pip-version-check", "--quiet",
+		"--target", deps, "pybindgen=="+pybindgenVersion); err != nil {
+		return nil, err
+	}
+	return pyEnv, nil
+}
+
+// cmd runs a command in dir (the current directory when empty), echoing it and its output.
+func cmd(dir string, env []string, name string, args ...string) error {
+	log.Printf("$ %s %s", name, strings.Join(args, " "))
+	c := exec.Command(name, args...)
+	c.Dir, c.Stdout, c.Stderr = dir, os.Stderr, os.Stderr
+	if env != nil {
+		c.Env = env
+	}
+	if err := c.Run(); err != nil {
+		return fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+	}
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	// Write to a temporary name and rename: a Python process may have the old extension mapped.
+	tmp := dst + ".tmp"
+	o, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(o, in); err != nil {
+		o.Close()
+		return err
+	}
+	if err := o.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
+}
+
+// repoRoot is the directory of go.mod: the build runs there so that the facade package, the tools and the
+// generated package all resolve in the one module.
+func repoRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", fmt.Errorf("not inside the cudacore module (run from the repository)")
+	}
+	return filepath.Dir(mod), nil
+}
