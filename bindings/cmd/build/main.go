@@ -8,7 +8,9 @@
 //     write the policy manifest _gil_policy.json;
 //  4. goimports, then one c-shared build only to get the cgo export header that pybindgen's C includes;
 //  5. run gopy's build.py with the target Python (pybindgen writes the C module);
-//  6. relink the final extension with that Python's include flags and without libpython;
+//  6. relink the final extension with that Python's include flags and without libpython, with
+//     bindings/fastpath.c (the METH_FASTCALL module _fast) compiled into the same shared library, so that
+//     the process has one Go runtime;
 //  7. copy the extension and the generated Python files into -out (a Python package directory).
 //
 // Usage (from the repository root):
@@ -149,6 +151,13 @@ func run(python, out, work string) error {
 	}
 	for _, f := range funcs {
 		log.Printf("gil: %-24s %s", f.Name, f.Mode)
+	}
+
+	// The fast path is C in the generated main package, so cgo compiles it into the same library.
+	for _, f := range []string{"fastpath.c", "fastpath.h"} {
+		if err := copyFile(filepath.Join("bindings", f), filepath.Join(work, f)); err != nil {
+			return err
+		}
 	}
 
 	// 4. goimports (gopy's output has unused and missing imports), then a first c-shared build whose only
