@@ -1,0 +1,467 @@
+// Package conformance is the one behaviour suite that every cuda.Driver must pass: the real driver
+// (package libcuda) and the simulator (package cudasim) alike. It asserts what was measured on a real
+// H100 (/work/shared/driver-facts.md) and what the driver documents, so that a difference between the
+// backends shows up as a failure here: on the simulator it is a simulator bug.
+//
+// The suite owns nothing beyond a test: each subtest takes a fresh Driver from the caller, retains the
+// primary context of device 0 and releases it at the end.
+package conformance
+
+import (
+	"bytes"
+	"errors"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
+
+// H100 figures from driver-facts.md, asserted exactly only on that device.
+const (
+	h100Total       = 85017493504
+	h100ClampedHeap = 17681179680
+)
+
+type env struct {
+	drv   cuda.Driver
+	dev   cuda.Device
+	ctx   cuda.Context
+	pools bool
+	h100  bool
+	total uint64
+}
+
+func setup(t *testing.T, newDriver func(t *testing.T) cuda.Driver) *env {
+	t.Helper()
+	d := newDriver(t)
+	require.NoError(t, d.Init())
+	n, err := d.DeviceCount()
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, n, 1)
+	dev, err := d.DeviceGet(0)
+	require.NoError(t, err)
+	ctx, err := d.PrimaryCtxRetain(dev)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, d.PrimaryCtxRelease(dev)) })
+	pools, err := d.DeviceAttribute(dev, cuda.AttrMemoryPoolsSupported)
+	require.NoError(t, err)
+	name, err := d.DeviceName(dev)
+	require.NoError(t, err)
+	total, err := d.DeviceTotalMem(dev)
+	require.NoError(t, err)
+	return &env{drv: d, dev: dev, ctx: ctx, pools: pools == 1, total: total,
+		h100: strings.Contains(name, "H100 80GB") && total == h100Total}
+}
+
+// assertResult checks that err carries want, and that a failure is a *cuda.Error as the contract says.
+func assertResult(t *testing.T, want cuda.Result, err error, step string) bool {
+	t.Helper()
+	if err != nil {
+		var ce *cuda.Error
+		assert.True(t, errors.As(err, &ce), "%s: %v is not a *cuda.Error", step, err)
+	}
+	return assert.Equal(t, want, cuda.ResultOf(err), "%s: got %v", step, err)
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*31) ^ seed
+	}
+	return b
+}
+
+// Run runs the suite. newDriver returns a Driver that is not yet initialized; it may return the same
+// process-wide driver each time.
+func Run(t *testing.T, newDriver func(t *testing.T) cuda.Driver) {
+	t.Run("Init", func(t *testing.T) {
+		d := newDriver(t)
+		require.NoError(t, d.Init())
+		require.NoError(t, d.Init(), "cuInit is idempotent")
+		v, err := d.Version()
+		require.NoError(t, err)
+		assert.GreaterOrEqual(t, v, 1000)
+	})
+	t.Run("Devices", func(t *testing.T) { testDevices(t, setup(t, newDriver)) })
+	t.Run("MemGetInfo", func(t *testing.T) {
+		e := setup(t, newDriver)
+		free, total, err := e.drv.MemGetInfo(e.ctx)
+		require.NoError(t, err)
+		assert.LessOrEqual(t, free, total)
+		assert.Greater(t, free, uint64(0))
+		dt, err := e.drv.DeviceTotalMem(e.dev)
+		require.NoError(t, err)
+		assert.Equal(t, dt, total)
+	})
+	t.Run("AllocCopySync", func(t *testing.T) { testAllocCopySync(t, setup(t, newDriver)) })
+	t.Run("CopyAsync", func(t *testing.T) { testCopyAsync(t, setup(t, newDriver)) })
+	t.Run("Pinned", func(t *testing.T) { testPinned(t, setup(t, newDriver)) })
+	t.Run("OutOfMemory", func(t *testing.T) { testOOM(t, setup(t, newDriver)) })
+	for _, m := range []struct {
+		name string
+		mode cuda.CaptureMode
+	}{{"Global", cuda.CaptureModeGlobal}, {"ThreadLocal", cuda.CaptureModeThreadLocal}, {"Relaxed", cuda.CaptureModeRelaxed}} {
+		t.Run("CaptureTable/"+m.name, func(t *testing.T) { testCaptureTable(t, setup(t, newDriver), m.mode) })
+	}
+	t.Run("CaptureLegacyRejected", func(t *testing.T) {
+		e := setup(t, newDriver)
+		for _, s := range []cuda.Stream{0, cuda.StreamLegacy} {
+			assertResult(t, cuda.ErrorStreamCaptureUnsupported, e.drv.StreamBeginCapture(e.ctx, s, cuda.CaptureModeThreadLocal), "begin capture on the legacy stream")
+			st, err := e.drv.StreamIsCapturing(e.ctx, s)
+			assert.NoError(t, err)
+			assert.Equal(t, cuda.CaptureStatusNone, st)
+		}
+	})
+	t.Run("CaptureReplay", func(t *testing.T) { testCaptureReplay(t, setup(t, newDriver)) })
+	t.Run("Limits", func(t *testing.T) { testLimits(t, setup(t, newDriver)) })
+	t.Run("InvalidHandles", func(t *testing.T) { testInvalidHandles(t, setup(t, newDriver)) })
+}
+
+func testDevices(t *testing.T, e *env) {
+	d := e.drv
+	n, err := d.DeviceCount()
+	require.NoError(t, err)
+	for _, bad := range []int{-1, n} {
+		_, err := d.DeviceGet(bad)
+		assertResult(t, cuda.ErrorInvalidDevice, err, "DeviceGet out of range")
+		assert.ErrorIs(t, err, cuda.ErrInvalidDevice)
+	}
+	for i := 0; i < n; i++ {
+		dev, err := d.DeviceGet(i)
+		require.NoError(t, err)
+		name, err := d.DeviceName(dev)
+		require.NoError(t, err)
+		assert.NotEmpty(t, name)
+		uuid, err := d.DeviceUUID(dev)
+		require.NoError(t, err)
+		assert.NotEqual(t, [16]byte{}, uuid)
+		bus, err := d.DevicePCIBusID(dev)
+		require.NoError(t, err)
+		assert.Regexp(t, `^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$`, bus)
+		attr := func(a cuda.DeviceAttribute) int {
+			v, err := d.DeviceAttribute(dev, a)
+			require.NoError(t, err, "attribute %d", a)
+			return v
+		}
+		assert.GreaterOrEqual(t, attr(cuda.AttrComputeCapabilityMajor), 1)
+		assert.GreaterOrEqual(t, attr(cuda.AttrComputeCapabilityMinor), 0)
+		assert.GreaterOrEqual(t, attr(cuda.AttrMultiprocessorCount), 1)
+		assert.Equal(t, 32, attr(cuda.AttrWarpSize))
+		assert.GreaterOrEqual(t, attr(cuda.AttrMaxThreadsPerBlock), 512)
+		for _, a := range []cuda.DeviceAttribute{cuda.AttrMemoryPoolsSupported, cuda.AttrTCCDriver, cuda.AttrManagedMemory, cuda.AttrIntegrated} {
+			assert.Contains(t, []int{0, 1}, attr(a), "attribute %d is a flag", a)
+		}
+		total, err := d.DeviceTotalMem(dev)
+		require.NoError(t, err)
+		assert.Greater(t, total, uint64(0))
+		if strings.Contains(name, "H100 80GB") && total == h100Total {
+			assert.Equal(t, 9, attr(cuda.AttrComputeCapabilityMajor))
+			assert.Equal(t, 132, attr(cuda.AttrMultiprocessorCount))
+			assert.Equal(t, 1, attr(cuda.AttrMemoryPoolsSupported))
+			assert.Equal(t, 1, attr(cuda.AttrManagedMemory))
+			assert.Equal(t, 1, attr(cuda.AttrHostRegisterSupported))
+		}
+	}
+}
+
+func testAllocCopySync(t *testing.T, e *env) {
+	d, c := e.drv, e.ctx
+	for _, n := range []int{1, 1000, 1 << 20} {
+		p, err := d.MemAlloc(c, uint64(n))
+		require.NoError(t, err)
+		src := pattern(n, 7)
+		require.NoError(t, d.MemcpyHtoD(c, p, src))
+		q, err := d.MemAlloc(c, uint64(n))
+		require.NoError(t, err)
+		require.NoError(t, d.MemcpyDtoD(c, q, p, uint64(n)))
+		got := make([]byte, n)
+		require.NoError(t, d.MemcpyDtoH(c, got, q))
+		assert.True(t, bytes.Equal(src, got), "round trip of %d bytes", n)
+		require.NoError(t, d.MemFree(c, p))
+		require.NoError(t, d.MemFree(c, q))
+	}
+	_, err := d.MemAlloc(c, 0)
+	assertResult(t, cuda.ErrorInvalidValue, err, "MemAlloc of 0 bytes")
+	// A pointer inside an allocation is a valid copy target.
+	p, err := d.MemAlloc(c, 4096)
+	require.NoError(t, err)
+	require.NoError(t, d.MemcpyHtoD(c, p+1024, pattern(16, 1)))
+	got := make([]byte, 16)
+	require.NoError(t, d.MemcpyDtoH(c, got, p+1024))
+	assert.Equal(t, pattern(16, 1), got)
+	require.NoError(t, d.MemFree(c, p))
+}
+
+func testCopyAsync(t *testing.T, e *env) {
+	d, c := e.drv, e.ctx
+	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
+	const n = 1 << 20
+	p, err := d.MemAlloc(c, n)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFree(c, p)) }()
+	src := pattern(n, 3)
+	got := make([]byte, n)
+	require.NoError(t, d.MemcpyHtoDAsync(c, p, src, s))
+	require.NoError(t, d.MemsetD8Async(c, p+10, 0xAB, 5, s))
+	require.NoError(t, d.MemcpyDtoHAsync(c, got, p, s))
+	require.NoError(t, d.StreamSynchronize(c, s))
+	want := append([]byte(nil), src...)
+	for i := 10; i < 15; i++ {
+		want[i] = 0xAB
+	}
+	assert.True(t, bytes.Equal(want, got), "async round trip with a memset")
+	assert.NoError(t, d.StreamQuery(c, s))
+
+	// Events on the same stream measure a non-negative time.
+	a, err := d.EventCreate(c, cuda.EventDefault)
+	require.NoError(t, err)
+	b, err := d.EventCreate(c, cuda.EventDefault)
+	require.NoError(t, err)
+	require.NoError(t, d.EventRecord(c, a, s))
+	require.NoError(t, d.MemcpyHtoDAsync(c, p, src, s))
+	require.NoError(t, d.EventRecord(c, b, s))
+	require.NoError(t, d.EventSynchronize(c, b))
+	assert.NoError(t, d.EventQuery(c, b))
+	ms, err := d.EventElapsedTime(c, a, b)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, ms, float32(0))
+	require.NoError(t, d.StreamWaitEvent(c, s, b))
+	require.NoError(t, d.EventDestroy(c, a))
+	require.NoError(t, d.EventDestroy(c, b))
+
+	least, greatest, err := d.CtxStreamPriorityRange(c)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, greatest, least)
+}
+
+func testPinned(t *testing.T, e *env) {
+	d, c := e.drv, e.ctx
+	const n = 1 << 20
+	h, err := d.MemHostAlloc(c, n, 0)
+	require.NoError(t, err)
+	require.Len(t, h, n)
+	out, err := d.MemHostAlloc(c, n, cuda.HostAllocPortable)
+	require.NoError(t, err)
+	copy(h, pattern(n, 9))
+	p, err := d.MemAlloc(c, n)
+	require.NoError(t, err)
+	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
+	require.NoError(t, err)
+	require.NoError(t, d.MemcpyHtoDAsync(c, p, h, s))
+	require.NoError(t, d.MemcpyDtoHAsync(c, out, p, s))
+	require.NoError(t, d.StreamSynchronize(c, s))
+	assert.True(t, bytes.Equal(h, out), "pinned round trip")
+	require.NoError(t, d.StreamDestroy(c, s))
+	require.NoError(t, d.MemFree(c, p))
+	require.NoError(t, d.MemFreeHost(c, h))
+	require.NoError(t, d.MemFreeHost(c, out))
+}
+
+func testOOM(t *testing.T, e *env) {
+	d, c := e.drv, e.ctx
+	_, err := d.MemAlloc(c, 1<<40)
+	assertResult(t, cuda.ErrorOutOfMemory, err, "MemAlloc of 1 TiB")
+	assert.ErrorIs(t, err, cuda.ErrOutOfMemory)
+	p, err := d.MemAlloc(c, 1<<20)
+	require.NoError(t, err, "the process goes on after an OOM")
+	require.NoError(t, d.MemFree(c, p))
+	if !e.pools {
+		return
+	}
+	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
+	_, err = d.MemAllocAsync(c, 1<<40, s)
+	assertResult(t, cuda.ErrorOutOfMemory, err, "MemAllocAsync of 1 TiB")
+	assert.NoError(t, d.StreamSynchronize(c, s), "the stream is not poisoned")
+	q, err := d.MemAllocAsync(c, 1<<20, s)
+	require.NoError(t, err)
+	require.NoError(t, d.MemFreeAsync(c, q, s))
+	assert.NoError(t, d.StreamSynchronize(c, s))
+}
+
+// testCaptureTable runs driver-facts.md's capture sequence, step by step, on a blocking stream.
+func testCaptureTable(t *testing.T, e *env, mode cuda.CaptureMode) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d, c := e.drv, e.ctx
+	relaxed := mode == cuda.CaptureModeRelaxed
+	const n = 4096
+	s, err := d.StreamCreate(c, cuda.StreamDefault, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
+	other, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.StreamDestroy(c, other)) }()
+	buf, err := d.MemAlloc(c, n)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFree(c, buf)) }()
+	pinned, err := d.MemHostAlloc(c, n, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFreeHost(c, pinned)) }()
+	pageable := make([]byte, n)
+
+	require.NoError(t, d.StreamBeginCapture(c, s, mode))
+	st, err := d.StreamIsCapturing(c, s)
+	require.NoError(t, err)
+	assert.Equal(t, cuda.CaptureStatusActive, st)
+
+	assertResult(t, cuda.Success, d.MemcpyHtoDAsync(c, buf, pinned, s), "HtoDAsync from pinned memory")
+	assertResult(t, cuda.Success, d.MemcpyHtoDAsync(c, buf, pageable, s), "HtoDAsync from pageable memory")
+	assertResult(t, cuda.ErrorStreamCaptureImplicit, d.MemcpyDtoH(c, pageable, buf), "synchronous MemcpyDtoH")
+	st, err = d.StreamIsCapturing(c, s)
+	require.NoError(t, err)
+	assert.Equal(t, cuda.CaptureStatusInvalidated, st)
+
+	p, err := d.MemAlloc(c, 1<<20)
+	if relaxed {
+		assertResult(t, cuda.Success, err, "MemAlloc during a relaxed capture")
+		defer func() { assert.NoError(t, d.MemFree(c, p)) }()
+	} else {
+		assertResult(t, cuda.ErrorStreamCaptureUnsupported, err, "MemAlloc during capture")
+	}
+	if e.pools {
+		_, err = d.MemAllocAsync(c, 1<<20, s)
+		assertResult(t, cuda.ErrorStreamCaptureInvalidated, err, "MemAllocAsync on the invalidated capturing stream")
+	}
+	if relaxed {
+		assertResult(t, cuda.Success, d.StreamSynchronize(c, other), "synchronize another stream")
+	} else {
+		assertResult(t, cuda.ErrorStreamCaptureUnsupported, d.StreamSynchronize(c, other), "synchronize another stream")
+	}
+	g, err := d.StreamEndCapture(c, s)
+	assertResult(t, cuda.ErrorStreamCaptureInvalidated, err, "EndCapture of an invalidated capture")
+	assert.Zero(t, g, "no graph")
+	assertResult(t, cuda.Success, d.CtxSynchronize(c), "CtxSynchronize afterwards")
+
+	// The stream works again.
+	st, err = d.StreamIsCapturing(c, s)
+	require.NoError(t, err)
+	assert.Equal(t, cuda.CaptureStatusNone, st)
+	assert.NoError(t, d.MemcpyHtoDAsync(c, buf, pinned, s))
+	assert.NoError(t, d.StreamSynchronize(c, s))
+	assertResult(t, cuda.ErrorIllegalState, func() error { _, err := d.StreamEndCapture(c, s); return err }(), "EndCapture of a stream not capturing")
+}
+
+// testCaptureReplay captures pinned H2D, D2D and D2H copies and replays them with fresh host data.
+func testCaptureReplay(t *testing.T, e *env) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d, c := e.drv, e.ctx
+	const n = 64 << 10
+	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
+	in, err := d.MemHostAlloc(c, n, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFreeHost(c, in)) }()
+	out, err := d.MemHostAlloc(c, n, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFreeHost(c, out)) }()
+	a, err := d.MemAlloc(c, n)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFree(c, a)) }()
+	b, err := d.MemAlloc(c, n)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFree(c, b)) }()
+
+	copy(in, pattern(n, 0x11))
+	for i := range out {
+		out[i] = 0xEE
+	}
+	require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
+	require.NoError(t, d.MemcpyHtoDAsync(c, a, in, s))
+	require.NoError(t, d.MemcpyDtoDAsync(c, b, a, n, s))
+	require.NoError(t, d.MemcpyDtoHAsync(c, out, b, s))
+	g, err := d.StreamEndCapture(c, s)
+	require.NoError(t, err)
+	require.NotZero(t, g)
+	defer func() { assert.NoError(t, d.GraphDestroy(c, g)) }()
+	cnt, err := d.GraphNodeCount(c, g)
+	require.NoError(t, err)
+	assert.Equal(t, 3, cnt)
+	assert.Equal(t, bytes.Repeat([]byte{0xEE}, n), out, "captured copies do not run during capture")
+
+	x, err := d.GraphInstantiate(c, g)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.GraphExecDestroy(c, x)) }()
+	require.NoError(t, d.GraphUpload(c, x, s))
+	for round := byte(0); round < 3; round++ {
+		copy(in, pattern(n, 0x40+round))
+		require.NoError(t, d.GraphLaunch(c, x, s))
+		require.NoError(t, d.StreamSynchronize(c, s))
+		assert.True(t, bytes.Equal(pattern(n, 0x40+round), out), "replay %d moves the host data of that launch", round)
+	}
+	// Updating with an identical capture keeps the topology.
+	require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
+	require.NoError(t, d.MemcpyHtoDAsync(c, a, in, s))
+	require.NoError(t, d.MemcpyDtoDAsync(c, b, a, n, s))
+	require.NoError(t, d.MemcpyDtoHAsync(c, out, b, s))
+	g2, err := d.StreamEndCapture(c, s)
+	require.NoError(t, err)
+	assert.NoError(t, d.GraphExecUpdate(c, x, g2))
+	assert.NoError(t, d.GraphDestroy(c, g2))
+}
+
+func testLimits(t *testing.T, e *env) {
+	d, c := e.drv, e.ctx
+	get := func(l cuda.Limit) uint64 {
+		v, err := d.CtxGetLimit(c, l)
+		require.NoError(t, err, "limit %d", l)
+		return v
+	}
+	heap := get(cuda.LimitMallocHeapSize)
+	assert.Equal(t, uint64(8388608), heap)
+	assert.Equal(t, uint64(1024), get(cuda.LimitStackSize))
+	if e.h100 {
+		assert.Equal(t, uint64(8650752), get(cuda.LimitPrintfFIFOSize))
+	} else {
+		assert.Greater(t, get(cuda.LimitPrintfFIFOSize), uint64(0))
+	}
+	defer func() { assert.NoError(t, d.CtxSetLimit(c, cuda.LimitMallocHeapSize, heap)) }()
+	require.NoError(t, d.CtxSetLimit(c, cuda.LimitMallocHeapSize, 256<<20))
+	if e.total >= 4<<30 { // a small device clamps even 256 MiB
+		assert.Equal(t, uint64(268435456), get(cuda.LimitMallocHeapSize))
+	}
+	require.NoError(t, d.CtxSetLimit(c, cuda.LimitMallocHeapSize, 64<<40), "the heap clamps silently")
+	clamped := get(cuda.LimitMallocHeapSize)
+	assert.Less(t, clamped, uint64(64<<40))
+	assert.Greater(t, clamped, uint64(0))
+	if e.h100 {
+		assert.Equal(t, uint64(h100ClampedHeap), clamped)
+	}
+	err := d.CtxSetLimit(c, cuda.Limit(0x7fff), 1)
+	assert.Contains(t, []cuda.Result{cuda.ErrorUnsupportedLimit, cuda.ErrorInvalidValue}, cuda.ResultOf(err), "unknown limit: %v", err)
+}
+
+// testInvalidHandles uses only handles whose rejection the driver documents; use-after-destroy of a
+// real driver handle is undefined behaviour, so the simulator's own tests cover that.
+func testInvalidHandles(t *testing.T, e *env) {
+	d, c := e.drv, e.ctx
+	a, err := d.EventCreate(c, cuda.EventDefault)
+	require.NoError(t, err)
+	b, err := d.EventCreate(c, cuda.EventDefault)
+	require.NoError(t, err)
+	_, err = d.EventElapsedTime(c, a, b)
+	assertResult(t, cuda.ErrorInvalidHandle, err, "elapsed time of events never recorded")
+	assert.ErrorIs(t, err, cuda.ErrInvalidHandle)
+	nt, err := d.EventCreate(c, cuda.EventDisableTiming)
+	require.NoError(t, err)
+	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
+	require.NoError(t, err)
+	require.NoError(t, d.EventRecord(c, a, s))
+	require.NoError(t, d.EventRecord(c, nt, s))
+	require.NoError(t, d.StreamSynchronize(c, s))
+	_, err = d.EventElapsedTime(c, a, nt)
+	assertResult(t, cuda.ErrorInvalidHandle, err, "elapsed time with a CU_EVENT_DISABLE_TIMING event")
+	for _, ev := range []cuda.Event{a, b, nt} {
+		require.NoError(t, d.EventDestroy(c, ev))
+	}
+	require.NoError(t, d.StreamDestroy(c, s))
+}

@@ -1,0 +1,22 @@
+package cudasim_test
+
+import (
+	"testing"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/cuda/conformance"
+	"github.com/cudacore/cudacore/pkg/cudasim"
+)
+
+func TestConformance(t *testing.T) {
+	conformance.Run(t, func(t *testing.T) cuda.Driver { return cudasim.New() })
+}
+
+// The suite must hold on small and pool-less devices too, where the H100-only figures are skipped.
+func TestConformanceSmallTCC(t *testing.T) {
+	conformance.Run(t, func(t *testing.T) cuda.Driver {
+		return cudasim.New(cudasim.WithDevices(cudasim.DeviceConfig{
+			Name: "sim-tcc", TotalMemory: 1 << 30, MemoryPoolsSupported: false, TCCDriver: true,
+		}))
+	})
+}

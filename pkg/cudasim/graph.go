@@ -1,0 +1,189 @@
+package cudasim
+
+import (
+	"slices"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
+
+// graphMem is the memory of a graph's alloc nodes, shared by the graph and its execs and given back when
+// the last of them is destroyed. The real driver allocates at launch and frees at the free node; holding
+// it for the graph's lifetime is the simple model the simulator takes.
+type graphMem struct {
+	allocs []*alloc
+	refs   int
+}
+
+func (m *graphMem) drop(v *device) {
+	m.refs--
+	if m.refs == 0 {
+		for _, a := range m.allocs {
+			v.release(a)
+		}
+		m.allocs = nil
+	}
+}
+
+type graph struct {
+	handle cuda.Graph
+	nodes  []node
+	mem    *graphMem
+}
+
+type graphExec struct {
+	nodes []node
+	mem   *graphMem
+}
+
+func (d *Driver) graph(op string, v *device, gh cuda.Graph) (*graph, error) {
+	g := v.graphs[gh]
+	if g == nil {
+		return nil, errf(op, cuda.ErrorInvalidHandle, "graph %#x is not a live graph of device %d", uint64(gh), v.index)
+	}
+	return g, nil
+}
+
+func (d *Driver) exec(op string, v *device, eh cuda.GraphExec) (*graphExec, error) {
+	e := v.execs[eh]
+	if e == nil {
+		return nil, errf(op, cuda.ErrorInvalidHandle, "graph exec %#x is not a live executable graph of device %d", uint64(eh), v.index)
+	}
+	return e, nil
+}
+
+func (d *Driver) GraphInstantiate(c cuda.Context, gh cuda.Graph) (cuda.GraphExec, error) {
+	const op = "cuGraphInstantiateWithFlags"
+	v, err := d.ctx(op, c)
+	if err != nil {
+		return 0, err
+	}
+	defer v.mu.Unlock()
+	g, err := d.graph(op, v, gh)
+	if err != nil {
+		return 0, err
+	}
+	h := cuda.GraphExec(v.handle(kindExecHandle))
+	g.mem.refs++
+	v.execs[h] = &graphExec{nodes: slices.Clone(g.nodes), mem: g.mem}
+	return h, nil
+}
+
+func (d *Driver) GraphUpload(c cuda.Context, eh cuda.GraphExec, sh cuda.Stream) error {
+	const op = "cuGraphUpload"
+	v, err := d.ctx(op, c)
+	if err != nil {
+		return err
+	}
+	defer v.mu.Unlock()
+	if _, err := d.exec(op, v, eh); err != nil {
+		return err
+	}
+	_, err = d.streamOp(op, v, sh)
+	return err
+}
+
+// GraphLaunch implements cuGraphLaunch: the recorded nodes run in order now, reading and writing host
+// memory as it is at this moment. Launched into a capturing stream, the graph's nodes join the capture.
+func (d *Driver) GraphLaunch(c cuda.Context, eh cuda.GraphExec, sh cuda.Stream) error {
+	const op = "cuGraphLaunch"
+	v, err := d.ctx(op, c)
+	if err != nil {
+		return err
+	}
+	defer v.mu.Unlock()
+	e, err := d.exec(op, v, eh)
+	if err != nil {
+		return err
+	}
+	s, err := d.streamOp(op, v, sh)
+	if err != nil {
+		return err
+	}
+	if s.cap != nil {
+		s.cap.nodes = append(s.cap.nodes, e.nodes...)
+		return nil
+	}
+	for i := range e.nodes {
+		if err := d.run(op, v, &e.nodes[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// GraphExecUpdate implements cuGraphExecUpdate_v2: the update succeeds when the new graph has the same
+// nodes, kind for kind in order (the simulator's graphs are chains), and takes their parameters.
+func (d *Driver) GraphExecUpdate(c cuda.Context, eh cuda.GraphExec, gh cuda.Graph) error {
+	const op = "cuGraphExecUpdate_v2"
+	v, err := d.ctx(op, c)
+	if err != nil {
+		return err
+	}
+	defer v.mu.Unlock()
+	e, err := d.exec(op, v, eh)
+	if err != nil {
+		return err
+	}
+	g, err := d.graph(op, v, gh)
+	if err != nil {
+		return err
+	}
+	same := len(e.nodes) == len(g.nodes)
+	for i := 0; same && i < len(g.nodes); i++ {
+		same = e.nodes[i].kind == g.nodes[i].kind
+		if same && (g.nodes[i].kind == nodeAlloc || g.nodes[i].kind == nodeFree) {
+			same = e.nodes[i].dst == g.nodes[i].dst && e.nodes[i].n == g.nodes[i].n // memory nodes cannot change
+		}
+	}
+	if !same {
+		return errf(op, cuda.ErrorGraphExecUpdateFailure, "the graph's topology differs from the executable graph's")
+	}
+	e.nodes = slices.Clone(g.nodes)
+	return nil
+}
+
+func (d *Driver) GraphExecDestroy(c cuda.Context, eh cuda.GraphExec) error {
+	const op = "cuGraphExecDestroy"
+	v, err := d.ctx(op, c)
+	if err != nil {
+		return err
+	}
+	defer v.mu.Unlock()
+	e, err := d.exec(op, v, eh)
+	if err != nil {
+		return err
+	}
+	delete(v.execs, eh)
+	e.mem.drop(v)
+	return nil
+}
+
+func (d *Driver) GraphDestroy(c cuda.Context, gh cuda.Graph) error {
+	const op = "cuGraphDestroy"
+	v, err := d.ctx(op, c)
+	if err != nil {
+		return err
+	}
+	defer v.mu.Unlock()
+	g, err := d.graph(op, v, gh)
+	if err != nil {
+		return err
+	}
+	delete(v.graphs, gh)
+	g.mem.drop(v)
+	return nil
+}
+
+func (d *Driver) GraphNodeCount(c cuda.Context, gh cuda.Graph) (int, error) {
+	const op = "cuGraphGetNodes"
+	v, err := d.ctx(op, c)
+	if err != nil {
+		return 0, err
+	}
+	defer v.mu.Unlock()
+	g, err := d.graph(op, v, gh)
+	if err != nil {
+		return 0, err
+	}
+	return len(g.nodes), nil
+}
