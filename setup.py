@@ -6,6 +6,7 @@ build needs Go and a C compiler; pybindgen comes from pyproject's build requirem
 """
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -36,6 +37,11 @@ class BuildGo(build_ext):
             subprocess.check_call(cmd, cwd=ROOT)
         except FileNotFoundError as e:
             raise SystemExit("building cudacore needs the Go toolchain (go) on PATH") from e
+        if getattr(self, "editable_mode", False):
+            # pip install -e: the package is imported from python/, and setuptools copies only the extension
+            # there (into a directory it expects to exist); gopy's Python files must be there too.
+            src = os.path.join(ROOT, "python", *ext.name.split(".")[:-1])
+            shutil.copytree(out, src, dirs_exist_ok=True)
 
 
 setup(
