@@ -1,0 +1,279 @@
+package memory
+
+import (
+	"math/bits"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
+
+// Defaults of CacheOptions.
+const (
+	DefaultMaxBlock  = 64 << 20 // blocks above this go straight to the resource below
+	DefaultMaxCached = 1 << 30  // total bytes the cache may hold
+)
+
+// CacheOptions configure NewCache; zero fields take the defaults.
+type CacheOptions struct {
+	MaxBlock  uint64 // largest request served from size classes (default 64 MiB)
+	MaxCached uint64 // most bytes held in the free lists at once (default 1 GiB)
+}
+
+// Cache is the hot path in front of a stream-ordered Pool: a freed block of up to MaxBlock bytes is kept
+// in a free list per (size class, stream) and handed back by the next Allocate of that class on the same
+// stream, with no driver call. A stream-ordered free makes the block reusable by later work on its stream
+// without waiting, so reuse on the same stream is safe; it is never reused on another stream, which could
+// run ahead of the work still using it.
+//
+// Size classes (classOf): 256 B steps up to 1 KiB (256, 512, 768, 1024), then four classes per power of
+// two (for 2^k < n <= 2^(k+1): 1.25, 1.5, 1.75 and 2 times 2^k). So above 1 KiB a block wastes less than
+// 25% of the request, and below it less than 256 B; 64 MiB is reached with 68 classes. Requests of a class
+// are allocated from below at the class size, which is what lets any request of the class reuse a block.
+//
+// The cache holds at most MaxCached bytes: a free that would take it over goes to the resource below.
+// Blocks freed on CU_STREAM_PER_THREAD are never cached, since that handle names a different stream on
+// every OS thread. Release (and Retry, on out of memory) frees every cached block on its stream; a stream
+// must be emptied with ReleaseStream before it is destroyed.
+//
+// Concurrency: each stream has its own free lists behind its own mutex, held only for a slice push or
+// pop; the stream table is a sync.Map (read without locks) and the cached-bytes bound an atomic, so
+// goroutines on different streams never wait for each other.
+type Cache struct {
+	inner     Resource
+	maxBlock  uint64
+	maxCached uint64
+	nClasses  int
+
+	streams sync.Map // normalized cuda.Stream -> *streamBins
+	cached  atomic.Uint64
+	hits    atomic.Uint64
+	misses  atomic.Uint64
+}
+
+type streamBins struct {
+	mu   sync.Mutex
+	bins [][]cuda.DevicePtr // by class index
+	n    int                // blocks held
+}
+
+// NewCache wraps inner, which should be stream-ordered (a Pool): with a synchronous resource the cache is
+// still correct but saves only the driver call.
+func NewCache(inner Resource, opts CacheOptions) *Cache {
+	if opts.MaxBlock == 0 {
+		opts.MaxBlock = DefaultMaxBlock
+	}
+	if opts.MaxCached == 0 {
+		opts.MaxCached = DefaultMaxCached
+	}
+	opts.MaxBlock = min(opts.MaxBlock, 1<<62) // keeps class arithmetic far from overflow
+	idx, _ := classOf(opts.MaxBlock)
+	return &Cache{inner: inner, maxBlock: opts.MaxBlock, maxCached: opts.MaxCached, nClasses: idx + 1}
+}
+
+// classOf returns the size class of n > 0: its index and its size.
+func classOf(n uint64) (int, uint64) {
+	if n <= 1024 {
+		i := int((n+255)/256) - 1
+		return i, uint64(i+1) * 256
+	}
+	k := bits.Len64(n-1) - 1 // 2^k < n <= 2^(k+1), k >= 10
+	step := uint64(1) << (k - 2)
+	sub := (n - 1 - 1<<k) >> (k - 2) // 0..3
+	return 4 + (k-10)*4 + int(sub), 1<<k + (sub+1)*step
+}
+
+// blockSize is what an allocation of size takes from below.
+func (c *Cache) blockSize(size uint64) uint64 {
+	if size == 0 || size > c.maxBlock {
+		return size
+	}
+	_, cs := classOf(size)
+	return cs
+}
+
+func normStream(s cuda.Stream) cuda.Stream {
+	if s == 0 {
+		return cuda.StreamLegacy // the 0 handle and CU_STREAM_LEGACY are the same stream
+	}
+	return s
+}
+
+func (c *Cache) bins(s cuda.Stream, create bool) *streamBins {
+	if v, ok := c.streams.Load(s); ok {
+		return v.(*streamBins)
+	}
+	if !create {
+		return nil
+	}
+	v, _ := c.streams.LoadOrStore(s, &streamBins{bins: make([][]cuda.DevicePtr, c.nClasses)})
+	return v.(*streamBins)
+}
+
+// Allocate serves size from the free list of its class on s if it holds a block, and otherwise allocates
+// the class size from below. Requests above MaxBlock pass through unchanged.
+func (c *Cache) Allocate(size uint64, s cuda.Stream) (cuda.DevicePtr, error) {
+	if size == 0 {
+		return 0, errZeroSize()
+	}
+	if size > c.maxBlock {
+		return c.inner.Allocate(size, s)
+	}
+	idx, cs := classOf(size)
+	if s = normStream(s); s != cuda.StreamPerThread {
+		if b := c.bins(s, false); b != nil {
+			b.mu.Lock()
+			if l := b.bins[idx]; len(l) > 0 {
+				p := l[len(l)-1]
+				b.bins[idx] = l[:len(l)-1]
+				b.n--
+				b.mu.Unlock()
+				c.cached.Add(-cs)
+				c.hits.Add(1)
+				return p, nil
+			}
+			b.mu.Unlock()
+		}
+	}
+	c.misses.Add(1)
+	return c.inner.Allocate(cs, s)
+}
+
+// Deallocate keeps p for reuse on s, or frees it below when it is too large, freed on the per-thread
+// stream, or would take the cache over MaxCached.
+func (c *Cache) Deallocate(p cuda.DevicePtr, size uint64, s cuda.Stream) error {
+	if size == 0 {
+		return errZeroSize()
+	}
+	if size > c.maxBlock {
+		return c.inner.Deallocate(p, size, s)
+	}
+	idx, cs := classOf(size)
+	if s = normStream(s); s == cuda.StreamPerThread || !c.reserve(cs) {
+		return c.inner.Deallocate(p, cs, s)
+	}
+	b := c.bins(s, true)
+	b.mu.Lock()
+	b.bins[idx] = append(b.bins[idx], p)
+	b.n++
+	b.mu.Unlock()
+	return nil
+}
+
+// reserve counts cs bytes into the cache unless that would exceed MaxCached.
+func (c *Cache) reserve(cs uint64) bool {
+	for {
+		cur := c.cached.Load()
+		if cur+cs > c.maxCached || cur+cs < cur {
+			return false
+		}
+		if c.cached.CompareAndSwap(cur, cur+cs) {
+			return true
+		}
+	}
+}
+
+type cachedBlock struct {
+	p  cuda.DevicePtr
+	cs uint64
+}
+
+// take empties one stream's free lists, returning the blocks; the caller frees them.
+func (c *Cache) take(b *streamBins, out []cachedBlock) []cachedBlock {
+	b.mu.Lock()
+	for idx, l := range b.bins {
+		if len(l) == 0 {
+			continue
+		}
+		_, cs := classOfIndex(idx)
+		for _, p := range l {
+			out = append(out, cachedBlock{p, cs})
+		}
+		b.bins[idx] = l[:0]
+	}
+	b.n = 0
+	b.mu.Unlock()
+	return out
+}
+
+// classOfIndex is the size of class idx (the inverse of classOf).
+func classOfIndex(idx int) (int, uint64) {
+	if idx < 4 {
+		return idx, uint64(idx+1) * 256
+	}
+	k := (idx-4)/4 + 10
+	sub := uint64((idx - 4) % 4)
+	return idx, 1<<k + (sub+1)*(1<<(k-2))
+}
+
+// free gives blocks back below on s. A stream destroyed meanwhile (a caller that skipped ReleaseStream)
+// makes the stream-ordered free fail; the block is then freed on the legacy stream instead.
+func (c *Cache) free(s cuda.Stream, blocks []cachedBlock) error {
+	var first error
+	for _, bl := range blocks {
+		c.cached.Add(-bl.cs)
+		err := c.inner.Deallocate(bl.p, bl.cs, s)
+		if err != nil && s != cuda.StreamLegacy {
+			err = c.inner.Deallocate(bl.p, bl.cs, cuda.StreamLegacy)
+		}
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// Release frees every cached block below, each on the stream it was freed on, then releases what the
+// resource below caches (a pool's reserve). It returns the first error and goes on past it.
+func (c *Cache) Release() error {
+	var first error
+	var blocks []cachedBlock
+	c.streams.Range(func(k, v any) bool {
+		blocks = c.take(v.(*streamBins), blocks[:0])
+		if err := c.free(k.(cuda.Stream), blocks); err != nil && first == nil {
+			first = err
+		}
+		return true
+	})
+	if err := Release(c.inner); err != nil && first == nil {
+		first = err
+	}
+	return first
+}
+
+// ReleaseStream frees the blocks cached for s and forgets s. Call it before destroying s.
+func (c *Cache) ReleaseStream(s cuda.Stream) error {
+	s = normStream(s)
+	v, ok := c.streams.LoadAndDelete(s)
+	if !ok {
+		return nil
+	}
+	return c.free(s, c.take(v.(*streamBins), nil))
+}
+
+// Cached is the bytes in the free lists plus what the resource below holds unused.
+func (c *Cache) Cached() uint64 { return c.cached.Load() + Cached(c.inner) }
+
+// CacheStats are the cache's own counters.
+type CacheStats struct {
+	Hits, Misses uint64 // allocations served from the free lists / from below
+	Cached       uint64 // bytes in the free lists
+	Blocks       int    // blocks in the free lists
+	Streams      int    // streams with free lists
+}
+
+// Stats returns the cache's counters.
+func (c *Cache) Stats() CacheStats {
+	st := CacheStats{Hits: c.hits.Load(), Misses: c.misses.Load(), Cached: c.cached.Load()}
+	c.streams.Range(func(_, v any) bool {
+		b := v.(*streamBins)
+		b.mu.Lock()
+		st.Blocks += b.n
+		b.mu.Unlock()
+		st.Streams++
+		return true
+	})
+	return st
+}
+
+func (c *Cache) Unwrap() Resource { return c.inner }

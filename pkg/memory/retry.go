@@ -1,0 +1,93 @@
+package memory
+
+import (
+	"errors"
+	"strconv"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
+
+// Retry turns an out-of-memory failure of the inner resource into one more attempt after making room:
+//
+//  1. it releases the cached memory of everything below (Release on the composition: the Cache's blocks,
+//     the pool's reserve),
+//  2. synchronizes the context, so that stream-ordered frees have completed and their memory is truly
+//     free, and trims again (what those frees returned to the pool),
+//  3. calls the optional callback with the requested size, which may free the caller's own memory (drop a
+//     cache, collect garbage); if it returns false, Retry gives up and returns the first error,
+//  4. retries once. A second failure is returned as it is.
+//
+// Errors other than out of memory are returned at once. Concurrent callers may each retry; the release
+// and synchronize are idempotent.
+type Retry struct {
+	inner Resource
+	drv   cuda.Driver
+	ctx   cuda.Context
+	onOOM func(requested uint64) bool
+}
+
+// NewRetry wraps inner, synchronizing ctx through drv before the retry. onOOM may be nil.
+func NewRetry(inner Resource, drv cuda.Driver, ctx cuda.Context, onOOM func(requested uint64) bool) *Retry {
+	return &Retry{inner: inner, drv: drv, ctx: ctx, onOOM: onOOM}
+}
+
+// retriedError marks an out-of-memory error that survived Retry, with what Retry released on the way;
+// OutOfMemory reads it to say so. Its text is the cause's; errors.As and errors.Is see through it.
+type retriedError struct {
+	released uint64
+	err      error
+}
+
+func (e *retriedError) Error() string { return e.err.Error() }
+func (e *retriedError) Unwrap() error { return e.err }
+
+func (r *Retry) Allocate(size uint64, s cuda.Stream) (cuda.DevicePtr, error) {
+	p, err := r.inner.Allocate(size, s)
+	if err == nil || !errors.Is(err, cuda.ErrOutOfMemory) || !retryable(err) {
+		return p, err
+	}
+	before := Cached(r.inner)
+	// Failures to release or synchronize are not reported: the retry's own result says what matters.
+	_ = Release(r.inner)
+	if r.drv != nil {
+		_ = r.drv.CtxSynchronize(r.ctx)
+		_ = Release(r.inner)
+	}
+	released := before - min(before, Cached(r.inner))
+	if r.onOOM != nil && !r.onOOM(size) {
+		return 0, &retriedError{released: released, err: err}
+	}
+	p, err2 := r.inner.Allocate(size, s)
+	if err2 != nil {
+		return 0, &retriedError{released: released, err: err2}
+	}
+	return p, nil
+}
+
+// retryable is false for out-of-memory errors no release can cure: a request larger than the device
+// (its fields say requested > total) and a limit hit below.
+func retryable(err error) bool {
+	var e *cuda.Error
+	if !errors.As(err, &e) {
+		return true
+	}
+	if e.Op == LimitOp {
+		return false
+	}
+	req, ok1 := e.Field("requested")
+	total, ok2 := e.Field("total")
+	if !ok1 || !ok2 {
+		return true
+	}
+	rq, err1 := strconv.ParseUint(req, 10, 64)
+	tt, err2 := strconv.ParseUint(total, 10, 64)
+	return err1 != nil || err2 != nil || tt == 0 || rq <= tt
+}
+
+func (r *Retry) Deallocate(p cuda.DevicePtr, size uint64, s cuda.Stream) error {
+	return r.inner.Deallocate(p, size, s)
+}
+
+func (r *Retry) Unwrap() Resource { return r.inner }
+func (r *Retry) Release() error   { return forwardRelease(r.inner) }
+func (r *Retry) Cached() uint64   { return Cached(r.inner) }

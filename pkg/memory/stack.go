@@ -1,0 +1,204 @@
+package memory
+
+import (
+	"errors"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/device"
+)
+
+// StackOptions configure NewStack; the zero value is the usual choice.
+type StackOptions struct {
+	Strategy    device.Strategy             // "" takes the device's (d.Strategy())
+	OwnPool     bool                        // pool strategy: a pool of its own rather than the device's default pool
+	NoCache     bool                        // pool strategy: leave out the size-class Cache
+	Cache       CacheOptions                // its bounds
+	Limit       uint64                      // byte limit, 0 for none; SetLimit changes it later
+	OnOOM       func(requested uint64) bool // called by Retry before its one retry; false gives up
+	Track       bool                        // record live allocations (Live) and refuse unknown frees
+	TraceFrames int                         // with Track: stack frames captured per allocation
+}
+
+// Stack is the per-device allocator the facade uses, composed bottom to top:
+//
+//	base (Pool or Sync, by strategy) -> Cache (pool only) -> Retry -> Limit -> Stats -> Tracker (optional)
+//
+// so a cache hit costs no driver call, an out-of-memory failure first releases the cache and the pool's
+// reserve and retries, the limit counts what callers asked for, the statistics see every call that
+// reached the allocator (limit hits included), and the tracker, outermost, stops a double free before it
+// reaches anything below.
+//
+// Every out-of-memory failure of Allocate is returned as the user-facing error of OutOfMemory, with this
+// stack's in-use, cached and limit. A failed Allocate leaves everything as it was: the limit's
+// reservation is undone, the statistics' InUse is unchanged, and the device's memory in use (cuMemGetInfo)
+// is what it was before the call, or less when Retry released cached memory on the way.
+//
+// The Stack owns its base resource; Close releases the cache and closes the pool.
+type Stack struct {
+	d       *device.Device
+	pool    *Pool
+	cache   *Cache
+	limit   *Limit
+	stats   *Stats
+	tracker *Tracker
+	top     Resource
+}
+
+// NewStack builds the stack for d.
+func NewStack(d *device.Device, opts StackOptions) (*Stack, error) {
+	strategy := opts.Strategy
+	if strategy == "" {
+		strategy = d.Strategy()
+	}
+	s := &Stack{d: d}
+	var r Resource
+	switch strategy {
+	case device.StrategyPool:
+		var popts []PoolOption
+		if opts.OwnPool {
+			popts = append(popts, OwnPool())
+		}
+		p, err := NewPool(d, popts...)
+		if err != nil {
+			return nil, err
+		}
+		s.pool, r = p, p
+		if !opts.NoCache {
+			s.cache = NewCache(p, opts.Cache)
+			r = s.cache
+		}
+	default:
+		base, err := New(d, strategy)
+		if err != nil {
+			return nil, err
+		}
+		r = base
+	}
+	r = NewRetry(r, d.Driver(), d.Context(), opts.OnOOM)
+	s.limit = NewLimit(r, opts.Limit)
+	s.stats = NewStats(s.limit)
+	s.top = s.stats
+	if opts.Track {
+		s.tracker = NewTracker(s.stats, opts.TraceFrames)
+		s.top = s.tracker
+	}
+	return s, nil
+}
+
+// Allocate allocates size bytes for use on st. Size 0 is InvalidValue; more than the device's total
+// memory is the out-of-memory error without a driver call.
+func (s *Stack) Allocate(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
+	p, err := s.top.Allocate(size, st)
+	if err != nil {
+		return 0, s.wrap(size, err)
+	}
+	return p, nil
+}
+
+// AllocateLabeled is Allocate recording label as where the allocation was made (with Track).
+func (s *Stack) AllocateLabeled(size uint64, st cuda.Stream, label string) (cuda.DevicePtr, error) {
+	if s.tracker == nil {
+		return s.Allocate(size, st)
+	}
+	p, err := s.tracker.AllocateLabeled(size, st, label)
+	if err != nil {
+		return 0, s.wrap(size, err)
+	}
+	return p, nil
+}
+
+func (s *Stack) wrap(size uint64, err error) error {
+	if !errors.Is(err, cuda.ErrOutOfMemory) {
+		return err
+	}
+	return OutOfMemory(s.d, size, err, PoolState{InUse: s.stats.InUse(), Cached: Cached(s.top), Limit: s.limit.Limit()})
+}
+
+// Deallocate frees p (allocated with size, used last on st). With Track, an unknown pointer or a second
+// free is an InvalidValue error and reaches nothing below.
+func (s *Stack) Deallocate(p cuda.DevicePtr, size uint64, st cuda.Stream) error {
+	return s.top.Deallocate(p, size, st)
+}
+
+// AllocateTiles is the package's AllocateTiles on this stack.
+func (s *Stack) AllocateTiles(count int, tileSize uint64, st cuda.Stream, progress func(done, total int) bool) ([]cuda.DevicePtr, error) {
+	return AllocateTiles(s, count, tileSize, st, progress)
+}
+
+// Admit is the package's Admit on this stack.
+func (s *Stack) Admit(count int, tileSize uint64) (fits bool, free, cached uint64, err error) {
+	return Admit(s.d, s, count, tileSize)
+}
+
+// Stats returns the counters, with Cached (cache plus pool reserve not handed out), Reserved (the pool's
+// reserved memory; for Sync, InUse) and Limit. Cached and Reserved cost driver queries.
+func (s *Stack) Stats() StatsSnapshot {
+	snap := s.stats.Snapshot()
+	snap.Cached = Cached(s.top)
+	snap.Reserved = snap.InUse
+	if s.pool != nil {
+		if r, err := s.pool.Reserved(); err == nil {
+			snap.Reserved = r
+		}
+	}
+	snap.Limit = s.limit.Limit()
+	return snap
+}
+
+// ResetPeak sets the peak to the bytes in use now.
+func (s *Stack) ResetPeak() { s.stats.ResetPeak() }
+
+// Release gives every cached block and the pool's unused reserve back to the device.
+func (s *Stack) Release() error { return Release(s.top) }
+
+// ReleaseStream frees the blocks cached for st; call it before destroying st.
+func (s *Stack) ReleaseStream(st cuda.Stream) error {
+	if s.cache == nil {
+		return nil
+	}
+	return s.cache.ReleaseStream(st)
+}
+
+// Cached is what Stats reports as Cached.
+func (s *Stack) Cached() uint64 { return Cached(s.top) }
+
+// SetLimit sets the byte limit (0: none). It takes effect for the next allocation.
+func (s *Stack) SetLimit(bytes uint64) { s.limit.SetLimit(bytes) }
+
+// Limit returns the byte limit (0: none).
+func (s *Stack) Limit() uint64 { return s.limit.Limit() }
+
+// Live returns the live allocations, oldest first; nil unless the stack was built with Track.
+func (s *Stack) Live() []Allocation {
+	if s.tracker == nil {
+		return nil
+	}
+	return s.tracker.Live()
+}
+
+// Tracking says whether the stack records live allocations.
+func (s *Stack) Tracking() bool { return s.tracker != nil }
+
+// Pool is the stack's pool, or nil for the synchronous strategy.
+func (s *Stack) Pool() *Pool { return s.pool }
+
+// Cache is the stack's size-class cache, or nil.
+func (s *Stack) Cache() *Cache { return s.cache }
+
+// Device is the stack's device.
+func (s *Stack) Device() *device.Device { return s.d }
+
+// Unwrap returns the outermost adaptor.
+func (s *Stack) Unwrap() Resource { return s.top }
+
+// Close releases the cache and closes the pool. Memory still allocated stays valid until freed (through
+// the driver); the Stack must not be used afterwards.
+func (s *Stack) Close() error {
+	err := Release(s.top)
+	if s.pool != nil {
+		if cerr := s.pool.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
