@@ -1,0 +1,50 @@
+"""cudacore: CUDA devices, memory, streams, graphs and limits for Python, from a Go core.
+
+>>> import cudacore as cc
+>>> d = cc.Device(0)
+>>> d.name, d.allocation_strategy
+"""
+
+from __future__ import annotations
+
+from ._device import Device, backend, device_count, devices, driver_version
+from ._errors import (
+    CaptureError,
+    CUDAError,
+    DeviceFaultError,
+    DriverNotFoundError,
+    IllegalStateError,
+    InvalidHandleError,
+    InvalidImageError,
+    InvalidValueError,
+    LaunchError,
+    NotFoundError,
+    NotInitializedError,
+    NotReadyError,
+    NotSupportedError,
+    OutOfMemoryError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CUDAError",
+    "CaptureError",
+    "Device",
+    "DeviceFaultError",
+    "DriverNotFoundError",
+    "IllegalStateError",
+    "InvalidHandleError",
+    "InvalidImageError",
+    "InvalidValueError",
+    "LaunchError",
+    "NotFoundError",
+    "NotInitializedError",
+    "NotReadyError",
+    "NotSupportedError",
+    "OutOfMemoryError",
+    "backend",
+    "device_count",
+    "devices",
+    "driver_version",
+]

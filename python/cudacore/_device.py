@@ -1,0 +1,181 @@
+"""Devices: detection, properties and the allocation strategy of each."""
+
+from __future__ import annotations
+
+import json
+import operator
+import threading
+from typing import Any
+
+from ._api import call, core
+from ._errors import InvalidValueError
+
+__all__ = ["Device", "devices", "device_count", "driver_version", "backend"]
+
+
+def backend() -> str:
+    """The backend this process uses: ``"cuda"`` (the real driver) or ``"sim"`` (the simulator)."""
+    return call(core.Backend)
+
+
+def driver_version() -> tuple[int, int]:
+    """The CUDA version of the driver as ``(major, minor)``, for example ``(13, 0)``."""
+    v = call(core.DriverVersion)
+    return v // 1000, v % 1000 // 10
+
+
+def device_count() -> int:
+    """The number of devices the driver sees."""
+    return call(core.DeviceCount)
+
+
+def devices() -> list[Device]:
+    """Every device, in ordinal order."""
+    return [Device(i) for i in range(device_count())]
+
+
+def _ordinal(value: Any) -> int:
+    if isinstance(value, bool):
+        raise TypeError("device ordinal must be an int, not bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"device ordinal must be an int, not {type(value).__name__}") from None
+
+
+class Device:
+    """A CUDA device. ``Device(i)`` returns the same object for the same ordinal.
+
+    Opening a device retains its primary context and chooses how it allocates memory
+    (:attr:`allocation_strategy`). Properties are read once; :meth:`memory_info` asks the driver each time.
+
+    Parameters
+    ----------
+    ordinal : int
+        The device's index, from 0 to ``device_count() - 1``.
+
+    Raises
+    ------
+    InvalidValueError
+        If there is no device with that ordinal.
+    DriverNotFoundError
+        If no CUDA driver can be loaded (set ``CUDACORE_BACKEND=sim`` to use the simulator).
+    """
+
+    __slots__ = ("_ordinal", "_props", "__weakref__")
+
+    _cache: dict[int, Device] = {}
+    _lock = threading.Lock()
+
+    def __new__(cls, ordinal: int = 0) -> Device:
+        ordinal = _ordinal(ordinal)
+        dev = cls._cache.get(ordinal)
+        if dev is not None:
+            return dev
+        if ordinal < 0:
+            raise InvalidValueError(
+                f"device ordinal must be >= 0, got {ordinal}", code=1, name="CUDA_ERROR_INVALID_VALUE", op="cudacore.device"
+            )
+        props = json.loads(call(core.DeviceProperties, ordinal))
+        with cls._lock:
+            dev = cls._cache.get(ordinal)
+            if dev is None:
+                dev = object.__new__(cls)
+                dev._ordinal = ordinal
+                dev._props = props
+                cls._cache[ordinal] = dev
+        return dev
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Device, (self._ordinal,))
+
+    @property
+    def device_id(self) -> int:
+        """The ordinal of this device."""
+        return self._ordinal
+
+    ordinal = device_id
+
+    @property
+    def name(self) -> str:
+        """The product name, for example ``"NVIDIA H100 80GB HBM3"``."""
+        return self._props["name"]
+
+    @property
+    def uuid(self) -> str:
+        """The device UUID as nvidia-smi prints it (``GPU-xxxxxxxx-...``)."""
+        return self._props["uuid"]
+
+    @property
+    def pci_bus_id(self) -> str:
+        """The PCI bus id, ``domain:bus:device.function``."""
+        return self._props["pci_bus_id"]
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        """``(major, minor)``, for example ``(9, 0)`` for Hopper."""
+        major, minor = self._props["compute_capability"]
+        return major, minor
+
+    @property
+    def multiprocessor_count(self) -> int:
+        """The number of streaming multiprocessors."""
+        return self._props["multiprocessor_count"]
+
+    @property
+    def total_memory(self) -> int:
+        """Total device memory in bytes."""
+        return self._props["total_memory"]
+
+    @property
+    def memory_pools_supported(self) -> bool:
+        """Whether the driver offers stream-ordered memory pools on this device."""
+        return self._props["memory_pools_supported"]
+
+    @property
+    def tcc_driver(self) -> bool:
+        """Whether the device runs the Windows TCC driver (always False on Linux)."""
+        return self._props["tcc_driver"]
+
+    @property
+    def managed_memory(self) -> bool:
+        """Whether the device supports managed (unified) memory."""
+        return self._props["managed_memory"]
+
+    @property
+    def integrated(self) -> bool:
+        """Whether the device is integrated with the host (shares its memory)."""
+        return self._props["integrated"]
+
+    @property
+    def allocation_strategy(self) -> str:
+        """``"pool"`` (stream-ordered, cuMemAllocAsync) or ``"sync"`` (cuMemAlloc/cuMemFree)."""
+        return self._props["allocation_strategy"]
+
+    @property
+    def allocation_strategy_reason(self) -> str:
+        """Why this device got its allocation strategy, in one sentence."""
+        return self._props["allocation_strategy_reason"]
+
+    @property
+    def properties(self) -> dict[str, Any]:
+        """Every property the driver reported, as a new dict."""
+        return dict(self._props)
+
+    def memory_info(self) -> tuple[int, int]:
+        """``(free, total)`` device memory in bytes, as the driver reports it now."""
+        return call(core.DeviceFreeMemory, self._ordinal), self._props["total_memory"]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Device) and other._ordinal == self._ordinal
+
+    def __hash__(self) -> int:
+        return hash(("cudacore.Device", self._ordinal))
+
+    def __repr__(self) -> str:
+        major, minor = self.compute_capability
+        gib = self.total_memory / (1 << 30)
+        return (
+            f"<cudacore.Device {self._ordinal}: {self.name!r}, compute {major}.{minor}, "
+            f"{gib:.1f} GiB, allocator {self.allocation_strategy!r}>"
+        )

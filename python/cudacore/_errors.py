@@ -1,0 +1,240 @@
+"""The exception hierarchy, and the parser that turns Go's wire-format errors into it.
+
+gopy raises every Go error as ``RuntimeError(text)``. The Go facade writes that text in one format
+(see ``pkg/cuda/wire.go``)::
+
+    cuda[<code> <NAME> <op>]{<key>=<value> ...}: <message>
+
+and :func:`from_runtime_error` turns it into the matching exception class, chained to the original.
+Both sides test the same examples (``pkg/cuda/testdata/wire_examples.json``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ._results import RESULTS
+
+__all__ = [
+    "CUDAError",
+    "CaptureError",
+    "DeviceFaultError",
+    "DriverNotFoundError",
+    "IllegalStateError",
+    "InvalidHandleError",
+    "InvalidImageError",
+    "InvalidValueError",
+    "LaunchError",
+    "NotFoundError",
+    "NotInitializedError",
+    "NotReadyError",
+    "NotSupportedError",
+    "OutOfMemoryError",
+    "decode",
+    "from_runtime_error",
+]
+
+
+class CUDAError(RuntimeError):
+    """A failure of the CUDA driver or of a cudacore operation.
+
+    Attributes
+    ----------
+    code : int
+        The ``CUresult`` value (negative for cudacore's own codes, such as a missing driver).
+    name : str
+        The result's name, for example ``"CUDA_ERROR_OUT_OF_MEMORY"``.
+    op : str
+        The driver entry point or cudacore operation that failed, for example ``"cuMemAllocAsync"``.
+    fields : dict[str, str]
+        Structured details (numbers as decimal strings); subclasses expose the ones they know as
+        attributes.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: int = -4,
+        name: str = "CUDACORE_ERROR_INTERNAL",
+        op: str = "cudacore",
+        fields: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.name = name
+        self.op = op
+        self.fields = dict(fields or {})
+
+    # BaseException pickles as cls(*args) plus __dict__, which restores the keyword attributes too.
+
+    def _int_field(self, key: str) -> int | None:
+        value = self.fields.get(key)
+        try:
+            return int(value) if value is not None else None
+        except ValueError:
+            return None
+
+
+class DriverNotFoundError(CUDAError):
+    """No usable CUDA driver: none installed, or ``CUDACORE_LIBCUDA`` names a file that is not one."""
+
+
+class NotInitializedError(CUDAError):
+    """The driver is not initialized or is shutting down."""
+
+
+class NotSupportedError(CUDAError):
+    """The device, driver or backend cannot do this (for example a pool on a TCC device)."""
+
+
+class CaptureError(CUDAError):
+    """An operation is illegal while a stream is capturing a graph, or the capture was invalidated."""
+
+
+class InvalidValueError(CUDAError, ValueError):
+    """An argument is out of range or of the wrong kind."""
+
+
+class InvalidImageError(CUDAError, ValueError):
+    """A kernel image (PTX, cubin or fatbin) is invalid or has no code for this device."""
+
+
+class InvalidHandleError(CUDAError, ValueError):
+    """A handle (stream, event, graph, buffer) is not valid: destroyed, closed or from elsewhere."""
+
+
+class IllegalStateError(CUDAError):
+    """The object is not in a state that allows this operation."""
+
+
+class NotFoundError(CUDAError, LookupError):
+    """A named symbol, such as a kernel function, was not found."""
+
+
+class NotReadyError(CUDAError):
+    """Asynchronous work has not completed yet."""
+
+
+class LaunchError(CUDAError):
+    """A kernel launch was refused, for example for lack of registers or shared memory."""
+
+
+class DeviceFaultError(CUDAError):
+    """The device faulted (illegal address, assert, ...); its context is unusable until the process ends."""
+
+
+class OutOfMemoryError(CUDAError, MemoryError):
+    """An allocation failed for lack of memory, or would exceed a configured limit.
+
+    The process and the device stay usable: nothing was allocated by the failed call.
+
+    Attributes
+    ----------
+    requested : int or None
+        Bytes asked for.
+    free, total : int or None
+        The device's free and total memory when the allocation failed.
+    device : int or None
+        The device ordinal.
+    in_use, cached : int or None
+        Bytes this process's pool had handed out, and held in reserve, at the time.
+    limit : int or None
+        The configured byte limit that was hit, if the failure is a limit's.
+    """
+
+    @property
+    def requested(self) -> int | None:
+        return self._int_field("requested")
+
+    @property
+    def free(self) -> int | None:
+        return self._int_field("free")
+
+    @property
+    def total(self) -> int | None:
+        return self._int_field("total")
+
+    @property
+    def device(self) -> int | None:
+        return self._int_field("device")
+
+    @property
+    def in_use(self) -> int | None:
+        return self._int_field("in_use")
+
+    @property
+    def cached(self) -> int | None:
+        return self._int_field("cached")
+
+    @property
+    def limit(self) -> int | None:
+        return self._int_field("limit")
+
+
+_BY_CATEGORY: dict[str, type[CUDAError]] = {
+    "InvalidValue": InvalidValueError,
+    "OutOfMemory": OutOfMemoryError,
+    "NotInitialized": NotInitializedError,
+    "DriverNotFound": DriverNotFoundError,
+    "InvalidDevice": InvalidValueError,
+    "InvalidImage": InvalidImageError,
+    "InvalidHandle": InvalidHandleError,
+    "IllegalState": IllegalStateError,
+    "NotSupported": NotSupportedError,
+    "NotFound": NotFoundError,
+    "NotReady": NotReadyError,
+    "Launch": LaunchError,
+    "DeviceFault": DeviceFaultError,
+    "Capture": CaptureError,
+    "Unknown": CUDAError,
+}
+
+_WIRE = re.compile(
+    r"cuda\[(?P<code>-?\d+) (?P<name>\S+) (?P<op>\S+)\](?:\{(?P<fields>[^{}]*)\})?: (?P<message>.*)\Z",
+    re.DOTALL,
+)
+_FIELD_KEY = re.compile(r"[a-z0-9_]+\Z")
+
+
+def category(code: int) -> str:
+    """The category of a result code (``"OutOfMemory"``, ``"Capture"``, ...); ``"Unknown"`` if new."""
+    row = RESULTS.get(code)
+    return row[1] if row and row[1] != "-" else "Unknown"
+
+
+def decode(text: str) -> dict[str, Any] | None:
+    """Parse wire-format text into its parts, or return None if it is not in that format."""
+    m = _WIRE.match(text)
+    if m is None:
+        return None
+    fields: dict[str, str] = {}
+    raw = m.group("fields")
+    if raw:
+        for pair in raw.split(" "):
+            key, sep, value = pair.partition("=")
+            if not sep or not _FIELD_KEY.match(key):
+                return None
+            fields[key] = value
+    return {
+        "code": int(m.group("code")),
+        "name": m.group("name"),
+        "op": m.group("op"),
+        "fields": fields,
+        "message": m.group("message"),
+    }
+
+
+def from_runtime_error(exc: BaseException) -> BaseException:
+    """Return the typed exception for a gopy ``RuntimeError``; any other exception is returned unchanged.
+
+    The caller raises the result ``from exc``, so the original stays reachable as ``__cause__``.
+    """
+    if not isinstance(exc, RuntimeError) or isinstance(exc, CUDAError):
+        return exc
+    parts = decode(str(exc))
+    if parts is None:
+        return exc
+    cls = _BY_CATEGORY.get(category(parts["code"]), CUDAError)
+    return cls(parts["message"], code=parts["code"], name=parts["name"], op=parts["op"], fields=parts["fields"])

@@ -1,0 +1,71 @@
+"""Test configuration: the simulator by default, the real driver when asked.
+
+The backend is chosen once per process, so it is fixed here before cudacore is first used:
+``CUDACORE_BACKEND`` from the environment if set (the GPU machine runs with ``CUDACORE_BACKEND=cuda``),
+else the simulator. Tests marked ``gpu`` need the real driver and a device; tests marked ``sim`` need the
+simulator (fault injection, simulated device shapes). Each skips on the other backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("CUDACORE_BACKEND", "sim")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a real CUDA GPU (CUDACORE_BACKEND=cuda)")
+    config.addinivalue_line("markers", "sim: needs the simulator backend")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    on_sim = os.environ["CUDACORE_BACKEND"] == "sim"
+    has_gpu = False
+    if not on_sim:
+        import cudacore
+
+        try:
+            has_gpu = cudacore.device_count() > 0
+        except cudacore.CUDAError:
+            has_gpu = False
+    for item in items:
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU: run with CUDACORE_BACKEND=cuda on a GPU machine"))
+        if "sim" in item.keywords and not on_sim:
+            item.add_marker(pytest.mark.skip(reason="needs the simulator backend"))
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run code in a fresh interpreter (the backend is per process) with extra environment variables."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CUDACORE_")}
+    full_env.update(env or {})
+    # A file rather than -c, so that multiprocessing's spawn can re-import the main module.
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "probe.py"
+        script.write_text(code)
+        return subprocess.run(
+            [sys.executable, str(script)], env=full_env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+
+def run_cli(args: list[str], env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m cudacore ARGS`` in a fresh interpreter."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CUDACORE_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "cudacore", *args], env=full_env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.fixture(scope="session")
+def wire_examples() -> list[dict]:
+    return json.loads((ROOT / "pkg" / "cuda" / "testdata" / "wire_examples.json").read_text())
