@@ -231,7 +231,9 @@ func TestRealDriver(t *testing.T) {
 		p, err := d.MemAlloc(ctx, n)
 		require.NoError(t, err)
 		defer func() { assert.NoError(t, d.MemFree(ctx, p)) }()
-		s, err := d.StreamCreate(ctx, cuda.StreamNonBlocking, 0)
+		// Flags 0, as in driver-facts.md: a blocking stream's capture conflicts with the legacy stream that
+		// synchronous copies use (a non-blocking one does not, and the copy below would succeed).
+		s, err := d.StreamCreate(ctx, cuda.StreamDefault, 0)
 		require.NoError(t, err)
 		defer func() { assert.NoError(t, d.StreamDestroy(ctx, s)) }()
 		require.NoError(t, d.StreamBeginCapture(ctx, s, cuda.CaptureModeGlobal))
@@ -242,12 +244,15 @@ func TestRealDriver(t *testing.T) {
 		out := make([]byte, n)
 		err = d.MemcpyDtoH(ctx, out, p)
 		assert.ErrorIs(t, err, cuda.ErrCapture, "driver-facts: a synchronous copy during capture is 906")
-		_, err = d.StreamEndCapture(ctx, s)
+		assert.Equal(t, cuda.Result(906), cuda.ResultOf(err))
+		g, err := d.StreamEndCapture(ctx, s)
 		assert.ErrorIs(t, err, cuda.ErrCapture, "the capture was invalidated")
+		assert.Equal(t, cuda.Result(901), cuda.ResultOf(err))
+		assert.Zero(t, g)
 
 		require.NoError(t, d.StreamBeginCapture(ctx, s, cuda.CaptureModeThreadLocal))
 		require.NoError(t, d.MemsetD8Async(ctx, p, 0x5A, n, s))
-		g, err := d.StreamEndCapture(ctx, s)
+		g, err = d.StreamEndCapture(ctx, s)
 		require.NoError(t, err)
 		require.NotZero(t, g)
 		nodes, err := d.GraphNodeCount(ctx, g)
@@ -289,9 +294,15 @@ func TestRealDriver(t *testing.T) {
 	})
 
 	t.Run("errors name the entry point", func(t *testing.T) {
-		err := d.StreamSynchronize(ctx, 0xdead0000)
+		// Only invalid values the driver validates: it dereferences bad handles (0xdead0000 as a stream
+		// crashed this test), so no test passes one.
+		_, err := d.DeviceGet(9999)
+		assert.ErrorIs(t, err, cuda.ErrInvalidDevice)
 		require.Error(t, err)
-		assert.True(t, strings.HasPrefix(err.Error(), "cuStreamSynchronize: "), err.Error())
+		assert.True(t, strings.HasPrefix(err.Error(), "cuDeviceGet: "), err.Error())
+		err = d.MemcpyDtoH(ctx, make([]byte, 16), 0x10) // no allocation there: the driver checks addresses
+		assert.ErrorIs(t, err, cuda.ErrInvalidValue)
+		assert.Equal(t, "cuMemcpyDtoH_v2", asError(t, err).Op)
 	})
 }
 
