@@ -9,7 +9,6 @@ package process
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 
@@ -43,7 +42,7 @@ type Device struct {
 // Driver returns the process's driver and its backend name, choosing and initializing it on first use.
 func Driver() (cuda.Driver, string, error) {
 	driverOnce.Do(func() {
-		backend, drv, driverErr = open(os.Getenv("CUDACORE_BACKEND"))
+		backend, drv, driverErr = open(getenv("CUDACORE_BACKEND"))
 		if driverErr == nil {
 			driverErr = drv.Init()
 		}
@@ -54,13 +53,13 @@ func Driver() (cuda.Driver, string, error) {
 func open(name string) (string, cuda.Driver, error) {
 	switch strings.ToLower(strings.TrimSpace(name)) {
 	case "", BackendCUDA:
-		d, err := libcuda.Open(os.Getenv("CUDACORE_LIBCUDA"))
+		d, err := libcuda.Open(getenv("CUDACORE_LIBCUDA"))
 		if err != nil {
 			return BackendCUDA, nil, err
 		}
 		return BackendCUDA, d, nil
 	case BackendSim:
-		d, err := cudasim.FromEnv()
+		d, err := simFromEnv()
 		if err != nil {
 			return BackendSim, nil, err
 		}
@@ -69,6 +68,29 @@ func open(name string) (string, cuda.Driver, error) {
 		return name, nil, cuda.NewError("CUDACORE_BACKEND", cuda.ErrorInvalidValue,
 			fmt.Sprintf("unknown backend %q: use \"cuda\" (the real driver, the default) or \"sim\" (the simulator, no GPU needed)", name))
 	}
+}
+
+// simFromEnv is cudasim.FromEnv reading the live C environment (see getenv).
+func simFromEnv() (*cudasim.Driver, error) {
+	var opts []cudasim.Option
+	if v := strings.TrimSpace(getenv(cudasim.EnvDevices)); v != "" {
+		cfgs, err := cudasim.ParseDevices([]byte(v))
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, cudasim.WithDevices(cfgs...))
+	}
+	d := cudasim.New(opts...)
+	if v := strings.TrimSpace(getenv(cudasim.EnvFaults)); v != "" {
+		faults, err := cudasim.ParseFaults(v)
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range faults {
+			d.InjectFault(f.Entry, f.Nth, f.Code)
+		}
+	}
+	return d, nil
 }
 
 // Sim returns the simulator when it is the process's backend, for fault injection from tests.
@@ -106,7 +128,7 @@ func GetDevice(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	dd, err := device.Open(drv, ordinal, os.Getenv("CUDACORE_ALLOCATOR"))
+	dd, err := device.Open(drv, ordinal, getenv("CUDACORE_ALLOCATOR"))
 	if err != nil {
 		return nil, err
 	}
