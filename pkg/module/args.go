@@ -1,0 +1,162 @@
+package module
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
+
+// ArgKind is the type of one kernel argument as the caller gave it.
+type ArgKind string
+
+const (
+	Int8    ArgKind = "i8"
+	Uint8   ArgKind = "u8"
+	Int16   ArgKind = "i16"
+	Uint16  ArgKind = "u16"
+	Int32   ArgKind = "i32"
+	Uint32  ArgKind = "u32"
+	Int64   ArgKind = "i64"
+	Uint64  ArgKind = "u64"
+	Float16 ArgKind = "f16"
+	Float32 ArgKind = "f32"
+	Float64 ArgKind = "f64"
+	Pointer ArgKind = "ptr" // a device pointer, 8 bytes
+	Raw     ArgKind = "raw" // bytes passed as they are (a struct by value)
+)
+
+var kindSizes = map[ArgKind]int{
+	Int8: 1, Uint8: 1, Int16: 2, Uint16: 2, Int32: 4, Uint32: 4, Int64: 8, Uint64: 8,
+	Float16: 2, Float32: 4, Float64: 8, Pointer: 8,
+}
+
+// Arg is one kernel argument: its kind and its bytes, little-endian, as the kernel receives them.
+type Arg struct {
+	Kind  ArgKind
+	Bytes []byte
+}
+
+// class is "int", "float" or "bits" (raw bytes), matching Param.Class.
+func (a Arg) class() string {
+	switch a.Kind {
+	case Float16, Float32, Float64:
+		return "float"
+	case Raw:
+		return "bits"
+	}
+	return "int"
+}
+
+func (a Arg) String() string {
+	if a.Kind == Raw {
+		return fmt.Sprintf("raw (%d bytes)", len(a.Bytes))
+	}
+	return fmt.Sprintf("%s (%d bytes)", a.Kind, len(a.Bytes))
+}
+
+// Constructors for the common kinds.
+func I32(v int32) Arg   { return Arg{Int32, binary.LittleEndian.AppendUint32(nil, uint32(v))} }
+func U32(v uint32) Arg  { return Arg{Uint32, binary.LittleEndian.AppendUint32(nil, v)} }
+func I64(v int64) Arg   { return Arg{Int64, binary.LittleEndian.AppendUint64(nil, uint64(v))} }
+func U64(v uint64) Arg  { return Arg{Uint64, binary.LittleEndian.AppendUint64(nil, v)} }
+func F32(v float32) Arg { return Arg{Float32, binary.LittleEndian.AppendUint32(nil, math.Float32bits(v))} }
+func F64(v float64) Arg { return Arg{Float64, binary.LittleEndian.AppendUint64(nil, math.Float64bits(v))} }
+func Ptr(p cuda.DevicePtr) Arg {
+	return Arg{Pointer, binary.LittleEndian.AppendUint64(nil, uint64(p))}
+}
+
+// ParseArgs decodes the text form the facade receives from Python: "kind:hex" items separated by ';',
+// where hex is the argument's little-endian bytes ("u64:0010000000000000;f32:0000c03f"). The empty string
+// is no arguments.
+func ParseArgs(s string) ([]Arg, error) {
+	if s == "" {
+		return nil, nil
+	}
+	items := strings.Split(s, ";")
+	args := make([]Arg, 0, len(items))
+	for i, it := range items {
+		k, h, ok := strings.Cut(it, ":")
+		b, err := hex.DecodeString(h)
+		kind := ArgKind(k)
+		size, known := kindSizes[kind]
+		switch {
+		case !ok || err != nil:
+			return nil, argError(fmt.Sprintf("argument %d: %q is not of the form kind:hexbytes", i, short(it)))
+		case kind == Raw:
+			if len(b) == 0 || len(b) > maxParams {
+				return nil, argError(fmt.Sprintf("argument %d: raw arguments must hold 1 to %d bytes, got %d", i, maxParams, len(b)))
+			}
+		case !known:
+			return nil, argError(fmt.Sprintf("argument %d: unknown kind %q", i, short(k)))
+		case len(b) != size:
+			return nil, argError(fmt.Sprintf("argument %d: a %s holds %d bytes, got %d", i, kind, size, len(b)))
+		}
+		args = append(args, Arg{kind, b})
+	}
+	return args, nil
+}
+
+func short(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
+}
+
+func argError(msg string) error {
+	return cuda.NewError("cudacore.launch", cuda.ErrorInvalidValue, msg)
+}
+
+// CheckArgs matches args against a kernel's PTX parameters: the count, then each argument's size and
+// kind (a float for a .f parameter, an integer or pointer for .u/.s, anything of the right size for .b).
+// The error names the first parameter that does not match.
+func CheckArgs(kernel string, params []Param, args []Arg) error {
+	sig := Signature(kernel, params)
+	if len(args) != len(params) {
+		return cuda.NewError("cudacore.launch", cuda.ErrorInvalidValue,
+			fmt.Sprintf("kernel %s takes %d argument%s, got %d; its signature is %s",
+				kernel, len(params), plural(len(params)), len(args), sig),
+			cuda.Field{Key: "expected", Value: strconv.Itoa(len(params))},
+			cuda.Field{Key: "given", Value: strconv.Itoa(len(args))})
+	}
+	for i, p := range params {
+		a := args[i]
+		bad := ""
+		switch {
+		case len(a.Bytes) != p.Size:
+			bad = fmt.Sprintf("it takes %d bytes", p.Size)
+		case p.Class() == "float" && a.class() != "float":
+			bad = "it takes a floating-point value"
+		case p.Class() == "int" && a.class() == "float":
+			bad = "it takes an integer (or a device pointer)"
+		}
+		if bad != "" {
+			return cuda.NewError("cudacore.launch", cuda.ErrorInvalidValue,
+				fmt.Sprintf("kernel %s, argument %d (parameter %s): got %s, but %s; the signature is %s",
+					kernel, i, p.Decl(), a, bad, sig),
+				cuda.Field{Key: "param", Value: p.Name}, cuda.Field{Key: "index", Value: strconv.Itoa(i)})
+		}
+	}
+	return nil
+}
+
+// Signature renders "fill(.u64 p, .u32 v, .u64 n)".
+func Signature(kernel string, params []Param) string {
+	parts := make([]string, len(params))
+	for i, p := range params {
+		parts[i] = p.Decl()
+	}
+	return kernel + "(" + strings.Join(parts, ", ") + ")"
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
