@@ -39,7 +39,9 @@ type poolConfig struct {
 func OwnPool() PoolOption { return func(c *poolConfig) { c.own = true } }
 
 // WithReleaseThreshold sets the pool's release threshold (default: the maximum, keep everything).
-func WithReleaseThreshold(bytes uint64) PoolOption { return func(c *poolConfig) { c.threshold = bytes } }
+func WithReleaseThreshold(bytes uint64) PoolOption {
+	return func(c *poolConfig) { c.threshold = bytes }
+}
 
 // NewPool returns a Pool on d. It fails with NotSupported on a device without memory pools (TCC, some
 // WSL setups), where New picks Sync instead; the caller owns the Pool and must Close it.
@@ -159,7 +161,9 @@ func (r *Sync) Allocate(size uint64, _ cuda.Stream) (cuda.DevicePtr, error) {
 }
 
 // Deallocate frees p at once (cuMemFree_v2, which waits for the device): s is ignored.
-func (r *Sync) Deallocate(p cuda.DevicePtr, _ uint64, _ cuda.Stream) error { return r.drv.MemFree(r.ctx, p) }
+func (r *Sync) Deallocate(p cuda.DevicePtr, _ uint64, _ cuda.Stream) error {
+	return r.drv.MemFree(r.ctx, p)
+}
 
 // Device is the device r allocates on.
 func (r *Sync) Device() *device.Device { return r.d }
