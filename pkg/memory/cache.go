@@ -37,24 +37,30 @@ type CacheOptions struct {
 // must be emptied with ReleaseStream before it is destroyed.
 //
 // Concurrency: each stream has its own free lists behind its own mutex, held only for a slice push or
-// pop; the stream table is a sync.Map (read without locks) and the cached-bytes bound an atomic, so
-// goroutines on different streams never wait for each other.
+// pop; the stream table is copy-on-write behind an atomic pointer and the cached-bytes bound an atomic,
+// so goroutines on different streams never wait for each other.
 type Cache struct {
 	inner     Resource
 	maxBlock  uint64
 	maxCached uint64
 	nClasses  int
 
-	streams sync.Map // normalized cuda.Stream -> *streamBins
-	cached  atomic.Uint64
-	hits    atomic.Uint64
+	// streams is copy-on-write: readers load it with one atomic and scan it (programs use a handful of
+	// streams, so a scan beats hashing); writers, rare, hold tabMu and publish a new slice.
+	streams atomic.Pointer[[]*streamBins]
+	tabMu   sync.Mutex
+	cached  atomic.Uint64 // bytes in all free lists: the MaxCached bound
 	misses  atomic.Uint64
+	hits    atomic.Uint64 // hits of entries detached by Release and ReleaseStream
 }
 
 type streamBins struct {
+	s    cuda.Stream
 	mu   sync.Mutex
 	bins [][]cuda.DevicePtr // by class index
 	n    int                // blocks held
+	hits uint64             // under mu: one atomic fewer on the hot path
+	dead bool               // detached from the table: pushes go to a fresh entry
 }
 
 // NewCache wraps inner, which should be stream-ordered (a Pool): with a synchronous resource the cache is
@@ -100,14 +106,55 @@ func normStream(s cuda.Stream) cuda.Stream {
 }
 
 func (c *Cache) bins(s cuda.Stream, create bool) *streamBins {
-	if v, ok := c.streams.Load(s); ok {
-		return v.(*streamBins)
+	if t := c.streams.Load(); t != nil {
+		for _, b := range *t {
+			if b.s == s {
+				return b
+			}
+		}
 	}
 	if !create {
 		return nil
 	}
-	v, _ := c.streams.LoadOrStore(s, &streamBins{bins: make([][]cuda.DevicePtr, c.nClasses)})
-	return v.(*streamBins)
+	c.tabMu.Lock()
+	defer c.tabMu.Unlock()
+	var old []*streamBins
+	if t := c.streams.Load(); t != nil {
+		old = *t
+	}
+	for _, b := range old {
+		if b.s == s {
+			return b
+		}
+	}
+	b := &streamBins{s: s, bins: make([][]cuda.DevicePtr, c.nClasses)}
+	t := append(append(make([]*streamBins, 0, len(old)+1), old...), b)
+	c.streams.Store(&t)
+	return b
+}
+
+// detach removes s's free lists from the table (all of them for s == 0) and returns them.
+func (c *Cache) detach(s cuda.Stream, all bool) []*streamBins {
+	c.tabMu.Lock()
+	defer c.tabMu.Unlock()
+	t := c.streams.Load()
+	if t == nil {
+		return nil
+	}
+	if all {
+		c.streams.Store(nil)
+		return *t
+	}
+	var keep, out []*streamBins
+	for _, b := range *t {
+		if b.s == s {
+			out = append(out, b)
+		} else {
+			keep = append(keep, b)
+		}
+	}
+	c.streams.Store(&keep)
+	return out
 }
 
 // Allocate serves size from the free list of its class on s if it holds a block, and otherwise allocates
@@ -123,13 +170,15 @@ func (c *Cache) Allocate(size uint64, s cuda.Stream) (cuda.DevicePtr, error) {
 	if s = normStream(s); s != cuda.StreamPerThread {
 		if b := c.bins(s, false); b != nil {
 			b.mu.Lock()
-			if l := b.bins[idx]; len(l) > 0 {
+			// A dead entry (detached by Release meanwhile) holds nothing.
+			if l := b.bins; !b.dead && len(l[idx]) > 0 {
+				l := l[idx]
 				p := l[len(l)-1]
 				b.bins[idx] = l[:len(l)-1]
 				b.n--
+				b.hits++
 				b.mu.Unlock()
 				c.cached.Add(-cs)
-				c.hits.Add(1)
 				return p, nil
 			}
 			b.mu.Unlock()
@@ -152,12 +201,17 @@ func (c *Cache) Deallocate(p cuda.DevicePtr, size uint64, s cuda.Stream) error {
 	if s = normStream(s); s == cuda.StreamPerThread || !c.reserve(cs) {
 		return c.inner.Deallocate(p, cs, s)
 	}
-	b := c.bins(s, true)
-	b.mu.Lock()
-	b.bins[idx] = append(b.bins[idx], p)
-	b.n++
-	b.mu.Unlock()
-	return nil
+	for {
+		b := c.bins(s, true)
+		b.mu.Lock()
+		if !b.dead {
+			b.bins[idx] = append(b.bins[idx], p)
+			b.n++
+			b.mu.Unlock()
+			return nil
+		}
+		b.mu.Unlock() // Release detached it meanwhile: look again, which makes a new entry
+	}
 }
 
 // reserve counts cs bytes into the cache unless that would exceed MaxCached.
@@ -178,20 +232,17 @@ type cachedBlock struct {
 	cs uint64
 }
 
-// take empties one stream's free lists, returning the blocks; the caller frees them.
+// take empties one detached stream's free lists for good, returning the blocks; the caller frees them.
 func (c *Cache) take(b *streamBins, out []cachedBlock) []cachedBlock {
 	b.mu.Lock()
 	for idx, l := range b.bins {
-		if len(l) == 0 {
-			continue
-		}
 		_, cs := classOfIndex(idx)
 		for _, p := range l {
 			out = append(out, cachedBlock{p, cs})
 		}
-		b.bins[idx] = l[:0]
 	}
-	b.n = 0
+	b.bins, b.n, b.dead = nil, 0, true
+	c.hits.Add(b.hits)
 	b.mu.Unlock()
 	return out
 }
@@ -228,13 +279,12 @@ func (c *Cache) free(s cuda.Stream, blocks []cachedBlock) error {
 func (c *Cache) Release() error {
 	var first error
 	var blocks []cachedBlock
-	c.streams.Range(func(k, v any) bool {
-		blocks = c.take(v.(*streamBins), blocks[:0])
-		if err := c.free(k.(cuda.Stream), blocks); err != nil && first == nil {
+	for _, b := range c.detach(0, true) {
+		blocks = c.take(b, blocks[:0])
+		if err := c.free(b.s, blocks); err != nil && first == nil {
 			first = err
 		}
-		return true
-	})
+	}
 	if err := Release(c.inner); err != nil && first == nil {
 		first = err
 	}
@@ -244,11 +294,13 @@ func (c *Cache) Release() error {
 // ReleaseStream frees the blocks cached for s and forgets s. Call it before destroying s.
 func (c *Cache) ReleaseStream(s cuda.Stream) error {
 	s = normStream(s)
-	v, ok := c.streams.LoadAndDelete(s)
-	if !ok {
-		return nil
+	var first error
+	for _, b := range c.detach(s, false) {
+		if err := c.free(s, c.take(b, nil)); err != nil && first == nil {
+			first = err
+		}
 	}
-	return c.free(s, c.take(v.(*streamBins), nil))
+	return first
 }
 
 // Cached is the bytes in the free lists plus what the resource below holds unused.
@@ -265,14 +317,15 @@ type CacheStats struct {
 // Stats returns the cache's counters.
 func (c *Cache) Stats() CacheStats {
 	st := CacheStats{Hits: c.hits.Load(), Misses: c.misses.Load(), Cached: c.cached.Load()}
-	c.streams.Range(func(_, v any) bool {
-		b := v.(*streamBins)
-		b.mu.Lock()
-		st.Blocks += b.n
-		b.mu.Unlock()
-		st.Streams++
-		return true
-	})
+	if t := c.streams.Load(); t != nil {
+		for _, b := range *t {
+			b.mu.Lock()
+			st.Blocks += b.n
+			st.Hits += b.hits
+			b.mu.Unlock()
+			st.Streams++
+		}
+	}
 	return st
 }
 

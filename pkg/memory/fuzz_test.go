@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -240,6 +241,19 @@ func TestConcurrentStack(t *testing.T) {
 			streams := []cuda.Stream{cuda.StreamLegacy, newStream(t, drv, d), newStream(t, drv, d), cuda.StreamPerThread}
 			before := freeMem(t, d)
 			var wg sync.WaitGroup
+			stop := make(chan struct{})
+			var releaser sync.WaitGroup
+			releaser.Go(func() { // Release racing with the hot path must strand nothing
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+						assert.NoError(t, s.Release())
+						time.Sleep(200 * time.Microsecond)
+					}
+				}
+			})
 			for g := range 16 {
 				wg.Go(func() {
 					rng := rand.New(rand.NewPCG(uint64(g), 7))
@@ -271,6 +285,8 @@ func TestConcurrentStack(t *testing.T) {
 				})
 			}
 			wg.Wait()
+			close(stop)
+			releaser.Wait()
 			st := s.Stats()
 			assert.Zero(t, st.InUse)
 			assert.Equal(t, st.Allocations, st.Frees)
