@@ -52,6 +52,13 @@ type Cache struct {
 	cached  atomic.Uint64 // bytes in all free lists: the MaxCached bound
 	misses  atomic.Uint64
 	hits    atomic.Uint64 // hits of entries detached by Release and ReleaseStream
+
+	// Blocks allocated during a capture are graph memory: they must never enter the free lists, even
+	// when freed after the capture ended. graphLive counts them so that the hot path pays one atomic
+	// load, and the map is consulted only while some exist.
+	graphMu   sync.Mutex
+	graphPtrs map[cuda.DevicePtr]struct{}
+	graphLive atomic.Int64
 }
 
 type streamBins struct {
@@ -61,6 +68,10 @@ type streamBins struct {
 	n    int                // blocks held
 	hits uint64             // under mu: one atomic fewer on the hot path
 	dead bool               // detached from the table: pushes go to a fresh entry
+	// capturing: the stream is being captured into a graph (SetCapturing). Its allocations and frees
+	// then go to the driver, which records them as graph memory nodes; a cached block handed out or
+	// taken back inside a capture would be baked into the graph and later aliased by another buffer.
+	capturing bool
 }
 
 // NewCache wraps inner, which should be stream-ordered (a Pool): with a synchronous resource the cache is
@@ -133,7 +144,8 @@ func (c *Cache) bins(s cuda.Stream, create bool) *streamBins {
 	return b
 }
 
-// detach removes s's free lists from the table (all of them for s == 0) and returns them.
+// detach removes s's free lists from the table (with all, every stream's not being captured) and
+// returns them.
 func (c *Cache) detach(s cuda.Stream, all bool) []*streamBins {
 	c.tabMu.Lock()
 	defer c.tabMu.Unlock()
@@ -141,13 +153,14 @@ func (c *Cache) detach(s cuda.Stream, all bool) []*streamBins {
 	if t == nil {
 		return nil
 	}
-	if all {
-		c.streams.Store(nil)
-		return *t
-	}
 	var keep, out []*streamBins
 	for _, b := range *t {
-		if b.s == s {
+		b.mu.Lock()
+		capturing := b.capturing
+		b.mu.Unlock()
+		// A stream being captured keeps its entry, blocks and mark: freeing on it now would put free
+		// nodes into the graph, and on another stream could break the capture.
+		if all && !capturing || !all && b.s == s {
 			out = append(out, b)
 		} else {
 			keep = append(keep, b)
@@ -171,6 +184,10 @@ func (c *Cache) Allocate(size uint64, s cuda.Stream) (cuda.DevicePtr, error) {
 		if b := c.bins(s, false); b != nil {
 			b.mu.Lock()
 			// A dead entry (detached by Release meanwhile) holds nothing.
+			if b.capturing {
+				b.mu.Unlock()
+				return c.allocateCaptured(cs, s)
+			}
 			if l := b.bins; !b.dead && len(l[idx]) > 0 {
 				l := l[idx]
 				p := l[len(l)-1]
@@ -198,12 +215,20 @@ func (c *Cache) Deallocate(p cuda.DevicePtr, size uint64, s cuda.Stream) error {
 		return c.inner.Deallocate(p, size, s)
 	}
 	idx, cs := classOf(size)
+	if c.graphLive.Load() > 0 && c.forgetCaptured(p) {
+		return c.inner.Deallocate(p, cs, s)
+	}
 	if s = normStream(s); s == cuda.StreamPerThread || !c.reserve(cs) {
 		return c.inner.Deallocate(p, cs, s)
 	}
 	for {
 		b := c.bins(s, true)
 		b.mu.Lock()
+		if b.capturing {
+			b.mu.Unlock()
+			c.cached.Add(-cs)
+			return c.inner.Deallocate(p, cs, s)
+		}
 		if !b.dead {
 			b.bins[idx] = append(b.bins[idx], p)
 			b.n++
@@ -212,6 +237,46 @@ func (c *Cache) Deallocate(p cuda.DevicePtr, size uint64, s cuda.Stream) error {
 		}
 		b.mu.Unlock() // Release detached it meanwhile: look again, which makes a new entry
 	}
+}
+
+func (c *Cache) allocateCaptured(cs uint64, s cuda.Stream) (cuda.DevicePtr, error) {
+	c.misses.Add(1)
+	p, err := c.inner.Allocate(cs, s)
+	if err != nil {
+		return 0, err
+	}
+	c.graphMu.Lock()
+	if c.graphPtrs == nil {
+		c.graphPtrs = map[cuda.DevicePtr]struct{}{}
+	}
+	c.graphPtrs[p] = struct{}{}
+	c.graphLive.Add(1)
+	c.graphMu.Unlock()
+	return p, nil
+}
+
+// forgetCaptured reports whether p was allocated during a capture, forgetting it.
+func (c *Cache) forgetCaptured(p cuda.DevicePtr) bool {
+	c.graphMu.Lock()
+	defer c.graphMu.Unlock()
+	if _, ok := c.graphPtrs[p]; ok {
+		delete(c.graphPtrs, p)
+		c.graphLive.Add(-1)
+		return true
+	}
+	return false
+}
+
+// SetCapturing tells the cache that s is (on) or is no longer (off) being captured into a graph, so that
+// while it is, allocations and frees on s reach the driver and become graph memory nodes, and blocks
+// allocated then never enter the free lists. The owner of the capture (the stream package, through the
+// facade) calls it around cuStreamBeginCapture / cuStreamEndCapture. Streams that join a capture through
+// an event wait are not known to the cache: mark them too.
+func (c *Cache) SetCapturing(s cuda.Stream, on bool) {
+	b := c.bins(normStream(s), true)
+	b.mu.Lock()
+	b.capturing = on
+	b.mu.Unlock()
 }
 
 // reserve counts cs bytes into the cache unless that would exceed MaxCached.
@@ -275,7 +340,8 @@ func (c *Cache) free(s cuda.Stream, blocks []cachedBlock) error {
 }
 
 // Release frees every cached block below, each on the stream it was freed on, then releases what the
-// resource below caches (a pool's reserve). It returns the first error and goes on past it.
+// resource below caches (a pool's reserve). Blocks cached on a stream being captured stay until the
+// capture ends. It returns the first error and goes on past it.
 func (c *Cache) Release() error {
 	var first error
 	var blocks []cachedBlock

@@ -609,3 +609,48 @@ func TestOOMMessageCases(t *testing.T) {
 }
 
 var _ = cudasim.New
+
+// While a stream is captured, the cache keeps out: allocations and frees reach the driver (graph memory
+// nodes) and graph memory never enters the free lists, even when freed after the capture.
+func TestCacheKeepsOutOfCapture(t *testing.T) {
+	drv, d := openSim(t)
+	s := newStack(t, d, StackOptions{})
+	a := newStream(t, drv, d)
+	p, err := s.Allocate(MiB, a)
+	require.NoError(t, err)
+	require.NoError(t, s.Deallocate(p, MiB, a)) // cached on a
+
+	require.NoError(t, drv.StreamBeginCapture(d.Context(), a, cuda.CaptureModeThreadLocal))
+	s.SetCapturing(a, true)
+	n, f := drv.Calls("cuMemAllocFromPoolAsync"), drv.Calls("cuMemFreeAsync")
+	g1, err := s.Allocate(MiB, a)
+	require.NoError(t, err)
+	assert.NotEqual(t, p, g1, "the cached block is not baked into the graph")
+	assert.Equal(t, n+1, drv.Calls("cuMemAllocFromPoolAsync"))
+	require.NoError(t, s.Release()) // a release during the capture keeps the stream marked
+	g2, err := s.Allocate(MiB, a)
+	require.NoError(t, err)
+	require.NoError(t, s.Deallocate(g1, MiB, a))
+	assert.Equal(t, f+1, drv.Calls("cuMemFreeAsync"), "a free during capture is a free node")
+	graph, err := drv.StreamEndCapture(d.Context(), a)
+	require.NoError(t, err)
+	s.SetCapturing(a, false)
+
+	// g2 is graph memory freed after the capture: it goes to the driver, never to the free lists.
+	f = drv.Calls("cuMemFreeAsync")
+	_ = s.Deallocate(g2, MiB, a)
+	assert.Equal(t, f+1, drv.Calls("cuMemFreeAsync"))
+	assert.Equal(t, 1, s.Cache().Stats().Blocks, "only the block cached before the capture, kept through its Release")
+	require.NoError(t, drv.GraphDestroy(d.Context(), graph))
+
+	// Outside the capture the cache works again.
+	p, err = s.Allocate(MiB, a)
+	require.NoError(t, err)
+	require.NoError(t, s.Deallocate(p, MiB, a))
+	n = drv.Calls("cuMemAllocFromPoolAsync")
+	q, err := s.Allocate(MiB, a)
+	require.NoError(t, err)
+	assert.Equal(t, p, q)
+	assert.Equal(t, n, drv.Calls("cuMemAllocFromPoolAsync"))
+	require.NoError(t, s.Deallocate(q, MiB, a))
+}

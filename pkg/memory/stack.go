@@ -159,6 +159,14 @@ func (s *Stack) ReleaseStream(st cuda.Stream) error {
 	return s.cache.ReleaseStream(st)
 }
 
+// SetCapturing marks st as being captured into a graph (or no longer), so that the cache keeps out of
+// the capture (see Cache.SetCapturing). Without a cache it does nothing.
+func (s *Stack) SetCapturing(st cuda.Stream, on bool) {
+	if s.cache != nil {
+		s.cache.SetCapturing(st, on)
+	}
+}
+
 // Cached is what Stats reports as Cached.
 func (s *Stack) Cached() uint64 { return Cached(s.top) }
 
