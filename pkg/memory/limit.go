@@ -14,6 +14,9 @@ const LimitOp = "cudacore.limit"
 // the inner resource is called and the reservation is undone if that fails, so concurrent callers can
 // never together exceed the limit, and a failure leaves the accounting as it was. A limit of 0 means none;
 // SetLimit may change it at any time (lowering it below what is in use only fails later allocations).
+//
+// It counts the bytes callers ask for: what resources below add (the Cache's size-class rounding, at most
+// 25%, and the blocks it keeps) is not counted, so device memory used can exceed the limit by that much.
 type Limit struct {
 	inner Resource
 	limit atomic.Uint64
