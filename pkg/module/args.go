@@ -60,12 +60,16 @@ func (a Arg) String() string {
 }
 
 // Constructors for the common kinds.
-func I32(v int32) Arg   { return Arg{Int32, binary.LittleEndian.AppendUint32(nil, uint32(v))} }
-func U32(v uint32) Arg  { return Arg{Uint32, binary.LittleEndian.AppendUint32(nil, v)} }
-func I64(v int64) Arg   { return Arg{Int64, binary.LittleEndian.AppendUint64(nil, uint64(v))} }
-func U64(v uint64) Arg  { return Arg{Uint64, binary.LittleEndian.AppendUint64(nil, v)} }
-func F32(v float32) Arg { return Arg{Float32, binary.LittleEndian.AppendUint32(nil, math.Float32bits(v))} }
-func F64(v float64) Arg { return Arg{Float64, binary.LittleEndian.AppendUint64(nil, math.Float64bits(v))} }
+func I32(v int32) Arg  { return Arg{Int32, binary.LittleEndian.AppendUint32(nil, uint32(v))} }
+func U32(v uint32) Arg { return Arg{Uint32, binary.LittleEndian.AppendUint32(nil, v)} }
+func I64(v int64) Arg  { return Arg{Int64, binary.LittleEndian.AppendUint64(nil, uint64(v))} }
+func U64(v uint64) Arg { return Arg{Uint64, binary.LittleEndian.AppendUint64(nil, v)} }
+func F32(v float32) Arg {
+	return Arg{Float32, binary.LittleEndian.AppendUint32(nil, math.Float32bits(v))}
+}
+func F64(v float64) Arg {
+	return Arg{Float64, binary.LittleEndian.AppendUint64(nil, math.Float64bits(v))}
+}
 func Ptr(p cuda.DevicePtr) Arg {
 	return Arg{Pointer, binary.LittleEndian.AppendUint64(nil, uint64(p))}
 }

@@ -24,6 +24,25 @@ from ._errors import (
     NotSupportedError,
     OutOfMemoryError,
 )
+from ._limits import LimitClampedWarning, Limits
+from ._module import (
+    Kernel,
+    KernelArg,
+    KernelAttributes,
+    Module,
+    float16,
+    float32,
+    float64,
+    int8,
+    int16,
+    int32,
+    int64,
+    pointer,
+    uint8,
+    uint16,
+    uint32,
+    uint64,
+)
 
 __version__ = "0.1.0"
 
@@ -37,7 +56,13 @@ __all__ = [
     "InvalidHandleError",
     "InvalidImageError",
     "InvalidValueError",
+    "Kernel",
+    "KernelArg",
+    "KernelAttributes",
     "LaunchError",
+    "LimitClampedWarning",
+    "Limits",
+    "Module",
     "NotFoundError",
     "NotInitializedError",
     "NotReadyError",
@@ -47,4 +72,16 @@ __all__ = [
     "device_count",
     "devices",
     "driver_version",
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "pointer",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
 ]

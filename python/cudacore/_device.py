@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import operator
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._api import call, core
 from ._errors import InvalidValueError
+
+if TYPE_CHECKING:
+    from ._limits import Limits
+    from ._module import ImageLike, Module
 
 __all__ = ["Device", "devices", "device_count", "driver_version", "backend"]
 
@@ -165,6 +169,19 @@ class Device:
     def memory_info(self) -> tuple[int, int]:
         """``(free, total)`` device memory in bytes, as the driver reports it now."""
         return call(core.DeviceFreeMemory, self._ordinal), self._props["total_memory"]
+
+    @property
+    def limits(self) -> Limits:
+        """The device's limits: ``d.limits.malloc_heap_size = 256 << 20`` (see :class:`cudacore.Limits`)."""
+        from ._limits import limits_for
+
+        return limits_for(self)
+
+    def load_module(self, image: ImageLike) -> Module:
+        """Load PTX, a cubin or a fatbin (bytes, PTX text or a path) into this device: a :class:`cudacore.Module`."""
+        from ._module import load_module
+
+        return load_module(self, image)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Device) and other._ordinal == self._ordinal

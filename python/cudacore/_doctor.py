@@ -38,6 +38,10 @@ def collect() -> dict[str, Any]:
         entry = d.properties
         entry["free_memory"] = free
         entry["total_memory"] = total
+        try:
+            entry["limits"] = d.limits.as_dict()
+        except CUDAError as exc:
+            entry["limits"] = {"error": str(exc)}
         report["devices"].append(entry)
     return report
 
@@ -71,6 +75,24 @@ def render(report: dict[str, Any], out: TextIO) -> None:
         ]
         for key, value in rows:
             out.write(f"  {key:<21}{value}\n")
+        _render_limits(d.get("limits"), out)
+
+
+def _render_limits(limits: dict[str, Any] | None, out: TextIO) -> None:
+    if not limits:
+        return
+    out.write("  limits\n")
+    if "error" in limits:
+        out.write(f"    unavailable: {limits['error']}\n")
+        return
+    for name, value in limits.items():
+        if value is None:
+            shown = "not supported by this device"
+        elif name.endswith("_size") or name == "max_l2_fetch_granularity":
+            shown = f"{value:,} bytes" + (f" ({format_bytes(value)})" if value >= 1024 else "")
+        else:
+            shown = f"{value:,}"
+        out.write(f"    {name:<33}{shown}\n")
 
 
 def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

@@ -1,0 +1,553 @@
+"""Kernel modules: load PTX, cubin or fatbin, look up kernels, launch them.
+
+>>> mod = d.load_module("kernels/fill.ptx")
+>>> k = mod.function("fill")
+>>> k.launch(grid=4, block=256, args=(buf, 7, 1024))
+
+Arguments are checked before the driver is called. For PTX the kernel's parameter list is read from its
+``.entry`` declaration, so the number of arguments is checked and Python ints and floats are converted to
+the declared types (an int for a ``.u32`` parameter becomes 4 bytes; an int for a ``.f32`` parameter, a
+float). For cubin and fatbin kernels the driver cannot tell the parameters: pass typed wrappers
+(:func:`int32`, :func:`float32`, ...) where the default (int64 for ints, float64 for floats) is wrong.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import operator
+import os
+import struct
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Union
+
+from . import _api
+from ._api import call, core
+from ._errors import CUDAError, InvalidValueError
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from ._device import Device
+
+__all__ = [
+    "Kernel",
+    "KernelArg",
+    "KernelAttributes",
+    "Module",
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "load_module",
+    "pointer",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+]
+
+# kind -> (struct format, size, class)
+_KINDS: dict[str, tuple[str, int, str]] = {
+    "i8": ("<b", 1, "int"),
+    "u8": ("<B", 1, "int"),
+    "i16": ("<h", 2, "int"),
+    "u16": ("<H", 2, "int"),
+    "i32": ("<i", 4, "int"),
+    "u32": ("<I", 4, "int"),
+    "i64": ("<q", 8, "int"),
+    "u64": ("<Q", 8, "int"),
+    "f16": ("<e", 2, "float"),
+    "f32": ("<f", 4, "float"),
+    "f64": ("<d", 8, "float"),
+    "ptr": ("<Q", 8, "int"),
+}
+
+_INT_KIND = {(1, True): "i8", (1, False): "u8", (2, True): "i16", (2, False): "u16",
+             (4, True): "i32", (4, False): "u32", (8, True): "i64", (8, False): "u64"}  # fmt: skip
+_FLOAT_KIND = {2: "f16", 4: "f32", 8: "f64"}
+
+
+def _invalid(message: str, **fields: str) -> InvalidValueError:
+    return InvalidValueError(
+        message, code=1, name="CUDA_ERROR_INVALID_VALUE", op="cudacore.launch", fields=fields
+    )
+
+
+def _int_range(kind: str) -> tuple[int, int]:
+    size = _KINDS[kind][1] * 8
+    if kind.startswith("i"):
+        return -(1 << (size - 1)), (1 << (size - 1)) - 1
+    return 0, (1 << size) - 1
+
+
+class KernelArg:
+    """A kernel argument of an explicit type; make one with :func:`int32`, :func:`float32`, ...."""
+
+    __slots__ = ("kind", "value")
+
+    def __init__(self, kind: str, value: Any) -> None:
+        if kind not in _KINDS:
+            raise ValueError(f"unknown argument kind {kind!r}: one of {', '.join(_KINDS)}")
+        cls = _KINDS[kind][2]
+        if isinstance(value, bool):
+            raise TypeError(f"{kind} argument must be a number, not bool")
+        if cls == "int":
+            try:
+                v: int | float = operator.index(value)
+            except TypeError:
+                raise TypeError(f"{kind} argument must be an int, not {type(value).__name__}") from None
+            lo, hi = _int_range("u64" if kind == "ptr" else kind)
+            if not lo <= v <= hi:
+                raise _invalid(f"{v} does not fit in {kind} ({lo} to {hi})")
+        else:
+            try:
+                v = float(value)
+            except (TypeError, ValueError):
+                raise TypeError(f"{kind} argument must be a float, not {type(value).__name__}") from None
+        self.kind = kind
+        self.value = v
+
+    def encode(self) -> bytes:
+        fmt = _KINDS[self.kind][0]
+        try:
+            return struct.pack(fmt, self.value)
+        except OverflowError:
+            raise _invalid(f"{self.value} is out of range for {self.kind}") from None
+
+    def __repr__(self) -> str:
+        return f"cudacore.{_PUBLIC[self.kind]}({self.value!r})"
+
+
+_PUBLIC = {"i8": "int8", "u8": "uint8", "i16": "int16", "u16": "uint16", "i32": "int32", "u32": "uint32",
+           "i64": "int64", "u64": "uint64", "f16": "float16", "f32": "float32", "f64": "float64",
+           "ptr": "pointer"}  # fmt: skip
+
+
+def int8(x: int) -> KernelArg:
+    """A signed 8-bit kernel argument."""
+    return KernelArg("i8", x)
+
+
+def uint8(x: int) -> KernelArg:
+    """An unsigned 8-bit kernel argument."""
+    return KernelArg("u8", x)
+
+
+def int16(x: int) -> KernelArg:
+    """A signed 16-bit kernel argument."""
+    return KernelArg("i16", x)
+
+
+def uint16(x: int) -> KernelArg:
+    """An unsigned 16-bit kernel argument."""
+    return KernelArg("u16", x)
+
+
+def int32(x: int) -> KernelArg:
+    """A signed 32-bit kernel argument (C ``int``)."""
+    return KernelArg("i32", x)
+
+
+def uint32(x: int) -> KernelArg:
+    """An unsigned 32-bit kernel argument (C ``unsigned int``)."""
+    return KernelArg("u32", x)
+
+
+def int64(x: int) -> KernelArg:
+    """A signed 64-bit kernel argument (C ``long long``)."""
+    return KernelArg("i64", x)
+
+
+def uint64(x: int) -> KernelArg:
+    """An unsigned 64-bit kernel argument (C ``size_t``)."""
+    return KernelArg("u64", x)
+
+
+def float16(x: float) -> KernelArg:
+    """A half-precision kernel argument (``__half``)."""
+    return KernelArg("f16", x)
+
+
+def float32(x: float) -> KernelArg:
+    """A single-precision kernel argument (C ``float``)."""
+    return KernelArg("f32", x)
+
+
+def float64(x: float) -> KernelArg:
+    """A double-precision kernel argument (C ``double``)."""
+    return KernelArg("f64", x)
+
+
+def pointer(x: int) -> KernelArg:
+    """A device pointer given as an int (0 for NULL); buffers can be passed directly."""
+    return KernelArg("ptr", x)
+
+
+def _device_pointer(obj: Any) -> int | None:
+    """The device address of a buffer-like object (``.ptr`` or ``__cuda_array_interface__``), or None."""
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        data = cai.get("data") if isinstance(cai, dict) else None
+        if not data:
+            raise TypeError(f"{type(obj).__name__}.__cuda_array_interface__ has no 'data' entry")
+        return int(data[0])
+    ptr = getattr(obj, "ptr", None)
+    if ptr is not None and not callable(ptr):
+        return operator.index(ptr)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One kernel parameter, from the PTX ``.entry`` declaration."""
+
+    name: str
+    type: str
+    count: int
+    size: int
+
+    @property
+    def cls(self) -> str:
+        return {"f": "float", "b": "bits"}.get(self.type[0], "int")
+
+    def decl(self) -> str:
+        return f".{self.type} {self.name}" + (f"[{self.count}]" if self.count != 1 else "")
+
+
+def _convert(value: Any, index: int, param: Param | None, kernel: str) -> tuple[str, bytes]:
+    """One argument as (kind, little-endian bytes), converted to ``param``'s type when it is known."""
+    where = f"kernel {kernel}, argument {index}" + (f" (parameter {param.decl()})" if param else "")
+    if isinstance(value, KernelArg):
+        return value.kind, value.encode()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        if not raw:
+            raise _invalid(f"{where}: an empty bytes argument")
+        return "raw", raw
+    if isinstance(value, bool) or value is None:
+        what = "None" if value is None else "a bool"
+        raise TypeError(
+            f"{where}: got {what}; pass cudacore.pointer(0) for NULL or cudacore.int32(...) for a flag"
+        )
+    ptr = _device_pointer(value)
+    if ptr is not None:
+        if param is not None and (param.size != 8 or param.cls == "float"):
+            raise TypeError(f"{where}: got a device buffer, but the parameter is not a 64-bit pointer")
+        return "ptr", KernelArg("ptr", ptr).encode()
+    # Python and numpy numbers.
+    dtype = getattr(value, "dtype", None)
+    is_int = isinstance(value, int) or getattr(dtype, "kind", "") in ("i", "u")
+    is_float = isinstance(value, float) or getattr(dtype, "kind", "") == "f"
+    if not is_int and not is_float:
+        raise TypeError(
+            f"{where}: cannot pass {type(value).__name__}; pass an int, a float, a device buffer (.ptr or "
+            "__cuda_array_interface__), bytes, or a typed value such as cudacore.int32(x)"
+        )
+    if param is None:
+        if is_int:
+            kind = _INT_KIND.get((dtype.itemsize, dtype.kind == "i"), "i64") if dtype is not None else "i64"
+        else:
+            kind = _FLOAT_KIND.get(dtype.itemsize, "f64") if dtype is not None else "f64"
+        return kind, KernelArg(kind, value).encode()
+    if param.count != 1:
+        raise TypeError(
+            f"{where}: the parameter is an array of {param.size} bytes (a struct by value); pass bytes"
+        )
+    if param.cls == "float":
+        kind = _FLOAT_KIND.get(param.size)
+        if kind is None:
+            raise TypeError(f"{where}: unsupported float size {param.size}")
+        return kind, KernelArg(kind, float(value)).encode()
+    if is_float:
+        raise TypeError(f"{where}: got float {value!r}, but the parameter takes an integer")
+    v = operator.index(value)
+    signed = param.type.startswith("s") or (param.cls == "bits" and v < 0)
+    kind = _INT_KIND[(param.size, signed)] if param.size in (1, 2, 4, 8) else None
+    if kind is None:
+        raise TypeError(f"{where}: unsupported parameter size {param.size}")
+    lo, hi = _int_range(kind)
+    if not lo <= v <= hi:
+        raise _invalid(f"{where}: {v} does not fit in .{param.type} ({lo} to {hi})", param=param.name)
+    return kind, KernelArg(kind, v).encode()
+
+
+def _dims(value: Any, what: str) -> tuple[int, int, int]:
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int or a tuple of 1 to 3 ints, not bool")
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        items = list(value)
+    else:
+        items = [value]
+    if not 1 <= len(items) <= 3:
+        raise TypeError(f"{what} must have 1 to 3 dimensions, got {len(items)}")
+    out = []
+    for v in items:
+        if isinstance(v, bool):
+            raise TypeError(f"{what} dimensions must be ints, not bool")
+        try:
+            out.append(operator.index(v))
+        except TypeError:
+            raise TypeError(f"{what} dimensions must be ints, not {type(v).__name__}") from None
+    for i, v in enumerate(out):
+        if v < 1:
+            raise _invalid(f"{what} dimension {'xyz'[i]} is {v}; every dimension must be at least 1")
+    while len(out) < 3:
+        out.append(1)
+    return out[0], out[1], out[2]
+
+
+def _stream_handle(stream: Any) -> int:
+    if stream is None:
+        return 0
+    if isinstance(stream, bool):
+        raise TypeError("stream must be a Stream, an int handle or None, not bool")
+    if isinstance(stream, int):
+        return stream
+    for attr in ("handle", "_handle"):
+        h = getattr(stream, attr, None)
+        if isinstance(h, int) and not isinstance(h, bool):
+            return h
+    raise TypeError(f"stream must be a Stream, an int handle or None, not {type(stream).__name__}")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelAttributes:
+    """What the driver reports about a compiled kernel (``cuFuncGetAttribute``)."""
+
+    num_regs: int
+    shared_size_bytes: int
+    const_size_bytes: int
+    local_size_bytes: int
+    max_threads_per_block: int
+    ptx_version: int
+    binary_version: int
+    max_dynamic_shared_size_bytes: int
+
+    @property
+    def registers(self) -> int:
+        """Registers per thread."""
+        return self.num_regs
+
+    @property
+    def shared_memory(self) -> int:
+        """Static shared memory per block, bytes."""
+        return self.shared_size_bytes
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+class Kernel:
+    """A kernel function of a loaded :class:`Module`; get one with :meth:`Module.function`."""
+
+    __slots__ = ("_handle", "_module", "attributes", "name", "params")
+
+    def __init__(self, module: Module, handle: int) -> None:
+        info = json.loads(call(core.FunctionInfo, handle))
+        self._handle = handle
+        self._module = module  # keeps the module loaded while the kernel is reachable
+        self.name: str = info["name"]
+        self.attributes = KernelAttributes(**info["attributes"])
+        self.params: tuple[Param, ...] | None = (
+            tuple(Param(p["name"], p["type"], p["count"], p["size"]) for p in info["params"])
+            if info["params_known"]
+            else None
+        )
+
+    @property
+    def module(self) -> Module:
+        return self._module
+
+    def signature(self) -> str:
+        """``"fill(.u64 p, .u32 v, .u64 n)"``, or ``"name(?)"`` when the parameters are not known."""
+        if self.params is None:
+            return f"{self.name}(?)"
+        return f"{self.name}({', '.join(p.decl() for p in self.params)})"
+
+    def encode_args(self, args: Sequence[Any]) -> str:
+        """The arguments in the facade's text form, converted and checked against the parameters."""
+        if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+            raise TypeError(f"args must be a tuple or list, not {type(args).__name__}")
+        if self.params is not None and len(args) != len(self.params):
+            n = len(self.params)
+            raise _invalid(
+                f"kernel {self.name} takes {n} argument{'s' if n != 1 else ''}, got {len(args)}; "
+                f"its signature is {self.signature()}",
+                expected=str(n),
+                given=str(len(args)),
+            )
+        parts = []
+        for i, a in enumerate(args):
+            kind, raw = _convert(a, i, self.params[i] if self.params is not None else None, self.name)
+            parts.append(f"{kind}:{raw.hex()}")
+        return ";".join(parts)
+
+    def launch(
+        self,
+        grid: int | Sequence[int] = 1,
+        block: int | Sequence[int] = 1,
+        args: Sequence[Any] = (),
+        shared_mem: int = 0,
+        stream: Any = None,
+    ) -> None:
+        """Launch the kernel asynchronously on ``stream`` (None: the default stream).
+
+        ``grid`` and ``block`` are an int or a tuple of up to three ints. ``args`` are ints, floats, device
+        buffers (objects with ``.ptr`` or ``__cuda_array_interface__``), bytes (a struct by value) or typed
+        values (:func:`int32`, :func:`float32`, ...).
+
+        Raises
+        ------
+        InvalidValueError
+            Before the driver: a block or grid beyond the device's or the kernel's limits, too much shared
+            memory, the wrong number of arguments, a value that does not fit its parameter.
+        LaunchError
+            The launch needs more registers or shared memory than the device has.
+        TypeError
+            An argument of a kind that cannot be passed, or of the wrong kind for its parameter.
+        NotSupportedError
+            On the simulator, which runs no device code.
+        """
+        g = _dims(grid, "grid")
+        b = _dims(block, "block")
+        if isinstance(shared_mem, bool):
+            raise TypeError("shared_mem must be an int, not bool")
+        try:
+            shm = operator.index(shared_mem)
+        except TypeError:
+            raise TypeError(f"shared_mem must be an int, not {type(shared_mem).__name__}") from None
+        if shm < 0:
+            raise _invalid(f"shared_mem is {shm}; it must be at least 0 bytes")
+        encoded = self.encode_args(args)
+        call(core.FunctionLaunch, self._handle, *g, *b, shm, _stream_handle(stream), encoded)
+
+    def __call__(self, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: Any = None) -> None:
+        """``k(grid, block, *args)``: the same as :meth:`launch`."""
+        self.launch(grid=grid, block=block, args=args, shared_mem=shared_mem, stream=stream)
+
+    def __repr__(self) -> str:
+        return f"<cudacore.Kernel {self.signature()}, {self.attributes.num_regs} registers>"
+
+
+def _unload(handle: int) -> None:
+    if _api._forked:
+        return
+    try:
+        call(core.ModuleUnload, handle)
+    except CUDAError:
+        pass
+
+
+class Module:
+    """A loaded kernel image. Unload it with :meth:`unload` (or a ``with`` block); it is also unloaded when
+    no longer referenced, and its kernels keep it referenced."""
+
+    __slots__ = (
+        "__weakref__",
+        "_device",
+        "_finalizer",
+        "_handle",
+        "_kernels",
+        "_lock",
+        "kernel_names",
+        "kind",
+    )
+
+    def __init__(self, device: Device, handle: int) -> None:
+        info = json.loads(call(core.ModuleInfo, handle))
+        self._handle = handle
+        self._device = device
+        self.kind: str = info["kind"]
+        #: The kernels the PTX declares; None for a cubin or fatbin (the driver cannot list them).
+        self.kernel_names: tuple[str, ...] | None = (
+            tuple(e["name"] for e in info["entries"]) if info["entries"] is not None else None
+        )
+        self._kernels: dict[str, Kernel] = {}
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _unload, handle)
+        self._finalizer.atexit = False
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def function(self, name: str) -> Kernel:
+        """The kernel called ``name``. Raises :class:`NotFoundError` naming the kernels the PTX declares."""
+        if not isinstance(name, str):
+            raise TypeError(f"kernel name must be a str, not {type(name).__name__}")
+        k = self._kernels.get(name)
+        if k is not None:
+            return k
+        handle = call(core.ModuleFunction, self._handle, name)
+        with self._lock:
+            k = self._kernels.get(name)
+            if k is None:
+                k = self._kernels[name] = Kernel(self, handle)
+        return k
+
+    get_function = function
+
+    def unload(self) -> None:
+        """Unload the module; its kernels can no longer be launched. A second call does nothing."""
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            call(core.ModuleUnload, self._handle)
+
+    close = unload
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unload()
+
+    def __repr__(self) -> str:
+        names = ", ".join(self.kernel_names) if self.kernel_names is not None else "?"
+        state = "unloaded" if self.closed else f"device {self._device.device_id}"
+        return f"<cudacore.Module {self.kind} [{names}] on {state}>"
+
+
+ImageLike = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
+
+
+def _read_image(image: Any) -> bytes:
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return bytes(image)
+    if isinstance(image, str):
+        text = image.lstrip()
+        # PTX source given as text rather than a path.
+        if "\n" in image or text.startswith((".version", "//", "/*")):
+            return image.encode()
+        with open(image, "rb") as f:
+            return f.read()
+    if isinstance(image, os.PathLike):
+        with open(image, "rb") as f:
+            return f.read()
+    raise TypeError(f"a module image must be bytes, PTX text or a path, not {type(image).__name__}")
+
+
+def load_module(device: Device, image: ImageLike) -> Module:
+    """Load PTX, a cubin or a fatbin (bytes, PTX text, or a file path) into ``device``.
+
+    Raises
+    ------
+    InvalidImageError
+        The data is not a kernel image, or the driver cannot use it on this device (the message names the
+        kind detected).
+    FileNotFoundError
+        ``image`` is a path that does not exist.
+    """
+    data = _read_image(image)
+    handle = call(core.ModuleLoad, device.device_id, base64.b64encode(data).decode("ascii"))
+    return Module(device, handle)

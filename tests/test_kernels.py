@@ -1,0 +1,388 @@
+"""Modules and kernels (issue 5): loading, lookup, attributes, argument checks, launch validation, and the
+device malloc heap proven on a real GPU.
+
+Simulator tests check everything up to the driver's cuLaunchKernel, which the simulator refuses (it runs no
+device code). GPU tests (marked ``gpu``) launch the kernels of tests/kernels; heap_malloc.ptx is compiled
+there by scripts/gpu/build_ptx.sh.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from conftest import ROOT, run_python
+
+import cudacore as cc
+
+KERNELS = ROOT / "tests" / "kernels"
+FILL_PTX = KERNELS / "fill.ptx"
+HEAP_PTX = KERNELS / "heap_malloc.ptx"
+
+
+class FakeBuffer:
+    """A device buffer as the memory API gives one: only .ptr matters to a launch."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
+class FakeArray:
+    """Anything with __cuda_array_interface__ (CuPy, Numba, PyTorch)."""
+
+    def __init__(self, ptr: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (4,), "typestr": "<u4", "data": (ptr, False), "version": 3}
+
+
+@pytest.fixture(scope="module")
+def mod():
+    m = cc.Device(0).load_module(FILL_PTX)
+    yield m
+    m.unload()
+
+
+# -- loading and lookup (both backends) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["path", "str path", "bytes", "text", "nul-terminated bytes"])
+def test_load_forms(form):
+    data = FILL_PTX.read_bytes()
+    image = {
+        "path": FILL_PTX,
+        "str path": str(FILL_PTX),
+        "bytes": data,
+        "text": data.decode(),
+        "nul-terminated bytes": data + b"\0",
+    }[form]
+    with cc.Device(0).load_module(image) as m:
+        assert m.kind == "ptx"
+        assert m.kernel_names == ("fill", "fill_f32")
+        assert isinstance(m, cc.Module)
+    assert m.closed
+
+
+def test_function_and_attributes(mod):
+    k = mod.function("fill")
+    assert isinstance(k, cc.Kernel)
+    assert mod.function("fill") is k
+    a = k.attributes
+    assert isinstance(a, cc.KernelAttributes)
+    assert a.max_threads_per_block > 0 and a.registers == a.num_regs > 0
+    assert set(a.as_dict()) >= {"num_regs", "shared_size_bytes", "max_threads_per_block", "local_size_bytes"}
+    assert k.signature() == "fill(.u64 p, .u32 v, .u64 n)"
+    assert [p.type for p in k.params] == ["u64", "u32", "u64"]
+
+
+def test_unknown_function_is_not_found(mod):
+    with pytest.raises(cc.NotFoundError) as ei:
+        mod.function("fil")
+    msg = str(ei.value)
+    assert '"fil"' in msg and "fill, fill_f32" in msg
+    assert isinstance(ei.value, LookupError)
+    with pytest.raises(TypeError):
+        mod.function(3)
+
+
+@pytest.mark.parametrize(
+    ("image", "kind", "match"),
+    [
+        (b"\xde\xad\xbe\xef garbage", "unknown", "de ad be ef"),
+        (b"", "unknown", "empty"),
+        (b"this is not a kernel", "unknown", "not PTX"),
+        (b".version\n.entry k() { ret; }", "ptx", ".version"),
+        (b".version 8.0\n.target sm_120\n.address_size 64\n.entry k() { ret; }", "ptx", "sm_120"),
+    ],
+)
+def test_corrupt_image_is_invalid_image(image, kind, match):
+    with pytest.raises(cc.InvalidImageError, match=match) as ei:
+        cc.Device(0).load_module(image)
+    assert ei.value.fields.get("kind") == kind
+
+
+def test_corrupt_ptx_file(tmp_path):
+    bad = tmp_path / "bad.ptx"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    with pytest.raises(cc.InvalidImageError):
+        cc.Device(0).load_module(bad)
+    with pytest.raises(FileNotFoundError):
+        cc.Device(0).load_module(tmp_path / "missing.ptx")
+    with pytest.raises(TypeError):
+        cc.Device(0).load_module(12345)
+
+
+def test_unloaded_module():
+    m = cc.Device(0).load_module(FILL_PTX)
+    k = m.function("fill")
+    m.unload()
+    m.unload()  # a second unload does nothing
+    with pytest.raises(cc.InvalidHandleError):
+        m.function("fill_f32")
+    with pytest.raises(cc.InvalidHandleError):
+        k.launch(grid=1, block=1, args=(FakeBuffer(0x1000), 1, 1))
+
+
+# -- argument and configuration checks, before the driver -------------------------------------------
+
+
+def test_wrong_argument_count(mod):
+    k = mod.function("fill")
+    with pytest.raises(
+        cc.InvalidValueError,
+        match=r"takes 3 arguments, got 2; its signature is fill\(.u64 p, .u32 v, .u64 n\)",
+    ):
+        k.launch(grid=1, block=32, args=(FakeBuffer(0x1000), 7))
+    with pytest.raises(cc.InvalidValueError, match="got 4"):
+        k.launch(grid=1, block=32, args=(FakeBuffer(0x1000), 7, 8, 9))
+
+
+@pytest.mark.parametrize(
+    ("args", "exc", "match"),
+    [
+        ((FakeBuffer(0x1000), 1.5, 8), TypeError, r"parameter .u32 v.*got float 1.5"),
+        ((FakeBuffer(0x1000), "7", 8), TypeError, "cannot pass str"),
+        ((FakeBuffer(0x1000), None, 8), TypeError, "None"),
+        ((FakeBuffer(0x1000), True, 8), TypeError, "bool"),
+        ((FakeBuffer(0x1000), 1 << 32, 8), cc.InvalidValueError, r"does not fit in .u32"),
+        ((FakeBuffer(0x1000), -1, 8), cc.InvalidValueError, r"does not fit in .u32"),
+        ((7, FakeBuffer(0x1000), 8), TypeError, "not a 64-bit pointer"),
+        ((FakeBuffer(0x1000), cc.float32(1.0), 8), cc.InvalidValueError, r"parameter .u32 v\): got f32"),
+        ((FakeBuffer(0x1000), cc.int64(1), 8), cc.InvalidValueError, "it takes 4 bytes"),
+        ((FakeBuffer(0x1000), b"\x00\x01", 8), cc.InvalidValueError, "it takes 4 bytes"),
+    ],
+)
+def test_wrong_argument_types(mod, args, exc, match):
+    with pytest.raises(exc, match=match) as ei:
+        mod.function("fill").launch(grid=1, block=32, args=args)
+    if isinstance(ei.value, cc.CUDAError):
+        assert ei.value.op == "cudacore.launch", "the check must happen before cuLaunchKernel"
+
+
+def test_typed_wrappers():
+    assert cc.int32(-5).encode() == (-5).to_bytes(4, "little", signed=True)
+    assert cc.uint64(2**64 - 1).encode() == b"\xff" * 8
+    assert cc.float32(1.5).encode() == bytes.fromhex("0000c03f")
+    assert repr(cc.int32(3)) == "cudacore.int32(3)"
+    with pytest.raises(cc.InvalidValueError):
+        cc.int32(2**31)
+    with pytest.raises(cc.InvalidValueError):
+        cc.uint8(-1)
+    with pytest.raises(TypeError):
+        cc.int32(1.5)
+    with pytest.raises(TypeError):
+        cc.float32("x")
+
+
+def test_arguments_follow_the_ptx_types(mod):
+    fill, fill_f32 = mod.function("fill"), mod.function("fill_f32")
+    # An int for .u32 is 4 bytes; for .u64, 8; a buffer is a pointer.
+    assert (
+        fill.encode_args((FakeBuffer(0x1000), 7, 9))
+        == "ptr:0010000000000000;u32:07000000;u64:0900000000000000"
+    )
+    # An int for a .f32 parameter becomes a float.
+    assert fill_f32.encode_args((FakeArray(0x2000), 2, 9)).split(";")[1] == "f32:00000040"
+    assert fill_f32.encode_args((FakeArray(0x2000), 1.5, 9)).split(";")[1] == "f32:0000c03f"
+    with pytest.raises(TypeError):
+        fill.encode_args("abc")
+
+
+@pytest.mark.parametrize(
+    ("grid", "block", "shared_mem", "exc", "match"),
+    [
+        (1, 2048, 0, cc.InvalidValueError, "block dimension x is 2048, above the device's maximum 1024"),
+        (1, (64, 64), 0, cc.InvalidValueError, "4,096 threads, above the device's maximum of 1024"),
+        (1, (1, 1, 128), 0, cc.InvalidValueError, "block dimension z is 128"),
+        (
+            (1, 1 << 20),
+            32,
+            0,
+            cc.InvalidValueError,
+            "grid dimension y is 1048576, above the device's maximum 65535",
+        ),
+        (1, 0, 0, cc.InvalidValueError, "at least 1"),
+        (1, 32, 1 << 20, cc.InvalidValueError, "1,048,576 bytes of shared memory"),
+        (1, 32, -1, cc.InvalidValueError, "at least 0"),
+        (1, (1, 2, 3, 4), 0, TypeError, "1 to 3 dimensions"),
+        (1.5, 32, 0, TypeError, "ints"),
+        (1, 32, 1.0, TypeError, "shared_mem"),
+    ],
+)
+def test_bad_launch_configuration(mod, grid, block, shared_mem, exc, match):
+    with pytest.raises(exc, match=match) as ei:
+        mod.function("fill").launch(
+            grid=grid, block=block, args=(FakeBuffer(0x1000), 7, 8), shared_mem=shared_mem
+        )
+    if isinstance(ei.value, cc.CUDAError) and "dimension" in match:
+        # The message carries the device's limits and the kernel's resources.
+        assert "allows 1024 threads per block" in str(ei.value)
+        assert "registers per thread" in str(ei.value)
+
+
+# -- the simulator runs no device code ---------------------------------------------------------------
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("buf", [FakeBuffer(0x1000), FakeArray(0x1000), cc.pointer(0x1000)])
+def test_simulator_launch_is_not_supported(mod, buf):
+    with pytest.raises(cc.NotSupportedError, match="the simulator does not run device code") as ei:
+        mod.function("fill").launch(grid=4, block=256, args=(buf, 7, 1024))
+    assert ei.value.op == "cuLaunchKernel"
+    assert ei.value.name == "CUDA_ERROR_NOT_SUPPORTED"
+
+
+@pytest.mark.sim
+def test_simulator_call_form(mod):
+    with pytest.raises(cc.NotSupportedError):
+        mod.function("fill_f32")((4,), (256,), FakeBuffer(0x1000), 1.5, 1024, stream=None)
+
+
+# -- on a real GPU --------------------------------------------------------------------------------
+
+# Device buffers for the GPU scripts: CuPy (on the GPU machine) or cudacore's own allocator. Both use the
+# device's primary context, as cudacore does, so their pointers are valid in cudacore's launches.
+_BUFFERS = textwrap.dedent(
+    """
+    import numpy as np
+    import cudacore as cc
+    d = cc.Device(0)
+
+    def zeros(n, dtype):
+        try:
+            import cupy
+        except ImportError:
+            buf = d.allocate(n * np.dtype(dtype).itemsize)
+            buf.copy_from(np.zeros(n, dtype))
+            def read():
+                host = np.empty(n, dtype)
+                buf.copy_to(host)
+                return host
+            return buf, read
+        a = cupy.zeros(n, dtype)
+        def read():
+            cupy.cuda.runtime.deviceSynchronize()
+            return a.get()
+        return a, read
+    """
+)
+
+
+def _gpu(code: str, timeout: float = 120) -> dict:
+    r = run_python(_BUFFERS + textwrap.dedent(code), env={"CUDACORE_BACKEND": "cuda"}, timeout=timeout)
+    assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _heap_run(heap: int | None) -> dict:
+    if not HEAP_PTX.exists():
+        pytest.skip(f"{HEAP_PTX.name} is missing: run scripts/gpu/build_ptx.sh on the GPU machine")
+    return _gpu(
+        f"""
+        import json
+        HEAP = {heap!r}
+        if HEAP is not None:
+            d.limits.malloc_heap_size = HEAP
+        heap_before = d.limits.malloc_heap_size
+        k = d.load_module({str(HEAP_PTX)!r}).function("heap_malloc")
+        nulls, read = zeros(1, np.uint32)
+        k.launch(grid=1024, block=256, args=(nulls, 1024))
+        count = int(read()[0])
+        rule = None
+        try:
+            d.limits.malloc_heap_size = 2 << 30
+        except cc.InvalidValueError as e:
+            rule = str(e)
+        print(json.dumps({{"nulls": count, "heap": heap_before, "heap_after": d.limits.malloc_heap_size, "rule": rule}}))
+        """
+    )
+
+
+@pytest.mark.gpu
+def test_gpu_heap_default_runs_out_and_is_then_fixed():
+    out = _heap_run(None)
+    print(
+        f"\nheap_malloc, default heap {out['heap']:,} bytes: {out['nulls']:,} NULLs of 262,144 mallocs of 1 KiB"
+    )
+    assert out["heap"] == 8_388_608
+    assert out["nulls"] > 0  # driver-facts.md: 258,366
+    # After a kernel that used malloc has run, the heap is fixed: the error states the rule.
+    assert out["rule"] is not None, "setting the heap after a malloc kernel must fail"
+    assert "fixed once a kernel that uses device malloc has been launched" in out["rule"]
+    assert out["heap_after"] == 8_388_608
+    print(f"set after the kernel: {out['rule']}")
+
+
+@pytest.mark.gpu
+def test_gpu_heap_raised_first_has_no_nulls():
+    out = _heap_run(1 << 30)
+    print(f"\nheap_malloc, heap raised to {out['heap']:,} bytes first: {out['nulls']:,} NULLs of 262,144")
+    assert out["heap"] == 1 << 30
+    assert out["nulls"] == 0
+
+
+@pytest.mark.gpu
+def test_gpu_limits_defaults_and_clamp():
+    out = _gpu(
+        """
+        import json, warnings
+        defaults = d.limits.as_dict()
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            d.limits.malloc_heap_size = 64 << 40
+        clamp = [str(w.message) for w in rec]
+        applied = d.limits.malloc_heap_size
+        strict = None
+        try:
+            with d.limits.strict_mode():
+                d.limits.malloc_heap_size = 64 << 40
+        except cc.InvalidValueError as e:
+            strict = str(e)
+        print(json.dumps({"defaults": defaults, "clamp": clamp, "applied": applied, "strict": strict}))
+        """
+    )
+    print(f"\nlimits on the GPU: {out['defaults']}\nclamp warning: {out['clamp']}\nstrict: {out['strict']}")
+    assert out["defaults"]["malloc_heap_size"] == 8_388_608
+    assert out["defaults"]["stack_size"] == 1024
+    assert out["defaults"]["printf_fifo_size"] == 8_650_752
+    assert len(out["clamp"]) == 1 and "asked 70,368,744,177,664 bytes (64.0 TiB)" in out["clamp"][0]
+    assert out["applied"] < 64 << 40  # driver-facts.md: 17,681,179,680 on the H100
+    assert out["strict"] is not None and "restored" in out["strict"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ptx", ["fill.ptx", "fill_nvcc.ptx"])
+def test_gpu_fill_launch_and_read_back(ptx):
+    path = KERNELS / ptx
+    if not path.exists():
+        pytest.skip(f"{ptx} is missing: run scripts/gpu/build_ptx.sh on the GPU machine")
+    out = _gpu(
+        f"""
+        import json
+        m = d.load_module({str(path)!r})
+        n = 1000
+        a, read_a = zeros(1024, np.uint32)
+        m.function("fill").launch(grid=4, block=256, args=(a, 7, n))
+        ha = read_a()
+        b, read_b = zeros(1024, np.float32)
+        m.function("fill_f32").launch(grid=8, block=128, args=(b, 2, n))  # an int for a float parameter
+        hb = read_b()
+        errors = {{}}
+        for name, block in (("fill", 2048), ("fill_f32", 512)):
+            try:
+                m.function(name).launch(grid=1, block=block, args=(a, 1, n))
+            except cc.CUDAError as e:
+                errors[name] = [type(e).__name__, e.op, str(e)]
+        attrs = m.function("fill_f32").attributes.as_dict()
+        print(json.dumps({{"a_ok": bool((ha[:n] == 7).all() and (ha[n:] == 0).all()),
+                          "b_ok": bool((hb[:n] == 2.0).all() and (hb[n:] == 0).all()),
+                          "errors": errors, "attrs": attrs}}))
+        """
+    )
+    print(f"\n{ptx}: fill_f32 attributes {out['attrs']}")
+    assert out["a_ok"] and out["b_ok"]
+    assert out["errors"]["fill"][:2] == ["InvalidValueError", "cudacore.launch"]
+    assert "above the device's maximum 1024" in out["errors"]["fill"][2]
+    # fill_f32 allows at most 256 threads per block (.maxntid / __launch_bounds__): refused before the driver.
+    assert out["attrs"]["max_threads_per_block"] <= 256
+    assert out["errors"]["fill_f32"][:2] == ["InvalidValueError", "cudacore.launch"]
+    assert "this kernel allows" in out["errors"]["fill_f32"][2]
