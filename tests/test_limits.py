@@ -138,7 +138,7 @@ def test_override_unknown_or_bad_changes_nothing(limits):
         ("stack_size", 1 << 20, "local memory"),
         ("max_l2_fetch_granularity", 100, "0, 32, 64, 128"),
         ("dev_runtime_sync_depth", 100, "24 levels"),
-        ("persisting_l2_cache_size", 1 << 30, "whole L2 cache"),
+        ("persisting_l2_cache_size", 1 << 30, "MAX_PERSISTING_L2_CACHE_SIZE"),
     ],
 )
 def test_bad_values_are_invalid_value(limits, name, value, match):

@@ -98,9 +98,12 @@ var specs = []Spec{
 		Name: "persisting_l2_cache_size", Limit: cuda.LimitPersistingL2CacheSize, Unit: Bytes,
 		Doc: "part of the L2 cache set aside for persisting accesses",
 		Validate: func(dev DeviceInfo, v uint64) string {
-			if dev.L2CacheSize > 0 && v > dev.L2CacheSize {
-				return fmt.Sprintf("it is larger than the device's whole L2 cache (%s; at most %s can persist)",
-					FormatValue(dev.L2CacheSize, Bytes), FormatValue(dev.MaxPersistingL2CacheSize, Bytes))
+			// Measured on the H100 (driver 580): a size above CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE
+			// (32,768,000 bytes there) is refused with CUDA_ERROR_INVALID_VALUE; smaller ones are rounded.
+			if dev.MaxPersistingL2CacheSize > 0 && v > dev.MaxPersistingL2CacheSize {
+				return fmt.Sprintf("at most %s of the device's %s L2 cache can be set aside for persisting "+
+					"accesses (CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE)",
+					FormatValue(dev.MaxPersistingL2CacheSize, Bytes), HumanBytes(dev.L2CacheSize))
 			}
 			return ""
 		},

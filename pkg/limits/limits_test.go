@@ -107,7 +107,7 @@ func TestValidationBeforeTheDriver(t *testing.T) {
 		{"granularity not allowed", "max_l2_fetch_granularity", 100, []string{"0, 32, 64, 128"}},
 		{"sync depth too deep", "dev_runtime_sync_depth", 25, []string{"24 levels"}},
 		{"pending launches zero", "dev_runtime_pending_launch_count", 0, []string{"least allowed value is 1 launches"}},
-		{"persisting L2 beyond L2", "persisting_l2_cache_size", 1 << 30, []string{"whole L2 cache", "50.0 MiB"}},
+		{"persisting L2 beyond its maximum", "persisting_l2_cache_size", 51904513, []string{"at most 51,904,512 bytes (49.5 MiB)", "50.0 MiB L2 cache"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

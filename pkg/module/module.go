@@ -9,6 +9,7 @@ package module
 import (
 	"bytes"
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,6 +64,7 @@ type DeviceLimits struct {
 	MaxSharedMemoryPerBlock int    `json:"max_shared_memory_per_block"`
 	MaxSharedOptin          int    `json:"max_shared_memory_per_block_optin"`
 	MaxRegistersPerBlock    int    `json:"max_registers_per_block"`
+	ComputeCapability       [2]int `json:"compute_capability"`
 }
 
 // QueryDeviceLimits reads the DeviceLimits of dev.
@@ -86,6 +88,8 @@ func QueryDeviceLimits(drv cuda.Driver, dev cuda.Device, ordinal int) (DeviceLim
 		{cuda.AttrMaxSharedMemoryPerBlock, &l.MaxSharedMemoryPerBlock},
 		{cuda.AttrMaxSharedMemoryPerBlockOptin, &l.MaxSharedOptin},
 		{cuda.AttrMaxRegistersPerBlock, &l.MaxRegistersPerBlock},
+		{cuda.AttrComputeCapabilityMajor, &l.ComputeCapability[0]},
+		{cuda.AttrComputeCapabilityMinor, &l.ComputeCapability[1]},
 	} {
 		if *a.dst, err = drv.DeviceAttribute(dev, a.attr); err != nil {
 			return l, err
@@ -103,6 +107,7 @@ type Module struct {
 	kind    Kind
 	size    int
 	entries []Entry // from the PTX text; nil for binaries
+	header  string  // the PTX's .version and .target, for messages
 
 	mu     sync.Mutex
 	funcs  map[string]*Function
@@ -123,7 +128,9 @@ func Load(drv cuda.Driver, ctx cuda.Context, dev DeviceLimits, image []byte) (*M
 	m := &Module{drv: drv, ctx: ctx, dev: dev, kind: kind, size: len(image), funcs: map[string]*Function{}}
 	data := image
 	if kind == KindPTX {
-		m.entries, _ = ParsePTX(string(bytes.TrimRight(image, "\x00")))
+		text := string(bytes.TrimRight(image, "\x00"))
+		m.entries, _ = ParsePTX(text)
+		m.header = ptxHeader(text)
 		if !bytes.HasSuffix(image, []byte{0}) {
 			data = append(slices.Clip(image), 0)
 		}
@@ -135,6 +142,25 @@ func Load(drv cuda.Driver, ctx cuda.Context, dev DeviceLimits, image []byte) (*M
 	m.handle = h
 	return m, nil
 }
+
+// ptxHeader renders the .version and .target directives of PTX text: ".version 8.0, .target sm_90".
+func ptxHeader(text string) string {
+	var parts []string
+	for _, re := range []*regexp.Regexp{ptxVersionRe, ptxTargetRe} {
+		if m := re.FindStringSubmatch(text); m != nil {
+			parts = append(parts, strings.TrimSpace(m[0]))
+		}
+	}
+	if len(parts) == 0 {
+		return "no .version or .target"
+	}
+	return strings.Join(parts, ", ")
+}
+
+var (
+	ptxVersionRe = regexp.MustCompile(`\.version[ \t]+[0-9.]+`)
+	ptxTargetRe  = regexp.MustCompile(`\.target[ \t]+[A-Za-z0-9_, \t]+`)
+)
 
 func preview(b []byte) string {
 	n := min(len(b), 16)
@@ -155,7 +181,10 @@ func explainLoad(err error, m *Module) error {
 		cuda.ErrorUnsupportedPTXVersion:
 		what += fmt.Sprintf(" on device %d (%s)", m.dev.Ordinal, m.dev.Name)
 		if m.kind == KindPTX {
-			what += ": check the PTX's .version and .target against the driver and the device"
+			what += fmt.Sprintf(": the PTX declares %s; the device is compute capability %d.%d (sm_%d%d). "+
+				"Check the PTX's .version against the driver and its .target against the device",
+				m.header, m.dev.ComputeCapability[0], m.dev.ComputeCapability[1],
+				m.dev.ComputeCapability[0], m.dev.ComputeCapability[1])
 		} else {
 			what += ": the image has no code for this device's architecture, or is damaged"
 		}

@@ -212,8 +212,8 @@ func TestLoadCorrupt(t *testing.T) {
 		{"junk", []byte{0xde, 0xad, 0xbe, 0xef}, "unknown", "the bytes de ad be ef"},
 		{"empty", nil, "unknown", "it is empty"},
 		{"text", []byte("not a kernel"), "unknown", `"not a kernel"`},
-		{"ptx without version number", []byte(".version\n.entry k() { ret; }"), "ptx", "check the PTX's .version"},
-		{"ptx for a newer GPU", []byte(".version 8.0\n.target sm_120\n.entry k() { ret; }"), "ptx", "sm_120"},
+		{"ptx without version number", []byte(".version\n.entry k() { ret; }"), "ptx", "the PTX declares no .version or .target"},
+		{"ptx for a newer GPU", []byte(".version 8.0\n.target sm_120\n.entry k() { ret; }"), "ptx", "the PTX declares .version 8.0, .target sm_120; the device is compute capability 9.0 (sm_90)"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
