@@ -258,11 +258,17 @@ func ParseDevices(data []byte) ([]DeviceConfig, error) {
 		if r.PCIBusID != nil {
 			c.PCIBusID = *r.PCIBusID
 		}
-		n, err := normalize(i, c)
-		if err != nil {
+		// Explicit zeros were meant: validate them rather than letting normalize default them.
+		if c.UUID == [16]byte{} {
+			c.UUID = derivedUUID(i)
+		}
+		if c.PCIBusID == "" {
+			c.PCIBusID = derivedPCIBusID(i)
+		}
+		if err := validate(i, c); err != nil {
 			return nil, err
 		}
-		out[i] = n
+		out[i] = c
 	}
 	return out, nil
 }
