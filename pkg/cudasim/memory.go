@@ -129,7 +129,7 @@ func (v *device) resetLocked() {
 		cuda.LimitMallocHeapSize:               8388608,
 		cuda.LimitDevRuntimeSyncDepth:          2,
 		cuda.LimitDevRuntimePendingLaunchCount: 2048,
-		cuda.LimitMaxL2FetchGranularity:        128,
+		cuda.LimitMaxL2FetchGranularity:        64,
 		cuda.LimitPersistingL2CacheSize:        0,
 	}
 }
@@ -165,7 +165,7 @@ func (v *device) maxPersistingL2() uint64 {
 	if v.cfg.ComputeCapability[0] < 8 {
 		return 0
 	}
-	return 51904512
+	return 32768000 // measured on the H100 (CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE)
 }
 
 func (v *device) heapMax() uint64 {

@@ -9,10 +9,11 @@ import (
 	"github.com/cudacore/cudacore/pkg/cuda"
 )
 
-// CtxSetLimit implements cuCtxSetLimit. The malloc heap clamps silently, as measured on the H100, to
-// heapClampNum/heapClampDen of the device's memory (17,681,179,680 bytes on the H100); the persisting L2
-// size clamps to the device's maximum. Since no kernel runs, the "heap is fixed once a kernel called
-// malloc" rule never applies.
+// CtxSetLimit implements cuCtxSetLimit as measured on the H100: the malloc heap clamps silently to
+// heapClampNum/heapClampDen of the device's memory (17,681,179,680 bytes there); a persisting L2 size
+// above the device's maximum is CUDA_ERROR_INVALID_VALUE; the device runtime sync depth is unsupported
+// from compute capability 9.0 (CDP2); an unknown limit is CUDA_ERROR_INVALID_VALUE. Since no kernel runs,
+// the "heap is fixed once a kernel called malloc" rule never applies.
 func (d *Driver) CtxSetLimit(c cuda.Context, l cuda.Limit, val uint64) error {
 	const op = "cuCtxSetLimit"
 	v, err := d.ctx(op, c)
@@ -20,21 +21,31 @@ func (d *Driver) CtxSetLimit(c cuda.Context, l cuda.Limit, val uint64) error {
 		return err
 	}
 	defer v.mu.Unlock()
+	if err := v.limitSupported(op, l); err != nil {
+		return err
+	}
 	switch l {
 	case cuda.LimitMallocHeapSize:
 		val = min(val, v.heapMax())
 	case cuda.LimitPersistingL2CacheSize:
-		if v.maxPersistingL2() == 0 {
-			return errf(op, cuda.ErrorUnsupportedLimit, "device %d has no persisting L2 cache", v.index)
+		if val > v.maxPersistingL2() {
+			return errf(op, cuda.ErrorInvalidValue, "%d bytes is above the device's persisting L2 maximum of %d", val, v.maxPersistingL2())
 		}
-		val = min(val, v.maxPersistingL2())
 	case cuda.LimitMaxL2FetchGranularity:
 		val = min(val, 128)
-	case cuda.LimitStackSize, cuda.LimitPrintfFIFOSize, cuda.LimitDevRuntimeSyncDepth, cuda.LimitDevRuntimePendingLaunchCount:
-	default:
-		return errf(op, cuda.ErrorUnsupportedLimit, "limit %d is not supported", l)
 	}
 	v.limits[l] = val
+	return nil
+}
+
+func (v *device) limitSupported(op string, l cuda.Limit) error {
+	if _, ok := v.limits[l]; !ok {
+		return errf(op, cuda.ErrorInvalidValue, "limit %d is not a CUlimit", l)
+	}
+	if (l == cuda.LimitPersistingL2CacheSize && v.maxPersistingL2() == 0) ||
+		(l == cuda.LimitDevRuntimeSyncDepth && v.cfg.ComputeCapability[0] >= 9) {
+		return errf(op, cuda.ErrorUnsupportedLimit, "limit %d is not supported by device %d", l, v.index)
+	}
 	return nil
 }
 
@@ -45,11 +56,10 @@ func (d *Driver) CtxGetLimit(c cuda.Context, l cuda.Limit) (uint64, error) {
 		return 0, err
 	}
 	defer v.mu.Unlock()
-	val, ok := v.limits[l]
-	if !ok || (l == cuda.LimitPersistingL2CacheSize && v.maxPersistingL2() == 0) {
-		return 0, errf(op, cuda.ErrorUnsupportedLimit, "limit %d is not supported", l)
+	if err := v.limitSupported(op, l); err != nil {
+		return 0, err
 	}
-	return val, nil
+	return v.limits[l], nil
 }
 
 type module struct {

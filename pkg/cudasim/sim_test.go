@@ -473,6 +473,15 @@ func TestCaptureRules(t *testing.T) {
 			_, err := d.StreamEndCapture(c, s)
 			assert.NoError(t, err, "a relaxed capture may end on another thread")
 		})
+		// Measured: an invalidated capture ends with 901 from any thread.
+		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
+		requireResult(t, cuda.ErrorStreamCaptureUnsupported, "cuStreamSynchronize", d.StreamSynchronize(c, s))
+		onOtherThread(func() {
+			_, err := d.StreamEndCapture(c, s)
+			requireResult(t, cuda.ErrorStreamCaptureInvalidated, "cuStreamEndCapture", err)
+		})
+		st, _ := d.StreamIsCapturing(c, s)
+		assert.Equal(t, cuda.CaptureStatusNone, st)
 	})
 	t.Run("thread-local spares other threads", func(t *testing.T) {
 		runtime.LockOSThread()
@@ -550,11 +559,13 @@ func TestCaptureRules(t *testing.T) {
 		ev, _ := d.EventCreate(c, 0)
 		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeRelaxed))
 		require.NoError(t, d.EventRecord(c, ev, s))
-		requireResult(t, cuda.ErrorCapturedEvent, "cuEventQuery", d.EventQuery(c, ev))
 		require.NoError(t, d.StreamWaitEvent(c, s, ev))
 		requireResult(t, cuda.ErrorNotSupported, "cuStreamWaitEvent", d.StreamWaitEvent(c, other, ev))
+		requireResult(t, cuda.ErrorCapturedEvent, "cuEventQuery", d.EventQuery(c, ev))
+		st, _ := d.StreamIsCapturing(c, s)
+		assert.Equal(t, cuda.CaptureStatusInvalidated, st, "a 907 invalidates the capture, as measured")
 		_, err := d.StreamEndCapture(c, s)
-		require.NoError(t, err)
+		requireResult(t, cuda.ErrorStreamCaptureInvalidated, "cuStreamEndCapture", err)
 		require.NoError(t, d.EventRecord(c, ev, other))
 		require.NoError(t, d.EventQuery(c, ev))
 	})
@@ -618,23 +629,31 @@ func TestLimitsSim(t *testing.T) {
 		require.NoError(t, err)
 		return v
 	}
-	for l, want := range map[cuda.Limit]uint64{cuda.LimitDevRuntimeSyncDepth: 2, cuda.LimitDevRuntimePendingLaunchCount: 2048,
-		cuda.LimitMaxL2FetchGranularity: 128, cuda.LimitPersistingL2CacheSize: 0} {
+	for l, want := range map[cuda.Limit]uint64{cuda.LimitDevRuntimePendingLaunchCount: 2048,
+		cuda.LimitMaxL2FetchGranularity: 64, cuda.LimitPersistingL2CacheSize: 0} {
 		assert.Equal(t, want, get(c, l), "limit %d", l)
 	}
 	require.NoError(t, d.CtxSetLimit(c, cuda.LimitMallocHeapSize, 64<<40))
 	assert.Equal(t, uint64(17681179680), get(c, cuda.LimitMallocHeapSize))
-	require.NoError(t, d.CtxSetLimit(c, cuda.LimitPersistingL2CacheSize, 1<<40))
-	assert.Equal(t, uint64(51904512), get(c, cuda.LimitPersistingL2CacheSize))
-	requireResult(t, cuda.ErrorUnsupportedLimit, "cuCtxSetLimit", d.CtxSetLimit(c, 42, 1))
-	_, err := d.CtxGetLimit(c, 42)
+	// Measured on the H100: above the maximum is refused, not clamped; sync depth is unsupported (CDP2);
+	// an unknown limit is INVALID_VALUE.
+	requireResult(t, cuda.ErrorInvalidValue, "cuCtxSetLimit", d.CtxSetLimit(c, cuda.LimitPersistingL2CacheSize, 1<<40))
+	require.NoError(t, d.CtxSetLimit(c, cuda.LimitPersistingL2CacheSize, 1<<20))
+	assert.Equal(t, uint64(1<<20), get(c, cuda.LimitPersistingL2CacheSize))
+	_, err := d.CtxGetLimit(c, cuda.LimitDevRuntimeSyncDepth)
 	requireResult(t, cuda.ErrorUnsupportedLimit, "cuCtxGetLimit", err)
+	requireResult(t, cuda.ErrorInvalidValue, "cuCtxSetLimit", d.CtxSetLimit(c, 42, 1))
+	_, err = d.CtxGetLimit(c, 42)
+	requireResult(t, cuda.ErrorInvalidValue, "cuCtxGetLimit", err)
 
 	c1, err := d.PrimaryCtxRetain(1)
 	require.NoError(t, err)
 	require.NoError(t, d.CtxSetLimit(c1, cuda.LimitMallocHeapSize, 64<<40))
 	assert.Equal(t, uint64(1786457947), get(c1, cuda.LimitMallocHeapSize), "the clamp scales with the device")
 	requireResult(t, cuda.ErrorUnsupportedLimit, "cuCtxSetLimit", d.CtxSetLimit(c1, cuda.LimitPersistingL2CacheSize, 1))
+	v, err := d.CtxGetLimit(c1, cuda.LimitDevRuntimeSyncDepth)
+	require.NoError(t, err, "cc 7.5 still has the sync depth limit")
+	assert.Equal(t, uint64(2), v)
 }
 
 func TestModules(t *testing.T) {

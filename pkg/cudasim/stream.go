@@ -338,15 +338,16 @@ func (d *Driver) StreamEndCapture(c cuda.Context, sh cuda.Stream) (cuda.Graph, e
 	if cp == nil {
 		return 0, errf(op, cuda.ErrorIllegalState, "the stream is not capturing")
 	}
-	if cp.mode != cuda.CaptureModeRelaxed && cp.tid != gettid() {
-		return 0, errf(op, cuda.ErrorStreamCaptureWrongThread, "a GLOBAL or THREAD_LOCAL capture must be ended by the thread that began it")
-	}
 	d.capMu.Lock()
 	inv := cp.invalid
 	d.capMu.Unlock()
+	// Measured: an invalidated capture ends with 901 from any thread, so the thread check comes second.
 	if inv {
 		d.endCaptureLocked(cp, false)
 		return 0, errf(op, cuda.ErrorStreamCaptureInvalidated, "the capture was invalidated by an earlier error; no graph was made")
+	}
+	if cp.mode != cuda.CaptureModeRelaxed && cp.tid != gettid() {
+		return 0, errf(op, cuda.ErrorStreamCaptureWrongThread, "a GLOBAL or THREAD_LOCAL capture must be ended by the thread that began it")
 	}
 	d.endCaptureLocked(cp, true)
 	g := &graph{handle: cuda.Graph(v.handle(kindGraphHandle)), nodes: cp.nodes, mem: &graphMem{allocs: cp.allocs, refs: 1}}
@@ -453,6 +454,7 @@ func (d *Driver) EventRecord(c cuda.Context, eh cuda.Event, sh cuda.Stream) erro
 // waitEvent is the capture rule for waiting on an event from the host.
 func (d *Driver) waitEvent(op string, v *device, e *event) error {
 	if e.capturedIn != nil {
+		d.invalidate(e.capturedIn) // measured: the 907 also invalidates the capture, in RELAXED mode too
 		return errf(op, cuda.ErrorCapturedEvent, "the event was last recorded in a stream capture")
 	}
 	return d.unsafeCall(op, v)

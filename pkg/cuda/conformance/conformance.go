@@ -436,8 +436,10 @@ func testLimits(t *testing.T, e *env) {
 	if e.h100 {
 		assert.Equal(t, uint64(h100ClampedHeap), clamped)
 	}
-	err := d.CtxSetLimit(c, cuda.Limit(0x7fff), 1)
-	assert.Contains(t, []cuda.Result{cuda.ErrorUnsupportedLimit, cuda.ErrorInvalidValue}, cuda.ResultOf(err), "unknown limit: %v", err)
+	// Measured on the H100: a value that is no CUlimit is INVALID_VALUE, not UNSUPPORTED_LIMIT.
+	assertResult(t, cuda.ErrorInvalidValue, d.CtxSetLimit(c, cuda.Limit(0x7fff), 1), "set an unknown limit")
+	_, err := d.CtxGetLimit(c, cuda.Limit(0x7fff))
+	assertResult(t, cuda.ErrorInvalidValue, err, "get an unknown limit")
 }
 
 // testInvalidHandles uses only handles whose rejection the driver documents; use-after-destroy of a
