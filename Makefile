@@ -1,15 +1,36 @@
 # Developer entry points. The extension is built by bindings/cmd/build (see its doc comment); `pip install .`
 # does the same through setup.py.
 
-PYTHON ?= $(shell command -v python3)
+# Everything Python runs in a project virtual environment, so a fresh machine needs only Go, gcc and python3.
+VENV ?= .venv
+BASE_PYTHON ?= $(shell command -v python3)
+PYTHON ?= $(VENV)/bin/python
 # The CPython 3.12 of pyenv: the GPU machine runs Python 3.12 (shared/gpu-testing.md).
 PY312 ?= $(lastword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12))
 GO ?= go
 
-.PHONY: build test gotest pytest wheel312 lint clean
+.PHONY: venv run build test gotest pytest wheel312 lint clean
+
+venv: $(VENV)/.ready
+
+$(VENV)/.ready: pyproject.toml
+	$(BASE_PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check pybindgen pytest numpy ruff
+	touch $@
+
+# The main job: install cudacore into the venv, report the driver and devices, run the quick start.
+# Without a GPU (no driver) both run on the simulator, and say so.
+run: venv
+	$(PYTHON) -m pip install -q --disable-pip-version-check .
+	@if $(VENV)/bin/cudacore doctor; then \
+		$(PYTHON) examples/quickstart.py; \
+	else \
+		echo; echo "== no GPU here: running on the simulator (CUDACORE_BACKEND=sim) =="; echo; \
+		CUDACORE_BACKEND=sim $(VENV)/bin/cudacore doctor && CUDACORE_BACKEND=sim $(PYTHON) examples/quickstart.py; \
+	fi
 
 # The extension and gopy's Python files, in place in python/cudacore/_gopy (ignored by git).
-build:
+build: venv
 	$(GO) run ./bindings/cmd/build -python $(PYTHON) -out python/cudacore/_gopy
 
 test: gotest pytest
@@ -26,10 +47,10 @@ wheel312:
 	@test -n "$(PY312)" || { echo "no pyenv Python 3.12 found; set PY312=/path/to/python3.12"; exit 1; }
 	$(PY312) -m pip wheel --no-deps --wheel-dir dist .
 
-lint:
+lint: venv
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
-	@if command -v ruff >/dev/null 2>&1; then ruff check python tests bench; else echo "ruff not installed: skipped"; fi
+	$(VENV)/bin/ruff check python tests bench examples
 
 clean:
-	rm -rf build dist python/cudacore/_gopy python/*.egg-info *.egg-info
+	rm -rf build dist python/cudacore/_gopy python/*.egg-info *.egg-info $(VENV)

@@ -3,27 +3,97 @@
  *
  * gopy's wrappers cost a Python-level function, pybindgen argument parsing (PyArg_ParseTupleAndKeywords)
  * and a GIL release/retake per call. Here a METH_FASTCALL function converts its arguments itself and calls
- * a cgo export directly, with the GIL held.
+ * a cgo export directly, with the GIL held, and the objects users hold (Buffer, PinnedBuffer) are C types
+ * with no per-instance dict. That is what makes an allocate+close pair cost about what CuPy's pool does.
  *
  * This file is compiled by cgo into the same c-shared library as the gopy extension (two Go runtimes in
  * one process crash). Python loads it from that same file under the name cudacore._fast; CPython dlopens
  * the path again, gets the same handle, and looks up PyInit__fast, which does not collide with gopy's
  * PyInit__core.
+ *
+ * Ownership: a Buffer owns its device allocation and a PinnedBuffer its host allocation from creation
+ * until close() or deallocation, whichever comes first; close() is idempotent, so there is never a
+ * double free. The Python layer (python/cudacore/_memory.py) subclasses both types to add methods and
+ * registers the subclasses and its error translator with configure().
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
+#include <stdlib.h>
 
 #include "fastpath.h"
 
-/* int64 argument i of a fastcall; -1 with an exception set on failure (check PyErr_Occurred). */
-static int
-arg_int64(PyObject *const *args, Py_ssize_t i, int64_t *out)
+/* Devices whose allocator can block (the synchronous cuMemAlloc/cuMemFree strategy): their calls drop
+ * the GIL. Written by configure_device(), read on every call. */
+#define MAX_DEVICES 64
+static unsigned char release_gil[MAX_DEVICES];
+
+static PyTypeObject *buffer_type;   /* the registered subclass of Buffer; NULL until configure() */
+static PyTypeObject *pinned_type;   /* likewise for PinnedBuffer */
+static PyObject *translate_error;   /* callable(RuntimeError) -> typed exception; may be NULL */
+static PyObject *closed_error;      /* exception class raised for a closed object */
+
+/* Raise the exception for a wire-format error text from Go, and free the text. */
+static void
+raise_wire(char *msg)
 {
-    long long v = PyLong_AsLongLong(args[i]);
+    PyObject *text = PyUnicode_FromString(msg);
+    free(msg);
+    if (text == NULL) {
+        return;
+    }
+    PyObject *raw = PyObject_CallOneArg(PyExc_RuntimeError, text);
+    Py_DECREF(text);
+    if (raw == NULL) {
+        return;
+    }
+    if (translate_error != NULL) {
+        PyObject *typed = PyObject_CallOneArg(translate_error, raw);
+        if (typed == NULL) {
+            Py_DECREF(raw);
+            return;
+        }
+        if (typed != raw) {
+            PyException_SetCause(typed, raw); /* steals raw */
+            PyErr_SetObject((PyObject *)Py_TYPE(typed), typed);
+            Py_DECREF(typed);
+            return;
+        }
+        Py_DECREF(typed);
+    }
+    PyErr_SetObject(PyExc_RuntimeError, raw);
+    Py_DECREF(raw);
+}
+
+static int
+blocking(int64_t ordinal)
+{
+    return ordinal >= 0 && ordinal < MAX_DEVICES && release_gil[ordinal];
+}
+
+static int
+arg_int64(PyObject *arg, const char *what, int64_t *out)
+{
+    if (PyBool_Check(arg) || !PyIndex_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what, Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(arg);
     if (v == -1 && PyErr_Occurred()) {
         return -1;
     }
     *out = (int64_t)v;
+    return 0;
+}
+
+static int
+arg_uint64(PyObject *arg, const char *what, uint64_t *out)
+{
+    int64_t v;
+    if (arg_int64(arg, what, &v) < 0) {
+        return -1;
+    }
+    *out = (uint64_t)v;
     return 0;
 }
 
@@ -38,6 +108,314 @@ check_nargs(const char *fname, Py_ssize_t nargs, Py_ssize_t want)
     return 0;
 }
 
+static PyObject *
+raise_closed(const char *what)
+{
+    PyErr_Format(closed_error ? closed_error : PyExc_ValueError,
+                 "this %s is closed: its memory was freed, so it can no longer be used", what);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Buffer: device memory                                                                                */
+
+typedef struct {
+    PyObject_HEAD
+    uint64_t ptr;
+    uint64_t size;
+    uint64_t stream;
+    int64_t device;
+    int closed;
+    PyObject *weakreflist;
+} BufferObject;
+
+/* Free the allocation if still open. Returns 0, or -1 with an exception set. */
+static int
+buffer_free(BufferObject *self)
+{
+    if (self->closed) {
+        return 0;
+    }
+    /* Mark closed before the call: with the GIL dropped another thread may try to close it too. */
+    self->closed = 1;
+    char *err;
+    if (blocking(self->device)) {
+        Py_BEGIN_ALLOW_THREADS
+        err = cudacore_fast_free(self->device, self->ptr, self->size, self->stream);
+        Py_END_ALLOW_THREADS
+    } else {
+        err = cudacore_fast_free(self->device, self->ptr, self->size, self->stream);
+    }
+    if (err != NULL) {
+        raise_wire(err);
+        return -1;
+    }
+    return 0;
+}
+
+static void
+buffer_dealloc(BufferObject *self)
+{
+    PyObject *etype, *evalue, *etb; /* Fetch/Restore rather than GetRaisedException: 3.10 and 3.11 */
+    PyErr_Fetch(&etype, &evalue, &etb);
+    if (buffer_free(self) < 0) {
+        PyErr_WriteUnraisable((PyObject *)self);
+    }
+    PyErr_Restore(etype, evalue, etb);
+    if (self->weakreflist != NULL) {
+        PyObject_ClearWeakRefs((PyObject *)self);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+buffer_close(BufferObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (buffer_free(self) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+buffer_enter(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_NewRef(self);
+}
+
+static PyObject *
+buffer_exit(BufferObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args;
+    (void)nargs;
+    if (buffer_free(self) < 0) {
+        return NULL;
+    }
+    Py_RETURN_FALSE;
+}
+
+static PyObject *
+buffer_get_ptr(BufferObject *self, void *Py_UNUSED(closure))
+{
+    if (self->closed) {
+        return raise_closed("Buffer");
+    }
+    return PyLong_FromUnsignedLongLong(self->ptr);
+}
+
+static PyObject *
+buffer_get_size(BufferObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromUnsignedLongLong(self->size);
+}
+
+static PyObject *
+buffer_get_device_id(BufferObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->device);
+}
+
+static PyObject *
+buffer_get_stream_handle(BufferObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromUnsignedLongLong(self->stream);
+}
+
+static PyObject *
+buffer_get_closed(BufferObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->closed);
+}
+
+static PyMethodDef buffer_methods[] = {
+    {"close", (PyCFunction)buffer_close, METH_NOARGS,
+     "close()\n\nFree the memory, in stream order on the buffer's stream. Idempotent."},
+    {"__enter__", (PyCFunction)buffer_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))buffer_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef buffer_getset[] = {
+    {"ptr", (getter)buffer_get_ptr, NULL, "The device address (raises once the buffer is closed).", NULL},
+    {"size", (getter)buffer_get_size, NULL, "The size in bytes.", NULL},
+    {"device_id", (getter)buffer_get_device_id, NULL, "The ordinal of the device it lives on.", NULL},
+    {"stream_handle", (getter)buffer_get_stream_handle, NULL,
+     "The driver handle of the stream it is ordered on (1: the legacy default stream).", NULL},
+    {"closed", (getter)buffer_get_closed, NULL, "Whether close() has freed it.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject BufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cudacore._fast.Buffer",
+    .tp_basicsize = sizeof(BufferObject),
+    .tp_dealloc = (destructor)buffer_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Device memory owned by this object; made by Device.allocate.",
+    .tp_weaklistoffset = offsetof(BufferObject, weakreflist),
+    .tp_methods = buffer_methods,
+    .tp_getset = buffer_getset,
+};
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* PinnedBuffer: page-locked host memory with the buffer protocol                                      */
+
+typedef struct {
+    PyObject_HEAD
+    uint64_t ptr;
+    uint64_t size;
+    int64_t device;
+    int closed;
+    Py_ssize_t exports; /* live memoryviews: while any exist, close() must refuse */
+    PyObject *weakreflist;
+} PinnedObject;
+
+static int
+pinned_free(PinnedObject *self)
+{
+    if (self->closed) {
+        return 0;
+    }
+    if (self->exports > 0) {
+        PyErr_Format(PyExc_BufferError,
+                     "cannot close a PinnedBuffer while %zd view%s of it (memoryview, numpy array) exist%s",
+                     self->exports, self->exports == 1 ? "" : "s", self->exports == 1 ? "s" : "");
+        return -1;
+    }
+    self->closed = 1;
+    char *err;
+    Py_BEGIN_ALLOW_THREADS /* cuMemFreeHost synchronizes the device */
+    err = cudacore_fast_pinned_free(self->device, self->ptr);
+    Py_END_ALLOW_THREADS
+    if (err != NULL) {
+        raise_wire(err);
+        return -1;
+    }
+    return 0;
+}
+
+static void
+pinned_dealloc(PinnedObject *self)
+{
+    PyObject *etype, *evalue, *etb; /* Fetch/Restore rather than GetRaisedException: 3.10 and 3.11 */
+    PyErr_Fetch(&etype, &evalue, &etb);
+    /* No view can exist here: each holds a reference to this object. */
+    if (pinned_free(self) < 0) {
+        PyErr_WriteUnraisable((PyObject *)self);
+    }
+    PyErr_Restore(etype, evalue, etb);
+    if (self->weakreflist != NULL) {
+        PyObject_ClearWeakRefs((PyObject *)self);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+pinned_getbuffer(PinnedObject *self, Py_buffer *view, int flags)
+{
+    if (self->closed) {
+        raise_closed("PinnedBuffer");
+        view->obj = NULL;
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, (PyObject *)self, (void *)(uintptr_t)self->ptr, (Py_ssize_t)self->size, 0,
+                          flags) < 0) {
+        return -1;
+    }
+    self->exports++;
+    return 0;
+}
+
+static void
+pinned_releasebuffer(PinnedObject *self, Py_buffer *Py_UNUSED(view))
+{
+    self->exports--;
+}
+
+static PyBufferProcs pinned_as_buffer = {
+    .bf_getbuffer = (getbufferproc)pinned_getbuffer,
+    .bf_releasebuffer = (releasebufferproc)pinned_releasebuffer,
+};
+
+static PyObject *
+pinned_close(PinnedObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (pinned_free(self) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+pinned_exit(PinnedObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args;
+    (void)nargs;
+    if (pinned_free(self) < 0) {
+        return NULL;
+    }
+    Py_RETURN_FALSE;
+}
+
+static PyObject *
+pinned_get_ptr(PinnedObject *self, void *Py_UNUSED(closure))
+{
+    if (self->closed) {
+        return raise_closed("PinnedBuffer");
+    }
+    return PyLong_FromUnsignedLongLong(self->ptr);
+}
+
+static PyObject *
+pinned_get_size(PinnedObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromUnsignedLongLong(self->size);
+}
+
+static PyObject *
+pinned_get_device_id(PinnedObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->device);
+}
+
+static PyObject *
+pinned_get_closed(PinnedObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->closed);
+}
+
+static PyMethodDef pinned_methods[] = {
+    {"close", (PyCFunction)pinned_close, METH_NOARGS,
+     "close()\n\nFree the host memory. Idempotent; refused while views of it exist."},
+    {"__enter__", (PyCFunction)buffer_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))pinned_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef pinned_getset[] = {
+    {"ptr", (getter)pinned_get_ptr, NULL, "The host address (raises once closed).", NULL},
+    {"size", (getter)pinned_get_size, NULL, "The size in bytes.", NULL},
+    {"device_id", (getter)pinned_get_device_id, NULL, "The ordinal of the device it was allocated for.", NULL},
+    {"closed", (getter)pinned_get_closed, NULL, "Whether close() has freed it.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PinnedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cudacore._fast.PinnedBuffer",
+    .tp_basicsize = sizeof(PinnedObject),
+    .tp_dealloc = (destructor)pinned_dealloc,
+    .tp_as_buffer = &pinned_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Page-locked host memory owned by this object; made by Device.allocate_pinned.",
+    .tp_weaklistoffset = offsetof(PinnedObject, weakreflist),
+    .tp_methods = pinned_methods,
+    .tp_getset = pinned_getset,
+};
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Module functions                                                                                     */
+
 PyDoc_STRVAR(noop_doc, "noop(x: int) -> int\n\nReturn x after a round trip through Go: the floor cost of "
                        "a fast-path call.");
 
@@ -46,14 +424,179 @@ fast_noop(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     int64_t x;
     (void)module;
-    if (check_nargs("noop", nargs, 1) < 0 || arg_int64(args, 0, &x) < 0) {
+    if (check_nargs("noop", nargs, 1) < 0 || arg_int64(args[0], "x", &x) < 0) {
         return NULL;
     }
     return PyLong_FromLongLong((long long)cudacore_fast_noop(x));
 }
 
+PyDoc_STRVAR(allocate_doc, "allocate(device: int, size: int, stream: int) -> Buffer\n\n"
+                           "Allocate size bytes on device, ordered on the stream handle (0: legacy).");
+
+static PyObject *
+fast_allocate(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t device, size;
+    uint64_t stream, ptr = 0;
+    (void)module;
+    if (check_nargs("allocate", nargs, 3) < 0 || arg_int64(args[0], "device", &device) < 0 ||
+        arg_int64(args[1], "size", &size) < 0 || arg_uint64(args[2], "stream", &stream) < 0) {
+        return NULL;
+    }
+    if (buffer_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cudacore._fast is not configured");
+        return NULL;
+    }
+    /* Make the object first: if Python is out of memory, nothing on the device has to be undone. */
+    BufferObject *b = (BufferObject *)buffer_type->tp_alloc(buffer_type, 0);
+    if (b == NULL) {
+        return NULL;
+    }
+    b->closed = 1; /* until the allocation succeeds, dealloc must not free anything */
+    char *err;
+    if (blocking(device)) {
+        Py_BEGIN_ALLOW_THREADS
+        err = cudacore_fast_alloc(device, size, stream, &ptr);
+        Py_END_ALLOW_THREADS
+    } else {
+        err = cudacore_fast_alloc(device, size, stream, &ptr);
+    }
+    if (err != NULL) {
+        Py_DECREF(b);
+        raise_wire(err);
+        return NULL;
+    }
+    b->ptr = ptr;
+    b->size = (uint64_t)size;
+    b->stream = stream;
+    b->device = device;
+    b->closed = 0;
+    return (PyObject *)b;
+}
+
+PyDoc_STRVAR(allocate_pinned_doc, "allocate_pinned(device: int, size: int) -> PinnedBuffer\n\n"
+                                  "Allocate size bytes of page-locked host memory.");
+
+static PyObject *
+fast_allocate_pinned(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t device, size;
+    uint64_t ptr = 0;
+    (void)module;
+    if (check_nargs("allocate_pinned", nargs, 2) < 0 || arg_int64(args[0], "device", &device) < 0 ||
+        arg_int64(args[1], "size", &size) < 0) {
+        return NULL;
+    }
+    if (pinned_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cudacore._fast is not configured");
+        return NULL;
+    }
+    PinnedObject *h = (PinnedObject *)pinned_type->tp_alloc(pinned_type, 0);
+    if (h == NULL) {
+        return NULL;
+    }
+    h->closed = 1;
+    char *err;
+    Py_BEGIN_ALLOW_THREADS /* cuMemHostAlloc pins pages: milliseconds for large sizes */
+    err = cudacore_fast_pinned_alloc(device, size, &ptr);
+    Py_END_ALLOW_THREADS
+    if (err != NULL) {
+        Py_DECREF(h);
+        raise_wire(err);
+        return NULL;
+    }
+    h->ptr = ptr;
+    h->size = (uint64_t)size;
+    h->device = device;
+    h->closed = 0;
+    return (PyObject *)h;
+}
+
+PyDoc_STRVAR(wrap_doc, "wrap(device: int, ptr: int, size: int, stream: int) -> Buffer\n\n"
+                       "A Buffer owning an allocation already made through the device's allocator (for "
+                       "example a tile of allocate_tiles). Used by cudacore itself.");
+
+static PyObject *
+fast_wrap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t device, size;
+    uint64_t ptr, stream;
+    (void)module;
+    if (check_nargs("wrap", nargs, 4) < 0 || arg_int64(args[0], "device", &device) < 0 ||
+        arg_uint64(args[1], "ptr", &ptr) < 0 || arg_int64(args[2], "size", &size) < 0 ||
+        arg_uint64(args[3], "stream", &stream) < 0) {
+        return NULL;
+    }
+    if (buffer_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cudacore._fast is not configured");
+        return NULL;
+    }
+    BufferObject *b = (BufferObject *)buffer_type->tp_alloc(buffer_type, 0);
+    if (b == NULL) {
+        return NULL;
+    }
+    b->ptr = ptr;
+    b->size = (uint64_t)size;
+    b->stream = stream;
+    b->device = device;
+    b->closed = 0;
+    return (PyObject *)b;
+}
+
+PyDoc_STRVAR(configure_doc, "configure(buffer_type, pinned_type, translate_error, closed_error) -> None\n\n"
+                            "Register the Python subclasses to instantiate, the callable that turns a "
+                            "wire-format RuntimeError into a typed exception, and the exception class for "
+                            "using a closed object.");
+
+static PyObject *
+fast_configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (check_nargs("configure", nargs, 4) < 0) {
+        return NULL;
+    }
+    if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &BufferType) ||
+        !PyType_Check(args[1]) || !PyType_IsSubtype((PyTypeObject *)args[1], &PinnedType)) {
+        PyErr_SetString(PyExc_TypeError, "configure() needs subclasses of Buffer and PinnedBuffer");
+        return NULL;
+    }
+    Py_XSETREF(buffer_type, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(pinned_type, (PyTypeObject *)Py_NewRef(args[1]));
+    Py_XSETREF(translate_error, Py_NewRef(args[2]));
+    Py_XSETREF(closed_error, Py_NewRef(args[3]));
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(configure_device_doc, "configure_device(device: int, blocking: bool) -> None\n\n"
+                                   "Whether the device's allocator can block (the synchronous strategy), so "
+                                   "that its calls release the GIL.");
+
+static PyObject *
+fast_configure_device(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t device;
+    (void)module;
+    if (check_nargs("configure_device", nargs, 2) < 0 || arg_int64(args[0], "device", &device) < 0) {
+        return NULL;
+    }
+    int flag = PyObject_IsTrue(args[1]);
+    if (flag < 0) {
+        return NULL;
+    }
+    if (device >= 0 && device < MAX_DEVICES) {
+        release_gil[device] = (unsigned char)flag;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef fast_methods[] = {
     {"noop", (PyCFunction)(void (*)(void))fast_noop, METH_FASTCALL, noop_doc},
+    {"allocate", (PyCFunction)(void (*)(void))fast_allocate, METH_FASTCALL, allocate_doc},
+    {"allocate_pinned", (PyCFunction)(void (*)(void))fast_allocate_pinned, METH_FASTCALL, allocate_pinned_doc},
+    {"wrap", (PyCFunction)(void (*)(void))fast_wrap, METH_FASTCALL, wrap_doc},
+    {"configure", (PyCFunction)(void (*)(void))fast_configure, METH_FASTCALL, configure_doc},
+    {"configure_device", (PyCFunction)(void (*)(void))fast_configure_device, METH_FASTCALL,
+     configure_device_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -72,5 +615,17 @@ static struct PyModuleDef fast_module = {
 PyMODINIT_FUNC
 PyInit__fast(void)
 {
-    return PyModule_Create(&fast_module);
+    if (PyType_Ready(&BufferType) < 0 || PyType_Ready(&PinnedType) < 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&fast_module);
+    if (m == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(m, "Buffer", (PyObject *)&BufferType) < 0 ||
+        PyModule_AddObjectRef(m, "PinnedBuffer", (PyObject *)&PinnedType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

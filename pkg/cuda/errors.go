@@ -58,19 +58,26 @@ func Check(op string, r Result) error {
 	return &Error{Op: op, Result: r}
 }
 
-// Error renders "op: message: CUDA_ERROR_X (n): description".
+// Error renders "op: CUDA_ERROR_X: description" for a bare driver failure, and "message (op:
+// CUDA_ERROR_X)" when a message says more: the driver's generic description would only repeat it less
+// precisely. A cause, if any, follows after ": ".
 func (e *Error) Error() string {
 	var b strings.Builder
-	b.WriteString(e.Op)
-	b.WriteString(": ")
 	if e.Msg != "" {
 		b.WriteString(e.Msg)
+		b.WriteString(" (")
+		b.WriteString(e.Op)
 		b.WriteString(": ")
-	}
-	b.WriteString(e.Result.String())
-	if e.Result.Known() {
+		b.WriteString(e.Result.String())
+		b.WriteString(")")
+	} else {
+		b.WriteString(e.Op)
 		b.WriteString(": ")
-		b.WriteString(e.Result.Description())
+		b.WriteString(e.Result.String())
+		if e.Result.Known() {
+			b.WriteString(": ")
+			b.WriteString(e.Result.Description())
+		}
 	}
 	if e.Err != nil {
 		b.WriteString(": ")

@@ -154,6 +154,7 @@ type Device struct {
 	dev      cuda.Device
 	ctx      cuda.Context
 	props    Properties
+	mu       sync.Mutex // guards strategy and reason (SetStrategy)
 	strategy Strategy
 	reason   string
 
@@ -195,8 +196,33 @@ func (d *Device) Handle() cuda.Device    { return d.dev }
 func (d *Device) Context() cuda.Context  { return d.ctx }
 func (d *Device) Ordinal() int           { return d.props.Ordinal }
 func (d *Device) Properties() Properties { return d.props }
-func (d *Device) Strategy() Strategy     { return d.strategy }
-func (d *Device) StrategyReason() string { return d.reason }
+
+// Strategy is how this device allocates ("pool" or "sync").
+func (d *Device) Strategy() Strategy {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.strategy
+}
+
+// StrategyReason says why the device has its strategy, in one sentence.
+func (d *Device) StrategyReason() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.reason
+}
+
+// SetStrategy re-chooses the strategy as Choose does for requested. The caller (which owns the allocator
+// built on the old strategy) must make sure nothing allocated under the old one is still in use.
+func (d *Device) SetStrategy(requested string) error {
+	s, why, err := Choose(d.props, requested)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.strategy, d.reason = s, why
+	d.mu.Unlock()
+	return nil
+}
 
 // MemoryInfo returns the device's free and total memory as the driver reports them (cuMemGetInfo).
 func (d *Device) MemoryInfo() (free, total uint64, err error) {

@@ -82,11 +82,13 @@ func tileError(r Resource, k, count int, tileSize uint64, cause error) error {
 	if !errors.Is(cause, cuda.ErrOutOfMemory) {
 		return fmt.Errorf("tile %d of %d (%s each; the %d before it were released): %w", k+1, count, FormatBytes(tileSize), k, cause)
 	}
-	op, msg := OpTiles, ""
+	// The cause's own message describes the one tile that failed, with the memory of that moment (all
+	// the earlier tiles still held): stale once they are released, so only its fields carry over.
+	op := OpTiles
 	var fields []cuda.Field
 	var ce *cuda.Error
 	if errors.As(cause, &ce) {
-		op, msg = ce.Op, ce.Msg
+		op = ce.Op
 		for _, f := range ce.Fields {
 			switch f.Key {
 			case "free", "cached": // stale: the tiles were released since; re-read below
@@ -106,9 +108,6 @@ func tileError(r Resource, k, count int, tileSize uint64, cause error) error {
 			text += fmt.Sprintf("; %d tiles of that size fit in the %s free now", fit, FormatBytes(free+cached))
 			fields = append(fields, field("free", free), field("cached", cached), field("tiles_fit", fit))
 		}
-	}
-	if msg != "" {
-		text += ": " + msg
 	}
 	return cuda.NewError(op, cuda.ErrorOutOfMemory, text, fields...)
 }

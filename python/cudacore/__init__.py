@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from ._device import Device, backend, device_count, devices, driver_version
+from ._memory import Buffer, PinnedBuffer
 from ._errors import (
     CaptureError,
     CUDAError,
@@ -47,6 +48,8 @@ from ._module import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Buffer",
+    "PinnedBuffer",
     "CUDAError",
     "CaptureError",
     "Device",

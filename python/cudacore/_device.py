@@ -7,11 +7,14 @@ import operator
 import threading
 from typing import TYPE_CHECKING, Any
 
+from . import _api, _memory
 from ._api import call, core
 from ._errors import InvalidValueError
+from ._native import fast
 
 if TYPE_CHECKING:
     from ._limits import Limits
+    from ._memory import Buffer, PinnedBuffer
     from ._module import ImageLike, Module
 
 __all__ = ["Device", "devices", "device_count", "driver_version", "backend"]
@@ -86,9 +89,15 @@ class Device:
             if dev is None:
                 dev = object.__new__(cls)
                 dev._ordinal = ordinal
-                dev._props = props
+                dev._set_props(props)
                 cls._cache[ordinal] = dev
         return dev
+
+    def _set_props(self, props: dict[str, Any]) -> None:
+        self._props = props
+        # The synchronous allocator can block for ~100 us (and cuMemFree synchronizes): let the fast path
+        # drop the GIL around its calls for such a device, and keep it for the pool.
+        fast.configure_device(self._ordinal, props["allocation_strategy"] == "sync")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Device, (self._ordinal,))
@@ -182,6 +191,94 @@ class Device:
         from ._module import load_module
 
         return load_module(self, image)
+
+    # -- memory -----------------------------------------------------------------------------------------
+
+    def allocate(self, nbytes: int, stream: object = None) -> Buffer:
+        """Allocate ``nbytes`` of device memory, ordered on ``stream`` (None: the legacy default stream).
+
+        Returns a :class:`Buffer`; use it in a ``with`` block or call ``close()``.
+
+        Raises
+        ------
+        OutOfMemoryError
+            If the memory is not there (also a ``MemoryError``). The message says what was asked, what is
+            free, what this process holds and what to try; nothing stays allocated.
+        InvalidValueError
+            If ``nbytes`` is not positive.
+        """
+        if _api._forked:
+            _api.check_not_forked()
+        return fast.allocate(self._ordinal, nbytes, 0 if stream is None else _memory.stream_handle(stream))
+
+    def allocate_pinned(self, nbytes: int) -> PinnedBuffer:
+        """Allocate ``nbytes`` of page-locked host memory (a :class:`PinnedBuffer`, with the buffer protocol)."""
+        return _memory.allocate_pinned(self, nbytes)
+
+    def allocate_tiles(
+        self, count: int, tile_size: int, *, stream: object = None, progress: Any = None
+    ) -> list[Buffer]:
+        """Allocate ``count`` buffers of ``tile_size`` bytes, all or nothing.
+
+        Parameters
+        ----------
+        count, tile_size : int
+            How many tiles, and the bytes in each.
+        stream : Stream, optional
+            The stream the tiles are ordered on.
+        progress : callable or bool, optional
+            ``progress(done, total)`` is called as tiles are allocated (returning False cancels);
+            ``True`` shows a tqdm progress bar.
+
+        Raises
+        ------
+        OutOfMemoryError
+            If they do not all fit. Every tile already taken is released first, and the message says how
+            many tiles of that size fit now.
+        """
+        return _memory.allocate_tiles(self, count, tile_size, stream=stream, progress=progress)
+
+    def would_fit(self, count: int, tile_size: int = 1) -> bool:
+        """Whether ``count`` allocations of ``tile_size`` bytes would fit now (free memory plus the cache)."""
+        return bool(_memory.would_fit(self, count, tile_size)["fits"])
+
+    def memory_stats(self) -> dict[str, Any]:
+        """The allocator's counters: ``in_use``, ``peak_in_use``, ``cached``, ``reserved``,
+        ``allocations``, ``frees``, ``ooms``, ``failures``, ``limit``, ``pinned_in_use``, ``strategy``, ..."""
+        return _memory.memory_stats(self)
+
+    def reset_peak_memory_stats(self) -> int:
+        """Set ``peak_in_use`` to what is in use now; returns it."""
+        return call(core.MemoryResetPeak, self._ordinal)
+
+    def release_cached_memory(self) -> int:
+        """Give the allocator's cached memory back to the device; returns the bytes still cached."""
+        return call(core.MemoryRelease, self._ordinal)
+
+    @property
+    def memory_limit(self) -> int | None:
+        """A cap on the bytes this process's allocator hands out on this device (None: no cap)."""
+        return self.memory_stats()["limit"] or None
+
+    @memory_limit.setter
+    def memory_limit(self, nbytes: int | None) -> None:
+        if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int)):
+            raise TypeError(f"memory_limit must be an int number of bytes or None, not {type(nbytes).__name__}")
+        call(core.MemorySetLimit, self._ordinal, 0 if nbytes is None else nbytes)
+
+    def set_allocation_strategy(self, strategy: str = "auto", *, track: bool = False) -> None:
+        """Rebuild this device's allocator: ``"auto"``, ``"pool"`` or ``"sync"``.
+
+        Refused while memory is allocated through the current allocator. ``track=True`` records every
+        live allocation (see :meth:`live_allocations`), at some cost per call.
+        """
+        if not isinstance(strategy, str):
+            raise TypeError(f"strategy must be a str, not {type(strategy).__name__}")
+        self._set_props(json.loads(call(core.DeviceSetAllocationStrategy, self._ordinal, strategy, bool(track))))
+
+    def live_allocations(self) -> list[dict[str, Any]]:
+        """The allocations alive now (with ``track=True``; else empty): ptr, size, stream, where."""
+        return json.loads(call(core.MemoryLive, self._ordinal))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Device) and other._ordinal == self._ordinal

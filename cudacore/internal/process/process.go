@@ -11,11 +11,13 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/cuda/libcuda"
 	"github.com/cudacore/cudacore/pkg/cudasim"
 	"github.com/cudacore/cudacore/pkg/device"
+	"github.com/cudacore/cudacore/pkg/memory"
 )
 
 // Backend names accepted in CUDACORE_BACKEND.
@@ -32,11 +34,34 @@ var (
 
 	devMu   sync.Mutex
 	devices = map[int]*Device{}
+	// opened is devices for lock-free lookup on the hot path: an ordinal's slot is written once, under
+	// devMu, when the device opens, and never changes after.
+	opened [maxFastDevices]atomic.Pointer[Device]
 )
+
+// maxFastDevices bounds the lock-free table; devices beyond it still work through the map.
+const maxFastDevices = 64
 
 // Device is one open device with everything cudacore keeps for it.
 type Device struct {
 	*device.Device
+	// Memory is the device's allocator (strategy base, cache, retry, limit, statistics); see
+	// pkg/memory.Stack. It is replaced only by SetStrategy, while nothing is allocated.
+	memory atomic.Pointer[memory.Stack]
+}
+
+// Memory returns the device's allocator.
+func (d *Device) Memory() *memory.Stack { return d.memory.Load() }
+
+// Lookup returns the open device at ordinal without taking a lock, opening it on first use. It is the
+// hot path's way in.
+func Lookup(ordinal int) (*Device, error) {
+	if ordinal >= 0 && ordinal < maxFastDevices {
+		if d := opened[ordinal].Load(); d != nil {
+			return d, nil
+		}
+	}
+	return GetDevice(ordinal)
 }
 
 // Driver returns the process's driver and its backend name, choosing and initializing it on first use.
@@ -132,7 +157,39 @@ func GetDevice(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
+	stack, err := memory.NewStack(dd, memory.StackOptions{})
+	if err != nil {
+		_ = dd.Close()
+		return nil, err
+	}
 	d := &Device{Device: dd}
+	d.memory.Store(stack)
 	devices[ordinal] = d
+	if ordinal < maxFastDevices {
+		opened[ordinal].Store(d)
+	}
 	return d, nil
+}
+
+// SetStrategy rebuilds the device's allocator with another strategy ("auto", "pool" or "sync"). It
+// refuses while the current allocator has memory handed out: those pointers belong to it.
+func (d *Device) SetStrategy(requested string, opts memory.StackOptions) error {
+	devMu.Lock()
+	defer devMu.Unlock()
+	old := d.Memory()
+	if inUse := old.Stats().InUse; inUse > 0 {
+		return cuda.NewError("cudacore.allocation_strategy", cuda.ErrorIllegalState,
+			fmt.Sprintf("%s still has %s allocated through the current allocator; close those buffers before changing the strategy",
+				d, memory.FormatBytes(inUse)))
+	}
+	if err := d.Device.SetStrategy(requested); err != nil {
+		return err
+	}
+	opts.Strategy = d.Strategy()
+	stack, err := memory.NewStack(d.Device, opts)
+	if err != nil {
+		return err
+	}
+	d.memory.Store(stack)
+	return old.Close()
 }

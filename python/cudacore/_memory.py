@@ -1,0 +1,251 @@
+"""Device and pinned host memory: Buffer, PinnedBuffer, tiles and statistics.
+
+A :class:`Buffer` owns device memory from :meth:`Device.allocate` until :meth:`Buffer.close`, the end of
+its ``with`` block, or garbage collection. The object itself is a C type (``bindings/fastpath.c``): the
+allocate+close pair never runs Python code of ours on success, which is what keeps it as cheap as
+CuPy's pool.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any, Callable
+
+from ._api import call, check_not_forked, core
+from ._errors import InvalidHandleError, InvalidValueError, OutOfMemoryError, from_runtime_error
+from ._native import fast
+
+if TYPE_CHECKING:
+    from ._device import Device
+
+__all__ = ["Buffer", "PinnedBuffer", "LEGACY_STREAM"]
+
+#: The driver's handle for the legacy default stream.
+LEGACY_STREAM = 1
+
+
+def stream_handle(stream: object) -> int:
+    """The driver handle of a stream argument: None (the legacy default stream), a Stream, or an int."""
+    if stream is None:
+        return 0
+    handle = getattr(stream, "handle", stream)
+    if isinstance(handle, bool) or not isinstance(handle, int):
+        raise TypeError(f"stream must be a cudacore Stream, an int handle or None, not {type(stream).__name__}")
+    if handle < 0:
+        raise InvalidValueError(f"stream handle must be >= 0, got {handle}", code=1, name="CUDA_ERROR_INVALID_VALUE", op="cudacore.stream")
+    return handle
+
+
+def _translate(exc: BaseException) -> BaseException:
+    return from_runtime_error(exc)
+
+
+class Buffer(fast.Buffer):
+    """Device memory owned by this object.
+
+    Attributes
+    ----------
+    ptr : int
+        The device address. Reading it after :meth:`close` raises :class:`InvalidHandleError`.
+    size : int
+        The size in bytes.
+    device : Device
+        The device it lives on.
+    closed : bool
+        Whether :meth:`close` has freed it.
+
+    Notes
+    -----
+    ``close()`` frees in stream order on the stream the buffer was allocated on, and is idempotent: a
+    second close does nothing, so there is never a double free. A buffer not closed is freed when it is
+    garbage collected.
+    """
+
+    __slots__ = ()
+
+    @property
+    def device(self) -> Device:
+        from ._device import Device
+
+        return Device(self.device_id)
+
+    @property
+    def nbytes(self) -> int:
+        """The size in bytes (as numpy and CuPy name it)."""
+        return self.size
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3 of the CUDA Array Interface: a 1-D array of bytes, ordered on the buffer's stream."""
+        stream = self.stream_handle
+        return {
+            "shape": (self.size,),
+            "typestr": "|u1",
+            "data": (self.ptr, False),
+            "strides": None,
+            "version": 3,
+            "stream": LEGACY_STREAM if stream == 0 else stream,
+        }
+
+    def copy_from(self, host: Any, stream: object = None) -> None:
+        """Copy ``host`` (bytes-like, numpy array or :class:`PinnedBuffer`) into this buffer.
+
+        With ``stream=None`` the copy is synchronous; with a stream it is ordered on that stream.
+        """
+        from . import _copy
+
+        _copy.host_to_device(self, host, stream)
+
+    def copy_to(self, host: Any, stream: object = None) -> None:
+        """Copy this buffer into ``host`` (a writable bytes-like object, numpy array or PinnedBuffer)."""
+        from . import _copy
+
+        _copy.device_to_host(host, self, stream)
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"<cudacore.Buffer closed, {self.size} bytes, device {self.device_id}>"
+        return f"<cudacore.Buffer 0x{self.ptr:x}, {self.size} bytes, device {self.device_id}>"
+
+
+class PinnedBuffer(fast.PinnedBuffer):
+    """Page-locked (pinned) host memory owned by this object, with the buffer protocol.
+
+    ``memoryview(h)`` and :meth:`numpy` view it without a copy. Copies between pinned memory and the
+    device run at full bus speed and can be asynchronous. :meth:`close` is refused while views exist.
+    """
+
+    __slots__ = ()
+
+    def numpy(self, dtype: Any = "uint8") -> Any:
+        """A numpy array viewing this memory (no copy)."""
+        import numpy as np
+
+        return np.frombuffer(self, dtype=dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"<cudacore.PinnedBuffer closed, {self.size} bytes>"
+        return f"<cudacore.PinnedBuffer 0x{self.ptr:x}, {self.size} bytes>"
+
+
+fast.configure(Buffer, PinnedBuffer, _translate, InvalidHandleError)
+
+
+def allocate(device: Device, nbytes: int, stream: object = None) -> Buffer:
+    check_not_forked()
+    return fast.allocate(device.device_id, nbytes, 0 if stream is None else stream_handle(stream))
+
+
+def allocate_pinned(device: Device, nbytes: int) -> PinnedBuffer:
+    check_not_forked()
+    return fast.allocate_pinned(device.device_id, nbytes)
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value <= 0:
+        raise InvalidValueError(
+            f"{name} must be positive, got {value}", code=1, name="CUDA_ERROR_INVALID_VALUE", op="cudacore.allocate_tiles"
+        )
+    return value
+
+
+def allocate_tiles(
+    device: Device,
+    count: int,
+    tile_size: int,
+    *,
+    stream: object = None,
+    progress: Callable[[int, int], object] | bool | None = None,
+) -> list[Buffer]:
+    """All-or-nothing allocation of ``count`` tiles; see :meth:`Device.allocate_tiles`."""
+    _positive("count", count)
+    _positive("tile_size", tile_size)
+    handle = stream_handle(stream)
+    ordinal = device.device_id
+    callback, bar = _progress(progress, count, tile_size)
+    if callback is None:
+        text = call(core.AllocateTiles, ordinal, count, tile_size, handle)
+        return [fast.wrap(ordinal, int(p), tile_size, handle) for p in text.split(",")]
+    # With a progress callback the tiles come in batches (about 1% each), so that it is called while the
+    # allocation proceeds; a failing batch releases every earlier tile, keeping it all or nothing.
+    batch = max(1, math.ceil(count / 100))
+    tiles: list[Buffer] = []
+    try:
+        while len(tiles) < count:
+            n = min(batch, count - len(tiles))
+            try:
+                text = call(core.AllocateTiles, ordinal, n, tile_size, handle)
+            except OutOfMemoryError as exc:
+                done = len(tiles) + int(exc.fields.get("tiles_allocated", "0"))
+                _release_all(tiles)
+                call(core.MemoryRelease, ordinal)
+                raise _tiles_oom(device, exc, done, count, tile_size) from exc
+            tiles.extend(fast.wrap(ordinal, int(p), tile_size, handle) for p in text.split(","))
+            if callback(len(tiles), count) is False:
+                _release_all(tiles)
+                raise InterruptedError(f"allocate_tiles cancelled by the progress callback after {len(tiles)} of {count} tiles; all released")
+    except BaseException:
+        _release_all(tiles)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return tiles
+
+
+def _release_all(tiles: list[Buffer]) -> None:
+    for t in reversed(tiles):
+        t.close()
+
+
+def _tiles_oom(device: Device, exc: OutOfMemoryError, done: int, count: int, tile_size: int) -> OutOfMemoryError:
+    from ._doctor import format_bytes
+
+    free, _ = device.memory_info()
+    fit = free // tile_size
+    fields = dict(exc.fields, tiles_requested=str(count), tiles_allocated=str(done), free=str(free), tiles_fit=str(fit))
+    message = (
+        f"allocated {done} of {count} tiles of {format_bytes(tile_size)} before running out of memory "
+        f"(all released again); {fit} tiles of that size fit in the {format_bytes(free)} free now"
+    )
+    return OutOfMemoryError(message, code=exc.code, name=exc.name, op=exc.op, fields=fields)
+
+
+def _progress(progress: Any, count: int, tile_size: int) -> tuple[Callable[[int, int], object] | None, Any]:
+    if progress is None or progress is False:
+        return None, None
+    if progress is True:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError as exc:
+            raise ImportError("progress=True needs tqdm (pip install tqdm); or pass a callable(done, total)") from exc
+        bar = tqdm(total=count, unit="tile", desc=f"allocating {count} tiles of {tile_size} B")
+
+        def update(done: int, total: int) -> None:
+            bar.update(done - bar.n)
+
+        return update, bar
+    if not callable(progress):
+        raise TypeError("progress must be a callable(done, total), True (a tqdm bar) or None")
+    return progress, None
+
+
+def would_fit(device: Device, count: int, tile_size: int) -> dict[str, Any]:
+    _positive("count", count)
+    _positive("tile_size", tile_size)
+    return json.loads(call(core.AdmitTiles, device.device_id, count, tile_size))
+
+
+def memory_stats(device: Device) -> dict[str, Any]:
+    return json.loads(call(core.MemoryStats, device.device_id))
