@@ -1,0 +1,298 @@
+"""Memory: buffers, out of memory that never crashes, tiles, statistics, limits, pinned memory."""
+
+from __future__ import annotations
+
+import gc
+import json
+import threading
+
+import pytest
+from conftest import run_python
+
+import cudacore as cc
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@pytest.fixture
+def dev() -> cc.Device:
+    d = cc.Device(0)
+    d.memory_limit = None
+    d.release_cached_memory()
+    yield d
+    d.memory_limit = None
+    assert d.memory_stats()["in_use"] == 0, "a test leaked device memory"
+
+
+def test_buffer_lifecycle(dev: cc.Device) -> None:
+    buf = dev.allocate(MiB)
+    assert isinstance(buf, cc.Buffer)
+    assert buf.size == buf.nbytes == MiB and buf.device is dev and not buf.closed
+    assert buf.ptr > 0 and f"0x{buf.ptr:x}" in repr(buf)
+    assert dev.memory_stats()["in_use"] == MiB
+    buf.close()
+    buf.close()  # idempotent: never a double free
+    assert buf.closed and "closed" in repr(buf)
+    with pytest.raises(cc.InvalidHandleError, match="closed"):
+        _ = buf.ptr
+    with dev.allocate(256) as b2:
+        assert b2.size == 256
+    assert b2.closed
+    stats = dev.memory_stats()
+    assert stats["in_use"] == 0 and stats["frees"] >= 2
+
+
+def test_garbage_collected_buffer_is_freed(dev: cc.Device) -> None:
+    before = dev.memory_stats()["frees"]
+    buf = dev.allocate(4 * MiB)
+    del buf
+    gc.collect()
+    stats = dev.memory_stats()
+    assert stats["in_use"] == 0 and stats["frees"] == before + 1
+
+
+def test_cuda_array_interface_v3(dev: cc.Device) -> None:
+    with dev.allocate(1000) as buf:
+        cai = buf.__cuda_array_interface__
+        assert cai == {"shape": (1000,), "typestr": "|u1", "data": (buf.ptr, False), "strides": None, "version": 3, "stream": 1}
+
+
+@pytest.mark.parametrize(("size", "exc"), [(0, cc.InvalidValueError), (-1, cc.InvalidValueError), ("1", TypeError), (1.0, TypeError), (True, TypeError), (None, TypeError)])
+def test_bad_sizes(dev: cc.Device, size: object, exc: type) -> None:
+    with pytest.raises(exc):
+        dev.allocate(size)  # type: ignore[arg-type]
+    assert dev.memory_stats()["in_use"] == 0
+
+
+@pytest.mark.parametrize(("stream", "exc"), [("s", TypeError), (-3, cc.InvalidValueError), (1.5, TypeError)])
+def test_bad_streams(dev: cc.Device, stream: object, exc: type) -> None:
+    with pytest.raises(exc):
+        dev.allocate(256, stream=stream)
+
+
+def test_out_of_memory_is_typed_explains_and_leaves_memory_as_it_was(dev: cc.Device) -> None:
+    free_before, total = dev.memory_info()
+    in_use_before = dev.memory_stats()["in_use"]
+    with pytest.raises(cc.OutOfMemoryError) as info:
+        dev.allocate(2 * total)
+    e = info.value
+    assert isinstance(e, MemoryError) and e.code == 2 and e.name == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert e.requested == 2 * total and e.total == total and e.device == 0
+    assert e.free is not None and e.free <= total
+    text = str(e)
+    assert "out of memory allocating" in text and "device 0" in text and "free" in text
+    assert "larger than the device's total memory" in text
+    assert dev.memory_stats()["in_use"] == in_use_before
+    assert dev.memory_info()[0] >= free_before - MiB
+    assert dev.memory_stats()["ooms"] >= 1
+
+
+def test_allocate_until_out_of_memory_then_free_and_allocate_again(dev: cc.Device) -> None:
+    chunk = dev.total_memory // 8
+    held = []
+    with pytest.raises(cc.OutOfMemoryError) as info:
+        for _ in range(16):
+            held.append(dev.allocate(chunk))
+    assert 6 <= len(held) <= 8
+    assert info.value.in_use == len(held) * chunk
+    for b in held:
+        b.close()
+    again = dev.allocate(chunk)  # the device is fully usable after out of memory
+    again.close()
+
+
+def test_tiles_all_or_nothing_leaves_memory_exactly_as_before(dev: cc.Device) -> None:
+    dev.release_cached_memory()
+    free_before = dev.memory_info()[0]
+    stats_before = dev.memory_stats()
+    tile = 4 * GiB
+    count = dev.total_memory // tile + 4
+    with pytest.raises(cc.OutOfMemoryError) as info:
+        dev.allocate_tiles(count, tile)
+    e = info.value
+    fitted = int(e.fields["tiles_allocated"])
+    assert 0 < fitted < count
+    assert f"allocated {fitted} of {count} tiles" in str(e)
+    assert int(e.fields["tiles_fit"]) >= fitted - 1
+    after = dev.memory_stats()
+    assert abs(dev.memory_info()[0] - free_before) <= MiB
+    assert after["in_use"] == stats_before["in_use"] == 0
+    assert after["allocations"] - stats_before["allocations"] == fitted
+    assert after["frees"] - stats_before["frees"] == fitted
+
+
+def test_tiles_success_progress_and_cancel(dev: cc.Device) -> None:
+    seen: list[tuple[int, int]] = []
+    tiles = dev.allocate_tiles(250, MiB, progress=lambda done, total: seen.append((done, total)))
+    assert len(tiles) == 250 and len({t.ptr for t in tiles}) == 250
+    assert seen[-1] == (250, 250) and len(seen) == 84  # batches of ceil(250 / 100) tiles
+    assert dev.memory_stats()["in_use"] == 250 * MiB
+    for t in tiles:
+        t.close()
+    with pytest.raises(InterruptedError):
+        dev.allocate_tiles(100, MiB, progress=lambda done, total: done < 50)
+    assert dev.memory_stats()["in_use"] == 0
+    tiles = dev.allocate_tiles(3, 1000)
+    assert [t.size for t in tiles] == [1000] * 3
+    for t in tiles:
+        t.close()
+
+
+@pytest.mark.parametrize(("count", "size", "exc"), [(0, 1, cc.InvalidValueError), (1, 0, cc.InvalidValueError), (-2, 5, cc.InvalidValueError), (1.5, 5, TypeError), (2, "x", TypeError)])
+def test_tiles_bad_input(dev: cc.Device, count: object, size: object, exc: type) -> None:
+    with pytest.raises(exc):
+        dev.allocate_tiles(count, size)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        dev.allocate_tiles(2, 5, progress="yes")
+
+
+def test_would_fit_counts_free_and_cache(dev: cc.Device) -> None:
+    assert dev.would_fit(1, MiB)
+    assert not dev.would_fit(1, 2 * dev.total_memory)
+    assert dev.would_fit(4, dev.memory_info()[0] // 8)
+
+
+def test_memory_stats_counters_and_peak(dev: cc.Device) -> None:
+    s0 = dev.memory_stats()
+    a, b = dev.allocate(3 * MiB), dev.allocate(5 * MiB)
+    s1 = dev.memory_stats()
+    assert s1["in_use"] == 8 * MiB
+    assert s1["peak_in_use"] >= 8 * MiB
+    assert s1["allocations"] == s0["allocations"] + 2
+    a.close()
+    b.close()
+    s2 = dev.memory_stats()
+    assert s2["in_use"] == 0 and s2["frees"] == s0["frees"] + 2
+    assert s2["cached"] >= 8 * MiB, "freed pool blocks stay cached for reuse"
+    assert dev.reset_peak_memory_stats() == 0
+    assert dev.memory_stats()["peak_in_use"] == 0
+    assert dev.release_cached_memory() == 0
+    assert set(s2) >= {"in_use", "peak_in_use", "cached", "reserved", "allocations", "frees", "ooms", "limit", "strategy"}
+
+
+def test_memory_limit(dev: cc.Device) -> None:
+    dev.memory_limit = 4 * MiB
+    assert dev.memory_limit == 4 * MiB
+    keep = dev.allocate(3 * MiB)
+    with pytest.raises(cc.OutOfMemoryError) as info:
+        dev.allocate(2 * MiB)
+    assert info.value.limit == 4 * MiB and "limit" in str(info.value)
+    keep.close()
+    dev.allocate(4 * MiB).close()
+    dev.memory_limit = None
+    assert dev.memory_limit is None
+    with pytest.raises(cc.InvalidValueError):
+        dev.memory_limit = -1
+    with pytest.raises(TypeError):
+        dev.memory_limit = "1 GiB"  # type: ignore[assignment]
+
+
+def test_pinned_buffer(dev: cc.Device) -> None:
+    np = pytest.importorskip("numpy")
+    h = dev.allocate_pinned(4096)
+    assert isinstance(h, cc.PinnedBuffer) and len(h) == 4096
+    arr = h.numpy()
+    arr[:] = 7
+    assert bytes(memoryview(h)[:3]) == b"\x07\x07\x07"
+    assert dev.memory_stats()["pinned_in_use"] == 4096
+    with pytest.raises(BufferError, match="view"):
+        h.close()
+    del arr
+    h.close()
+    h.close()
+    with pytest.raises(cc.InvalidHandleError):
+        memoryview(h)
+    assert dev.memory_stats()["pinned_in_use"] == 0
+    with pytest.raises(cc.InvalidValueError):
+        dev.allocate_pinned(0)
+    assert np.frombuffer(dev.allocate_pinned(16), dtype=np.uint32).shape == (4,)
+
+
+def test_many_threads_allocate_at_once(dev: cc.Device) -> None:
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            for i in range(300):
+                size = 256 + (seed * 7919 + i * 104729) % (2 * MiB)
+                with dev.allocate(size) as b:
+                    assert b.size == size
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert dev.memory_stats()["in_use"] == 0
+
+
+def test_strategy_change_refused_while_allocated_and_tracking(dev: cc.Device) -> None:
+    keep = dev.allocate(MiB)
+    with pytest.raises(cc.IllegalStateError, match="close those buffers"):
+        dev.set_allocation_strategy("sync")
+    keep.close()
+    try:
+        dev.set_allocation_strategy("sync", track=True)
+        assert dev.allocation_strategy == "sync" and "requested explicitly" in dev.allocation_strategy_reason
+        b = dev.allocate(1234)
+        live = dev.live_allocations()
+        assert [(a["ptr"], a["size"]) for a in live] == [(b.ptr, 1234)]
+        b.close()
+        assert dev.live_allocations() == []
+        with pytest.raises(cc.InvalidValueError):
+            dev.set_allocation_strategy("fastest")
+    finally:
+        dev.set_allocation_strategy("auto")
+    assert dev.allocation_strategy == ("pool" if dev.memory_pools_supported and not dev.tcc_driver else "sync")
+
+
+FALLBACK = """
+import json, cudacore as cc
+d = cc.Device(0)
+bufs = [d.allocate(1 << 20) for _ in range(4)]
+s = d.memory_stats()
+for b in bufs:
+    b.close()
+try:
+    d.allocate(2 * d.total_memory)
+except cc.OutOfMemoryError as e:
+    oom = str(e)
+print(json.dumps([d.allocation_strategy, s["in_use"], d.memory_stats()["in_use"], oom]))
+"""
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"name": "sim-tcc", "total_memory": GiB, "memory_pools_supported": False, "tcc_driver": True},
+        {"name": "sim-wsl", "total_memory": GiB, "memory_pools_supported": False},
+    ],
+)
+def test_fallback_allocator_on_devices_without_pools(config: dict) -> None:
+    r = run_python(FALLBACK, {"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": json.dumps([config])})
+    assert r.returncode == 0, r.stderr
+    strategy, in_use, after, oom = json.loads(r.stdout)
+    assert (strategy, in_use, after) == ("sync", 4 << 20, 0)
+    assert "cuMemAlloc_v2" in oom and "out of memory allocating 2.0 GiB" in oom
+
+
+def test_retry_after_injected_out_of_memory() -> None:
+    code = (
+        "import cudacore as cc\n"
+        "d = cc.Device(0)\n"
+        "b = d.allocate(1 << 20)\n"
+        "s = d.memory_stats()\n"
+        "print(b.size, s['allocations'], s['ooms'])\n"
+    )
+    env = {"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_FAULTS": "cuMemAllocFromPoolAsync:1:2"}
+    r = run_python(code, env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1048576", "1", "0"], "the first pool allocation failed, was retried and succeeded"
+    env["CUDACORE_SIM_FAULTS"] = "cuMemAllocFromPoolAsync:1:2,cuMemAllocFromPoolAsync:2:2"
+    r = run_python(code.replace("b = d.allocate(1 << 20)", "try:\n    d.allocate(1 << 20)\nexcept cc.OutOfMemoryError as e:\n    print('OOM', e.requested)\nb = d.allocate(1 << 20)"), env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "OOM 1048576", "two failures in a row: retried once, then reported"
