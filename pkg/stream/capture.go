@@ -1,0 +1,446 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/device"
+)
+
+// Registry tracks the captures in progress in a process, across devices: a GLOBAL capture forbids unsafe
+// calls on every device. Active is one atomic load, so hot paths skip every check when nothing captures.
+type Registry struct {
+	mu     sync.Mutex
+	caps   map[*capture]struct{}
+	active atomic.Int32
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry { return &Registry{caps: map[*capture]struct{}{}} }
+
+// Active returns how many captures are in progress.
+func (r *Registry) Active() int { return int(r.active.Load()) }
+
+// capture is one capture sequence on a stream. Fields after stream are guarded by the registry's mutex.
+type capture struct {
+	stream *Stream
+	mode   cuda.CaptureMode
+	tid    int
+	allocs int
+	bytes  uint64
+}
+
+// ParseMode maps "global", "thread_local" and "relaxed" to a CaptureMode.
+func ParseMode(s string) (cuda.CaptureMode, error) {
+	switch strings.ToLower(strings.ReplaceAll(s, "-", "_")) {
+	case "global":
+		return cuda.CaptureModeGlobal, nil
+	case "thread_local", "threadlocal", "":
+		return cuda.CaptureModeThreadLocal, nil
+	case "relaxed":
+		return cuda.CaptureModeRelaxed, nil
+	}
+	return 0, cuda.NewError("cudacore.begin_capture", cuda.ErrorInvalidValue,
+		fmt.Sprintf("unknown capture mode %q: use \"thread_local\" (the default), \"global\" or \"relaxed\"", s))
+}
+
+// ModeName is the inverse of ParseMode.
+func ModeName(m cuda.CaptureMode) string {
+	switch m {
+	case cuda.CaptureModeGlobal:
+		return "global"
+	case cuda.CaptureModeRelaxed:
+		return "relaxed"
+	}
+	return "thread_local"
+}
+
+// CaptureError returns the error cudacore reports for a refused or failed operation during capture: a
+// *cuda.Error with a capture-category Result r, Op "cudacore."+op and msg.
+func CaptureError(r cuda.Result, op, msg string) *cuda.Error {
+	return cuda.NewError("cudacore."+op, r, msg)
+}
+
+// IsCaptureResult says whether r is a driver result that invalidates or forbids a capture.
+func IsCaptureResult(r cuda.Result) bool {
+	switch r {
+	case cuda.ErrorStreamCaptureUnsupported, cuda.ErrorStreamCaptureInvalidated, cuda.ErrorStreamCaptureImplicit,
+		cuda.ErrorCapturedEvent, cuda.ErrorStreamCaptureWrongThread, cuda.ErrorStreamCaptureMerge,
+		cuda.ErrorStreamCaptureIsolation, cuda.ErrorStreamCaptureUnjoined:
+		return true
+	}
+	return false
+}
+
+// ---- the checks made before calling the driver ---------------------------------------------------------
+
+// blockingCapture returns a capture on a blocking stream of m's device: the legacy stream would
+// implicitly wait on it (906).
+func (m *Manager) blockingCapture() *capture {
+	if m.reg.active.Load() == 0 {
+		return nil
+	}
+	m.reg.mu.Lock()
+	defer m.reg.mu.Unlock()
+	for c := range m.reg.caps {
+		if c.stream.m.dev == m.dev && c.stream.blocking() {
+			return c
+		}
+	}
+	return nil
+}
+
+// unsafeCapture returns a capture that forbids potentially unsafe calls (synchronous allocation,
+// synchronizing) on the calling thread: a GLOBAL capture anywhere, or a THREAD_LOCAL one begun on this
+// thread. RELAXED captures allow them.
+func (m *Manager) unsafeCapture() *capture {
+	if m.reg.active.Load() == 0 {
+		return nil
+	}
+	tid := gettid()
+	m.reg.mu.Lock()
+	defer m.reg.mu.Unlock()
+	for c := range m.reg.caps {
+		if c.mode == cuda.CaptureModeGlobal || c.mode == cuda.CaptureModeThreadLocal && c.tid == tid {
+			return c
+		}
+	}
+	return nil
+}
+
+func (c *capture) describe() string {
+	return fmt.Sprintf("%s captures in %s mode", c.stream, strings.ToUpper(ModeName(c.mode)))
+}
+
+func implicitMsg(what string, c *capture, fix string) string {
+	return fmt.Sprintf("%s during capture would make the legacy stream depend on the capturing stream (the driver's error 906; %s); %s",
+		what, c.describe(), fix)
+}
+
+func unsafeMsg(what string, c *capture, fix string) string {
+	return fmt.Sprintf("%s is not permitted while %s (the driver's error 900; only RELAXED captures allow it, and THREAD_LOCAL ones only on other threads); %s",
+		what, c.describe(), fix)
+}
+
+const fixSync = "end the capture first (end_capture(), or leave the `with stream.capture()` block), then synchronize; to order work inside the capture use events and stream.wait(event)"
+
+// checkStreamWait is the rule for synchronizing or querying s.
+func (m *Manager) checkStreamWait(op string, s *Stream) error {
+	if m.reg.active.Load() == 0 {
+		return nil
+	}
+	m.reg.mu.Lock()
+	c := s.cap
+	m.reg.mu.Unlock()
+	what := "synchronizing " + s.String()
+	if op == "query" {
+		what = "querying " + s.String()
+	}
+	if c != nil {
+		return CaptureError(cuda.ErrorStreamCaptureUnsupported, op, fmt.Sprintf(
+			"%s is not permitted while it captures (the driver's error 900, which would invalidate the capture); %s", what, fixSync))
+	}
+	if s.legacy {
+		if c := m.blockingCapture(); c != nil {
+			return CaptureError(cuda.ErrorStreamCaptureImplicit, op, implicitMsg(what, c, fixSync))
+		}
+	}
+	if c := m.unsafeCapture(); c != nil {
+		return CaptureError(cuda.ErrorStreamCaptureUnsupported, op, unsafeMsg(what, c, fixSync))
+	}
+	return nil
+}
+
+// checkDeviceSync is the rule for cuCtxSynchronize: it waits on every stream, the capturing ones too.
+func (m *Manager) checkDeviceSync(op string) error {
+	if m.reg.active.Load() == 0 {
+		return nil
+	}
+	m.reg.mu.Lock()
+	var hit *capture
+	for c := range m.reg.caps {
+		if c.stream.m.dev == m.dev {
+			hit = c
+			break
+		}
+	}
+	m.reg.mu.Unlock()
+	what := fmt.Sprintf("synchronizing device %d", m.dev.Ordinal())
+	if hit != nil {
+		return CaptureError(cuda.ErrorStreamCaptureUnsupported, op, fmt.Sprintf(
+			"%s is not permitted while %s: it would wait on the capturing stream (the driver's error 900); %s", what, hit.describe(), fixSync))
+	}
+	if c := m.unsafeCapture(); c != nil {
+		return CaptureError(cuda.ErrorStreamCaptureUnsupported, op, unsafeMsg(what, c, fixSync))
+	}
+	return nil
+}
+
+// checkEnqueue is the rule for enqueueing work on s: on the legacy stream it conflicts with capturing
+// blocking streams (906).
+func (m *Manager) checkEnqueue(op string, s *Stream) error {
+	if !s.legacy || m.reg.active.Load() == 0 {
+		return nil
+	}
+	if c := m.blockingCapture(); c != nil {
+		return CaptureError(cuda.ErrorStreamCaptureImplicit, op, implicitMsg(
+			strings.ReplaceAll(op, "_", " ")+" on the legacy stream", c,
+			"pass the capturing stream (stream=<the capturing stream>), or create the capturing stream non-blocking"))
+	}
+	return nil
+}
+
+// capturing returns s's capture in progress, or nil.
+func (s *Stream) capturing() *capture {
+	if s.m.reg.active.Load() == 0 {
+		return nil
+	}
+	s.m.reg.mu.Lock()
+	defer s.m.reg.mu.Unlock()
+	return s.cap
+}
+
+// Capturing says whether s is capturing now.
+func (s *Stream) Capturing() bool { return s.capturing() != nil }
+
+// CaptureMode returns the mode of the capture in progress and whether there is one.
+func (s *Stream) CaptureMode() (cuda.CaptureMode, bool) {
+	c := s.capturing()
+	if c == nil {
+		return 0, false
+	}
+	return c.mode, true
+}
+
+// ---- allocation inside capture (called by the allocation path) ------------------------------------------
+
+// CheckAllocate is called before an allocation of the device's allocator on stream h. It refuses what
+// capture forbids: on a device with the synchronous strategy an allocation on a capturing stream (it
+// cannot become a graph node) or while unsafe calls are forbidden (900); with the pool strategy, an
+// allocation on the legacy stream while a blocking stream captures (906).
+func (m *Manager) CheckAllocate(h cuda.Stream) error {
+	if m.reg.active.Load() == 0 {
+		return nil
+	}
+	const op = "allocate"
+	if m.dev.Strategy() == device.StrategySync {
+		if s := m.lookup(h); s != nil && s.capturing() != nil {
+			return CaptureError(cuda.ErrorStreamCaptureUnsupported, op, fmt.Sprintf(
+				"device %d allocates synchronously (strategy \"sync\": cuMemAlloc), which cannot be captured into a graph; allocate before capture and reuse the buffer inside it",
+				m.dev.Ordinal()))
+		}
+		if c := m.unsafeCapture(); c != nil {
+			return CaptureError(cuda.ErrorStreamCaptureUnsupported, op, unsafeMsg(
+				fmt.Sprintf("a synchronous allocation on device %d (strategy \"sync\")", m.dev.Ordinal()), c,
+				"allocate before capture and reuse the buffer inside it"))
+		}
+		return nil
+	}
+	if h == 0 || h == cuda.StreamLegacy {
+		if c := m.blockingCapture(); c != nil {
+			return CaptureError(cuda.ErrorStreamCaptureImplicit, op, implicitMsg("an allocation on the legacy stream", c,
+				"allocate on the capturing stream (allocate(n, stream=<the capturing stream>)) so it becomes a graph node, or before capture"))
+		}
+	}
+	return nil
+}
+
+// NoteAllocate counts a successful allocation of size bytes on stream h into h's capture, if it
+// captures: the graph it makes then reports the memory (Graph.MemoryHeld).
+func (m *Manager) NoteAllocate(h cuda.Stream, size uint64) {
+	if m.reg.active.Load() == 0 {
+		return
+	}
+	m.reg.mu.Lock()
+	defer m.reg.mu.Unlock()
+	for c := range m.reg.caps {
+		if c.stream.h == h && c.stream.m == m {
+			c.allocs++
+			c.bytes += size
+			return
+		}
+	}
+}
+
+// lookup finds a capturing stream of m by handle (only capturing streams are registered).
+func (m *Manager) lookup(h cuda.Stream) *Stream {
+	m.reg.mu.Lock()
+	defer m.reg.mu.Unlock()
+	for c := range m.reg.caps {
+		if c.stream.h == h && c.stream.m == m {
+			return c.stream
+		}
+	}
+	return nil
+}
+
+// ---- begin, end, and recovery ----------------------------------------------------------------------------
+
+// BeginCapture starts capturing s into a graph. The legacy and per-thread default streams are refused
+// (the driver refuses the legacy stream with 900), as is a stream that captures already.
+func (s *Stream) BeginCapture(mode cuda.CaptureMode) error {
+	const op = "begin_capture"
+	if err := s.alive(op); err != nil {
+		return err
+	}
+	if mode < cuda.CaptureModeGlobal || mode > cuda.CaptureModeRelaxed {
+		return cuda.NewError("cudacore."+op, cuda.ErrorInvalidValue, fmt.Sprintf("unknown capture mode %d", mode))
+	}
+	if s.legacy || s.perThread {
+		return CaptureError(cuda.ErrorStreamCaptureUnsupported, op, fmt.Sprintf(
+			"%s cannot be captured (the driver refuses the legacy stream with error 900); capture a stream you created: d.create_stream()", s))
+	}
+	m := s.m
+	m.reg.mu.Lock()
+	if s.cap != nil {
+		m.reg.mu.Unlock()
+		return cuda.NewError("cudacore."+op, cuda.ErrorIllegalState, fmt.Sprintf("%s is already capturing; end that capture first", s))
+	}
+	c := &capture{stream: s, mode: mode, tid: gettid()}
+	s.cap, s.failed = c, nil
+	m.reg.caps[c] = struct{}{}
+	m.reg.active.Add(1)
+	m.reg.mu.Unlock()
+	// The cache is told first, so no cached block can be handed out on s once the driver captures.
+	st := m.memory()
+	if st != nil {
+		st.SetCapturing(s.h, true)
+	}
+	if err := m.drv.StreamBeginCapture(m.ctx, s.h, mode); err != nil {
+		m.unregister(c)
+		return err
+	}
+	return nil
+}
+
+func (m *Manager) unregister(c *capture) {
+	m.reg.mu.Lock()
+	if _, ok := m.reg.caps[c]; ok {
+		delete(m.reg.caps, c)
+		m.reg.active.Add(-1)
+	}
+	if c.stream.cap == c {
+		c.stream.cap = nil
+	}
+	m.reg.mu.Unlock()
+	if st := c.stream.m.memory(); st != nil {
+		st.SetCapturing(c.stream.h, false)
+	}
+}
+
+// abandon ends c at the driver, discarding any graph, and forgets it; failed, if not nil, is what
+// EndCapture of its stream will return.
+func (m *Manager) abandon(c *capture, failed *cuda.Error) {
+	sm := c.stream.m
+	if g, err := sm.drv.StreamEndCapture(sm.ctx, c.stream.h); err == nil && g != 0 {
+		_ = sm.drv.GraphDestroy(sm.ctx, g)
+	}
+	sm.unregister(c)
+	if failed != nil {
+		m.reg.mu.Lock()
+		c.stream.failed = failed
+		m.reg.mu.Unlock()
+	}
+}
+
+// EndCapture ends s's capture and returns the graph (not yet instantiated). If cudacore ended the
+// capture already because an operation failed, it returns that CaptureError, once. Ending a capture that
+// was never begun is an IllegalState error, as the driver has it.
+func (s *Stream) EndCapture() (*Graph, error) {
+	const op = "end_capture"
+	if err := s.alive(op); err != nil {
+		return nil, err
+	}
+	m := s.m
+	m.reg.mu.Lock()
+	c, failed := s.cap, s.failed
+	s.failed = nil
+	m.reg.mu.Unlock()
+	if c == nil {
+		if failed != nil {
+			return nil, failed
+		}
+		return nil, cuda.NewError("cudacore."+op, cuda.ErrorIllegalState, fmt.Sprintf(
+			"%s is not capturing: call begin_capture() first (or use `with stream.capture() as graph:`)", s))
+	}
+	if c.mode != cuda.CaptureModeRelaxed && c.tid != gettid() {
+		return nil, CaptureError(cuda.ErrorStreamCaptureWrongThread, op, fmt.Sprintf(
+			"a %s capture must be ended by the thread that began it (the driver's error 908); end it there, or capture in \"relaxed\" mode",
+			strings.ToUpper(ModeName(c.mode))))
+	}
+	g, err := m.drv.StreamEndCapture(m.ctx, s.h)
+	m.unregister(c)
+	if err != nil {
+		if g != 0 {
+			_ = m.drv.GraphDestroy(m.ctx, g)
+		}
+		if IsCaptureResult(cuda.ResultOf(err)) {
+			return nil, CaptureError(cuda.ResultOf(err), op, fmt.Sprintf(
+				"the capture on %s was invalidated by an operation cudacore did not see (made through another library?), so no graph was made; the stream works again: %v",
+				s, err))
+		}
+		return nil, err
+	}
+	return m.newGraph(g, c)
+}
+
+// AbortCapture ends s's capture, if any, and discards it and any pending failure. It is what a `with`
+// block that raised does.
+func (s *Stream) AbortCapture() error {
+	m := s.m
+	m.reg.mu.Lock()
+	c := s.cap
+	s.failed = nil
+	m.reg.mu.Unlock()
+	if c != nil {
+		m.abandon(c, nil)
+	}
+	return nil
+}
+
+// after handles the result of a driver call made for op on stream s (nil: none in particular). A capture
+// error ends every capture it invalidated (and s's own), so the streams work again, and comes back as a
+// CaptureError naming op. Other errors and nil pass through.
+func (m *Manager) after(op string, s *Stream, err error) error {
+	if err == nil {
+		return nil
+	}
+	r := cuda.ResultOf(err)
+	if !IsCaptureResult(r) || m.reg.active.Load() == 0 {
+		return err
+	}
+	var de *cuda.Error
+	if !errors.As(err, &de) {
+		de = cuda.NewError(op, r, "")
+	}
+	m.reg.mu.Lock()
+	caps := make([]*capture, 0, len(m.reg.caps))
+	for c := range m.reg.caps {
+		caps = append(caps, c)
+	}
+	m.reg.mu.Unlock()
+	var ended []string
+	for _, c := range caps {
+		sm := c.stream.m
+		st, qerr := sm.drv.StreamIsCapturing(sm.ctx, c.stream.h)
+		if c.stream != s && qerr == nil && st == cuda.CaptureStatusActive {
+			continue
+		}
+		ended = append(ended, c.stream.String())
+		first := CaptureError(r, op, fmt.Sprintf(
+			"the capture on %s failed at its first failing operation, %s (the driver's error %d %s from %s); cudacore ended the capture, so the stream works again; capture again without that operation",
+			c.stream, strings.ReplaceAll(op, "_", " "), int(r), r, de.Op))
+		m.abandon(c, first)
+	}
+	what := "no capture was in progress on it"
+	if len(ended) > 0 {
+		what = "cudacore ended the capture on " + strings.Join(ended, " and ") + " so the stream works again"
+	}
+	return &cuda.Error{Op: "cudacore." + op, Result: r, Msg: fmt.Sprintf(
+		"%s failed during stream capture with the driver's error %d (%s); %s", strings.ReplaceAll(op, "_", " "), int(r), r.Description(), what),
+		Err: err}
+}

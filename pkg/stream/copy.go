@@ -1,0 +1,394 @@
+package stream
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
+
+// Copies. A nil stream means a synchronous copy: it goes through the legacy stream, returns when the data
+// has arrived, and is refused while a blocking stream of the device captures (906).
+//
+// Asynchronous copies are ordered on their stream:
+//   - from or to pinned memory (a PinnedBuffer, the staging buffers) they go straight to the driver and
+//     return at once; the caller keeps the host memory alive and unchanged until the stream has passed
+//     the copy (synchronize the stream or an event recorded after it);
+//   - host-to-device from pageable memory, the data is first copied into pinned staging buffers (a small
+//     pool, StagingSize each), so the call returns once the data is staged and the caller may reuse its
+//     memory at once; each staging buffer is recycled when an event recorded after its copy completes;
+//   - device-to-host into pageable memory, the data goes through staging buffers too and the call returns
+//     when it is in the caller's memory (as the driver's own pageable copy does), pipelining the chunks;
+//   - on a capturing stream only pinned memory is allowed: a captured copy keeps the host pointer and
+//     moves whatever is there at each launch, which for pageable memory cudacore cannot keep valid.
+
+const (
+	opCopyFrom = "copy_from" // host to device (Buffer.copy_from)
+	opCopyTo   = "copy_to"   // device to host (Buffer.copy_to)
+	opCopyDev  = "copy"      // device to device
+)
+
+// CopyHtoD copies src to device memory at dst, on s (nil: synchronously).
+func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
+	if s == nil {
+		if err := m.checkSyncCopy(opCopyFrom, "a synchronous host-to-device copy",
+			"copy from a PinnedBuffer with copy_from(pinned, stream=<the capturing stream>) instead"); err != nil {
+			return err
+		}
+		if len(src) == 0 {
+			return nil
+		}
+		return m.after(opCopyFrom, nil, m.drv.MemcpyHtoD(m.ctx, dst, src))
+	}
+	pinned, err := m.checkAsyncCopy(opCopyFrom, s, src, "host-to-device", "copy_from(pinned, stream=s)")
+	if err != nil || len(src) == 0 {
+		return err
+	}
+	if pinned {
+		return m.after(opCopyFrom, s, m.drv.MemcpyHtoDAsync(m.ctx, dst, src, s.h))
+	}
+	for off := 0; off < len(src); {
+		buf, err := m.staging.get()
+		if err != nil {
+			return err
+		}
+		n := copy(buf, src[off:])
+		if err := m.drv.MemcpyHtoDAsync(m.ctx, dst+cuda.DevicePtr(off), buf[:n], s.h); err != nil {
+			m.staging.recycle(buf, 0)
+			return m.after(opCopyFrom, s, err)
+		}
+		if err := m.staging.put(buf, s); err != nil {
+			return err
+		}
+		off += n
+	}
+	return nil
+}
+
+// CopyDtoH copies device memory at src into dst, on s (nil: synchronously).
+func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
+	if s == nil {
+		if err := m.checkSyncCopy(opCopyTo, "a synchronous device-to-host copy",
+			"copy into a PinnedBuffer with copy_to(pinned, stream=<the capturing stream>) instead"); err != nil {
+			return err
+		}
+		if len(dst) == 0 {
+			return nil
+		}
+		return m.after(opCopyTo, nil, m.drv.MemcpyDtoH(m.ctx, dst, src))
+	}
+	pinned, err := m.checkAsyncCopy(opCopyTo, s, dst, "device-to-host", "copy_to(pinned, stream=s)")
+	if err != nil || len(dst) == 0 {
+		return err
+	}
+	if pinned {
+		return m.after(opCopyTo, s, m.drv.MemcpyDtoHAsync(m.ctx, dst, src, s.h))
+	}
+	// Pipelined: chunk k+1 is in flight while chunk k is copied out.
+	type chunk struct {
+		buf []byte
+		ev  cuda.Event
+		off int
+		n   int
+	}
+	var prev *chunk
+	finish := func(c *chunk) error {
+		err := m.drv.EventSynchronize(m.ctx, c.ev)
+		if err == nil {
+			copy(dst[c.off:c.off+c.n], c.buf[:c.n])
+		}
+		m.staging.recycle(c.buf, c.ev)
+		return err
+	}
+	defer func() {
+		if prev != nil { // an error left a chunk in flight: recycle it once it has landed
+			m.staging.putRecorded(prev.buf, prev.ev)
+		}
+	}()
+	for off := 0; off < len(dst); {
+		buf, err := m.staging.get()
+		if err != nil {
+			return err
+		}
+		n := min(len(buf), len(dst)-off)
+		if err := m.drv.MemcpyDtoHAsync(m.ctx, buf[:n], src+cuda.DevicePtr(off), s.h); err != nil {
+			m.staging.recycle(buf, 0)
+			return m.after(opCopyTo, s, err)
+		}
+		ev, err := m.staging.record(s)
+		if err != nil {
+			m.staging.recycle(buf, 0) // nothing to wait on: the stream order was not marked; see record
+			return err
+		}
+		cur := &chunk{buf, ev, off, n}
+		if prev != nil {
+			p := prev
+			prev = nil
+			if err := finish(p); err != nil {
+				prev = cur
+				return m.after(opCopyTo, s, err)
+			}
+		}
+		prev = cur
+		off += n
+	}
+	p := prev
+	prev = nil
+	return m.after(opCopyTo, s, finish(p))
+}
+
+// CopyDtoD copies n bytes of device memory from src to dst, on s (nil: synchronously).
+func (m *Manager) CopyDtoD(dst, src cuda.DevicePtr, n uint64, s *Stream) error {
+	if s == nil {
+		if err := m.checkSyncCopy(opCopyDev, "a synchronous device-to-device copy",
+			"pass the capturing stream (stream=<the capturing stream>)"); err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		return m.after(opCopyDev, nil, m.drv.MemcpyDtoD(m.ctx, dst, src, n))
+	}
+	if err := m.checkStreamArg(opCopyDev, s); err != nil || n == 0 {
+		return err
+	}
+	return m.after(opCopyDev, s, m.drv.MemcpyDtoDAsync(m.ctx, dst, src, n, s.h))
+}
+
+func (m *Manager) checkSyncCopy(op, what, fix string) error {
+	if c := m.blockingCapture(); c != nil {
+		return CaptureError(cuda.ErrorStreamCaptureImplicit, op, implicitMsg(what, c, fix))
+	}
+	return nil
+}
+
+func (m *Manager) checkStreamArg(op string, s *Stream) error {
+	if err := s.alive(op); err != nil {
+		return err
+	}
+	if err := m.sameDevice(op, s.m); err != nil {
+		return err
+	}
+	return m.checkEnqueue(op, s)
+}
+
+// checkAsyncCopy validates an asynchronous copy of host memory b on s and says whether b is pinned.
+func (m *Manager) checkAsyncCopy(op string, s *Stream, b []byte, dir, fix string) (bool, error) {
+	if err := m.checkStreamArg(op, s); err != nil {
+		return false, err
+	}
+	pinned := m.pinned(b)
+	if pinned || m.reg.active.Load() == 0 {
+		return pinned, nil
+	}
+	if c := s.capturing(); c != nil {
+		return false, CaptureError(cuda.ErrorStreamCaptureUnsupported, op, fmt.Sprintf(
+			"an asynchronous %s copy of pageable host memory cannot be captured: the graph would keep the host pointer and replay it after this memory is gone or reused (%s); use a PinnedBuffer (d.allocate_pinned(n)) and %s",
+			dir, c.describe(), fix))
+	}
+	if c := m.unsafeCapture(); c != nil {
+		return false, CaptureError(cuda.ErrorStreamCaptureUnsupported, op, unsafeMsg(
+			"an asynchronous copy of pageable memory (which waits on cudacore's pinned staging buffers)", c,
+			"use a PinnedBuffer, or copy before or after the capture"))
+	}
+	return false, nil
+}
+
+// ---- the pinned staging pool --------------------------------------------------------------------------
+
+type inflight struct {
+	buf []byte
+	ev  cuda.Event
+}
+
+// staging is a small pool of pinned host buffers for pageable asynchronous copies. A buffer handed to a
+// copy is busy until an event recorded after the copy completes.
+type staging struct {
+	m    *Manager
+	size int
+	max  int
+
+	mu     sync.Mutex
+	all    []uintptr // base of every buffer, for owns
+	free   [][]byte
+	busy   []inflight // oldest first
+	events []cuda.Event
+}
+
+func (p *staging) owns(addr uintptr, n int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, b := range p.all {
+		if addr >= b && addr+uintptr(n) <= b+uintptr(p.size) {
+			return true
+		}
+	}
+	return false
+}
+
+// reapLocked moves the busy buffers whose events completed to the free list.
+func (p *staging) reapLocked() {
+	i := 0
+	for ; i < len(p.busy); i++ {
+		b := p.busy[i]
+		if err := p.m.drv.EventQuery(p.m.ctx, b.ev); err != nil {
+			break // not ready (or failed: keep it until a synchronize says more)
+		}
+		p.free = append(p.free, b.buf)
+		p.events = append(p.events, b.ev)
+	}
+	p.busy = p.busy[i:]
+}
+
+// get returns a free staging buffer, allocating one while under max, else waiting for the oldest busy one.
+func (p *staging) get() ([]byte, error) {
+	p.mu.Lock()
+	p.reapLocked()
+	if n := len(p.free); n > 0 {
+		b := p.free[n-1]
+		p.free = p.free[:n-1]
+		p.mu.Unlock()
+		return b, nil
+	}
+	if len(p.all) < p.max {
+		p.all = append(p.all, 0) // reserve the slot
+		p.mu.Unlock()
+		b, err := p.m.drv.MemHostAlloc(p.m.ctx, uint64(p.size), 0)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for i, a := range p.all {
+			if a == 0 {
+				if err != nil {
+					p.all = append(p.all[:i], p.all[i+1:]...)
+				} else {
+					p.all[i] = uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+				}
+				break
+			}
+		}
+		return b, err
+	}
+	if len(p.busy) == 0 { // every buffer is held by a copy being issued: wait for one to come back
+		p.mu.Unlock()
+		b, err := p.m.drv.MemHostAlloc(p.m.ctx, uint64(p.size), 0)
+		if err == nil {
+			p.mu.Lock()
+			p.all = append(p.all, uintptr(unsafe.Pointer(unsafe.SliceData(b))))
+			p.mu.Unlock()
+		}
+		return b, err
+	}
+	oldest := p.busy[0]
+	p.busy = p.busy[1:]
+	p.mu.Unlock()
+	if err := p.m.drv.EventSynchronize(p.m.ctx, oldest.ev); err != nil {
+		p.mu.Lock()
+		p.busy = append([]inflight{oldest}, p.busy...)
+		p.mu.Unlock()
+		return nil, err
+	}
+	p.mu.Lock()
+	p.events = append(p.events, oldest.ev)
+	p.mu.Unlock()
+	return oldest.buf, nil
+}
+
+// record records a staging event on s.
+func (p *staging) record(s *Stream) (cuda.Event, error) {
+	p.mu.Lock()
+	var ev cuda.Event
+	if n := len(p.events); n > 0 {
+		ev = p.events[n-1]
+		p.events = p.events[:n-1]
+	}
+	p.mu.Unlock()
+	if ev == 0 {
+		var err error
+		if ev, err = p.m.drv.EventCreate(p.m.ctx, cuda.EventDisableTiming); err != nil {
+			return 0, err
+		}
+	}
+	if err := p.m.drv.EventRecord(p.m.ctx, ev, s.h); err != nil {
+		p.mu.Lock()
+		p.events = append(p.events, ev)
+		p.mu.Unlock()
+		return 0, err
+	}
+	return ev, nil
+}
+
+// put marks buf busy until the work enqueued on s so far completes.
+func (p *staging) put(buf []byte, s *Stream) error {
+	ev, err := p.record(s)
+	if err != nil {
+		// Without an event the buffer's copy cannot be tracked: wait for the stream rather than risk
+		// overwriting data still being read.
+		if serr := p.m.drv.StreamSynchronize(p.m.ctx, s.h); serr != nil {
+			return err // leak the buffer rather than reuse it unsafely
+		}
+		p.recycle(buf, 0)
+		return err
+	}
+	p.putRecorded(buf, ev)
+	return nil
+}
+
+func (p *staging) putRecorded(buf []byte, ev cuda.Event) {
+	p.mu.Lock()
+	p.busy = append(p.busy, inflight{buf, ev})
+	p.mu.Unlock()
+}
+
+// recycle returns a buffer that no copy uses, and its event (0: none), to the pool.
+func (p *staging) recycle(buf []byte, ev cuda.Event) {
+	p.mu.Lock()
+	p.free = append(p.free, buf)
+	if ev != 0 {
+		p.events = append(p.events, ev)
+	}
+	p.mu.Unlock()
+}
+
+// StagingStats returns the number of staging buffers allocated and busy now.
+func (m *Manager) StagingStats() (allocated, busy int) {
+	p := m.staging
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.all), len(p.busy)
+}
+
+// Close frees the staging buffers and events once their copies complete. The manager can still be used
+// afterwards (the pool fills again).
+func (m *Manager) Close() error {
+	p := m.staging
+	p.mu.Lock()
+	busy, free, events := p.busy, p.free, p.events
+	p.busy, p.free, p.events, p.all = nil, nil, nil, nil
+	p.mu.Unlock()
+	var first error
+	keep := func(err error) {
+		if first == nil {
+			first = err
+		}
+	}
+	for _, b := range busy {
+		if err := m.drv.EventSynchronize(m.ctx, b.ev); err != nil {
+			keep(err)
+			continue // a buffer still possibly in use is leaked, not freed
+		}
+		free = append(free, b.buf)
+		events = append(events, b.ev)
+	}
+	for _, b := range free {
+		if err := m.drv.MemFreeHost(m.ctx, b); err != nil {
+			keep(err)
+		}
+	}
+	for _, ev := range events {
+		if err := m.drv.EventDestroy(m.ctx, ev); err != nil {
+			keep(err)
+		}
+	}
+	return first
+}

@@ -1,0 +1,169 @@
+package stream
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
+
+// Event is a CUDA event of a Manager's device.
+type Event struct {
+	m         *Manager
+	h         cuda.Event
+	timing    bool
+	destroyed atomic.Bool
+
+	mu       sync.Mutex
+	captured bool // last recorded inside a capture: host waits on it fail with 907 until recorded outside one
+	recorded bool
+}
+
+// NewEvent creates an event; timing events can measure ElapsedTime, others are cheaper to record.
+func (m *Manager) NewEvent(timing bool) (*Event, error) {
+	flags := cuda.EventDefault
+	if !timing {
+		flags = cuda.EventDisableTiming
+	}
+	h, err := m.drv.EventCreate(m.ctx, flags)
+	if err != nil {
+		return nil, err
+	}
+	return &Event{m: m, h: h, timing: timing}, nil
+}
+
+// Handle returns the driver's handle.
+func (e *Event) Handle() cuda.Event { return e.h }
+
+// Timing says whether the event can measure elapsed time.
+func (e *Event) Timing() bool { return e.timing }
+
+func (e *Event) String() string {
+	return fmt.Sprintf("event %#x of device %d", uint64(e.h), e.m.dev.Ordinal())
+}
+
+func (e *Event) alive(op string) error {
+	if e.destroyed.Load() {
+		return cuda.NewError("cudacore."+op, cuda.ErrorInvalidHandle, fmt.Sprintf("%s was destroyed", e))
+	}
+	return nil
+}
+
+// Destroy destroys the event; it is idempotent.
+func (e *Event) Destroy() error {
+	if !e.destroyed.CompareAndSwap(false, true) {
+		return nil
+	}
+	return e.m.drv.EventDestroy(e.m.ctx, e.h)
+}
+
+// Record records the event on s (nil: the legacy stream). Recorded inside a capture it becomes a node of
+// the graph; other streams of the capture may wait on it, but the host cannot until it is recorded again
+// outside a capture.
+func (e *Event) Record(s *Stream) error {
+	const op = "event_record"
+	if err := e.alive(op); err != nil {
+		return err
+	}
+	if s == nil {
+		s = e.m.legacy
+	}
+	if err := s.alive(op); err != nil {
+		return err
+	}
+	if err := e.m.sameDevice(op, s.m); err != nil {
+		return err
+	}
+	if err := e.m.checkEnqueue(op, s); err != nil {
+		return err
+	}
+	if err := e.m.after(op, s, e.m.drv.EventRecord(e.m.ctx, e.h, s.h)); err != nil {
+		return err
+	}
+	inCapture := s.capturing() != nil
+	e.mu.Lock()
+	e.captured, e.recorded = inCapture, !inCapture
+	e.mu.Unlock()
+	return nil
+}
+
+func (e *Event) checkHostWait(op string) error {
+	e.mu.Lock()
+	captured := e.captured
+	e.mu.Unlock()
+	if captured {
+		return CaptureError(cuda.ErrorCapturedEvent, op, fmt.Sprintf(
+			"%s was last recorded inside a stream capture, so the host cannot wait on it or time it (the driver's error 907); record it on a stream that is not capturing, or wait on it from a stream with stream.wait(event)", e))
+	}
+	if c := e.m.unsafeCapture(); c != nil {
+		return CaptureError(cuda.ErrorStreamCaptureUnsupported, op, unsafeMsg("waiting on "+e.String(), c, fixSync))
+	}
+	return nil
+}
+
+// Query says whether the work the event recorded has finished (an event never recorded has).
+func (e *Event) Query() (bool, error) {
+	const op = "event_query"
+	if err := e.alive(op); err != nil {
+		return false, err
+	}
+	if err := e.checkHostWait(op); err != nil {
+		return false, err
+	}
+	err := e.m.drv.EventQuery(e.m.ctx, e.h)
+	if cuda.ResultOf(err) == cuda.ErrorNotReady {
+		return false, nil
+	}
+	return err == nil, e.m.after(op, nil, err)
+}
+
+// Synchronize waits until the work the event recorded has finished.
+func (e *Event) Synchronize() error {
+	const op = "event_synchronize"
+	if err := e.alive(op); err != nil {
+		return err
+	}
+	if err := e.checkHostWait(op); err != nil {
+		return err
+	}
+	return e.m.after(op, nil, e.m.drv.EventSynchronize(e.m.ctx, e.h))
+}
+
+// Wait waits at most timeout for the event and says whether it has completed (see Stream.Wait).
+func (e *Event) Wait(timeout time.Duration) (bool, error) { return poll(timeout, e.Query) }
+
+// ElapsedTime returns the milliseconds between start's and e's completion. Both must be timing events
+// recorded outside capture.
+func (e *Event) ElapsedTime(start *Event) (float32, error) {
+	const op = "event_elapsed_time"
+	if err := e.alive(op); err != nil {
+		return 0, err
+	}
+	if err := start.alive(op); err != nil {
+		return 0, err
+	}
+	if err := e.m.sameDevice(op, start.m); err != nil {
+		return 0, err
+	}
+	for _, ev := range []*Event{start, e} {
+		if !ev.timing {
+			return 0, cuda.NewError("cudacore."+op, cuda.ErrorInvalidHandle, fmt.Sprintf(
+				"%s was created without timing; create both events with timing=True", ev))
+		}
+		ev.mu.Lock()
+		captured, recorded := ev.captured, ev.recorded
+		ev.mu.Unlock()
+		if captured {
+			return 0, CaptureError(cuda.ErrorCapturedEvent, op, fmt.Sprintf(
+				"%s was last recorded inside a stream capture (the driver's error 907); time work outside capture", ev))
+		}
+		if !recorded {
+			return 0, cuda.NewError("cudacore."+op, cuda.ErrorInvalidHandle, fmt.Sprintf(
+				"%s has not been recorded; record both events first", ev))
+		}
+	}
+	ms, err := e.m.drv.EventElapsedTime(e.m.ctx, start.h, e.h)
+	return ms, e.m.after(op, nil, err)
+}

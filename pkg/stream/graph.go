@@ -1,0 +1,184 @@
+package stream
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
+
+// Graph is a captured CUDA graph and, once instantiated, its executable graph. Destroy is idempotent,
+// and every use after it is an InvalidHandle error made here: a stale handle never reaches the driver,
+// which may crash on one.
+type Graph struct {
+	m      *Manager
+	mu     sync.Mutex
+	g      cuda.Graph
+	x      cuda.GraphExec
+	nodes  int
+	allocs int
+	bytes  uint64
+	gone   bool
+}
+
+func (m *Manager) newGraph(g cuda.Graph, c *capture) (*Graph, error) {
+	n, err := m.drv.GraphNodeCount(m.ctx, g)
+	if err != nil {
+		_ = m.drv.GraphDestroy(m.ctx, g)
+		return nil, err
+	}
+	m.reg.mu.Lock()
+	allocs, bytes := c.allocs, c.bytes
+	m.reg.mu.Unlock()
+	return &Graph{m: m, g: g, nodes: n, allocs: allocs, bytes: bytes}, nil
+}
+
+func (g *Graph) String() string { return fmt.Sprintf("graph %#x of device %d", uint64(g.g), g.m.dev.Ordinal()) }
+
+// Manager returns the graph's manager.
+func (g *Graph) Manager() *Manager { return g.m }
+
+// NodeCount returns the number of nodes captured.
+func (g *Graph) NodeCount() int { return g.nodes }
+
+// Allocations returns how many allocations were made on the stream during the capture (graph memory
+// nodes), and MemoryHeld their bytes as requested: the memory the graph's allocations hold.
+func (g *Graph) Allocations() int  { return g.allocs }
+func (g *Graph) MemoryHeld() uint64 { return g.bytes }
+
+// Destroyed says whether Destroy was called.
+func (g *Graph) Destroyed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.gone
+}
+
+// Instantiated says whether the graph has an executable graph.
+func (g *Graph) Instantiated() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.x != 0
+}
+
+func (g *Graph) dead(op string) error {
+	return cuda.NewError("cudacore."+op, cuda.ErrorInvalidHandle, fmt.Sprintf(
+		"%s was destroyed; capture it again", g))
+}
+
+// exec returns the executable graph, instantiating it first if needed. Caller holds g.mu.
+func (g *Graph) exec(op string) (cuda.GraphExec, error) {
+	if g.gone {
+		return 0, g.dead(op)
+	}
+	if g.x == 0 {
+		x, err := g.m.drv.GraphInstantiate(g.m.ctx, g.g)
+		if err != nil {
+			return 0, err
+		}
+		g.x = x
+	}
+	return g.x, nil
+}
+
+// Instantiate makes the executable graph (it is also made on first Upload or Launch).
+func (g *Graph) Instantiate() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	_, err := g.exec("graph_instantiate")
+	return err
+}
+
+func (g *Graph) streamFor(op string, s *Stream) (*Stream, error) {
+	if s == nil {
+		s = g.m.legacy
+	}
+	if err := s.alive(op); err != nil {
+		return nil, err
+	}
+	if err := g.m.sameDevice(op, s.m); err != nil {
+		return nil, err
+	}
+	return s, g.m.checkEnqueue(op, s)
+}
+
+// Upload uploads the executable graph to the device on s, so the first launch costs no more than the
+// next ones.
+func (g *Graph) Upload(s *Stream) error {
+	const op = "graph_upload"
+	s, err := g.streamFor(op, s)
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	x, err := g.exec(op)
+	if err != nil {
+		return err
+	}
+	return g.m.after(op, s, g.m.drv.GraphUpload(g.m.ctx, x, s.h))
+}
+
+// Launch launches the graph on s (nil: the legacy stream). Each launch reads and writes host memory as
+// it is at that moment (pinned copies replay with fresh data).
+func (g *Graph) Launch(s *Stream) error {
+	const op = "graph_launch"
+	s, err := g.streamFor(op, s)
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	x, err := g.exec(op)
+	if err != nil {
+		return err
+	}
+	return g.m.after(op, s, g.m.drv.GraphLaunch(g.m.ctx, x, s.h))
+}
+
+// Update takes the parameters of other, a graph of the same topology (cuGraphExecUpdate), into g's
+// executable graph, so g's next launches run other's copies without a new instantiation.
+func (g *Graph) Update(other *Graph) error {
+	const op = "graph_update"
+	if other == nil || other.Destroyed() {
+		return cuda.NewError("cudacore."+op, cuda.ErrorInvalidHandle, "the graph to update from was destroyed")
+	}
+	if err := g.m.sameDevice(op, other.m); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	x, err := g.exec(op)
+	if err != nil {
+		return err
+	}
+	other.mu.Lock()
+	og := other.g
+	other.mu.Unlock()
+	if err := g.m.drv.GraphExecUpdate(g.m.ctx, x, og); err != nil {
+		if cuda.ResultOf(err) == cuda.ErrorGraphExecUpdateFailure {
+			return &cuda.Error{Op: "cudacore." + op, Result: cuda.ErrorGraphExecUpdateFailure, Err: err,
+				Msg: "the graphs differ in topology (node kinds, order or graph memory), so the executable graph cannot take the other's parameters; instantiate the other graph instead"}
+		}
+		return err
+	}
+	return nil
+}
+
+// Destroy destroys the executable graph and the graph, giving back the memory their allocations hold.
+// It is idempotent.
+func (g *Graph) Destroy() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.gone {
+		return nil
+	}
+	g.gone = true
+	var err error
+	if g.x != 0 {
+		err = g.m.drv.GraphExecDestroy(g.m.ctx, g.x)
+	}
+	if derr := g.m.drv.GraphDestroy(g.m.ctx, g.g); err == nil {
+		err = derr
+	}
+	return err
+}

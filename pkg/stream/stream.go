@@ -1,0 +1,349 @@
+// Package stream owns cudacore's streams, events, copies and CUDA graph capture for one device, built so
+// that a mistake during capture cannot wedge a stream.
+//
+// The driver's capture rules (shared/driver-facts.md, measured on an H100) are strict: a synchronous copy
+// while a blocking stream captures fails with 906 and invalidates the capture; a synchronous allocation or
+// a synchronize in GLOBAL or THREAD_LOCAL mode fails with 900; once invalidated, a capture can only be
+// ended (901, no graph). So this package
+//
+//   - tracks every capture in progress in a Registry shared by all devices of the process (GLOBAL mode
+//     reaches across devices), with the mode and the OS thread that began it;
+//   - refuses, before calling the driver, what it knows is illegal, with a CaptureError: a *cuda.Error
+//     whose Result is the code the driver would have returned, whose Op is "cudacore.<operation>" and
+//     whose message names the operation and the fix;
+//   - where the driver still fails with a capture error (900, 901, 906, 907, 908), ends every capture
+//     that the failure invalidated itself (cuStreamEndCapture, destroying any graph), so the streams work
+//     again, and returns a CaptureError naming the first operation that failed; EndCapture of such a
+//     stream returns that error once;
+//   - tells the memory Stack when a stream starts and stops capturing (Stack.SetCapturing), so cached
+//     blocks never get baked into graphs, and counts the allocations made inside each capture.
+//
+// Thread identity matters to the driver (THREAD_LOCAL captures, and GLOBAL/THREAD_LOCAL captures must be
+// ended by the thread that began them): callers that are goroutines must lock their OS thread around a
+// capture. Calls from Python through cgo run on the calling Python thread, which is what the rules mean.
+package stream
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/device"
+	"github.com/cudacore/cudacore/pkg/memory"
+)
+
+// Defaults of Options.
+const (
+	DefaultStagingSize  = 4 << 20 // bytes per pinned staging buffer
+	DefaultStagingCount = 8       // staging buffers per device at most
+)
+
+// Options configure New.
+type Options struct {
+	// Registry tracks captures across devices; one per process. nil makes a private one (tests).
+	Registry *Registry
+	// Memory returns the device's allocator (it can be replaced, hence a func), told about captures
+	// with SetCapturing and about destroyed streams with ReleaseStream. nil: none.
+	Memory func() *memory.Stack
+	// IsPinned reports whether [p, p+n) lies in page-locked host memory (a PinnedBuffer). nil: only the
+	// staging buffers count as pinned.
+	IsPinned func(p uintptr, n int) bool
+	// StagingSize and StagingCount bound the pinned staging pool of pageable asynchronous copies.
+	StagingSize  int
+	StagingCount int
+}
+
+// Manager is the stream/event/copy/graph layer of one device.
+type Manager struct {
+	dev     *device.Device
+	drv     cuda.Driver
+	ctx     cuda.Context
+	reg     *Registry
+	opts    Options
+	legacy  *Stream
+	perTh   *Stream
+	staging *staging
+
+	prioOnce             sync.Once
+	prioLeast, prioGreat int
+	prioErr              error
+
+	syncMu   sync.Mutex
+	syncDone chan error // the device synchronize in flight (SynchronizeDevice with a timeout), or nil
+}
+
+// New returns the Manager of d.
+func New(d *device.Device, opts Options) *Manager {
+	if opts.Registry == nil {
+		opts.Registry = NewRegistry()
+	}
+	if opts.StagingSize <= 0 {
+		opts.StagingSize = DefaultStagingSize
+	}
+	if opts.StagingCount <= 0 {
+		opts.StagingCount = DefaultStagingCount
+	}
+	m := &Manager{dev: d, drv: d.Driver(), ctx: d.Context(), reg: opts.Registry, opts: opts}
+	m.legacy = &Stream{m: m, h: cuda.StreamLegacy, legacy: true}
+	m.perTh = &Stream{m: m, h: cuda.StreamPerThread, perThread: true}
+	m.staging = &staging{m: m, size: opts.StagingSize, max: opts.StagingCount}
+	return m
+}
+
+// Device returns the manager's device.
+func (m *Manager) Device() *device.Device { return m.dev }
+
+// Registry returns the capture registry the manager uses.
+func (m *Manager) Registry() *Registry { return m.reg }
+
+func (m *Manager) memory() *memory.Stack {
+	if m.opts.Memory == nil {
+		return nil
+	}
+	return m.opts.Memory()
+}
+
+func (m *Manager) pinned(b []byte) bool {
+	if len(b) == 0 {
+		return true
+	}
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	if m.staging.owns(p, len(b)) {
+		return true
+	}
+	return m.opts.IsPinned != nil && m.opts.IsPinned(p, len(b))
+}
+
+// Legacy returns the legacy default stream (CU_STREAM_LEGACY), which synchronizes with every blocking
+// stream of the device. It cannot be destroyed or captured.
+func (m *Manager) Legacy() *Stream { return m.legacy }
+
+// PerThread returns the per-thread default stream (CU_STREAM_PER_THREAD): a different stream on every OS
+// thread, blocking with respect to the legacy stream. It cannot be destroyed, and cudacore does not
+// capture it (create a stream to capture).
+func (m *Manager) PerThread() *Stream { return m.perTh }
+
+// PriorityRange returns the device's stream priorities: least (the default, numerically largest) and
+// greatest (numerically smallest).
+func (m *Manager) PriorityRange() (least, greatest int, err error) {
+	m.prioOnce.Do(func() {
+		m.prioLeast, m.prioGreat, m.prioErr = m.drv.CtxStreamPriorityRange(m.ctx)
+	})
+	return m.prioLeast, m.prioGreat, m.prioErr
+}
+
+// Create makes a stream: non-blocking streams do not synchronize with the legacy stream (the usual
+// choice, and the one that keeps synchronous copies legal while they capture). priority is clamped to
+// the device's range (PriorityRange); lower numbers are greater priorities.
+func (m *Manager) Create(nonBlocking bool, priority int) (*Stream, error) {
+	least, great, err := m.PriorityRange()
+	if err != nil {
+		return nil, err
+	}
+	priority = min(max(priority, great), least)
+	flags := cuda.StreamDefault
+	if nonBlocking {
+		flags = cuda.StreamNonBlocking
+	}
+	h, err := m.drv.StreamCreate(m.ctx, flags, priority)
+	if err != nil {
+		return nil, err
+	}
+	return &Stream{m: m, h: h, nonBlocking: nonBlocking, priority: priority}, nil
+}
+
+// Stream is a CUDA stream of a Manager's device. Its methods are safe for concurrent use, though the
+// work of one stream is ordered and a capture belongs to one thread (see the package doc).
+type Stream struct {
+	m           *Manager
+	h           cuda.Stream
+	nonBlocking bool
+	priority    int
+	legacy      bool
+	perThread   bool
+	destroyed   atomic.Bool
+
+	// Guarded by the registry's mutex.
+	cap    *capture    // the capture in progress, or nil
+	failed *cuda.Error // the error that ended the last capture, returned once by EndCapture
+}
+
+// Handle returns the driver's handle.
+func (s *Stream) Handle() cuda.Stream { return s.h }
+
+// Manager returns the stream's manager.
+func (s *Stream) Manager() *Manager { return s.m }
+
+// NonBlocking says whether the stream was created with CU_STREAM_NON_BLOCKING.
+func (s *Stream) NonBlocking() bool { return s.nonBlocking }
+
+// Priority returns the stream's priority, after clamping.
+func (s *Stream) Priority() int { return s.priority }
+
+// IsLegacy says whether s is the legacy default stream.
+func (s *Stream) IsLegacy() bool { return s.legacy }
+
+// blocking says whether the stream synchronizes with the legacy stream.
+func (s *Stream) blocking() bool { return !s.nonBlocking && !s.legacy }
+
+func (s *Stream) String() string {
+	switch {
+	case s.legacy:
+		return fmt.Sprintf("the legacy stream of device %d", s.m.dev.Ordinal())
+	case s.perThread:
+		return fmt.Sprintf("the per-thread default stream of device %d", s.m.dev.Ordinal())
+	}
+	return fmt.Sprintf("stream %#x of device %d", uint64(s.h), s.m.dev.Ordinal())
+}
+
+func (s *Stream) alive(op string) error {
+	if s.destroyed.Load() {
+		return cuda.NewError("cudacore."+op, cuda.ErrorInvalidHandle, fmt.Sprintf("%s was destroyed", s))
+	}
+	return nil
+}
+
+// Destroy ends a capture in progress (discarding it), gives the allocator's cached blocks of the stream
+// back, and destroys the stream. It is idempotent; the default streams are never destroyed.
+func (s *Stream) Destroy() error {
+	if s.legacy || s.perThread || !s.destroyed.CompareAndSwap(false, true) {
+		return nil
+	}
+	s.m.reg.mu.Lock()
+	c := s.cap
+	s.m.reg.mu.Unlock()
+	if c != nil {
+		s.m.abandon(c, nil)
+	}
+	var err error
+	if st := s.m.memory(); st != nil {
+		err = st.ReleaseStream(s.h)
+	}
+	if derr := s.m.drv.StreamDestroy(s.m.ctx, s.h); err == nil {
+		err = derr
+	}
+	return err
+}
+
+// Synchronize waits until the stream has finished its work. It is refused on a capturing stream, and
+// while a GLOBAL capture runs anywhere or a THREAD_LOCAL one on this thread (900).
+func (s *Stream) Synchronize() error {
+	const op = "synchronize"
+	if err := s.alive(op); err != nil {
+		return err
+	}
+	if err := s.m.checkStreamWait(op, s); err != nil {
+		return err
+	}
+	return s.m.after(op, s, s.m.drv.StreamSynchronize(s.m.ctx, s.h))
+}
+
+// Query says whether the stream has finished its work, without waiting. The same rules as Synchronize.
+func (s *Stream) Query() (bool, error) {
+	const op = "query"
+	if err := s.alive(op); err != nil {
+		return false, err
+	}
+	if err := s.m.checkStreamWait(op, s); err != nil {
+		return false, err
+	}
+	err := s.m.drv.StreamQuery(s.m.ctx, s.h)
+	if cuda.ResultOf(err) == cuda.ErrorNotReady {
+		return false, nil
+	}
+	return err == nil, s.m.after(op, s, err)
+}
+
+// Wait waits at most timeout for the stream to finish and says whether it has: the building block of
+// interruptible waits (Python polls it in slices, so Ctrl-C lands between them). It polls cuStreamQuery
+// with a backoff from 10 µs to 1 ms.
+func (s *Stream) Wait(timeout time.Duration) (bool, error) {
+	return poll(timeout, s.Query)
+}
+
+// poll calls query until it reports done, fails, or timeout passes.
+func poll(timeout time.Duration, query func() (bool, error)) (bool, error) {
+	deadline := time.Now().Add(timeout)
+	backoff := 10 * time.Microsecond
+	for {
+		done, err := query()
+		if done || err != nil {
+			return done, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false, nil
+		}
+		time.Sleep(min(backoff, left))
+		backoff = min(2*backoff, time.Millisecond)
+	}
+}
+
+// WaitEvent makes later work on s wait for the work e recorded (cuStreamWaitEvent); it does not block
+// the host.
+func (s *Stream) WaitEvent(e *Event) error {
+	const op = "wait_event"
+	if err := s.alive(op); err != nil {
+		return err
+	}
+	if err := e.alive(op); err != nil {
+		return err
+	}
+	if err := s.m.sameDevice(op, e.m); err != nil {
+		return err
+	}
+	if err := s.m.checkEnqueue(op, s); err != nil {
+		return err
+	}
+	return s.m.after(op, s, s.m.drv.StreamWaitEvent(s.m.ctx, s.h, e.h))
+}
+
+// Record records e on s (cuEventRecord) and returns e.
+func (s *Stream) Record(e *Event) error { return e.Record(s) }
+
+// SynchronizeDevice waits for all work of the device (cuCtxSynchronize). It is refused while a stream of
+// the device captures, or while unsafe calls are forbidden on this thread (900). timeout <= 0 waits
+// without limit; otherwise it returns after at most timeout whether the device is done, leaving the wait
+// running in the background, so a later call picks it up (Python's interruptible Device.synchronize).
+func (m *Manager) SynchronizeDevice(timeout time.Duration) (bool, error) {
+	const op = "device_synchronize"
+	if err := m.checkDeviceSync(op); err != nil {
+		return false, err
+	}
+	if timeout <= 0 {
+		return true, m.after(op, nil, m.drv.CtxSynchronize(m.ctx))
+	}
+	m.syncMu.Lock()
+	ch := m.syncDone
+	if ch == nil {
+		ch = make(chan error, 1)
+		m.syncDone = ch
+		go func() { ch <- m.drv.CtxSynchronize(m.ctx) }()
+	}
+	m.syncMu.Unlock()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case err := <-ch:
+		m.syncMu.Lock()
+		m.syncDone = nil
+		m.syncMu.Unlock()
+		return err == nil, m.after(op, nil, err)
+	case <-t.C:
+		return false, nil
+	}
+}
+
+func (m *Manager) sameDevice(op string, o *Manager) error {
+	if o != m {
+		return cuda.NewError("cudacore."+op, cuda.ErrorInvalidValue, fmt.Sprintf(
+			"the objects belong to different devices (%d and %d); use a stream and event of one device", m.dev.Ordinal(), o.dev.Ordinal()))
+	}
+	return nil
+}
+
+func gettid() int { return syscall.Gettid() }

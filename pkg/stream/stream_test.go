@@ -1,0 +1,509 @@
+package stream
+
+import (
+	"bytes"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/cudasim"
+	"github.com/cudacore/cudacore/pkg/device"
+	"github.com/cudacore/cudacore/pkg/memory"
+)
+
+type env struct {
+	drv   *cudasim.Driver
+	dev   *device.Device
+	stack *memory.Stack
+	m     *Manager
+	pins  map[uintptr]int
+	mu    sync.Mutex
+}
+
+// newEnv opens device 0 of a fresh simulator with an allocator stack and a Manager whose staging
+// buffers are small, so that copies span several of them.
+func newEnv(t *testing.T, cfgs ...cudasim.DeviceConfig) *env {
+	t.Helper()
+	var opts []cudasim.Option
+	if len(cfgs) > 0 {
+		opts = append(opts, cudasim.WithDevices(cfgs...))
+	}
+	e := &env{drv: cudasim.New(opts...), pins: map[uintptr]int{}}
+	d, err := device.Open(e.drv, 0, "")
+	require.NoError(t, err)
+	e.dev = d
+	e.stack, err = memory.NewStack(d, memory.StackOptions{})
+	require.NoError(t, err)
+	e.m = New(d, Options{
+		Memory:       func() *memory.Stack { return e.stack },
+		StagingSize:  4096,
+		StagingCount: 2,
+		IsPinned: func(p uintptr, n int) bool {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			for base, size := range e.pins {
+				if p >= base && p+uintptr(n) <= base+uintptr(size) {
+					return true
+				}
+			}
+			return false
+		},
+	})
+	t.Cleanup(func() {
+		assert.NoError(t, e.m.Close())
+		_ = e.stack.Close()
+		_ = d.Close()
+	})
+	return e
+}
+
+func (e *env) pinned(t *testing.T, n int) []byte {
+	t.Helper()
+	b, err := e.drv.MemHostAlloc(e.dev.Context(), uint64(n), 0)
+	require.NoError(t, err)
+	e.mu.Lock()
+	e.pins[uintptr(unsafe.Pointer(&b[0]))] = n
+	e.mu.Unlock()
+	t.Cleanup(func() { _ = e.drv.MemFreeHost(e.dev.Context(), b) })
+	return b
+}
+
+func (e *env) alloc(t *testing.T, n int) cuda.DevicePtr {
+	t.Helper()
+	p, err := e.drv.MemAlloc(e.dev.Context(), uint64(n))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.drv.MemFree(e.dev.Context(), p) })
+	return p
+}
+
+func (e *env) stream(t *testing.T, nonBlocking bool) *Stream {
+	t.Helper()
+	s, err := e.m.Create(nonBlocking, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, s.Destroy()) })
+	return s
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7) ^ seed
+	}
+	return b
+}
+
+func requireResult(t *testing.T, want cuda.Result, err error, msgAndArgs ...any) {
+	t.Helper()
+	require.Error(t, err, msgAndArgs...)
+	assert.Equal(t, want, cuda.ResultOf(err), append([]any{"%v"}, err)...)
+}
+
+var modes = []cuda.CaptureMode{cuda.CaptureModeGlobal, cuda.CaptureModeThreadLocal, cuda.CaptureModeRelaxed}
+
+func TestCreatePriorityClamped(t *testing.T) {
+	e := newEnv(t)
+	least, great, err := e.m.PriorityRange()
+	require.NoError(t, err)
+	for _, tc := range []struct{ in, want int }{{0, 0}, {-3, -3}, {10, least}, {-100, great}} {
+		s, err := e.m.Create(true, tc.in)
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, s.Priority(), "priority %d", tc.in)
+		require.NoError(t, s.Destroy())
+		require.NoError(t, s.Destroy(), "idempotent")
+		requireResult(t, cuda.ErrorInvalidHandle, s.Synchronize())
+	}
+	assert.NoError(t, e.m.Legacy().Destroy(), "the default streams are never destroyed")
+	assert.NoError(t, e.m.PerThread().Synchronize())
+}
+
+func TestCopiesSyncAndAsync(t *testing.T) {
+	e := newEnv(t)
+	const n = 3*4096 + 100 // spans several staging buffers
+	a, b := e.alloc(t, n), e.alloc(t, n)
+	s := e.stream(t, true)
+	for _, tc := range []struct {
+		name   string
+		stream *Stream
+		pinned bool
+	}{{"sync pageable", nil, false}, {"sync pinned", nil, true}, {"async pageable", s, false}, {"async pinned", s, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			src, dst := pattern(n, 0x5a), make([]byte, n)
+			if tc.pinned {
+				p, q := e.pinned(t, n), e.pinned(t, n)
+				copy(p, src)
+				src, dst = p, q
+			}
+			want := bytes.Clone(src)
+			require.NoError(t, e.m.CopyHtoD(a, src, tc.stream))
+			require.NoError(t, e.m.CopyDtoD(b, a, n, tc.stream))
+			require.NoError(t, e.m.CopyDtoH(dst, b, tc.stream))
+			if tc.stream != nil {
+				require.NoError(t, tc.stream.Synchronize())
+			}
+			assert.True(t, bytes.Equal(want, dst))
+		})
+	}
+	allocated, _ := e.m.StagingStats()
+	assert.LessOrEqual(t, allocated, 2, "the staging pool stays bounded")
+}
+
+func TestCaptureReplay(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	e := newEnv(t)
+	const n = 8192
+	in, out := e.pinned(t, n), e.pinned(t, n)
+	a, b := e.alloc(t, n), e.alloc(t, n)
+	s := e.stream(t, false)
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeThreadLocal))
+	assert.True(t, s.Capturing())
+	require.NoError(t, e.m.CopyHtoD(a, in, s))
+	require.NoError(t, e.m.CopyDtoD(b, a, n, s))
+	require.NoError(t, e.m.CopyDtoH(out, b, s))
+	g, err := s.EndCapture()
+	require.NoError(t, err)
+	assert.False(t, s.Capturing())
+	assert.Equal(t, 3, g.NodeCount())
+	require.NoError(t, g.Upload(s))
+	for i := range 200 {
+		want := pattern(n, byte(i))
+		copy(in, want)
+		require.NoError(t, g.Launch(s))
+		require.NoError(t, s.Synchronize())
+		require.True(t, bytes.Equal(want, out), "launch %d", i)
+	}
+	// Update from an identical capture.
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeThreadLocal))
+	require.NoError(t, e.m.CopyHtoD(a, in, s))
+	require.NoError(t, e.m.CopyDtoD(b, a, n, s))
+	require.NoError(t, e.m.CopyDtoH(out, b, s))
+	g2, err := s.EndCapture()
+	require.NoError(t, err)
+	require.NoError(t, g.Update(g2))
+	require.NoError(t, g2.Destroy())
+	requireResult(t, cuda.ErrorInvalidHandle, g.Update(g2), "update from a destroyed graph")
+
+	require.NoError(t, g.Destroy())
+	require.NoError(t, g.Destroy(), "idempotent")
+	requireResult(t, cuda.ErrorInvalidHandle, g.Launch(s), "launch after destroy never reaches the driver")
+	requireResult(t, cuda.ErrorInvalidHandle, g.Upload(s))
+}
+
+// TestIllegalDuringCapture runs every operation that capture forbids, in every mode, on a blocking
+// capturing stream: each is refused with its CaptureError before the driver sees it (or allowed where
+// the mode allows it), and afterwards the capture still ends with a graph and the stream works.
+func TestIllegalDuringCapture(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	type op struct {
+		name    string
+		want    cuda.Result // Success: allowed
+		relaxed cuda.Result // in RELAXED mode
+		run     func(e *env, s, other *Stream, pin, page []byte, p cuda.DevicePtr) error
+	}
+	ops := []op{
+		{"sync DtoH", cuda.ErrorStreamCaptureImplicit, cuda.ErrorStreamCaptureImplicit, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
+			return e.m.CopyDtoH(page, p, nil)
+		}},
+		{"sync HtoD", cuda.ErrorStreamCaptureImplicit, cuda.ErrorStreamCaptureImplicit, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
+			return e.m.CopyHtoD(p, pin, nil)
+		}},
+		{"sync DtoD", cuda.ErrorStreamCaptureImplicit, cuda.ErrorStreamCaptureImplicit, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
+			return e.m.CopyDtoD(p, p, 16, nil)
+		}},
+		{"pageable async HtoD", cuda.ErrorStreamCaptureUnsupported, cuda.ErrorStreamCaptureUnsupported, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
+			return e.m.CopyHtoD(p, page, s)
+		}},
+		{"pageable async DtoH", cuda.ErrorStreamCaptureUnsupported, cuda.ErrorStreamCaptureUnsupported, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
+			return e.m.CopyDtoH(page, p, s)
+		}},
+		{"synchronize the capturing stream", cuda.ErrorStreamCaptureUnsupported, cuda.ErrorStreamCaptureUnsupported, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
+			return s.Synchronize()
+		}},
+		{"query the capturing stream", cuda.ErrorStreamCaptureUnsupported, cuda.ErrorStreamCaptureUnsupported, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
+			_, err := s.Query()
+			return err
+		}},
+		{"synchronize another stream", cuda.ErrorStreamCaptureUnsupported, cuda.Success, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
+			return o.Synchronize()
+		}},
+		{"synchronize the legacy stream", cuda.ErrorStreamCaptureImplicit, cuda.ErrorStreamCaptureImplicit, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
+			return e.m.Legacy().Synchronize()
+		}},
+		{"synchronize the device", cuda.ErrorStreamCaptureUnsupported, cuda.ErrorStreamCaptureUnsupported, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
+			_, err := e.m.SynchronizeDevice(0)
+			return err
+		}},
+		{"record on the legacy stream", cuda.ErrorStreamCaptureImplicit, cuda.ErrorStreamCaptureImplicit, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
+			ev, err := e.m.NewEvent(false)
+			if err != nil {
+				return err
+			}
+			defer ev.Destroy()
+			return ev.Record(nil)
+		}},
+		{"wait on an event recorded in the capture", cuda.ErrorCapturedEvent, cuda.ErrorCapturedEvent, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
+			ev, err := e.m.NewEvent(true)
+			if err != nil {
+				return err
+			}
+			defer ev.Destroy()
+			if err := ev.Record(s); err != nil {
+				return err
+			}
+			return ev.Synchronize()
+		}},
+		{"allocate on the legacy stream", cuda.ErrorStreamCaptureImplicit, cuda.ErrorStreamCaptureImplicit, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
+			return e.m.CheckAllocate(cuda.StreamLegacy)
+		}},
+		{"pinned async copies", cuda.Success, cuda.Success, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
+			if err := e.m.CopyHtoD(p, pin, s); err != nil {
+				return err
+			}
+			return e.m.CopyDtoH(pin, p, s)
+		}},
+	}
+	for _, mode := range modes {
+		for _, o := range ops {
+			t.Run(ModeName(mode)+"/"+o.name, func(t *testing.T) {
+				e := newEnv(t)
+				s, other := e.stream(t, false), e.stream(t, true)
+				pin, page := e.pinned(t, 4096), make([]byte, 4096)
+				p := e.alloc(t, 4096)
+				require.NoError(t, s.BeginCapture(mode))
+				err := o.run(e, s, other, pin, page, p)
+				want := o.want
+				if mode == cuda.CaptureModeRelaxed {
+					want = o.relaxed
+				}
+				if want == cuda.Success {
+					require.NoError(t, err)
+				} else {
+					requireResult(t, want, err)
+					assert.ErrorIs(t, err, cuda.ErrCapture)
+					var ce *cuda.Error
+					require.ErrorAs(t, err, &ce)
+					assert.Contains(t, ce.Op, "cudacore.")
+					assert.NotEmpty(t, ce.Msg)
+				}
+				assert.True(t, s.Capturing(), "refused before the driver: the capture goes on")
+				g, err := s.EndCapture()
+				require.NoError(t, err, "the capture was never invalidated")
+				require.NoError(t, g.Destroy())
+				// The stream works again.
+				require.NoError(t, e.m.CopyHtoD(p, pattern(4096, 3), s))
+				require.NoError(t, e.m.CopyDtoH(page, p, s))
+				require.NoError(t, s.Synchronize())
+				assert.Equal(t, pattern(4096, 3), page)
+			})
+		}
+	}
+}
+
+// TestDriverFailureEndsCapture: where the driver itself fails with a capture error, cudacore ends the
+// capture, the stream works again, and EndCapture reports the first failing operation.
+func TestDriverFailureEndsCapture(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for _, code := range []cuda.Result{cuda.ErrorStreamCaptureImplicit, cuda.ErrorStreamCaptureUnsupported, cuda.ErrorStreamCaptureInvalidated} {
+		for _, mode := range modes {
+			t.Run(ModeName(mode)+"/"+code.String(), func(t *testing.T) {
+				e := newEnv(t)
+				s := e.stream(t, true)
+				pin := e.pinned(t, 4096)
+				p := e.alloc(t, 4096)
+				require.NoError(t, s.BeginCapture(mode))
+				require.NoError(t, e.m.CopyHtoD(p, pin, s))
+				e.drv.InjectFault("cuMemcpyDtoDAsync_v2", 1, code)
+				err := e.m.CopyDtoD(p, p, 16, s)
+				requireResult(t, code, err)
+				assert.Contains(t, err.Error(), "ended the capture")
+				assert.False(t, s.Capturing())
+				require.NoError(t, e.m.CopyHtoD(p, pin, s), "the stream works again")
+				_, err = s.EndCapture()
+				requireResult(t, code, err)
+				assert.Contains(t, err.Error(), "first failing operation, copy")
+				_, err = s.EndCapture()
+				requireResult(t, cuda.ErrorIllegalState, err, "the failure is reported once")
+				require.NoError(t, s.Synchronize())
+				assert.Zero(t, e.m.Registry().Active())
+			})
+		}
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	e := newEnv(t)
+	requireResult(t, cuda.ErrorStreamCaptureUnsupported, e.m.Legacy().BeginCapture(cuda.CaptureModeGlobal))
+	requireResult(t, cuda.ErrorStreamCaptureUnsupported, e.m.PerThread().BeginCapture(cuda.CaptureModeGlobal))
+	s := e.stream(t, true)
+	_, err := s.EndCapture()
+	requireResult(t, cuda.ErrorIllegalState, err, "ending a capture never begun")
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeRelaxed))
+	requireResult(t, cuda.ErrorIllegalState, s.BeginCapture(cuda.CaptureModeRelaxed))
+	require.NoError(t, s.AbortCapture())
+	assert.False(t, s.Capturing())
+	_, err = ParseMode("bogus")
+	requireResult(t, cuda.ErrorInvalidValue, err)
+
+	// A capture destroyed with its stream leaves nothing registered.
+	s2, err := e.m.Create(false, 0)
+	require.NoError(t, err)
+	require.NoError(t, s2.BeginCapture(cuda.CaptureModeGlobal))
+	require.NoError(t, s2.Destroy())
+	assert.Zero(t, e.m.Registry().Active())
+	require.NoError(t, e.m.Legacy().Synchronize())
+}
+
+func TestEndCaptureWrongThread(t *testing.T) {
+	e := newEnv(t)
+	s := e.stream(t, true)
+	began, done := make(chan struct{}), make(chan struct{})
+	defer close(done)
+	go func() {
+		runtime.LockOSThread() // held until done, so this OS thread is not the test's
+		defer runtime.UnlockOSThread()
+		assert.NoError(t, s.BeginCapture(cuda.CaptureModeThreadLocal))
+		close(began)
+		<-done
+	}()
+	<-began
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	_, err := s.EndCapture()
+	requireResult(t, cuda.ErrorStreamCaptureWrongThread, err)
+	assert.True(t, s.Capturing())
+	require.NoError(t, s.AbortCapture())
+}
+
+func TestTwoCapturesAtOnce(t *testing.T) {
+	e := newEnv(t)
+	const n = 4096
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			s, err := e.m.Create(true, 0)
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer s.Destroy()
+			in, out := e.pinned(t, n), e.pinned(t, n)
+			p := e.alloc(t, n)
+			if !assert.NoError(t, s.BeginCapture(cuda.CaptureModeThreadLocal)) {
+				return
+			}
+			assert.NoError(t, e.m.CopyHtoD(p, in, s))
+			assert.NoError(t, e.m.CopyDtoH(out, p, s))
+			g, err := s.EndCapture()
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer g.Destroy()
+			for r := range 20 {
+				want := pattern(n, byte(16*i+r))
+				copy(in, want)
+				assert.NoError(t, g.Launch(s))
+				assert.NoError(t, s.Synchronize())
+				assert.Equal(t, want, out)
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Zero(t, e.m.Registry().Active())
+}
+
+func TestAllocationInCapture(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	e := newEnv(t)
+	s := e.stream(t, true)
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeThreadLocal))
+	for _, size := range []uint64{1 << 20, 3 << 20} {
+		require.NoError(t, e.m.CheckAllocate(s.Handle()))
+		p, err := e.stack.Allocate(size, s.Handle())
+		require.NoError(t, err)
+		e.m.NoteAllocate(s.Handle(), size)
+		require.NoError(t, e.m.CopyDtoD(p, p, 16, s))
+	}
+	g, err := s.EndCapture()
+	require.NoError(t, err)
+	assert.Equal(t, uint64(4<<20), g.MemoryHeld())
+	assert.Equal(t, 2, g.Allocations())
+	assert.GreaterOrEqual(t, g.NodeCount(), 4, "allocation nodes and copies")
+	require.NoError(t, g.Destroy())
+}
+
+func TestSyncStrategyRefusesAllocationInCapture(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cfg := cudasim.H100()
+	cfg.MemoryPoolsSupported = false
+	e := newEnv(t, cfg)
+	require.Equal(t, device.StrategySync, e.dev.Strategy())
+	for _, mode := range modes {
+		s := e.stream(t, true)
+		require.NoError(t, s.BeginCapture(mode))
+		err := e.m.CheckAllocate(s.Handle())
+		requireResult(t, cuda.ErrorStreamCaptureUnsupported, err)
+		assert.Contains(t, err.Error(), "allocate before capture")
+		err = e.m.CheckAllocate(0)
+		if mode == cuda.CaptureModeRelaxed {
+			assert.NoError(t, err, "relaxed captures allow synchronous allocation elsewhere")
+		} else {
+			requireResult(t, cuda.ErrorStreamCaptureUnsupported, err)
+		}
+		require.NoError(t, s.AbortCapture())
+	}
+	assert.NoError(t, e.m.CheckAllocate(0))
+}
+
+func TestEvents(t *testing.T) {
+	e := newEnv(t)
+	s := e.stream(t, true)
+	a, err := e.m.NewEvent(true)
+	require.NoError(t, err)
+	defer a.Destroy()
+	b, err := e.m.NewEvent(true)
+	require.NoError(t, err)
+	defer b.Destroy()
+	_, err = b.ElapsedTime(a)
+	requireResult(t, cuda.ErrorInvalidHandle, err, "not recorded")
+	require.NoError(t, s.Record(a))
+	time.Sleep(2 * time.Millisecond)
+	require.NoError(t, s.Record(b))
+	require.NoError(t, b.Synchronize())
+	done, err := b.Query()
+	require.NoError(t, err)
+	assert.True(t, done)
+	ms, err := b.ElapsedTime(a)
+	require.NoError(t, err)
+	assert.Greater(t, ms, float32(1))
+	other := e.stream(t, true)
+	require.NoError(t, other.WaitEvent(b))
+	ok, err := other.Wait(50 * time.Millisecond)
+	require.NoError(t, err)
+	assert.True(t, ok)
+	nt, err := e.m.NewEvent(false)
+	require.NoError(t, err)
+	require.NoError(t, nt.Record(s))
+	_, err = nt.ElapsedTime(a)
+	requireResult(t, cuda.ErrorInvalidHandle, err, "no timing")
+	require.NoError(t, nt.Destroy())
+	require.NoError(t, nt.Destroy())
+	requireResult(t, cuda.ErrorInvalidHandle, nt.Record(s))
+	done, err = e.m.SynchronizeDevice(50 * time.Millisecond)
+	require.NoError(t, err)
+	assert.True(t, done)
+}
