@@ -33,7 +33,9 @@ func (m *Manager) newGraph(g cuda.Graph, c *capture) (*Graph, error) {
 	return &Graph{m: m, g: g, nodes: n, allocs: allocs, bytes: bytes}, nil
 }
 
-func (g *Graph) String() string { return fmt.Sprintf("graph %#x of device %d", uint64(g.g), g.m.dev.Ordinal()) }
+func (g *Graph) String() string {
+	return fmt.Sprintf("graph %#x of device %d", uint64(g.g), g.m.dev.Ordinal())
+}
 
 // Manager returns the graph's manager.
 func (g *Graph) Manager() *Manager { return g.m }
@@ -43,7 +45,7 @@ func (g *Graph) NodeCount() int { return g.nodes }
 
 // Allocations returns how many allocations were made on the stream during the capture (graph memory
 // nodes), and MemoryHeld their bytes as requested: the memory the graph's allocations hold.
-func (g *Graph) Allocations() int  { return g.allocs }
+func (g *Graph) Allocations() int   { return g.allocs }
 func (g *Graph) MemoryHeld() uint64 { return g.bytes }
 
 // Destroyed says whether Destroy was called.
