@@ -50,9 +50,20 @@ func cudacore_fast_alloc(ordinal, size C.int64_t, stream C.uint64_t, out *C.uint
 	if err != nil {
 		return wire(err)
 	}
+	// While a stream captures, the capture rules apply (pkg/stream): refuse what would invalidate it,
+	// and count allocations on a capturing stream into its graph. One atomic load otherwise.
+	capturing := process.Capturing()
+	if capturing {
+		if err := d.Streams().CheckAllocate(cuda.Stream(stream)); err != nil {
+			return wire(err)
+		}
+	}
 	p, err := d.Memory().Allocate(uint64(size), cuda.Stream(stream))
 	if err != nil {
 		return wire(err)
+	}
+	if capturing {
+		d.Streams().NoteAllocate(cuda.Stream(stream), uint64(size))
 	}
 	*out = C.uint64_t(p)
 	return nil

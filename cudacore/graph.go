@@ -1,0 +1,127 @@
+package cudacore
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/stream"
+)
+
+// Graphs are named by numbers of ours (StreamEndCapture returns one). GraphDestroy removes the number,
+// so a later use of it is an InvalidHandle error made here: the driver never sees a destroyed graph's
+// handle (the real driver may crash on one).
+
+func graphOf(op string, id int) (*stream.Graph, error) {
+	g, ok := graphs.get(id)
+	if !ok {
+		return nil, cuda.NewError(op, cuda.ErrorInvalidHandle, fmt.Sprintf(
+			"graph %d was destroyed (or never existed); capture it again", id))
+	}
+	return g, nil
+}
+
+// graphStream resolves the stream a graph runs on: a stream of the graph's device.
+func graphStream(op string, g *stream.Graph, ordinal, handle int) (*stream.Stream, error) {
+	if ordinal != g.Manager().Device().Ordinal() {
+		return nil, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf(
+			"%s belongs to device %d, not device %d; launch it on a stream of its device", g, g.Manager().Device().Ordinal(), ordinal))
+	}
+	_, s, err := streamOf(op, ordinal, handle)
+	return s, err
+}
+
+// GraphInstantiate makes the graph's executable graph (which can take a while for large graphs); it
+// returns 0.
+//
+//cudacore:gil release
+func GraphInstantiate(id int) (int, error) {
+	return guard("cudacore.graph_instantiate", func() (int, error) {
+		g, err := graphOf("cudacore.graph_instantiate", id)
+		if err != nil {
+			return 0, err
+		}
+		return 0, g.Instantiate()
+	})
+}
+
+// GraphUpload uploads the graph to the device on a stream; it returns 0.
+//
+//cudacore:gil hold
+func GraphUpload(id, ordinal, streamHandle int) (int, error) {
+	return guard("cudacore.graph_upload", func() (int, error) {
+		g, err := graphOf("cudacore.graph_upload", id)
+		if err != nil {
+			return 0, err
+		}
+		s, err := graphStream("cudacore.graph_upload", g, ordinal, streamHandle)
+		if err != nil {
+			return 0, err
+		}
+		return 0, g.Upload(s)
+	})
+}
+
+// GraphLaunch launches the graph on a stream; it returns 0.
+//
+//cudacore:gil hold
+func GraphLaunch(id, ordinal, streamHandle int) (int, error) {
+	return guard("cudacore.graph_launch", func() (int, error) {
+		g, err := graphOf("cudacore.graph_launch", id)
+		if err != nil {
+			return 0, err
+		}
+		s, err := graphStream("cudacore.graph_launch", g, ordinal, streamHandle)
+		if err != nil {
+			return 0, err
+		}
+		return 0, g.Launch(s)
+	})
+}
+
+// GraphUpdate updates graph id's executable graph with the parameters of graph other, of the same
+// topology; it returns 0.
+//
+//cudacore:gil release
+func GraphUpdate(id, other int) (int, error) {
+	return guard("cudacore.graph_update", func() (int, error) {
+		g, err := graphOf("cudacore.graph_update", id)
+		if err != nil {
+			return 0, err
+		}
+		o, err := graphOf("cudacore.graph_update", other)
+		if err != nil {
+			return 0, err
+		}
+		return 0, g.Update(o)
+	})
+}
+
+// GraphDestroy destroys the graph and forgets its number (doing nothing if it is gone already); it
+// returns 0.
+//
+//cudacore:gil hold
+func GraphDestroy(id int) (int, error) {
+	return guard("cudacore.graph_destroy", func() (int, error) {
+		g, ok := graphs.remove(id)
+		if !ok {
+			return 0, nil
+		}
+		return 0, g.Destroy()
+	})
+}
+
+// GraphInfo returns JSON {device, node_count, allocations, memory_held, instantiated}.
+//
+//cudacore:gil hold
+func GraphInfo(id int) (string, error) {
+	return guard("cudacore.graph_info", func() (string, error) {
+		g, err := graphOf("cudacore.graph_info", id)
+		if err != nil {
+			return "", err
+		}
+		b, err := json.Marshal(map[string]any{"device": g.Manager().Device().Ordinal(), "node_count": g.NodeCount(),
+			"allocations": g.Allocations(), "memory_held": g.MemoryHeld(), "instantiated": g.Instantiated()})
+		return string(b), err
+	})
+}

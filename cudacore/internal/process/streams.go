@@ -1,0 +1,54 @@
+package process
+
+import (
+	"sync"
+
+	"github.com/cudacore/cudacore/pkg/memory"
+	"github.com/cudacore/cudacore/pkg/stream"
+)
+
+// captures is the process's capture registry: one for all devices, since a GLOBAL capture on one device
+// forbids unsafe calls on every other.
+var captures = stream.NewRegistry()
+
+var streamManagers sync.Map // ordinal -> *stream.Manager
+
+// Capturing says whether any stream of the process is capturing: one atomic load, for hot paths.
+func Capturing() bool { return captures.Active() > 0 }
+
+// ActiveCaptures returns how many captures are in progress in the process.
+func ActiveCaptures() int { return captures.Active() }
+
+// Streams returns the device's stream/event/copy/graph manager, made on first use.
+func (d *Device) Streams() *stream.Manager {
+	if m, ok := streamManagers.Load(d.Ordinal()); ok {
+		return m.(*stream.Manager)
+	}
+	m := stream.New(d.Device, stream.Options{
+		Registry: captures,
+		Memory:   func() *memory.Stack { return d.Memory() },
+		IsPinned: IsPinned,
+	})
+	actual, _ := streamManagers.LoadOrStore(d.Ordinal(), m)
+	return actual.(*stream.Manager)
+}
+
+// IsPinned says whether [p, p+n) lies inside one live pinned allocation made through AllocPinned on any
+// device (with unified addressing, which every
+// device cudacore supports has, pinned memory is usable from every context).
+func IsPinned(p uintptr, n int) bool {
+	found := false
+	pinned.Range(func(_, v any) bool {
+		t := v.(*pinnedTable)
+		t.mu.Lock()
+		for base, b := range t.live {
+			if p >= base && p+uintptr(n) <= base+uintptr(len(b)) {
+				found = true
+				break
+			}
+		}
+		t.mu.Unlock()
+		return !found
+	})
+	return found
+}
