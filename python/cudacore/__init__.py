@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from ._device import Device, backend, device_count, devices, driver_version
 from ._memory import Buffer, PinnedBuffer
+from ._stream import Event, Graph, Stream
+from ._copy import device_to_device
 from ._errors import (
     CaptureError,
     CUDAError,
@@ -55,6 +57,8 @@ __all__ = [
     "Device",
     "DeviceFaultError",
     "DriverNotFoundError",
+    "Event",
+    "Graph",
     "IllegalStateError",
     "InvalidHandleError",
     "InvalidImageError",
@@ -71,8 +75,10 @@ __all__ = [
     "NotReadyError",
     "NotSupportedError",
     "OutOfMemoryError",
+    "Stream",
     "backend",
     "device_count",
+    "device_to_device",
     "devices",
     "driver_version",
     "float16",

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ._limits import Limits
     from ._memory import Buffer, PinnedBuffer
     from ._module import ImageLike, Module
+    from ._stream import Stream
 
 __all__ = ["Device", "devices", "device_count", "driver_version", "backend"]
 
@@ -191,6 +192,35 @@ class Device:
         from ._module import load_module
 
         return load_module(self, image)
+
+    # -- streams ----------------------------------------------------------------------------------------
+
+    def create_stream(self, non_blocking: bool = True, priority: int = 0) -> Stream:
+        """A new :class:`cudacore.Stream` on this device.
+
+        Parameters
+        ----------
+        non_blocking : bool
+            True (the default): the stream does not synchronize with the legacy default stream.
+        priority : int
+            Lower is greater; clamped to the device's range.
+        """
+        from ._stream import Stream
+
+        return Stream(self, non_blocking=non_blocking, priority=priority)
+
+    def synchronize(self) -> None:
+        """Wait for all work on this device. Other threads run meanwhile; Ctrl-C stops the wait.
+
+        Raises
+        ------
+        CaptureError
+            While a stream of this device captures (the driver's error 900).
+        """
+        from ._stream import WAIT_SLICE_MS
+
+        while not call(core.DeviceSynchronize, self._ordinal, WAIT_SLICE_MS):
+            pass
 
     # -- memory -----------------------------------------------------------------------------------------
 

@@ -1,0 +1,146 @@
+"""Copies between host memory and device buffers (``Buffer.copy_from`` / ``Buffer.copy_to`` land here).
+
+Host memory is anything with the buffer protocol (bytes, bytearray, memoryview, array.array, numpy
+arrays: C-contiguous) or a :class:`PinnedBuffer`. With ``stream=None`` a copy is synchronous; with a
+stream it is ordered on that stream:
+
+- pinned memory (a PinnedBuffer, or a numpy view of one) is copied by the GPU's DMA engines while the call
+  returns at once: keep the host memory alive and unchanged until the stream has passed the copy;
+- pageable memory is staged through cudacore's pinned buffers, so a host-to-device copy returns once the
+  data is staged (the memory may be reused at once), and a device-to-host copy returns when the data has
+  arrived. Inside a capture only pinned memory is allowed (the graph keeps the host address).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from ._api import call, core
+from ._errors import InvalidHandleError, InvalidValueError
+from ._memory import Buffer, PinnedBuffer, stream_handle
+
+__all__ = ["host_to_device", "device_to_host", "device_to_device", "host_view"]
+
+#: Asynchronous copies up to this size keep the GIL (they only enqueue work); larger ones release it.
+HELD_MAX = 64 << 10
+
+#: The stream argument of the Go copy functions that means "synchronous".
+SYNC = -1
+
+
+def _invalid(message: str, op: str) -> InvalidValueError:
+    return InvalidValueError(message, code=1, name="CUDA_ERROR_INVALID_VALUE", op=op)
+
+
+def host_view(host: Any, writable: bool, op: str) -> tuple[int, int, Any]:
+    """``(address, nbytes, keepalive)`` of host memory; keep ``keepalive`` referenced while the address is used."""
+    if isinstance(host, PinnedBuffer):
+        return host.ptr, host.size, host  # .ptr raises InvalidHandleError once closed
+    if isinstance(host, Buffer):
+        raise TypeError(f"{op}: the host side is a device Buffer; use cudacore.device_to_device(dst, src, stream) for device copies")
+    if not isinstance(host, memoryview):
+        ai = getattr(host, "__array_interface__", None)
+        if isinstance(ai, dict) and "data" in ai:
+            flags = getattr(host, "flags", None)
+            if flags is not None and not flags["C_CONTIGUOUS"]:
+                raise _invalid(f"{op}: the host array must be C-contiguous (use numpy.ascontiguousarray)", op)
+            addr, readonly = ai["data"]
+            if writable and readonly:
+                raise _invalid(f"{op}: the host array is read-only; copy into a writable array", op)
+            return int(addr or 0), int(host.nbytes), host
+    try:
+        mv = memoryview(host)
+    except TypeError:
+        raise TypeError(
+            f"{op}: host memory must support the buffer protocol (bytes, bytearray, memoryview, numpy) "
+            f"or be a PinnedBuffer, not {type(host).__name__}"
+        ) from None
+    if not mv.c_contiguous:
+        raise _invalid(f"{op}: the host buffer must be C-contiguous", op)
+    nbytes = mv.nbytes
+    if nbytes == 0:
+        return 0, 0, mv
+    if mv.readonly:
+        if writable:
+            raise _invalid(f"{op}: the host buffer ({type(host).__name__}) is read-only; copy into a bytearray, numpy array or PinnedBuffer", op)
+        if type(host) is bytes:
+            # bytes hand ctypes a pointer to their own storage, without a copy.
+            return ctypes.cast(ctypes.c_char_p(host), ctypes.c_void_p).value or 0, nbytes, host
+        tmp = bytearray(mv)  # any other read-only exporter: one copy, fine for a source
+        return ctypes.addressof(ctypes.c_char.from_buffer(tmp)), nbytes, tmp
+    view = ctypes.c_char.from_buffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv)
+    return ctypes.addressof(view), nbytes, (mv, view)
+
+
+def _check_buffer(buf: Any, what: str, op: str) -> None:
+    if not isinstance(buf, Buffer):
+        raise TypeError(f"{op}: {what} must be a cudacore Buffer, not {type(buf).__name__}")
+    if buf.closed:
+        raise InvalidHandleError(f"{op}: the {what} buffer was closed", code=400, name="CUDA_ERROR_INVALID_HANDLE", op=op)
+
+
+def _stream_arg(buf: Buffer, stream: object, op: str) -> int:
+    if stream is None:
+        return SYNC
+    dev = getattr(stream, "device", None)
+    if dev is not None and getattr(dev, "device_id", buf.device_id) != buf.device_id:
+        raise _invalid(
+            f"{op}: the buffer is on device {buf.device_id} but the stream belongs to device {dev.device_id}; "
+            "use a stream of the buffer's device",
+            op,
+        )
+    return stream_handle(stream)
+
+
+def _size(nbytes: int | None, default: int, op: str) -> int:
+    if nbytes is None:
+        return default
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise TypeError(f"{op}: nbytes must be an int, not {type(nbytes).__name__}")
+    if nbytes < 0:
+        raise _invalid(f"{op}: nbytes must be >= 0, got {nbytes}", op)
+    return nbytes
+
+
+def host_to_device(buf: Buffer, host: Any, stream: object = None, nbytes: int | None = None) -> None:
+    """Copy ``host`` (all of it, or its first ``nbytes``) into the start of device buffer ``buf``."""
+    op = "cudacore.copy_from"
+    _check_buffer(buf, "destination", op)
+    handle = _stream_arg(buf, stream, op)
+    addr, length, keep = host_view(host, False, op)
+    n = _size(nbytes, length, op)
+    if n > buf.size:
+        raise _invalid(f"{op}: the copy is {n} bytes but the device buffer holds only {buf.size}", op)
+    fn = core.CopyHtoDHeld if handle != SYNC and n <= HELD_MAX else core.CopyHtoD
+    call(fn, buf.device_id, buf.ptr, addr, length, n, handle)
+    del keep
+
+
+def device_to_host(host: Any, buf: Buffer, stream: object = None, nbytes: int | None = None) -> None:
+    """Copy device buffer ``buf`` (all of it, or its first ``nbytes``) into writable host memory ``host``."""
+    op = "cudacore.copy_to"
+    _check_buffer(buf, "source", op)
+    handle = _stream_arg(buf, stream, op)
+    addr, length, keep = host_view(host, True, op)
+    n = _size(nbytes, buf.size, op)
+    if n > buf.size:
+        raise _invalid(f"{op}: the copy is {n} bytes but the device buffer holds only {buf.size}", op)
+    fn = core.CopyDtoHHeld if handle != SYNC and n <= HELD_MAX else core.CopyDtoH
+    call(fn, buf.device_id, addr, length, buf.ptr, n, handle)
+    del keep
+
+
+def device_to_device(dst: Buffer, src: Buffer, stream: object = None, nbytes: int | None = None) -> None:
+    """Copy device buffer ``src`` (all of it, or its first ``nbytes``) into ``dst``, of the same device."""
+    op = "cudacore.copy"
+    _check_buffer(dst, "destination", op)
+    _check_buffer(src, "source", op)
+    if dst.device_id != src.device_id:
+        raise _invalid(f"{op}: the buffers are on devices {src.device_id} and {dst.device_id}; copy within one device", op)
+    handle = _stream_arg(dst, stream, op)
+    n = _size(nbytes, src.size, op)
+    if n > src.size or n > dst.size:
+        raise _invalid(f"{op}: the copy is {n} bytes but the source holds {src.size} and the destination {dst.size}", op)
+    fn = core.CopyDtoDHeld if handle != SYNC else core.CopyDtoD
+    call(fn, dst.device_id, dst.ptr, src.ptr, n, handle)

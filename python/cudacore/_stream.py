@@ -1,0 +1,485 @@
+"""Streams, events and CUDA graphs.
+
+Waits (:meth:`Stream.synchronize`, :meth:`Event.synchronize`, :meth:`Device.synchronize`) release the GIL
+in short slices and come back to Python between them, so other threads run meanwhile and Ctrl-C stops
+them. Capture follows the driver's rules (``shared/driver-facts.md``); what would invalidate a capture
+is refused with a :class:`CaptureError` that names the operation and the fix, and a capture the driver
+invalidated anyway is ended by cudacore, so the stream always works again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from ._api import call, core
+from ._errors import IllegalStateError, InvalidHandleError, InvalidValueError
+from ._memory import stream_handle
+
+if TYPE_CHECKING:
+    from ._device import Device
+
+__all__ = ["Stream", "Event", "Graph", "CAPTURE_MODES"]
+
+#: The capture modes: see :meth:`Stream.capture`.
+CAPTURE_MODES = ("thread_local", "global", "relaxed")
+
+#: How long one GIL-released wait slice lasts at most, in milliseconds: Ctrl-C is seen within it.
+WAIT_SLICE_MS = 50
+
+
+def _device(device: Device | int | None) -> Device:
+    from ._device import Device
+
+    if device is None:
+        return Device(0)
+    if isinstance(device, Device):
+        return device
+    return Device(device)
+
+
+def _wait(fn: Any, *args: Any) -> None:
+    """Call ``fn(*args, WAIT_SLICE_MS)`` until it reports done. Each call releases the GIL for at most one
+    slice; KeyboardInterrupt and other signals are delivered between calls."""
+    while not call(fn, *args, WAIT_SLICE_MS):
+        pass
+
+
+class Stream:
+    """A CUDA stream: work on it runs in order, concurrently with other streams.
+
+    Create one with :meth:`Device.create_stream` (or ``Stream(device)``). ``Stream.legacy(d)`` and
+    ``Stream.per_thread(d)`` are the device's default streams.
+
+    Parameters
+    ----------
+    device : Device or int, optional
+        The device (default 0).
+    non_blocking : bool
+        True (the default) makes a stream that does not synchronize with the legacy default stream, which
+        keeps synchronous work elsewhere legal while it captures.
+    priority : int
+        Lower is greater; clamped to the device's range (``Stream.priority_range(d)``).
+    """
+
+    __slots__ = ("_device", "_handle", "_non_blocking", "_priority", "_owned", "__weakref__")
+
+    def __init__(self, device: Device | int | None = None, *, non_blocking: bool = True, priority: int = 0) -> None:
+        dev = _device(device)
+        self._device = dev
+        self._handle = 0
+        self._owned = False
+        self._handle = call(core.StreamCreate, dev.device_id, bool(non_blocking), int(priority))
+        self._owned = True
+        info = json.loads(call(core.StreamInfo, dev.device_id, self._handle))
+        self._non_blocking = info["non_blocking"]
+        self._priority = info["priority"]
+
+    @classmethod
+    def _special(cls, device: Device | int | None, handle: int) -> Stream:
+        s = object.__new__(cls)
+        s._device = _device(device)
+        s._handle = handle
+        s._owned = False
+        s._non_blocking = False
+        s._priority = 0
+        return s
+
+    @classmethod
+    def legacy(cls, device: Device | int | None = None) -> Stream:
+        """The legacy default stream (handle 1): it synchronizes with every blocking stream."""
+        return cls._special(device, 1)
+
+    @classmethod
+    def per_thread(cls, device: Device | int | None = None) -> Stream:
+        """The per-thread default stream (handle 2): a different stream on every thread."""
+        return cls._special(device, 2)
+
+    @staticmethod
+    def priority_range(device: Device | int | None = None) -> tuple[int, int]:
+        """``(least, greatest)`` stream priority of the device; greatest is the smallest number."""
+        least, greatest = json.loads(call(core.StreamPriorityRange, _device(device).device_id))
+        return least, greatest
+
+    @property
+    def handle(self) -> int:
+        """The driver's stream handle (what ``allocate(n, stream=...)`` and other libraries take)."""
+        return self._handle
+
+    @property
+    def device(self) -> Device:
+        """The stream's device."""
+        return self._device
+
+    @property
+    def non_blocking(self) -> bool:
+        """Whether the stream does not synchronize with the legacy default stream."""
+        return self._non_blocking
+
+    @property
+    def priority(self) -> int:
+        """The stream's priority after clamping."""
+        return self._priority
+
+    @property
+    def capturing(self) -> bool:
+        """Whether the stream is capturing into a graph now."""
+        return bool(self._info()["capturing"])
+
+    @property
+    def capture_mode(self) -> str | None:
+        """The mode of the capture in progress, or None."""
+        return self._info()["mode"]
+
+    def _info(self) -> dict[str, Any]:
+        return json.loads(call(core.StreamInfo, self._device.device_id, self._handle))
+
+    def query(self) -> bool:
+        """Whether all work on the stream has finished (without waiting)."""
+        return call(core.StreamQuery, self._device.device_id, self._handle)
+
+    def synchronize(self) -> None:
+        """Wait until all work on the stream has finished. Other threads run meanwhile; Ctrl-C stops the wait.
+
+        Raises
+        ------
+        CaptureError
+            If the stream is capturing, or a capture forbids waiting here (GLOBAL anywhere, THREAD_LOCAL on
+            this thread).
+        """
+        if call(core.StreamQuery, self._device.device_id, self._handle):
+            return
+        _wait(core.StreamWait, self._device.device_id, self._handle)
+
+    def record(self, event: Event | None = None) -> Event:
+        """Record ``event`` (a new timing event if None) on this stream and return it."""
+        if event is None:
+            event = Event(self._device)
+        event.record(self)
+        return event
+
+    def wait(self, event: Event) -> None:
+        """Make later work on this stream wait for ``event`` (the host does not wait)."""
+        if not isinstance(event, Event):
+            raise TypeError(f"wait() takes an Event, not {type(event).__name__}")
+        call(core.StreamWaitEvent, self._device.device_id, self._handle, event.handle)
+
+    wait_event = wait
+
+    def begin_capture(self, mode: str = "thread_local") -> None:
+        """Start capturing the work issued on this stream into a graph (see :meth:`capture`)."""
+        if mode not in CAPTURE_MODES:
+            raise InvalidValueError(
+                f"unknown capture mode {mode!r}: use one of {', '.join(CAPTURE_MODES)}",
+                code=1,
+                name="CUDA_ERROR_INVALID_VALUE",
+                op="cudacore.begin_capture",
+            )
+        call(core.StreamBeginCapture, self._device.device_id, self._handle, mode)
+
+    def end_capture(self) -> Graph:
+        """End the capture and return the graph (instantiated on first launch, or with :meth:`Graph.instantiate`).
+
+        Raises
+        ------
+        CaptureError
+            If cudacore ended the capture already because an operation in it failed: the error names that
+            first operation and the driver's code.
+        IllegalStateError
+            If the stream is not capturing.
+        """
+        return Graph._adopt(call(core.StreamEndCapture, self._device.device_id, self._handle), self._device)
+
+    def abort_capture(self) -> None:
+        """End the capture in progress, if any, and discard it."""
+        call(core.StreamAbortCapture, self._device.device_id, self._handle)
+
+    @contextmanager
+    def capture(self, mode: str = "thread_local") -> Iterator[Graph]:
+        """Capture the work issued on this stream inside the ``with`` block into a graph.
+
+        >>> with s.capture() as graph:
+        ...     buf.copy_from(pinned_in, stream=s)
+        ...     buf.copy_to(pinned_out, stream=s)
+        >>> graph.launch(s); s.synchronize()
+
+        The graph yielded is filled in, and instantiated, when the block ends. If the block raises, the
+        capture is ended and discarded, and the exception propagates.
+
+        Parameters
+        ----------
+        mode : {"thread_local", "global", "relaxed"}
+            What the capture forbids elsewhere: ``"global"`` forbids unsafe calls (synchronous
+            allocation, synchronizing) on every thread, ``"thread_local"`` on this thread, ``"relaxed"``
+            nowhere. Synchronous copies, which use the legacy stream, are refused in every mode while a
+            blocking stream captures.
+        """
+        graph = Graph._pending(self._device)
+        self.begin_capture(mode)
+        try:
+            yield graph
+        except BaseException:
+            self.abort_capture()
+            raise
+        done = self.end_capture()
+        graph._take(done)
+        graph.instantiate()
+
+    def close(self) -> None:
+        """Destroy the stream (ending and discarding a capture in progress). Idempotent."""
+        if self._owned:
+            self._owned = False
+            call(core.StreamDestroy, self._device.device_id, self._handle)
+
+    destroy = close
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_owned", False):
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - interpreter shutdown or a dead driver: nothing to do
+                pass
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream) and other._handle == self._handle and other._device == self._device
+
+    def __hash__(self) -> int:
+        return hash(("cudacore.Stream", self._device.device_id, self._handle))
+
+    def __repr__(self) -> str:
+        kind = {1: "legacy", 2: "per-thread"}.get(self._handle)
+        if kind:
+            return f"<cudacore.Stream {kind} default stream, device {self._device.device_id}>"
+        state = "" if self._owned else " destroyed"
+        flags = "non-blocking" if self._non_blocking else "blocking"
+        return f"<cudacore.Stream 0x{self._handle:x}{state}, {flags}, priority {self._priority}, device {self._device.device_id}>"
+
+
+class Event:
+    """A CUDA event: a marker in a stream's work that the host or other streams can wait for.
+
+    Parameters
+    ----------
+    device : Device or int, optional
+        The device (default 0).
+    timing : bool
+        Whether the event can measure :meth:`elapsed_time` (True, the default); non-timing events are
+        cheaper.
+    """
+
+    __slots__ = ("_device", "_handle", "_timing", "__weakref__")
+
+    def __init__(self, device: Device | int | None = None, *, timing: bool = True) -> None:
+        dev = _device(device)
+        self._device = dev
+        self._timing = bool(timing)
+        self._handle = 0
+        self._handle = call(core.EventCreate, dev.device_id, self._timing)
+
+    @property
+    def handle(self) -> int:
+        """The driver's event handle (0 after :meth:`close`)."""
+        return self._handle
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    @property
+    def timing(self) -> bool:
+        return self._timing
+
+    def _live(self) -> int:
+        if not self._handle:
+            raise InvalidHandleError("the event was closed", code=400, name="CUDA_ERROR_INVALID_HANDLE", op="cudacore.event")
+        return self._handle
+
+    def record(self, stream: Stream | int | None = None) -> Event:
+        """Record the event on ``stream`` (None: the legacy default stream); returns self."""
+        call(core.EventRecord, self._live(), self._device.device_id, stream_handle(stream))
+        return self
+
+    def query(self) -> bool:
+        """Whether the work the event recorded has finished."""
+        return call(core.EventQuery, self._live())
+
+    def synchronize(self) -> None:
+        """Wait for the work the event recorded. Other threads run meanwhile; Ctrl-C stops the wait."""
+        handle = self._live()
+        if call(core.EventQuery, handle):
+            return
+        _wait(core.EventWait, handle)
+
+    def elapsed_time(self, end: Event) -> float:
+        """Milliseconds from this event's completion to ``end``'s (both timing events, recorded)."""
+        if not isinstance(end, Event):
+            raise TypeError(f"elapsed_time() takes an Event, not {type(end).__name__}")
+        return call(core.EventElapsed, self._live(), end._live())
+
+    def close(self) -> None:
+        """Destroy the event. Idempotent."""
+        handle, self._handle = self._handle, 0
+        if handle:
+            call(core.EventDestroy, handle)
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", 0):
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def __repr__(self) -> str:
+        if not self._handle:
+            return "<cudacore.Event closed>"
+        return f"<cudacore.Event 0x{self._handle:x}, device {self._device.device_id}, timing={self._timing}>"
+
+
+class Graph:
+    """A captured CUDA graph: replay the captured work with :meth:`launch`.
+
+    Made by :meth:`Stream.capture` or :meth:`Stream.end_capture`. Each launch moves the host data that
+    is in the captured pinned buffers at that moment. :meth:`destroy` (or :meth:`close`, or the end of a
+    ``with`` block) frees it and the memory its allocations hold; it is idempotent, and launching a
+    destroyed graph raises :class:`InvalidHandleError`.
+    """
+
+    __slots__ = ("_id", "_device", "_destroyed", "__weakref__")
+
+    def __init__(self) -> None:
+        raise TypeError("graphs come from Stream.capture() or Stream.end_capture()")
+
+    @classmethod
+    def _pending(cls, device: Device) -> Graph:
+        g = object.__new__(cls)
+        g._id = 0
+        g._device = device
+        g._destroyed = False
+        return g
+
+    @classmethod
+    def _adopt(cls, graph_id: int, device: Device) -> Graph:
+        g = cls._pending(device)
+        g._id = graph_id
+        return g
+
+    def _take(self, other: Graph) -> None:
+        self._id, other._id = other._id, 0
+
+    def _live(self, what: str) -> int:
+        if self._destroyed:
+            raise InvalidHandleError(
+                f"cannot {what} a destroyed graph; capture it again",
+                code=400,
+                name="CUDA_ERROR_INVALID_HANDLE",
+                op=f"cudacore.graph_{what}",
+            )
+        if not self._id:
+            raise IllegalStateError(
+                f"cannot {what} the graph before its capture ends (leave the `with stream.capture()` block first)",
+                code=401,
+                name="CUDA_ERROR_ILLEGAL_STATE",
+                op=f"cudacore.graph_{what}",
+            )
+        return self._id
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    @property
+    def destroyed(self) -> bool:
+        return self._destroyed
+
+    def _info(self) -> dict[str, Any]:
+        return json.loads(call(core.GraphInfo, self._live("inspect")))
+
+    @property
+    def node_count(self) -> int:
+        """The number of nodes captured (copies, memsets, kernels, allocations, frees)."""
+        return self._info()["node_count"]
+
+    @property
+    def memory_held(self) -> int:
+        """Bytes of the allocations made on the stream during the capture (graph memory nodes)."""
+        return self._info()["memory_held"]
+
+    @property
+    def allocations(self) -> int:
+        """How many allocations the capture made (graph memory nodes)."""
+        return self._info()["allocations"]
+
+    def instantiate(self) -> Graph:
+        """Make the executable graph now rather than at the first launch; returns self."""
+        call(core.GraphInstantiate, self._live("instantiate"))
+        return self
+
+    def _stream_args(self, stream: Stream | int | None) -> tuple[int, int]:
+        if isinstance(stream, Stream) and stream.device != self._device:
+            raise InvalidValueError(
+                f"the graph belongs to device {self._device.device_id} but the stream to device {stream.device.device_id}",
+                code=1,
+                name="CUDA_ERROR_INVALID_VALUE",
+                op="cudacore.graph_launch",
+            )
+        return self._device.device_id, stream_handle(stream)
+
+    def launch(self, stream: Stream | int | None = None) -> None:
+        """Launch the graph on ``stream`` (None: the legacy default stream). It does not wait."""
+        call(core.GraphLaunch, self._live("launch"), *self._stream_args(stream))
+
+    def upload(self, stream: Stream | int | None = None) -> None:
+        """Upload the graph to the device on ``stream``, so that the first launch is as fast as the others."""
+        call(core.GraphUpload, self._live("upload"), *self._stream_args(stream))
+
+    def update(self, other: Graph) -> None:
+        """Take ``other``'s parameters (same topology) into this graph's executable graph.
+
+        Raises
+        ------
+        CUDAError
+            ``CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`` if the topologies differ.
+        """
+        if not isinstance(other, Graph):
+            raise TypeError(f"update() takes a Graph, not {type(other).__name__}")
+        call(core.GraphUpdate, self._live("update"), other._live("update"))
+
+    def destroy(self) -> None:
+        """Free the graph and the memory its allocations hold. Idempotent."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        graph_id, self._id = self._id, 0
+        if graph_id:
+            call(core.GraphDestroy, graph_id)
+
+    close = destroy
+
+    def __enter__(self) -> Graph:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def __del__(self) -> None:
+        if getattr(self, "_id", 0) and not getattr(self, "_destroyed", True):
+            try:
+                self.destroy()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def __repr__(self) -> str:
+        if self._destroyed:
+            return "<cudacore.Graph destroyed>"
+        if not self._id:
+            return "<cudacore.Graph (capture in progress)>"
+        info = self._info()
+        return f"<cudacore.Graph {info['node_count']} nodes, {info['memory_held']} bytes held, device {self._device.device_id}>"
