@@ -7,10 +7,8 @@
 
 from __future__ import annotations
 
-from ._device import Device, backend, device_count, devices, driver_version
-from ._memory import Buffer, PinnedBuffer
-from ._stream import Event, Graph, Stream
 from ._copy import device_to_device
+from ._device import Device, backend, device_count, devices, driver_version
 from ._errors import (
     CaptureError,
     CUDAError,
@@ -28,6 +26,7 @@ from ._errors import (
     OutOfMemoryError,
 )
 from ._limits import LimitClampedWarning, Limits
+from ._memory import Buffer, PinnedBuffer
 from ._module import (
     Kernel,
     KernelArg,
@@ -46,12 +45,12 @@ from ._module import (
     uint32,
     uint64,
 )
+from ._stream import Event, Graph, Stream
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Buffer",
-    "PinnedBuffer",
     "CUDAError",
     "CaptureError",
     "Device",
@@ -75,6 +74,7 @@ __all__ = [
     "NotReadyError",
     "NotSupportedError",
     "OutOfMemoryError",
+    "PinnedBuffer",
     "Stream",
     "backend",
     "device_count",

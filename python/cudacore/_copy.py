@@ -20,7 +20,7 @@ from ._api import call, core
 from ._errors import InvalidHandleError, InvalidValueError
 from ._memory import Buffer, PinnedBuffer, stream_handle
 
-__all__ = ["host_to_device", "device_to_host", "device_to_device", "host_view"]
+__all__ = ["device_to_device", "device_to_host", "host_to_device", "host_view"]
 
 #: Asynchronous copies up to this size keep the GIL (they only enqueue work); larger ones release it.
 HELD_MAX = 64 << 10

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 from ._api import call, core
@@ -19,9 +19,11 @@ from ._errors import IllegalStateError, InvalidHandleError, InvalidValueError
 from ._memory import stream_handle
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ._device import Device
 
-__all__ = ["Stream", "Event", "Graph", "CAPTURE_MODES"]
+__all__ = ["CAPTURE_MODES", "Event", "Graph", "Stream"]
 
 #: The capture modes: see :meth:`Stream.capture`.
 CAPTURE_MODES = ("thread_local", "global", "relaxed")
@@ -64,7 +66,7 @@ class Stream:
         Lower is greater; clamped to the device's range (``Stream.priority_range(d)``).
     """
 
-    __slots__ = ("_device", "_handle", "_non_blocking", "_priority", "_owned", "__weakref__")
+    __slots__ = ("__weakref__", "_device", "_handle", "_non_blocking", "_owned", "_priority")
 
     def __init__(self, device: Device | int | None = None, *, non_blocking: bool = True, priority: int = 0) -> None:
         dev = _device(device)
@@ -235,7 +237,7 @@ class Stream:
 
     destroy = close
 
-    def __enter__(self) -> Stream:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -243,10 +245,8 @@ class Stream:
 
     def __del__(self) -> None:
         if getattr(self, "_owned", False):
-            try:
+            with suppress(Exception):  # interpreter shutdown or a dead driver: nothing to do
                 self.close()
-            except Exception:  # noqa: BLE001 - interpreter shutdown or a dead driver: nothing to do
-                pass
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stream) and other._handle == self._handle and other._device == self._device
@@ -275,7 +275,7 @@ class Event:
         cheaper.
     """
 
-    __slots__ = ("_device", "_handle", "_timing", "__weakref__")
+    __slots__ = ("__weakref__", "_device", "_handle", "_timing")
 
     def __init__(self, device: Device | int | None = None, *, timing: bool = True) -> None:
         dev = _device(device)
@@ -332,10 +332,8 @@ class Event:
 
     def __del__(self) -> None:
         if getattr(self, "_handle", 0):
-            try:
+            with suppress(Exception):
                 self.close()
-            except Exception:  # noqa: BLE001
-                pass
 
     def __repr__(self) -> str:
         if not self._handle:
@@ -352,7 +350,7 @@ class Graph:
     destroyed graph raises :class:`InvalidHandleError`.
     """
 
-    __slots__ = ("_id", "_device", "_destroyed", "__weakref__")
+    __slots__ = ("__weakref__", "_destroyed", "_device", "_id")
 
     def __init__(self) -> None:
         raise TypeError("graphs come from Stream.capture() or Stream.end_capture()")
@@ -463,7 +461,7 @@ class Graph:
 
     close = destroy
 
-    def __enter__(self) -> Graph:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -471,10 +469,8 @@ class Graph:
 
     def __del__(self) -> None:
         if getattr(self, "_id", 0) and not getattr(self, "_destroyed", True):
-            try:
+            with suppress(Exception):
                 self.destroy()
-            except Exception:  # noqa: BLE001
-                pass
 
     def __repr__(self) -> str:
         if self._destroyed:
