@@ -37,6 +37,29 @@ def _fast_noop(n: int) -> None:
         f(1)
 
 
+def _query_hold(n: int) -> None:
+    # A device query through gopy with the GIL held: cuMemGetInfo.
+    f = core.DeviceFreeMemory
+    for _ in range(n):
+        f(0)
+
+
+def _query_release(n: int) -> None:
+    # A device query through gopy that releases the GIL: cuDeviceGetCount.
+    f = core.DeviceCount
+    for _ in range(n):
+        f()
+
+
+def _query_api(n: int) -> None:
+    # The public API on top: Device.memory_info() (error translation, tuple).
+    import cudacore
+
+    f = cudacore.Device(0).memory_info
+    for _ in range(n):
+        f()
+
+
 def _empty(n: int) -> None:
     # The loop alone, subtracted from nothing: shown so the reader can see the floor.
     for _ in range(n):
@@ -47,6 +70,9 @@ VARIANTS = {
     "core.Noop (GIL held)": _noop_hold,
     "core.NoopReleased(0) (GIL released)": _noop_release,
     "fast.noop (METH_FASTCALL)": _fast_noop,
+    "core.DeviceFreeMemory (query, GIL held)": _query_hold,
+    "core.DeviceCount (query, GIL released)": _query_release,
+    "Device.memory_info() (public API, held)": _query_api,
     "empty loop": _empty,
 }
 
@@ -93,7 +119,7 @@ def main() -> None:
                 results[(name, threads)].append(run_once(VARIANTS[name], args.calls, threads))
 
     print(f"Python {sys.version.split()[0]}, {args.rounds} rounds x {args.calls} calls/thread, medians (min..max)")
-    header = f"{'call':<38}" + "".join(f"{f'{t} thread' + ('s' if t > 1 else ''):>26}" for t in configs)
+    header = f"{'call':<42}" + "".join(f"{f'{t} thread' + ('s' if t > 1 else ''):>26}" for t in configs)
     print(header)
     print("-" * len(header))
     for name in names:
@@ -101,7 +127,7 @@ def main() -> None:
         for t in configs:
             v = [x * 1e9 for x in results[(name, t)]]
             cells.append(f"{statistics.median(v):>9.0f} ns ({min(v):.0f}..{max(v):.0f})")
-        print(f"{name:<38}" + "".join(f"{c:>26}" for c in cells))
+        print(f"{name:<42}" + "".join(f"{c:>26}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -48,6 +48,9 @@ type alloc struct {
 	kind  allocKind
 	pool  *pool
 	data  []byte
+	// pending marks a pool block freed with cuMemFreeAsync whose free the stream has not yet reached: the
+	// real driver cannot trim it back to the device until a synchronize, so neither can the simulator.
+	pending bool
 }
 
 func (a *alloc) bytes() []byte {
@@ -434,7 +437,14 @@ func (d *Driver) MemFreeAsync(c cuda.Context, ptr cuda.DevicePtr, sh cuda.Stream
 		s.cap.nodes = append(s.cap.nodes, node{kind: nodeFree, dst: ptr})
 		return nil
 	}
-	return v.freePtr(op, ptr)
+	a := v.exact(ptr)
+	if err := v.freePtr(op, ptr); err != nil {
+		return err
+	}
+	if a.kind == kindPool {
+		a.pending = true
+	}
+	return nil
 }
 
 // trimPool releases cached blocks, largest first, until the pool reserves at most keep bytes.
@@ -443,18 +453,26 @@ func (v *device) trimPool(p *pool, keep uint64) {
 		return
 	}
 	slices.SortFunc(p.cache, func(a, b *alloc) int { return cmp.Compare(b.block, a.block) })
-	for len(p.cache) > 0 && p.reserved > keep {
-		a := p.cache[0]
-		p.cache = p.cache[1:]
+	kept := p.cache[:0]
+	for _, a := range p.cache {
+		if a.pending || p.reserved <= keep {
+			kept = append(kept, a)
+			continue
+		}
 		p.reserved -= a.block
 		v.used -= a.block
 	}
-	p.cache = slices.Clip(p.cache)
+	clear(p.cache[len(kept):])
+	p.cache = slices.Clip(kept)
 }
 
-// syncPoint is what a synchronize does to memory: every pool gives back what lies above its threshold.
+// syncPoint is what a synchronize does to memory: the stream-ordered frees complete, then every pool
+// gives back what lies above its threshold.
 func (v *device) syncPoint() {
 	for _, p := range v.pools {
+		for _, a := range p.cache {
+			a.pending = false
+		}
 		v.trimPool(p, p.threshold)
 	}
 }

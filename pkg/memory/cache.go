@@ -59,6 +59,10 @@ type Cache struct {
 	graphMu   sync.Mutex
 	graphPtrs map[cuda.DevicePtr]struct{}
 	graphLive atomic.Int64
+
+	// capturing counts streams marked by SetCapturing: while any is, Release must not reach the pool,
+	// whose release synchronizes the context and would invalidate the capture.
+	capturing atomic.Int64
 }
 
 type streamBins struct {
@@ -275,6 +279,13 @@ func (c *Cache) forgetCaptured(p cuda.DevicePtr) bool {
 func (c *Cache) SetCapturing(s cuda.Stream, on bool) {
 	b := c.bins(normStream(s), true)
 	b.mu.Lock()
+	if b.capturing != on {
+		if on {
+			c.capturing.Add(1)
+		} else {
+			c.capturing.Add(-1)
+		}
+	}
 	b.capturing = on
 	b.mu.Unlock()
 }
@@ -350,6 +361,9 @@ func (c *Cache) Release() error {
 		if err := c.free(b.s, blocks); err != nil && first == nil {
 			first = err
 		}
+	}
+	if c.capturing.Load() > 0 {
+		return first // the pool's release synchronizes, which a capture forbids; the free lists are enough
 	}
 	if err := Release(c.inner); err != nil && first == nil {
 		first = err
