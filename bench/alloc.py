@@ -17,7 +17,7 @@ import statistics
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import cudacore as cc
 

@@ -6,9 +6,10 @@ import json
 import pickle
 
 import pytest
-from conftest import run_python
 
 import cudacore as cc
+
+from conftest import run_python
 
 
 def test_devices_and_identity() -> None:

@@ -12,9 +12,10 @@ import json
 import textwrap
 
 import pytest
-from conftest import ROOT, run_python
 
 import cudacore as cc
+
+from conftest import ROOT, run_python
 
 KERNELS = ROOT / "tests" / "kernels"
 FILL_PTX = KERNELS / "fill.ptx"

@@ -9,9 +9,10 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from conftest import run_cli, run_python
 
 import cudacore as cc
+
+from conftest import run_cli, run_python
 
 pytestmark = pytest.mark.sim
 

@@ -7,9 +7,10 @@ import json
 import threading
 
 import pytest
-from conftest import run_python
 
 import cudacore as cc
+
+from conftest import run_python
 
 MiB = 1 << 20
 GiB = 1 << 30

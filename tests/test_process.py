@@ -10,10 +10,11 @@ import time
 from importlib import resources
 
 import pytest
-from conftest import run_python
 
 import cudacore as cc
 from cudacore._native import core
+
+from conftest import run_python
 
 
 def test_gil_policy_manifest_matches_declarations() -> None:

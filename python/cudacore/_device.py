@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import operator
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import _api, _memory
 from ._api import call, core
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ._module import ImageLike, Module
     from ._stream import Stream
 
-__all__ = ["Device", "devices", "device_count", "driver_version", "backend"]
+__all__ = ["Device", "backend", "device_count", "devices", "driver_version"]
 
 
 def backend() -> str:
@@ -70,12 +70,12 @@ class Device:
         If no CUDA driver can be loaded (set ``CUDACORE_BACKEND=sim`` to use the simulator).
     """
 
-    __slots__ = ("_ordinal", "_props", "__weakref__")
+    __slots__ = ("__weakref__", "_ordinal", "_props")
 
-    _cache: dict[int, Device] = {}
+    _cache: ClassVar[dict[int, Device]] = {}
     _lock = threading.Lock()
 
-    def __new__(cls, ordinal: int = 0) -> Device:
+    def __new__(cls, ordinal: int = 0) -> Device:  # noqa: PYI034 - not meant to be subclassed
         ordinal = _ordinal(ordinal)
         dev = cls._cache.get(ordinal)
         if dev is not None:

@@ -73,8 +73,7 @@ def render(report: dict[str, Any], out: TextIO) -> None:
             ("allocation strategy", d["allocation_strategy"]),
             ("  why", d["allocation_strategy_reason"]),
         ]
-        for key, value in rows:
-            out.write(f"  {key:<21}{value}\n")
+        out.writelines(f"  {key:<21}{value}\n" for key, value in rows)
         _render_limits(d.get("limits"), out)
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ._api import call, check_not_forked, core
 from ._errors import InvalidHandleError, InvalidValueError, OutOfMemoryError, from_runtime_error
@@ -19,7 +20,7 @@ from ._native import fast
 if TYPE_CHECKING:
     from ._device import Device
 
-__all__ = ["Buffer", "PinnedBuffer", "LEGACY_STREAM"]
+__all__ = ["LEGACY_STREAM", "Buffer", "PinnedBuffer"]
 
 #: The driver's handle for the legacy default stream.
 LEGACY_STREAM = 1

@@ -149,6 +149,13 @@ func run(python, out, work string) error {
 	if err := os.WriteFile(filepath.Join(work, "_gil_policy.json"), manifest, 0o644); err != nil {
 		return err
 	}
+	stub, err := gil.Stub("cudacore._gopy.cudacore", funcs)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(work, "cudacore.pyi"), stub, 0o644); err != nil {
+		return err
+	}
 	for _, f := range funcs {
 		log.Printf("gil: %-24s %s", f.Name, f.Mode)
 	}
@@ -201,7 +208,7 @@ func run(python, out, work string) error {
 	}
 	for _, e := range entries {
 		n := e.Name()
-		if n == ext || n == "_gil_policy.json" || (strings.HasSuffix(n, ".py") && n != "build.py") {
+		if n == ext || n == "_gil_policy.json" || n == "cudacore.pyi" || (strings.HasSuffix(n, ".py") && n != "build.py") {
 			if err := copyFile(filepath.Join(work, n), filepath.Join(out, n)); err != nil {
 				return err
 			}
