@@ -159,7 +159,7 @@ buffer_dealloc(BufferObject *self)
     PyObject *etype, *evalue, *etb; /* Fetch/Restore rather than GetRaisedException: 3.10 and 3.11 */
     PyErr_Fetch(&etype, &evalue, &etb);
     if (buffer_free(self) < 0) {
-        PyErr_WriteUnraisable((PyObject *)self);
+        PyErr_WriteUnraisable(NULL); /* not self: a hook that kept it would resurrect a freed object */
     }
     PyErr_Restore(etype, evalue, etb);
     if (self->weakreflist != NULL) {
@@ -301,7 +301,7 @@ pinned_dealloc(PinnedObject *self)
     PyErr_Fetch(&etype, &evalue, &etb);
     /* No view can exist here: each holds a reference to this object. */
     if (pinned_free(self) < 0) {
-        PyErr_WriteUnraisable((PyObject *)self);
+        PyErr_WriteUnraisable(NULL); /* not self: a hook that kept it would resurrect a freed object */
     }
     PyErr_Restore(etype, evalue, etb);
     if (self->weakreflist != NULL) {

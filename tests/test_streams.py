@@ -14,10 +14,11 @@ import time
 
 import numpy as np
 import pytest
-from conftest import run_python
 
 import cudacore as cc
 from cudacore import _api, _stream
+
+from conftest import run_python
 
 N = 64 << 10
 MODES = ["global", "thread_local", "relaxed"]
@@ -109,13 +110,13 @@ def test_copy_round_trip(dev, stream, kind):
         out = dst.numpy
     elif kind == "numpy":
         src, dst = data.copy(), np.zeros(n, np.uint8)
-        out = lambda: dst  # noqa: E731
+        out = lambda: dst
     elif kind == "bytearray":
         src, dst = bytearray(data.tobytes()), bytearray(n)
-        out = lambda: np.frombuffer(dst, np.uint8)  # noqa: E731
+        out = lambda: np.frombuffer(dst, np.uint8)
     else:
         src, dst = data.tobytes(), bytearray(n)
-        out = lambda: np.frombuffer(dst, np.uint8)  # noqa: E731
+        out = lambda: np.frombuffer(dst, np.uint8)
     with dev.allocate(n, stream=s) as a, dev.allocate(n, stream=s) as b:
         a.copy_from(src, stream=s)
         cc.device_to_device(b, a, stream=s)
@@ -450,7 +451,7 @@ print("after", buf.size)
 @pytest.mark.parametrize("code", [900, 901, 906])
 def test_driver_capture_error_ends_capture(code):
     """Where the driver fails anyway, cudacore ends the capture and reports the first failing operation."""
-    script = f"""
+    script = """
 import cudacore as cc
 d = cc.Device(0)
 s = d.create_stream()
@@ -562,3 +563,20 @@ def test_gpu_906_text(dev):
     out = bytearray(4096)
     buf.copy_to(out)  # the stream and the legacy stream work again
     s.synchronize()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_frees_during_capture_wait_for_its_end(dev, mode):
+    """Buffers closed (or garbage-collected) while a stream captures are freed when the capture ends,
+    instead of invalidating it (cuMemFreeHost and cuMemFree are unsafe calls; legacy-stream frees are 906)."""
+    s = dev.create_stream(non_blocking=False)
+    pinned = dev.allocate_pinned(1 << 20)
+    buf = dev.allocate(1 << 20)
+    before = dev.memory_stats()["pinned_in_use"]
+    s.begin_capture(mode)
+    pinned.close()
+    buf.close()
+    assert s.capturing
+    graph = s.end_capture()  # not invalidated
+    graph.destroy()
+    assert dev.memory_stats()["pinned_in_use"] == before - (1 << 20)

@@ -14,9 +14,31 @@ import (
 // Registry tracks the captures in progress in a process, across devices: a GLOBAL capture forbids unsafe
 // calls on every device. Active is one atomic load, so hot paths skip every check when nothing captures.
 type Registry struct {
-	mu     sync.Mutex
-	caps   map[*capture]struct{}
-	active atomic.Int32
+	mu       sync.Mutex
+	caps     map[*capture]struct{}
+	active   atomic.Int32
+	deferred []func() // run when the last capture ends (Defer)
+}
+
+// Defer runs fn once no capture is in progress: now if none is, else when the last one ends. Frees that
+// the driver forbids during capture (cuMemFreeHost and cuMemFree are unsafe calls: 900 in GLOBAL mode,
+// and a garbage-collected buffer can be freed at any moment) wait this way instead of invalidating it.
+func (r *Registry) Defer(fn func()) {
+	r.mu.Lock()
+	if r.active.Load() > 0 {
+		r.deferred = append(r.deferred, fn)
+		r.mu.Unlock()
+		return
+	}
+	r.mu.Unlock()
+	fn()
+}
+
+// Deferred returns how many deferred calls wait for the captures to end.
+func (r *Registry) Deferred() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.deferred)
 }
 
 // NewRegistry returns an empty registry.
@@ -326,10 +348,25 @@ func (m *Manager) unregister(c *capture) {
 	if c.stream.cap == c {
 		c.stream.cap = nil
 	}
+	var run []func()
+	if m.reg.active.Load() == 0 {
+		run, m.reg.deferred = m.reg.deferred, nil
+	}
 	m.reg.mu.Unlock()
 	if st := c.stream.m.memory(); st != nil {
 		st.SetCapturing(c.stream.h, false)
 	}
+	for _, fn := range run {
+		fn()
+	}
+}
+
+// StreamCapturing says whether the stream with handle h of m's device is capturing.
+func (m *Manager) StreamCapturing(h cuda.Stream) bool {
+	if m.reg.active.Load() == 0 {
+		return false
+	}
+	return m.lookup(h) != nil
 }
 
 // abandon ends c at the driver, discarding any graph, and forgets it; failed, if not nil, is what

@@ -82,6 +82,14 @@ func cudacore_fast_free(ordinal C.int64_t, ptr, size, stream C.uint64_t) (msg *C
 	if err != nil {
 		return wire(err)
 	}
+	if process.Capturing() && !d.Streams().StreamCapturing(cuda.Stream(stream)) {
+		// A free on a stream that is not capturing, while a capture runs, could be an unsafe call (cuMemFree:
+		// 900) or use the legacy stream (906) and invalidate the capture; the GC may free a buffer at any
+		// moment. It waits for the captures to end. Frees on the capturing stream become graph nodes.
+		mem, p, n, s := d.Memory(), cuda.DevicePtr(ptr), uint64(size), cuda.Stream(stream)
+		process.DeferUntilNoCapture(func() { _ = mem.Deallocate(p, n, s) })
+		return nil
+	}
 	if err := d.Memory().Deallocate(cuda.DevicePtr(ptr), uint64(size), cuda.Stream(stream)); err != nil {
 		return wire(err)
 	}

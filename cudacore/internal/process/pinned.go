@@ -58,6 +58,13 @@ func (d *Device) FreePinned(addr uintptr) error {
 		return cuda.NewError("cudacore.free_pinned", cuda.ErrorInvalidValue,
 			fmt.Sprintf("0x%x is not pinned memory allocated by cudacore on %s, or it was freed already", addr, d))
 	}
+	if Capturing() {
+		// cuMemFreeHost during a GLOBAL (or this thread's THREAD_LOCAL) capture fails with 900 and
+		// invalidates it; a PinnedBuffer collected by the GC can be freed at any moment. Free it once the
+		// captures end.
+		captures.Defer(func() { _ = t.res.FreeHost(b) })
+		return nil
+	}
 	return t.res.FreeHost(b)
 }
 

@@ -16,6 +16,10 @@ var streamManagers sync.Map // ordinal -> *stream.Manager
 // Capturing says whether any stream of the process is capturing: one atomic load, for hot paths.
 func Capturing() bool { return captures.Active() > 0 }
 
+// DeferUntilNoCapture runs fn once no stream of the process captures (now if none does): see
+// stream.Registry.Defer.
+func DeferUntilNoCapture(fn func()) { captures.Defer(fn) }
+
 // ActiveCaptures returns how many captures are in progress in the process.
 func ActiveCaptures() int { return captures.Active() }
 
