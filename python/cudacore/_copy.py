@@ -83,6 +83,9 @@ def _check_buffer(buf: Any, what: str, op: str) -> None:
 def _stream_arg(buf: Buffer, stream: object, op: str) -> int:
     if stream is None:
         return SYNC
+    # The common case, checked without the public properties: Python's share is most of a small copy's cost.
+    if type(stream) is _Stream and stream._device._ordinal == buf.device_id:  # type: ignore[attr-defined]
+        return stream._handle  # type: ignore[attr-defined]
     dev = getattr(stream, "device", None)
     if dev is not None and getattr(dev, "device_id", buf.device_id) != buf.device_id:
         raise _invalid(
@@ -144,3 +147,7 @@ def device_to_device(dst: Buffer, src: Buffer, stream: object = None, nbytes: in
         raise _invalid(f"{op}: the copy is {n} bytes but the source holds {src.size} and the destination {dst.size}", op)
     fn = core.CopyDtoDHeld if handle != SYNC else core.CopyDtoD
     call(fn, dst.device_id, dst.ptr, src.ptr, n, handle)
+
+
+# Last: _stream imports _memory, which imports this module.
+from ._stream import Stream as _Stream
