@@ -127,6 +127,13 @@ typedef struct {
     int64_t device;
     int closed;
     PyObject *weakreflist;
+    /* A borrowed Buffer (cudacore.interop.ExternalBuffer) views memory another library owns: close() drops
+     * the reference to owner and frees nothing. */
+    int borrowed;
+    PyObject *owner;
+    /* DLPack capsules handed out and not yet deleted by their consumer: while any exist, close() refuses
+     * (the consumer is still using the memory). Each holds a reference to this object. */
+    Py_ssize_t dlpack_exports;
 } BufferObject;
 
 /* Free the allocation if still open. Returns 0, or -1 with an exception set. */
@@ -134,6 +141,19 @@ static int
 buffer_free(BufferObject *self)
 {
     if (self->closed) {
+        return 0;
+    }
+    if (self->dlpack_exports > 0) {
+        PyErr_Format(PyExc_BufferError,
+                     "cannot close a Buffer while %zd DLPack export%s of it (a CuPy/PyTorch/... array made by "
+                     "from_dlpack) %s alive; delete %s first",
+                     self->dlpack_exports, self->dlpack_exports == 1 ? "" : "s",
+                     self->dlpack_exports == 1 ? "is" : "are", self->dlpack_exports == 1 ? "it" : "them");
+        return -1;
+    }
+    if (self->borrowed) {
+        self->closed = 1;
+        Py_CLEAR(self->owner);
         return 0;
     }
     /* Mark closed before the call: with the GIL dropped another thread may try to close it too. */
@@ -227,7 +247,288 @@ buffer_get_closed(BufferObject *self, void *Py_UNUSED(closure))
     return PyBool_FromLong(self->closed);
 }
 
+static PyObject *
+buffer_get_owner(BufferObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->owner != NULL ? self->owner : Py_None);
+}
+
+static PyObject *
+buffer_get_borrowed(BufferObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->borrowed);
+}
+
+/* ---- DLPack export ------------------------------------------------------------------------------------
+ * The structs of dlpack.h (v1.0), declared by hand: the ABI is fixed by the spec. A Buffer exports itself
+ * as a 1-D uint8 tensor; the capsule's DLManagedTensor holds a reference to the Buffer, dropped by the
+ * deleter that the consumer calls when it is done (or by the capsule's destructor if nobody consumed it). */
+
+enum { kDLCUDA = 2, kDLUInt = 1 };
+
+typedef struct {
+    int32_t device_type;
+    int32_t device_id;
+} DLDevice;
+
+typedef struct {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+} DLDataType;
+
+typedef struct {
+    void *data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t *shape;
+    int64_t *strides;
+    uint64_t byte_offset;
+} DLTensor;
+
+typedef struct DLManagedTensor {
+    DLTensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+
+typedef struct {
+    uint32_t major;
+    uint32_t minor;
+} DLPackVersion;
+
+typedef struct DLManagedTensorVersioned {
+    DLPackVersion version;
+    void *manager_ctx;
+    void (*deleter)(struct DLManagedTensorVersioned *self);
+    uint64_t flags;
+    DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+
+/* One malloc'd block per export: the managed tensor, then shape and strides. */
+typedef struct {
+    DLManagedTensor m;
+    int64_t shape[1];
+    int64_t strides[1];
+} LegacyExport;
+
+typedef struct {
+    DLManagedTensorVersioned m;
+    int64_t shape[1];
+    int64_t strides[1];
+} VersionedExport;
+
+static void
+dlpack_release_buffer(void *ctx)
+{
+    if (ctx == NULL || !Py_IsInitialized()) {
+        return;
+    }
+    /* Consumers may call the deleter from any thread, with or without the GIL. */
+    PyGILState_STATE g = PyGILState_Ensure();
+    BufferObject *b = (BufferObject *)ctx;
+    b->dlpack_exports--;
+    Py_DECREF(b);
+    PyGILState_Release(g);
+}
+
+static void
+dlpack_legacy_deleter(DLManagedTensor *m)
+{
+    dlpack_release_buffer(m->manager_ctx);
+    free(m);
+}
+
+static void
+dlpack_versioned_deleter(DLManagedTensorVersioned *m)
+{
+    dlpack_release_buffer(m->manager_ctx);
+    free(m);
+}
+
+static void
+dlpack_capsule_destructor(PyObject *capsule)
+{
+    /* Consumed capsules were renamed used_dltensor[_versioned]; the consumer calls the deleter then. */
+    PyObject *etype, *evalue, *etb;
+    PyErr_Fetch(&etype, &evalue, &etb);
+    if (PyCapsule_IsValid(capsule, "dltensor")) {
+        DLManagedTensor *m = (DLManagedTensor *)PyCapsule_GetPointer(capsule, "dltensor");
+        if (m != NULL && m->deleter != NULL) {
+            m->deleter(m);
+        }
+    } else if (PyCapsule_IsValid(capsule, "dltensor_versioned")) {
+        DLManagedTensorVersioned *m =
+            (DLManagedTensorVersioned *)PyCapsule_GetPointer(capsule, "dltensor_versioned");
+        if (m != NULL && m->deleter != NULL) {
+            m->deleter(m);
+        }
+    }
+    PyErr_Restore(etype, evalue, etb);
+}
+
+/* The CUDA stream value of the DLPack spec as a driver handle: None and 1 the legacy default stream (0 is
+ * taken to mean it too), 2 the per-thread default stream, -1 "do not synchronize", else a CUstream. */
+static int
+dlpack_stream_arg(PyObject *arg, int64_t *out)
+{
+    if (arg == NULL || arg == Py_None) {
+        *out = 1;
+        return 0;
+    }
+    if (arg_int64(arg, "stream", out) < 0) {
+        return -1;
+    }
+    if (*out == 0) {
+        *out = 1;
+    }
+    if (*out < -1) {
+        PyErr_Format(PyExc_ValueError, "__dlpack__: stream must be -1, 1, 2 or a CUDA stream handle, got %lld",
+                     (long long)*out);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
+    PyObject *stream_arg = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kwlist, &stream_arg, &max_version,
+                                     &dl_device, &copy)) {
+        return NULL;
+    }
+    if (self->closed) {
+        return raise_closed("Buffer");
+    }
+    if (copy != Py_None) {
+        int want = PyObject_IsTrue(copy);
+        if (want < 0) {
+            return NULL;
+        }
+        if (want) {
+            PyErr_SetString(PyExc_BufferError, "__dlpack__(copy=True): a cudacore Buffer exports its own memory "
+                                               "only; copy it first (cudacore.device_to_device) and export the copy");
+            return NULL;
+        }
+    }
+    if (dl_device != Py_None) {
+        long long dtype = -1, did = -1;
+        if (!PyTuple_Check(dl_device) || PyTuple_GET_SIZE(dl_device) != 2) {
+            PyErr_SetString(PyExc_TypeError, "__dlpack__: dl_device must be a (device_type, device_id) tuple");
+            return NULL;
+        }
+        dtype = PyLong_AsLongLong(PyTuple_GET_ITEM(dl_device, 0));
+        did = PyLong_AsLongLong(PyTuple_GET_ITEM(dl_device, 1));
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        if (dtype != kDLCUDA || did != self->device) {
+            PyErr_Format(PyExc_BufferError,
+                         "__dlpack__: the buffer is on (%d, %lld) (kDLCUDA, device); cannot export to (%lld, %lld)",
+                         kDLCUDA, (long long)self->device, dtype, did);
+            return NULL;
+        }
+    }
+    int versioned = 0;
+    if (max_version != Py_None) {
+        if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) < 1) {
+            PyErr_SetString(PyExc_TypeError, "__dlpack__: max_version must be a (major, minor) tuple or None");
+            return NULL;
+        }
+        long long major = PyLong_AsLongLong(PyTuple_GET_ITEM(max_version, 0));
+        if (major == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        versioned = major >= 1;
+    }
+    int64_t consumer;
+    if (dlpack_stream_arg(stream_arg, &consumer) < 0) {
+        return NULL;
+    }
+    /* Stream order: the consumer will use the memory on its stream. If that is not the buffer's stream,
+     * wait for the buffer's stream (there is no event in the fast path to make the consumer wait instead). */
+    int64_t mine = self->stream == 0 ? 1 : (int64_t)self->stream;
+    if (consumer != -1 && consumer != mine && !self->borrowed) {
+        char *err;
+        Py_BEGIN_ALLOW_THREADS
+        err = cudacore_interop_stream_sync(self->device, (uint64_t)mine);
+        Py_END_ALLOW_THREADS
+        if (err != NULL) {
+            raise_wire(err);
+            return NULL;
+        }
+    }
+    DLTensor *t;
+    void *block;
+    const char *name;
+    if (versioned) {
+        VersionedExport *e = calloc(1, sizeof(VersionedExport));
+        if (e == NULL) {
+            return PyErr_NoMemory();
+        }
+        e->m.version.major = 1;
+        e->m.version.minor = 0;
+        e->m.manager_ctx = self;
+        e->m.deleter = dlpack_versioned_deleter;
+        e->m.flags = 0;
+        e->shape[0] = (int64_t)self->size;
+        e->strides[0] = 1;
+        t = &e->m.dl_tensor;
+        t->shape = e->shape;
+        t->strides = e->strides;
+        block = e;
+        name = "dltensor_versioned";
+    } else {
+        LegacyExport *e = calloc(1, sizeof(LegacyExport));
+        if (e == NULL) {
+            return PyErr_NoMemory();
+        }
+        e->m.manager_ctx = self;
+        e->m.deleter = dlpack_legacy_deleter;
+        e->shape[0] = (int64_t)self->size;
+        e->strides[0] = 1;
+        t = &e->m.dl_tensor;
+        t->shape = e->shape;
+        t->strides = e->strides;
+        block = e;
+        name = "dltensor";
+    }
+    t->data = (void *)(uintptr_t)self->ptr;
+    t->device.device_type = kDLCUDA;
+    t->device.device_id = (int32_t)self->device;
+    t->ndim = 1;
+    t->dtype.code = kDLUInt;
+    t->dtype.bits = 8;
+    t->dtype.lanes = 1;
+    t->byte_offset = 0;
+    PyObject *capsule = PyCapsule_New(block, name, dlpack_capsule_destructor);
+    if (capsule == NULL) {
+        free(block);
+        return NULL;
+    }
+    /* Only now does the capsule own the block: take the reference its deleter drops. */
+    Py_INCREF(self);
+    self->dlpack_exports++;
+    return capsule;
+}
+
+static PyObject *
+buffer_dlpack_device(BufferObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("(iL)", kDLCUDA, (long long)self->device);
+}
+
 static PyMethodDef buffer_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))buffer_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n\n"
+     "A DLPack capsule of this buffer as a 1-D uint8 tensor (versioned, DLPack 1.0, when max_version >= "
+     "(1, 0)). It keeps the buffer alive until the consumer deletes it; close() is refused meanwhile. When "
+     "the consumer's stream is not the buffer's, the buffer's stream is synchronized first (stream=-1: never)."},
+    {"__dlpack_device__", (PyCFunction)buffer_dlpack_device, METH_NOARGS,
+     "__dlpack_device__() -> (2, device_id): kDLCUDA and the device ordinal."},
     {"close", (PyCFunction)buffer_close, METH_NOARGS,
      "close()\n\nFree the memory, in stream order on the buffer's stream. Idempotent."},
     {"__enter__", (PyCFunction)buffer_enter, METH_NOARGS, NULL},
@@ -242,6 +543,10 @@ static PyGetSetDef buffer_getset[] = {
     {"stream_handle", (getter)buffer_get_stream_handle, NULL,
      "The driver handle of the stream it is ordered on (1: the legacy default stream).", NULL},
     {"closed", (getter)buffer_get_closed, NULL, "Whether close() has freed it.", NULL},
+    {"owner", (getter)buffer_get_owner, NULL,
+     "For a borrowed buffer (an ExternalBuffer), the object owning the memory; None otherwise.", NULL},
+    {"borrowed", (getter)buffer_get_borrowed, NULL,
+     "Whether this buffer views memory another library owns (close() then frees nothing).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -543,6 +848,46 @@ fast_wrap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return (PyObject *)b;
 }
 
+PyDoc_STRVAR(borrow_doc, "borrow(type, device: int, ptr: int, size: int, stream: int, owner) -> Buffer\n\n"
+                         "A Buffer of the given Buffer subclass viewing memory that owner owns: it keeps owner "
+                         "alive until close(), and frees nothing. Used by cudacore.interop.");
+
+static PyObject *
+fast_borrow(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t device, size;
+    uint64_t ptr, stream;
+    (void)module;
+    if (check_nargs("borrow", nargs, 6) < 0) {
+        return NULL;
+    }
+    if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &BufferType)) {
+        PyErr_SetString(PyExc_TypeError, "borrow() needs a subclass of Buffer");
+        return NULL;
+    }
+    if (arg_int64(args[1], "device", &device) < 0 || arg_uint64(args[2], "ptr", &ptr) < 0 ||
+        arg_int64(args[3], "size", &size) < 0 || arg_uint64(args[4], "stream", &stream) < 0) {
+        return NULL;
+    }
+    if (size < 0) {
+        PyErr_Format(PyExc_ValueError, "borrow(): size must be >= 0, got %lld", (long long)size);
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)args[0];
+    BufferObject *b = (BufferObject *)type->tp_alloc(type, 0);
+    if (b == NULL) {
+        return NULL;
+    }
+    b->ptr = ptr;
+    b->size = (uint64_t)size;
+    b->stream = stream;
+    b->device = device;
+    b->borrowed = 1;
+    b->owner = Py_NewRef(args[5]);
+    b->closed = 0;
+    return (PyObject *)b;
+}
+
 PyDoc_STRVAR(configure_doc, "configure(buffer_type, pinned_type, translate_error, closed_error) -> None\n\n"
                             "Register the Python subclasses to instantiate, the callable that turns a "
                             "wire-format RuntimeError into a typed exception, and the exception class for "
@@ -594,6 +939,7 @@ static PyMethodDef fast_methods[] = {
     {"allocate", (PyCFunction)(void (*)(void))fast_allocate, METH_FASTCALL, allocate_doc},
     {"allocate_pinned", (PyCFunction)(void (*)(void))fast_allocate_pinned, METH_FASTCALL, allocate_pinned_doc},
     {"wrap", (PyCFunction)(void (*)(void))fast_wrap, METH_FASTCALL, wrap_doc},
+    {"borrow", (PyCFunction)(void (*)(void))fast_borrow, METH_FASTCALL, borrow_doc},
     {"configure", (PyCFunction)(void (*)(void))fast_configure, METH_FASTCALL, configure_doc},
     {"configure_device", (PyCFunction)(void (*)(void))fast_configure_device, METH_FASTCALL,
      configure_device_doc},

@@ -46,6 +46,7 @@ from ._module import (
     uint64,
 )
 from ._stream import Event, Graph, Stream
+from .interop import ExternalBuffer, asbuffer
 
 __version__ = "0.1.0"
 
@@ -57,6 +58,7 @@ __all__ = [
     "DeviceFaultError",
     "DriverNotFoundError",
     "Event",
+    "ExternalBuffer",
     "Graph",
     "IllegalStateError",
     "InvalidHandleError",
@@ -76,6 +78,7 @@ __all__ = [
     "OutOfMemoryError",
     "PinnedBuffer",
     "Stream",
+    "asbuffer",
     "backend",
     "device_count",
     "device_to_device",

@@ -241,6 +241,13 @@ class Device:
             _api.check_not_forked()
         return fast.allocate(self._ordinal, nbytes, 0 if stream is None else _memory.stream_handle(stream))
 
+    def from_array(self, array: Any) -> Buffer:
+        """A CuPy/PyTorch/Numba array (``__cuda_array_interface__`` or ``__dlpack__``) on this device as a
+        :class:`cudacore.Buffer` without a copy: see :func:`cudacore.asbuffer`."""
+        from .interop import asbuffer
+
+        return asbuffer(array, device=self)
+
     def allocate_pinned(self, nbytes: int) -> PinnedBuffer:
         """Allocate ``nbytes`` of page-locked host memory (a :class:`PinnedBuffer`, with the buffer protocol)."""
         return _memory.allocate_pinned(self, nbytes)
