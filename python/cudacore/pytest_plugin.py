@@ -1,0 +1,313 @@
+"""pytest plugin for projects that use cudacore (registered by the ``pytest11`` entry point ``cudacore``).
+
+Markers
+-------
+``@pytest.mark.gpu``
+    Skip the test unless a real GPU is there (the CUDA backend, with at least one device).
+``@pytest.mark.cudacore_leak_check`` (or ``--cudacore-leak-check`` / ini ``cudacore_leak_check = true``
+for every test; ``@pytest.mark.cudacore_leak_check(False)`` opts one out)
+    Fail the test (an error at teardown) if device memory allocated during it is still allocated after
+    its fixtures are torn down and garbage is collected, listing each live Buffer with its size and the
+    Python call site that allocated it.
+``@pytest.mark.cudacore_memory_budget(nbytes, device=0)``
+    Set ``Device.memory_limit`` to what is in use plus ``nbytes`` for the test: allocating past it raises
+    :class:`cudacore.OutOfMemoryError`.
+``@pytest.mark.cudacore_faults("cuMemAllocFromPoolAsync:3:2", ...)``
+    On the simulator, inject driver faults (the CUDACORE_SIM_FAULTS syntax; nth counted from the test's
+    setup) and clear them afterwards. Skips on a real GPU.
+
+Fixtures
+--------
+``cudacore_device``
+    ``cudacore.Device(0)``; skips when no device (or no driver) is there.
+``cudacore_faults``
+    A :class:`FaultInjector` (``inject(spec)``, ``fail_allocations(nth=1)``, ``clear()``), cleared after
+    the test; skips unless on the simulator.
+
+The plugin imports cudacore (and so chooses the backend) only when a test needs it, so a conftest that sets
+``CUDACORE_BACKEND=sim`` at import still decides.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import traceback
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from ._device import Device
+
+__all__ = ["FaultInjector"]
+
+_MARKERS = {
+    "gpu": "gpu: needs a real CUDA GPU (cudacore's CUDA backend with a device); skipped otherwise",
+    "cudacore_leak_check": "cudacore_leak_check(enabled=True): fail the test if it leaves device memory allocated",
+    "cudacore_memory_budget": "cudacore_memory_budget(nbytes, device=0): cap the device memory the test may allocate",
+    "cudacore_faults": "cudacore_faults(spec, ...): inject simulator driver faults ('entry:nth:code') for the test",
+}
+
+_has_gpu: bool | None = None
+_watch_key = pytest.StashKey["_LeakWatch"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("cudacore")
+    group.addoption(
+        "--cudacore-leak-check",
+        action="store_true",
+        default=None,
+        help="fail tests that leave cudacore device memory allocated, saying where it was allocated",
+    )
+    parser.addini("cudacore_leak_check", "leak-check every test (see --cudacore-leak-check)", type="bool", default=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Idempotent: a project's conftest may register `gpu` too.
+    known = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
+    for name, line in _MARKERS.items():
+        if name not in known:
+            config.addinivalue_line("markers", line)
+
+
+def on_simulator() -> bool:
+    """Whether this process runs (or will run) cudacore on the simulator."""
+    if "cudacore._native" in sys.modules:
+        import cudacore
+
+        try:
+            return cudacore.backend() == "sim"
+        except cudacore.CUDAError:
+            return False
+    return os.environ.get("CUDACORE_BACKEND", "").strip().lower() == "sim"
+
+
+def has_gpu() -> bool:
+    """Whether a real GPU is usable: the CUDA backend with at least one device (cached for the session)."""
+    global _has_gpu
+    if _has_gpu is None:
+        if os.environ.get("CUDACORE_BACKEND", "").strip().lower() not in ("", "cuda"):
+            _has_gpu = False
+        else:
+            try:
+                import cudacore
+
+                _has_gpu = cudacore.backend() == "cuda" and cudacore.device_count() > 0
+            except Exception:  # noqa: BLE001 - DriverNotFoundError, or an extension that does not load
+                _has_gpu = False
+    return _has_gpu
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu_items and not has_gpu():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (cudacore's CUDA backend with a device); none here")
+        for item in gpu_items:
+            item.add_marker(skip)
+    fault_items = [item for item in items if item.get_closest_marker("cudacore_faults") is not None]
+    if fault_items and not on_simulator():
+        skip = pytest.mark.skip(reason="cudacore fault injection needs the simulator (CUDACORE_BACKEND=sim)")
+        for item in fault_items:
+            item.add_marker(skip)
+
+
+# -- fixtures -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cudacore_device() -> Device:
+    """``cudacore.Device(0)``; the test is skipped when there is no device or no driver."""
+    import cudacore
+
+    try:
+        if cudacore.device_count() == 0:
+            pytest.skip("no CUDA device")
+        return cudacore.Device(0)
+    except cudacore.DriverNotFoundError as exc:
+        pytest.skip(f"no CUDA driver: {exc}")
+        raise  # unreachable; for type checkers
+
+
+class FaultInjector:
+    """Run-time fault injection on the simulator (the ``cudacore_faults`` fixture)."""
+
+    def inject(self, spec: str) -> int:
+        """Add faults in the CUDACORE_SIM_FAULTS syntax, ``"entry:nth:code[,...]"``, nth counted from now."""
+        from . import testing
+
+        return testing.inject_faults(spec)
+
+    def fail_allocations(self, nth: int = 1, device: int = 0, code: int | str = "CUDA_ERROR_OUT_OF_MEMORY") -> None:
+        """Make the nth allocation from now that reaches the driver fail (see
+        :func:`cudacore.testing.fail_allocations`)."""
+        from . import testing
+
+        testing.fail_allocations(device=device, nth=nth, code=code)
+
+    def clear(self) -> None:
+        """Remove every pending fault."""
+        from . import testing
+
+        testing.clear_faults()
+
+
+@pytest.fixture
+def cudacore_faults() -> Iterator[FaultInjector]:
+    """A :class:`FaultInjector`; its faults are cleared after the test. Skips unless on the simulator."""
+    if not on_simulator():
+        pytest.skip("cudacore fault injection needs the simulator (CUDACORE_BACKEND=sim)")
+    injector = FaultInjector()
+    try:
+        yield injector
+    finally:
+        injector.clear()
+
+
+@pytest.fixture(autouse=True)
+def _cudacore_markers(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Applies cudacore_memory_budget and cudacore_faults markers (nothing is imported without them)."""
+    budget = request.node.get_closest_marker("cudacore_memory_budget")
+    faults = request.node.get_closest_marker("cudacore_faults")
+    if budget is None and faults is None:
+        yield
+        return
+    restore = None
+    if budget is not None:
+        import cudacore
+
+        nbytes = budget.args[0] if budget.args else budget.kwargs["nbytes"]
+        dev = cudacore.Device(budget.kwargs.get("device", 0))
+        old = dev.memory_limit
+        dev.memory_limit = dev.memory_stats()["in_use"] + int(nbytes)
+        restore = (dev, old)
+    if faults is not None:
+        from . import testing
+
+        for spec in faults.args:
+            testing.inject_faults(spec)
+    try:
+        yield
+    finally:
+        if faults is not None:
+            from . import testing
+
+            testing.clear_faults()
+        if restore is not None:
+            restore[0].memory_limit = restore[1]
+
+
+# -- leak check -----------------------------------------------------------------------------------------------
+
+
+class _LeakWatch:
+    """Records the Python call site of every Buffer allocated through Device while a test runs."""
+
+    def __init__(self) -> None:
+        self.sites: dict[int, tuple[weakref.ref[Any], int, traceback.StackSummary]] = {}
+        self.baseline: dict[int, int] = {}
+        self._saved: dict[str, Any] = {}
+
+    def _record(self, buf: Any) -> None:
+        stack = traceback.extract_stack(limit=10)[:-2]  # drop the wrapper frames
+        key = id(buf)
+        self.sites[key] = (weakref.ref(buf, lambda _r, k=key: self.sites.pop(k, None)), buf.size, stack)
+
+    def start(self) -> None:
+        from ._device import Device
+
+        gc.collect()
+        self.baseline = {ordinal: dev.memory_stats()["in_use"] for ordinal, dev in list(Device._cache.items())}
+        allocate, allocate_tiles = Device.allocate, Device.allocate_tiles
+        self._saved = {"allocate": allocate, "allocate_tiles": allocate_tiles}
+        watch = self
+
+        def tracked_allocate(self: Device, nbytes: int, stream: object = None) -> Any:
+            buf = allocate(self, nbytes, stream)
+            watch._record(buf)
+            return buf
+
+        def tracked_tiles(self: Device, count: int, tile_size: int, **kwargs: Any) -> Any:
+            tiles = allocate_tiles(self, count, tile_size, **kwargs)
+            for t in tiles:
+                watch._record(t)
+            return tiles
+
+        tracked_allocate.__doc__ = allocate.__doc__
+        tracked_tiles.__doc__ = allocate_tiles.__doc__
+        Device.allocate = tracked_allocate  # type: ignore[method-assign]
+        Device.allocate_tiles = tracked_tiles  # type: ignore[method-assign]
+
+    def stop(self) -> str | None:
+        """Restore Device and return the leak report, or None when nothing leaked."""
+        from ._device import Device
+
+        Device.allocate = self._saved["allocate"]  # type: ignore[method-assign]
+        Device.allocate_tiles = self._saved["allocate_tiles"]  # type: ignore[method-assign]
+        gc.collect()
+        live = []
+        for ref, size, stack in list(self.sites.values()):
+            buf = ref()
+            if buf is not None and not buf.closed:
+                live.append((buf, size, stack))
+        grown = {}
+        for ordinal, dev in list(Device._cache.items()):
+            delta = dev.memory_stats()["in_use"] - self.baseline.get(ordinal, 0)
+            if delta > 0:
+                grown[ordinal] = delta
+        if not live and not grown:
+            return None
+        lines = []
+        if live:
+            total = sum(size for _, size, _ in live)
+            lines.append(f"{len(live)} cudacore Buffer(s) still allocated after the test ({total} bytes):")
+            for buf, size, stack in live:
+                lines.append(f"  {size} bytes at 0x{buf.ptr:x} on device {buf.device_id}, allocated at:")
+                for frame in stack[-4:]:
+                    lines.append(f"    {frame.filename}:{frame.lineno} in {frame.name}")
+                    if frame.line:
+                        lines.append(f"      {frame.line}")
+        tracked = sum(size for _, size, _ in live)
+        for ordinal, delta in grown.items():
+            if delta > tracked:
+                lines.append(
+                    f"device {ordinal}: {delta} bytes more in use than before the test, {delta - tracked} of them not "
+                    "through Device.allocate (an interop allocator, allocate_tiles on another path, or C code)"
+                )
+        lines.append("Close buffers (buf.close() or `with device.allocate(n) as buf:`) before the test ends.")
+        return "\n".join(lines)
+
+
+def _leak_check_enabled(item: pytest.Item) -> bool:
+    marker = item.get_closest_marker("cudacore_leak_check")
+    if marker is not None:
+        return bool(marker.args[0]) if marker.args else bool(marker.kwargs.get("enabled", True))
+    option = item.config.getoption("cudacore_leak_check", default=None)
+    if option:
+        return True
+    return bool(item.config.getini("cudacore_leak_check"))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    if _leak_check_enabled(item):
+        watch = _LeakWatch()
+        watch.start()
+        item.stash[_watch_key] = watch
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    result = yield
+    watch = item.stash.get(_watch_key, None)
+    if watch is not None:
+        del item.stash[_watch_key]
+        report = watch.stop()
+        if report is not None:
+            pytest.fail(f"cudacore leak check: {report}", pytrace=False)
+    return result

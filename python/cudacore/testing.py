@@ -1,0 +1,53 @@
+"""Helpers for testing code that uses cudacore, on machines with or without a GPU.
+
+Fault injection works on the simulator (``CUDACORE_BACKEND=sim``): it makes the Nth later call of a
+driver entry point fail with a given CUresult, so tests can exercise out-of-memory and error paths that a
+real GPU rarely shows. The pytest plugin (:mod:`cudacore.pytest_plugin`) wraps these in a marker and a
+fixture.
+"""
+
+from __future__ import annotations
+
+from ._api import call, core
+
+__all__ = ["clear_faults", "fail_allocations", "inject_fault", "inject_faults"]
+
+
+def inject_faults(spec: str) -> int:
+    """Make later simulator driver calls fail: ``spec`` is ``"entry:nth:code[,...]"`` as in
+    ``CUDACORE_SIM_FAULTS`` (for example ``"cuMemAllocFromPoolAsync:3:CUDA_ERROR_OUT_OF_MEMORY"``: the third
+    call from now fails), nth counted from now. Returns how many faults were added.
+
+    Raises
+    ------
+    NotSupportedError
+        When the process does not run on the simulator.
+    InvalidValueError
+        For a malformed spec or an unknown entry point.
+    """
+    return call(core.SimInjectFaults, spec)
+
+
+def inject_fault(entry: str, nth: int = 1, code: int | str = "CUDA_ERROR_OUT_OF_MEMORY") -> None:
+    """Make the ``nth`` call from now of driver entry point ``entry`` fail with ``code`` (simulator)."""
+    inject_faults(f"{entry}:{nth}:{code}")
+
+
+def clear_faults() -> None:
+    """Remove every pending simulator fault."""
+    call(core.SimClearFaults)
+
+
+def fail_allocations(device: int = 0, nth: int = 1, code: int | str = "CUDA_ERROR_OUT_OF_MEMORY") -> None:
+    """Make the ``nth`` allocation from now that reaches the driver on ``device`` fail (simulator).
+
+    The fault is injected twice in a row, because cudacore's allocator retries a failed allocation once
+    after releasing its cache; so :meth:`Device.allocate` raises :class:`cudacore.OutOfMemoryError` (for
+    the default code). Allocations served from cudacore's cache never reach the driver and are not counted:
+    call ``Device(device).release_cached_memory()`` first for an exact count.
+    """
+    from ._device import Device
+
+    strategy = Device(device).allocation_strategy
+    entry = "cuMemAllocFromPoolAsync" if strategy == "pool" else "cuMemAlloc_v2"
+    inject_faults(f"{entry}:{nth}:{code},{entry}:{nth + 1}:{code}")
