@@ -267,7 +267,8 @@ class _LeakWatch:
             lines.append(f"{len(live)} cudacore Buffer(s) still allocated after the test ({total} bytes):")
             for buf, size, stack in live:
                 lines.append(f"  {size} bytes at 0x{buf.ptr:x} on device {buf.device_id}, allocated at:")
-                for frame in stack[-4:]:
+                frames = [f for f in stack if "/_pytest/" not in f.filename and "/pluggy/" not in f.filename]
+                for frame in frames[-5:]:  # most recent call last
                     lines.append(f"    {frame.filename}:{frame.lineno} in {frame.name}")
                     if frame.line:
                         lines.append(f"      {frame.line}")
