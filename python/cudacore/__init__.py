@@ -45,6 +45,7 @@ from ._module import (
     uint32,
     uint64,
 )
+from ._notebook import MemoryRecorder, MemoryStats
 from ._stream import Event, Graph, Stream
 from .interop import ExternalBuffer, asbuffer
 
@@ -70,6 +71,8 @@ __all__ = [
     "LaunchError",
     "LimitClampedWarning",
     "Limits",
+    "MemoryRecorder",
+    "MemoryStats",
     "Module",
     "NotFoundError",
     "NotInitializedError",

@@ -317,6 +317,11 @@ class Device:
         """The allocations alive now (with ``track=True``; else empty): ptr, size, stream, where."""
         return json.loads(call(core.MemoryLive, self._ordinal))
 
+    def _repr_html_(self) -> str:
+        from ._notebook import device_html
+
+        return device_html(self)
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Device) and other._ordinal == self._ordinal
 

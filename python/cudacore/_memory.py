@@ -100,6 +100,11 @@ class Buffer(fast.Buffer):
         """Copy this buffer into ``host`` (a writable bytes-like object, numpy array or PinnedBuffer)."""
         _copy.device_to_host(host, self, stream)
 
+    def _repr_html_(self) -> str:
+        from ._notebook import buffer_html
+
+        return buffer_html(self)
+
     def __repr__(self) -> str:
         if self.closed:
             return f"<cudacore.Buffer closed, {self.size} bytes, device {self.device_id}>"
@@ -245,7 +250,9 @@ def would_fit(device: Device, count: int, tile_size: int) -> dict[str, Any]:
 
 
 def memory_stats(device: Device) -> dict[str, Any]:
-    return json.loads(call(core.MemoryStats, device.device_id))
+    from ._notebook import MemoryStats
+
+    return MemoryStats(json.loads(call(core.MemoryStats, device.device_id)))
 
 
 # At the end, not the top: _copy imports Buffer and PinnedBuffer from this module. Imported once here
