@@ -9,13 +9,15 @@ PYTHON ?= $(VENV)/bin/python
 PY312 ?= $(lastword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12))
 GO ?= go
 
-.PHONY: venv run build test gotest pytest wheel312 lint clean
+.PHONY: venv run build test gotest pytest wheel312 lint typecheck clean
 
 venv: $(VENV)/.ready
 
 $(VENV)/.ready: pyproject.toml
 	$(BASE_PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check pybindgen pytest numpy ruff
+	# The example notebook's test (nbclient runs it in an ipykernel) and `make typecheck`.
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check nbclient nbformat ipykernel mypy
 	touch $@
 
 # The main job: install cudacore into the venv, report the driver and devices, run the quick start.
@@ -51,6 +53,10 @@ lint: venv
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(VENV)/bin/ruff check python tests bench examples
+
+# mypy over the examples (and so the package's public surface they use); not part of `make test`.
+typecheck: build
+	$(VENV)/bin/mypy examples
 
 clean:
 	rm -rf build dist python/cudacore/_gopy python/*.egg-info *.egg-info $(VENV)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ._limits import Limits
     from ._memory import Buffer, PinnedBuffer
     from ._module import ImageLike, Module
+    from ._notebook import MemoryStats
     from ._stream import Stream
 
 __all__ = ["Device", "backend", "device_count", "devices", "driver_version"]
@@ -71,6 +72,8 @@ class Device:
     """
 
     __slots__ = ("__weakref__", "_ordinal", "_props")
+    _ordinal: int
+    _props: dict[str, Any]
 
     _cache: ClassVar[dict[int, Device]] = {}
     _lock = threading.Lock()
@@ -279,7 +282,7 @@ class Device:
         """Whether ``count`` allocations of ``tile_size`` bytes would fit now (free memory plus the cache)."""
         return bool(_memory.would_fit(self, count, tile_size)["fits"])
 
-    def memory_stats(self) -> dict[str, Any]:
+    def memory_stats(self) -> MemoryStats:
         """The allocator's counters: ``in_use``, ``peak_in_use``, ``cached``, ``reserved``,
         ``allocations``, ``frees``, ``ooms``, ``failures``, ``limit``, ``pinned_in_use``, ``strategy``, ..."""
         return _memory.memory_stats(self)

@@ -19,6 +19,11 @@ from ._native import fast
 
 if TYPE_CHECKING:
     from ._device import Device
+    from ._fast import Buffer as _CBuffer
+    from ._fast import PinnedBuffer as _CPinnedBuffer
+    from ._notebook import MemoryStats
+else:
+    _CBuffer, _CPinnedBuffer = fast.Buffer, fast.PinnedBuffer
 
 __all__ = ["LEGACY_STREAM", "Buffer", "PinnedBuffer"]
 
@@ -42,7 +47,7 @@ def _translate(exc: BaseException) -> BaseException:
     return from_runtime_error(exc)
 
 
-class Buffer(fast.Buffer):
+class Buffer(_CBuffer):
     """Device memory owned by this object.
 
     Attributes
@@ -111,7 +116,7 @@ class Buffer(fast.Buffer):
         return f"<cudacore.Buffer 0x{self.ptr:x}, {self.size} bytes, device {self.device_id}>"
 
 
-class PinnedBuffer(fast.PinnedBuffer):
+class PinnedBuffer(_CPinnedBuffer):
     """Page-locked (pinned) host memory owned by this object, with the buffer protocol.
 
     ``memoryview(h)`` and :meth:`numpy` view it without a copy. Copies between pinned memory and the
@@ -124,7 +129,7 @@ class PinnedBuffer(fast.PinnedBuffer):
         """A numpy array viewing this memory (no copy)."""
         import numpy as np
 
-        return np.frombuffer(self, dtype=dtype)
+        return np.frombuffer(self, dtype=dtype)  # type: ignore[call-overload, unused-ignore]  # PEP 688 needs 3.12
 
     @property
     def nbytes(self) -> int:
@@ -229,7 +234,7 @@ def _progress(progress: Any, count: int, tile_size: int) -> tuple[Callable[[int,
         return None, None
     if progress is True:
         try:
-            from tqdm.auto import tqdm
+            from tqdm.auto import tqdm  # type: ignore[import-untyped, unused-ignore]
         except ImportError as exc:
             raise ImportError("progress=True needs tqdm (pip install tqdm); or pass a callable(done, total)") from exc
         bar = tqdm(total=count, unit="tile", desc=f"allocating {count} tiles of {tile_size} B")
@@ -249,7 +254,7 @@ def would_fit(device: Device, count: int, tile_size: int) -> dict[str, Any]:
     return json.loads(call(core.AdmitTiles, device.device_id, count, tile_size))
 
 
-def memory_stats(device: Device) -> dict[str, Any]:
+def memory_stats(device: Device) -> MemoryStats:
     from ._notebook import MemoryStats
 
     return MemoryStats(json.loads(call(core.MemoryStats, device.device_id)))

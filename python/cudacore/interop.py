@@ -260,7 +260,7 @@ def asbuffer(obj: Any, *, device: Device | int | None = None) -> Buffer:
     """
     if isinstance(obj, Buffer):
         return obj
-    ordinal = None if device is None else int(getattr(device, "device_id", device))
+    ordinal = None if device is None else (device if isinstance(device, int) else device.device_id)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         return _from_cai(obj, cai, ordinal)
@@ -341,7 +341,8 @@ def last_error() -> Exception | None:
         text = ctypes.string_at(raw).decode("utf-8", "replace")
     finally:
         _libc.free(raw)
-    return from_runtime_error(RuntimeError(text))
+    typed = from_runtime_error(RuntimeError(text))
+    return typed if isinstance(typed, Exception) else RuntimeError(text)
 
 
 def torch_live_allocations() -> int:
