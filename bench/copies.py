@@ -139,7 +139,10 @@ def bindings_copy(n: int, pinned: bool, asynchronous: bool) -> Contender:
         arr = np.ones(n, np.uint8)
         src = arr.ctypes.data
 
+    keep = arr if not pinned else None  # the array must outlive the copies: src is only its address
+
     def run() -> None:
+        _ = keep
         if asynchronous:
             _ok(drv.cuMemcpyHtoDAsync(dptr, src, n, stream))
             _ok(drv.cuStreamSynchronize(stream))

@@ -121,7 +121,12 @@ func AllocateTiles(ordinal, count, tileSize, stream int) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		ptrs, err := d.Memory().AllocateTiles(count, uint64(tileSize), cuda.Stream(stream), nil)
+		h := cuda.Stream(stream)
+		if err := d.Streams().UseForAlloc(h); err != nil {
+			return "", err
+		}
+		ptrs, err := d.Memory().AllocateTiles(count, uint64(tileSize), h, nil)
+		d.Streams().Done(h)
 		if err != nil {
 			return "", err
 		}

@@ -297,3 +297,18 @@ def test_retry_after_injected_out_of_memory() -> None:
     r = run_python(code.replace("b = d.allocate(1 << 20)", "try:\n    d.allocate(1 << 20)\nexcept cc.OutOfMemoryError as e:\n    print('OOM', e.requested)\nb = d.allocate(1 << 20)"), env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "OOM 1048576", "two failures in a row: retried once, then reported"
+
+
+def test_buffer_outlives_its_stream(dev: cc.Device) -> None:
+    """Closing a stream before its buffers must not hand the driver a dead stream handle: on the H100 the
+    real driver segfaulted when the cache later freed a block on it. The free goes to the legacy stream."""
+    s = dev.create_stream()
+    a = dev.allocate(MiB, stream=s)
+    b = dev.allocate(3 * MiB, stream=s)
+    a.close()  # cached on s, given back when s is destroyed
+    s.close()
+    b.close()  # recorded against s, which is gone
+    with pytest.raises(cc.InvalidHandleError, match="was destroyed"):
+        dev.allocate(256, stream=s.handle)
+    dev.release_cached_memory()
+    assert dev.memory_stats()["in_use"] == 0

@@ -74,6 +74,8 @@ type Manager struct {
 
 	syncMu   sync.Mutex
 	syncDone chan error // the device synchronize in flight (SynchronizeDevice with a timeout), or nil
+
+	life lifetimes // destroyed stream handles, for the allocation paths (lifetime.go)
 }
 
 // New returns the Manager of d.
@@ -153,6 +155,7 @@ func (m *Manager) Create(nonBlocking bool, priority int) (*Stream, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.life.reborn(h)
 	return &Stream{m: m, h: h, nonBlocking: nonBlocking, priority: priority}, nil
 }
 
@@ -219,6 +222,15 @@ func (s *Stream) Destroy() error {
 	if c != nil {
 		s.m.abandon(c, nil)
 	}
+	// Frees recorded against this stream after it is gone go to the legacy stream (lifetime.go), which
+	// does not wait for a non-blocking stream's work: finish that work first, where the capture rules
+	// allow a synchronize.
+	if s.m.checkStreamWait("destroy", s) == nil {
+		_ = s.m.drv.StreamSynchronize(s.m.ctx, s.h)
+	}
+	s.m.life.mu.Lock()
+	defer s.m.life.mu.Unlock()
+	s.m.life.markDead(s.h)
 	var err error
 	if st := s.m.memory(); st != nil {
 		err = st.ReleaseStream(s.h)

@@ -507,3 +507,37 @@ func TestEvents(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, done)
 }
+
+// A destroyed stream's handle never reaches the driver again (the real driver segfaults on one): a free
+// recorded against it goes to the legacy stream, an allocation on it is refused, and a new stream that
+// reuses the handle is live again.
+func TestDestroyedStreamHandleIsNeverUsed(t *testing.T) {
+	e := newEnv(t)
+	m := e.m
+	// A block cached on the stream before it is destroyed goes back with it (ReleaseStream).
+	s, err := m.Create(true, 0)
+	require.NoError(t, err)
+	p, err := e.stack.Allocate(1<<20, s.Handle())
+	require.NoError(t, err)
+	require.NoError(t, e.stack.Deallocate(p, 1<<20, s.Handle()))
+	require.NoError(t, s.Destroy())
+	s, err = m.Create(true, 0)
+	require.NoError(t, err)
+	h := s.Handle()
+	assert.Equal(t, h, m.UseForFree(h))
+	m.Done(h)
+	require.NoError(t, m.UseForAlloc(h))
+	m.Done(h)
+
+	require.NoError(t, s.Destroy())
+	assert.Equal(t, cuda.StreamLegacy, m.UseForFree(h), "a free on a destroyed stream is ordered on the legacy stream")
+	m.Done(h)
+	err = m.UseForAlloc(h)
+	assert.ErrorIs(t, err, cuda.ErrInvalidHandle)
+	assert.Contains(t, err.Error(), "was destroyed")
+	for _, def := range []cuda.Stream{0, cuda.StreamLegacy, cuda.StreamPerThread} {
+		assert.Equal(t, def, m.UseForFree(def))
+		m.Done(def)
+	}
+	require.NoError(t, e.stack.Release(), "nothing is cached against a destroyed stream")
+}

@@ -50,20 +50,9 @@ func cudacore_fast_alloc(ordinal, size C.int64_t, stream C.uint64_t, out *C.uint
 	if err != nil {
 		return wire(err)
 	}
-	// While a stream captures, the capture rules apply (pkg/stream): refuse what would invalidate it,
-	// and count allocations on a capturing stream into its graph. One atomic load otherwise.
-	capturing := process.Capturing()
-	if capturing {
-		if err := d.Streams().CheckAllocate(cuda.Stream(stream)); err != nil {
-			return wire(err)
-		}
-	}
-	p, err := d.Memory().Allocate(uint64(size), cuda.Stream(stream))
+	p, err := d.Allocate(uint64(size), cuda.Stream(stream))
 	if err != nil {
 		return wire(err)
-	}
-	if capturing {
-		d.Streams().NoteAllocate(cuda.Stream(stream), uint64(size))
 	}
 	*out = C.uint64_t(p)
 	return nil
@@ -82,15 +71,7 @@ func cudacore_fast_free(ordinal C.int64_t, ptr, size, stream C.uint64_t) (msg *C
 	if err != nil {
 		return wire(err)
 	}
-	if process.Capturing() && !d.Streams().StreamCapturing(cuda.Stream(stream)) {
-		// A free on a stream that is not capturing, while a capture runs, could be an unsafe call (cuMemFree:
-		// 900) or use the legacy stream (906) and invalidate the capture; the GC may free a buffer at any
-		// moment. It waits for the captures to end. Frees on the capturing stream become graph nodes.
-		mem, p, n, s := d.Memory(), cuda.DevicePtr(ptr), uint64(size), cuda.Stream(stream)
-		process.DeferUntilNoCapture(func() { _ = mem.Deallocate(p, n, s) })
-		return nil
-	}
-	if err := d.Memory().Deallocate(cuda.DevicePtr(ptr), uint64(size), cuda.Stream(stream)); err != nil {
+	if err := d.Free(cuda.DevicePtr(ptr), uint64(size), cuda.Stream(stream)); err != nil {
 		return wire(err)
 	}
 	return nil

@@ -79,7 +79,7 @@ func cudacore_torch_malloc(size C.ssize_t, device C.int, stream C.uintptr_t) (ou
 		return 0
 	}
 	st := cuda.Stream(stream)
-	p, err := d.Memory().Allocate(uint64(size), st)
+	p, err := d.Allocate(uint64(size), st)
 	if err != nil {
 		record(err)
 		return 0
@@ -119,13 +119,7 @@ func cudacore_torch_free(ptr C.uintptr_t, size C.ssize_t, device C.int, stream C
 		record(err)
 		return
 	}
-	mem, p := d.Memory(), cuda.DevicePtr(ptr)
-	if process.Capturing() && !d.Streams().StreamCapturing(a.stream) {
-		// As for Buffer.close (internal/fast): a free that could invalidate a capture waits for it to end.
-		process.DeferUntilNoCapture(func() { _ = mem.Deallocate(p, a.size, a.stream) })
-		return
-	}
-	if err := mem.Deallocate(p, a.size, a.stream); err != nil {
+	if err := d.Free(cuda.DevicePtr(ptr), a.size, a.stream); err != nil {
 		record(err)
 	}
 }

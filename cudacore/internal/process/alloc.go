@@ -1,0 +1,52 @@
+package process
+
+import "github.com/cudacore/cudacore/pkg/cuda"
+
+// Allocate and Free are the one way device memory is handed out and taken back by address: the fast path
+// (Buffer) and the framework allocators (PyTorch's pluggable allocator) both come through here, so the
+// stream and capture rules hold for every caller.
+
+// Allocate allocates size bytes ordered on h. An allocation on a stream cudacore destroyed is refused
+// (pkg/stream/lifetime.go); while a stream captures, the capture rules apply (an allocation that would
+// invalidate a capture is refused, one on the capturing stream is counted into its graph).
+func (d *Device) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
+	streams := d.Streams()
+	if err := streams.UseForAlloc(h); err != nil {
+		return 0, err
+	}
+	defer streams.Done(h)
+	capturing := Capturing()
+	if capturing {
+		if err := streams.CheckAllocate(h); err != nil {
+			return 0, err
+		}
+	}
+	p, err := d.Memory().Allocate(size, h)
+	if err != nil {
+		return 0, err
+	}
+	if capturing {
+		streams.NoteAllocate(h, size)
+	}
+	return p, nil
+}
+
+// Free frees p (size bytes, last used on h). While a capture runs, a free on any other stream waits for
+// the captures to end: it could be an unsafe call (900) or use the legacy stream (906) and invalidate the
+// capture, and a garbage collector may free a buffer at any moment. A free on the capturing stream
+// becomes a graph node. A free recorded against a stream destroyed meanwhile is ordered on the legacy
+// stream: a destroyed stream's handle never reaches the driver.
+func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	if Capturing() && !d.Streams().StreamCapturing(h) {
+		DeferUntilNoCapture(func() { _ = d.freeNow(p, size, h) })
+		return nil
+	}
+	return d.freeNow(p, size, h)
+}
+
+func (d *Device) freeNow(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	streams := d.Streams()
+	use := streams.UseForFree(h)
+	defer streams.Done(h)
+	return d.Memory().Deallocate(p, size, use)
+}

@@ -1,0 +1,94 @@
+package stream
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
+
+// Stream lifetimes as the allocator sees them.
+//
+// Allocation and free take raw stream handles (a Buffer remembers the handle it was allocated on, and
+// other libraries' streams are accepted by handle). A handle must never reach the driver after its
+// stream was destroyed: the real driver segfaults on a stale stream handle (seen on the H100 when a
+// buffer was freed after its stream was closed), where the simulator returns CUDA_ERROR_INVALID_HANDLE.
+// So the Manager remembers the handles of the streams it destroyed, and the allocation paths bracket each
+// use of a non-default handle with UseForAlloc/UseForFree and Done: a free recorded against a destroyed
+// stream is ordered on the legacy stream instead (Destroy synchronized the stream first when it could),
+// and an allocation on one is refused. lifeMu makes the check and the call atomic against Destroy.
+//
+// Handles of streams made elsewhere are unknown here and pass unchanged: their owner keeps them alive.
+
+// maxDead bounds the destroyed handles remembered; the oldest are forgotten first. A handle is also
+// forgotten when the driver hands it out again for a new stream.
+const maxDead = 1 << 16
+
+type lifetimes struct {
+	mu    sync.RWMutex
+	dead  map[cuda.Stream]struct{}
+	order []cuda.Stream
+}
+
+func isDefault(h cuda.Stream) bool {
+	return h == 0 || h == cuda.StreamLegacy || h == cuda.StreamPerThread
+}
+
+// markDead records h as destroyed; the caller holds mu for writing.
+func (l *lifetimes) markDead(h cuda.Stream) {
+	if l.dead == nil {
+		l.dead = map[cuda.Stream]struct{}{}
+	}
+	if _, ok := l.dead[h]; ok {
+		return
+	}
+	l.dead[h] = struct{}{}
+	l.order = append(l.order, h)
+	if len(l.order) > maxDead {
+		delete(l.dead, l.order[0])
+		l.order = l.order[1:]
+	}
+}
+
+// reborn forgets h: the driver reused the handle for a new stream.
+func (l *lifetimes) reborn(h cuda.Stream) {
+	l.mu.Lock()
+	delete(l.dead, h)
+	l.mu.Unlock()
+}
+
+// UseForFree returns the stream on which to free a block last used on h: h itself, or the legacy
+// stream when h was destroyed. Every call must be followed by Done(h) once the free has reached the
+// allocator; in between, h cannot be destroyed.
+func (m *Manager) UseForFree(h cuda.Stream) cuda.Stream {
+	if isDefault(h) {
+		return h
+	}
+	m.life.mu.RLock()
+	if _, dead := m.life.dead[h]; dead {
+		return cuda.StreamLegacy
+	}
+	return h
+}
+
+// UseForAlloc checks that h may be allocated on: an error (and nothing to undo) for a destroyed stream;
+// otherwise the caller allocates and then calls Done(h).
+func (m *Manager) UseForAlloc(h cuda.Stream) error {
+	if isDefault(h) {
+		return nil
+	}
+	m.life.mu.RLock()
+	if _, dead := m.life.dead[h]; dead {
+		m.life.mu.RUnlock()
+		return cuda.NewError("cudacore.allocate", cuda.ErrorInvalidHandle,
+			fmt.Sprintf("stream %#x of device %d was destroyed: allocate on a live stream", uint64(h), m.dev.Ordinal()))
+	}
+	return nil
+}
+
+// Done ends a UseForFree or successful UseForAlloc of h.
+func (m *Manager) Done(h cuda.Stream) {
+	if !isDefault(h) {
+		m.life.mu.RUnlock()
+	}
+}
