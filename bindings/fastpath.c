@@ -888,6 +888,26 @@ fast_borrow(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return (PyObject *)b;
 }
 
+PyDoc_STRVAR(graph_launch_doc, "graph_launch(graph_id: int, device: int, stream: int) -> None\n\n"
+                               "Launch a captured graph on a stream handle of its device (Graph.launch).");
+
+static PyObject *
+fast_graph_launch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t id, device, stream;
+    (void)module;
+    if (check_nargs("graph_launch", nargs, 3) < 0 || arg_int64(args[0], "graph_id", &id) < 0 ||
+        arg_int64(args[1], "device", &device) < 0 || arg_int64(args[2], "stream", &stream) < 0) {
+        return NULL;
+    }
+    char *err = cudacore_fast_graph_launch(id, device, stream);
+    if (err != NULL) {
+        raise_wire(err);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(configure_doc, "configure(buffer_type, pinned_type, translate_error, closed_error) -> None\n\n"
                             "Register the Python subclasses to instantiate, the callable that turns a "
                             "wire-format RuntimeError into a typed exception, and the exception class for "
@@ -940,6 +960,7 @@ static PyMethodDef fast_methods[] = {
     {"allocate_pinned", (PyCFunction)(void (*)(void))fast_allocate_pinned, METH_FASTCALL, allocate_pinned_doc},
     {"wrap", (PyCFunction)(void (*)(void))fast_wrap, METH_FASTCALL, wrap_doc},
     {"borrow", (PyCFunction)(void (*)(void))fast_borrow, METH_FASTCALL, borrow_doc},
+    {"graph_launch", (PyCFunction)(void (*)(void))fast_graph_launch, METH_FASTCALL, graph_launch_doc},
     {"configure", (PyCFunction)(void (*)(void))fast_configure, METH_FASTCALL, configure_doc},
     {"configure_device", (PyCFunction)(void (*)(void))fast_configure_device, METH_FASTCALL,
      configure_device_doc},

@@ -16,6 +16,7 @@ extern char *cudacore_fast_alloc(int64_t ordinal, int64_t size, uint64_t stream,
 extern char *cudacore_fast_free(int64_t ordinal, uint64_t ptr, uint64_t size, uint64_t stream);
 extern char *cudacore_fast_pinned_alloc(int64_t ordinal, int64_t size, uint64_t *out);
 extern char *cudacore_fast_pinned_free(int64_t ordinal, uint64_t addr);
+extern char *cudacore_fast_graph_launch(int64_t id, int64_t ordinal, int64_t stream);
 
 /* cudacore/internal/interop (the DLPack export's stream order) */
 extern char *cudacore_interop_stream_sync(int64_t ordinal, uint64_t stream);

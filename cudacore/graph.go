@@ -3,6 +3,7 @@ package cudacore
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/cudacore/cudacore/cudacore/internal/fast"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/stream"
@@ -62,22 +63,29 @@ func GraphUpload(id, ordinal, streamHandle int) (int, error) {
 	})
 }
 
-// GraphLaunch launches the graph on a stream; it returns 0.
+// GraphLaunch launches the graph on a stream; it returns 0. (Python's Graph.launch takes the fast path,
+// cudacore_fast_graph_launch, to the same launchGraph.)
 //
 //cudacore:gil hold
 func GraphLaunch(id, ordinal, streamHandle int) (int, error) {
 	return guard("cudacore.graph_launch", func() (int, error) {
-		g, err := graphOf("cudacore.graph_launch", id)
-		if err != nil {
-			return 0, err
-		}
-		s, err := graphStream("cudacore.graph_launch", g, ordinal, streamHandle)
-		if err != nil {
-			return 0, err
-		}
-		return 0, g.Launch(s)
+		return 0, launchGraph(id, ordinal, streamHandle)
 	})
 }
+
+func launchGraph(id, ordinal, streamHandle int) error {
+	g, err := graphOf("cudacore.graph_launch", id)
+	if err != nil {
+		return err
+	}
+	s, err := graphStream("cudacore.graph_launch", g, ordinal, streamHandle)
+	if err != nil {
+		return err
+	}
+	return g.Launch(s)
+}
+
+func init() { fast.SetGraphLauncher(launchGraph) }
 
 // GraphUpdate updates graph id's executable graph with the parameters of graph other, of the same
 // topology; it returns 0.

@@ -277,21 +277,37 @@ func (s *Stream) Wait(timeout time.Duration) (bool, error) {
 	return poll(timeout, s.Query)
 }
 
+// Waiting tunes. Most waits are short (a copy of a few MiB takes tens of microseconds), and a Go sleep
+// of "10 µs" really lasts 50 µs or more: so poll without sleeping for spinFor first (each query is one
+// driver call of about a microsecond, and the GIL is released meanwhile), then sleep with a backoff
+// capped low enough that a long wait overshoots by little (200 µs on a 20 ms copy is 1%). Measured on
+// the H100: sleeping from the first poll made a 64 KiB copy + synchronize 14 times slower than raw
+// cuda.bindings.
+const (
+	spinFor    = 100 * time.Microsecond
+	backoffMin = 20 * time.Microsecond
+	backoffMax = 200 * time.Microsecond
+)
+
 // poll calls query until it reports done, fails, or timeout passes.
 func poll(timeout time.Duration, query func() (bool, error)) (bool, error) {
-	deadline := time.Now().Add(timeout)
-	backoff := 10 * time.Microsecond
+	start := time.Now()
+	deadline := start.Add(timeout)
+	backoff := backoffMin
 	for {
 		done, err := query()
 		if done || err != nil {
 			return done, err
 		}
-		left := time.Until(deadline)
-		if left <= 0 {
+		now := time.Now()
+		if !now.Before(deadline) {
 			return false, nil
 		}
-		time.Sleep(min(backoff, left))
-		backoff = min(2*backoff, time.Millisecond)
+		if now.Sub(start) < spinFor {
+			continue
+		}
+		time.Sleep(min(backoff, deadline.Sub(now)))
+		backoff = min(2*backoff, backoffMax)
 	}
 }
 
