@@ -85,10 +85,18 @@ def worker(dev: cc.Device, seed: int, deadline: float, counts: dict[str, int], o
 
 def run(threads: int, seconds: float, seed: int) -> dict[str, object]:
     dev = cc.Device(0)
-    # A short warm-up first: on the H100 the driver reserves 8 MiB of device memory for itself the first
-    # time the process launches a graph or copies on a new stream, and keeps it; that is not a leak of
-    # ours, so the free-memory baseline is taken after it.
-    worker(dev, seed, time.monotonic() + 0.2, {}, oom_thread=False)
+    # A warm-up first, of the same shape as the run (the threads, their streams, captures and an out of
+    # memory): on the H100 the driver reserves 8 MiB of device memory for itself on the way and keeps it.
+    # That is not a leak of ours, so the free-memory baseline is taken after it.
+    warm = [threading.Thread(target=worker, args=(dev, seed + i, time.monotonic() + 0.5, {}, True)) for i in range(threads)]
+    for t in warm:
+        t.start()
+    for t in warm:
+        t.join()
+    try:
+        dev.allocate(2 * dev.total_memory)
+    except cc.OutOfMemoryError:
+        pass
     dev.synchronize()
     dev.release_cached_memory()
     before = dev.memory_stats()

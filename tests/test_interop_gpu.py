@@ -173,15 +173,16 @@ after = dev.memory_stats()
 oom_type = None
 try:
     torch.empty(1 << 46, dtype=torch.uint8, device="cuda")
+    oom_message = ""
 except Exception as exc:
-    oom_type = type(exc).__name__
+    oom_type, oom_message = type(exc).__name__, str(exc)
 err = interop.last_error()
 print("RESULT " + json.dumps({
     "ok_matmul": ok_matmul, "sum_finite": s == s,
     "in_use_before": before["in_use"], "in_use_during": during["in_use"], "in_use_after": after["in_use"],
     "allocations_during": during["allocations"] - before["allocations"], "live_during": live_during,
     "live_after": interop.torch_live_allocations(),
-    "oom_type": oom_type, "last_error": type(err).__name__ if err else None,
+    "oom_type": oom_type, "oom_message": oom_message, "last_error": type(err).__name__ if err else None,
     "stats": dev.memory_stats(),
 }))
 """
@@ -198,8 +199,10 @@ def test_torch_workload_on_cudacore_allocator() -> None:
     assert r["ok_matmul"] and r["sum_finite"]
     assert r["in_use_during"] >= r["in_use_before"] + 4 * 2048 * 2048 * 4
     assert r["allocations_during"] >= 4 and r["live_during"] >= 4
-    assert r["in_use_after"] <= r["in_use_before"] + (1 << 21)  # torch may keep a workspace alive
-    assert r["oom_type"] is not None, "torch did not raise for a 64 TiB tensor on cudacore's allocator"
+    # torch keeps one allocation for the process: cuBLAS's workspace (32 MiB on the H100, seen live_after 1).
+    assert r["live_after"] <= 1 and r["in_use_after"] <= r["in_use_before"] + (64 << 20)
+    assert r["oom_type"] == "RuntimeError", "torch must raise for a 64 TiB tensor on cudacore's allocator"
+    assert r["oom_message"].startswith("cudacore: out of memory allocating 64.0 TiB")
     assert r["last_error"] == "OutOfMemoryError"
 
 
@@ -244,8 +247,29 @@ print("RESULT " + json.dumps({
 """
 
 
+NUMBA_ALONE = r"""
+import numpy as np
+from numba import cuda
+
+@cuda.jit
+def inc(x):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] += 1
+
+a = cuda.to_device(np.zeros(8, np.float32))
+inc[1, 8](a)
+print(a.copy_to_host().sum())
+"""
+
+
 def test_numba_workload_on_cudacore_allocator() -> None:
     pytest.importorskip("numba.cuda")
+    # Numba itself must be able to run a kernel here first (on the GPU machine its version did not work
+    # with the installed numpy: "module 'numpy' has no attribute 'row_stack'"), else this tests Numba.
+    alone = run_python(NUMBA_ALONE, env={"CUDACORE_BACKEND": "cuda"}, timeout=300)
+    if alone.returncode != 0:
+        pytest.skip("Numba cannot run a kernel on this machine without cudacore: " + alone.stderr.strip().splitlines()[-1])
     proc = run_python(
         NUMBA_WORKLOAD, env={"CUDACORE_BACKEND": "cuda", "NUMBA_CUDA_MEMORY_MANAGER": "cudacore.interop"}, timeout=300
     )

@@ -353,15 +353,16 @@ def torch_live_allocations() -> int:
 def torch_allocator() -> Any:
     """A ``torch.cuda.memory.CUDAPluggableAllocator`` over cudacore's allocator.
 
-    It loads ``cudacore_torch_malloc`` and ``cudacore_torch_free`` from cudacore's own extension module
+    It loads ``cudacore_torch_alloc`` and ``cudacore_torch_free`` from cudacore's own extension module
     (:func:`extension_path`), so PyTorch and cudacore share one Go runtime and one allocator per device.
-    On out of memory the malloc returns NULL and records the error for :func:`last_error`; PyTorch then
-    raises its own error. Frees are stream-ordered on the stream PyTorch allocated on; PyTorch's
+    On out of memory the allocation raises ``RuntimeError`` with cudacore's message (PyTorch does not check
+    a pluggable allocator's NULL, so ``cudacore_torch_alloc`` throws the C++ exception PyTorch turns into
+    one), and :func:`last_error` returns the typed :class:`~cudacore.OutOfMemoryError`. Frees are stream-ordered on the stream PyTorch allocated on; PyTorch's
     ``record_stream`` is not honoured (as with any pluggable allocator).
     """
     import torch
 
-    return torch.cuda.memory.CUDAPluggableAllocator(extension_path(), "cudacore_torch_malloc", "cudacore_torch_free")
+    return torch.cuda.memory.CUDAPluggableAllocator(extension_path(), "cudacore_torch_alloc", "cudacore_torch_free")
 
 
 def use_torch_allocator() -> Any:

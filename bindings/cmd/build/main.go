@@ -161,7 +161,7 @@ func run(python, out, work string) error {
 	}
 
 	// The fast path is C in the generated main package, so cgo compiles it into the same library.
-	for _, f := range []string{"fastpath.c", "fastpath.h"} {
+	for _, f := range []string{"fastpath.c", "fastpath.h", "torch_shim.cc"} {
 		if err := copyFile(filepath.Join("bindings", f), filepath.Join(work, f)); err != nil {
 			return err
 		}
