@@ -13,7 +13,7 @@
 
 extern "C" {
 uintptr_t cudacore_torch_malloc(ssize_t size, int device, uintptr_t stream);  // Go: internal/interop
-char *cudacore_interop_last_error(void);                                      // Go: malloc'd or NULL
+char *cudacore_interop_peek_error(void);                                      // Go: malloc'd or NULL
 }
 
 // message strips the wire-format header (pkg/cuda/wire.go) from the recorded error: the person reading
@@ -39,7 +39,7 @@ static std::string message(const char *wire) {
 extern "C" void *cudacore_torch_alloc(ssize_t size, int device, void *stream) {
     uintptr_t p = cudacore_torch_malloc(size, device, reinterpret_cast<uintptr_t>(stream));
     if (p == 0 && size > 0) {
-        char *wire = cudacore_interop_last_error();
+        char *wire = cudacore_interop_peek_error();  // leaves it for interop.last_error()
         std::string text = message(wire);
         std::free(wire);
         throw std::runtime_error(text);

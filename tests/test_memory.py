@@ -78,6 +78,7 @@ def test_out_of_memory_is_typed_explains_and_leaves_memory_as_it_was(dev: cc.Dev
     with pytest.raises(cc.OutOfMemoryError) as info:
         dev.allocate(2 * total)
     e = info.value
+    print(f"\nOutOfMemoryError as a user sees it ({cc.backend()}):\n  {type(e).__name__}: {e}")
     assert isinstance(e, MemoryError) and e.code == 2 and e.name == "CUDA_ERROR_OUT_OF_MEMORY"
     assert e.requested == 2 * total and e.total == total and e.device == 0
     assert e.free is not None and e.free <= total
@@ -113,6 +114,7 @@ def test_tiles_all_or_nothing_leaves_memory_exactly_as_before(dev: cc.Device) ->
         dev.allocate_tiles(count, tile)
     e = info.value
     fitted = int(e.fields["tiles_allocated"])
+    print(f"\ntiled allocation failure ({cc.backend()}): {e}")
     assert 0 < fitted < count
     assert f"allocated {fitted} of {count} tiles" in str(e)
     assert int(e.fields["tiles_fit"]) >= fitted - 1

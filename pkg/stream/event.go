@@ -16,6 +16,8 @@ type Event struct {
 	timing    bool
 	destroyed atomic.Bool
 
+	waiter blocker // the blocking synchronize of a Wait, if one is in flight (wait.go)
+
 	mu       sync.Mutex
 	captured bool // last recorded inside a capture: host waits on it fail with 907 until recorded outside one
 	recorded bool
@@ -56,6 +58,7 @@ func (e *Event) Destroy() error {
 	if !e.destroyed.CompareAndSwap(false, true) {
 		return nil
 	}
+	e.waiter.drain() // a Wait's cuEventSynchronize must not outlive the event
 	return e.m.drv.EventDestroy(e.m.ctx, e.h)
 }
 
@@ -132,7 +135,11 @@ func (e *Event) Synchronize() error {
 }
 
 // Wait waits at most timeout for the event and says whether it has completed (see Stream.Wait).
-func (e *Event) Wait(timeout time.Duration) (bool, error) { return poll(timeout, e.Query) }
+func (e *Event) Wait(timeout time.Duration) (bool, error) {
+	return waitFor(timeout, e.Query, &e.waiter, func() error {
+		return e.m.after("event_synchronize", nil, e.m.drv.EventSynchronize(e.m.ctx, e.h))
+	})
+}
 
 // ElapsedTime returns the milliseconds between start's and e's completion. Both must be timing events
 // recorded outside capture.

@@ -170,6 +170,8 @@ type Stream struct {
 	perThread   bool
 	destroyed   atomic.Bool
 
+	waiter blocker // the blocking synchronize of a Wait, if one is in flight (wait.go)
+
 	// Guarded by the registry's mutex.
 	cap    *capture    // the capture in progress, or nil
 	failed *cuda.Error // the error that ended the last capture, returned once by EndCapture
@@ -228,6 +230,7 @@ func (s *Stream) Destroy() error {
 	if s.m.checkStreamWait("destroy", s) == nil {
 		_ = s.m.drv.StreamSynchronize(s.m.ctx, s.h)
 	}
+	s.waiter.drain() // a Wait's cuStreamSynchronize must not outlive the stream
 	s.m.life.mu.Lock()
 	defer s.m.life.mu.Unlock()
 	s.m.life.markDead(s.h)
@@ -271,44 +274,11 @@ func (s *Stream) Query() (bool, error) {
 }
 
 // Wait waits at most timeout for the stream to finish and says whether it has: the building block of
-// interruptible waits (Python polls it in slices, so Ctrl-C lands between them). It polls cuStreamQuery
-// with a backoff from 10 µs to 1 ms.
+// interruptible waits (Python calls it in slices, so Ctrl-C lands between them); see wait.go.
 func (s *Stream) Wait(timeout time.Duration) (bool, error) {
-	return poll(timeout, s.Query)
-}
-
-// Waiting tunes. Most waits are short (a copy of a few MiB takes tens of microseconds), and a Go sleep
-// of "10 µs" really lasts 50 µs or more: so poll without sleeping for spinFor first (each query is one
-// driver call of about a microsecond, and the GIL is released meanwhile), then sleep with a backoff
-// capped low enough that a long wait overshoots by little (200 µs on a 20 ms copy is 1%). Measured on
-// the H100: sleeping from the first poll made a 64 KiB copy + synchronize 14 times slower than raw
-// cuda.bindings.
-const (
-	spinFor    = 100 * time.Microsecond
-	backoffMin = 20 * time.Microsecond
-	backoffMax = 200 * time.Microsecond
-)
-
-// poll calls query until it reports done, fails, or timeout passes.
-func poll(timeout time.Duration, query func() (bool, error)) (bool, error) {
-	start := time.Now()
-	deadline := start.Add(timeout)
-	backoff := backoffMin
-	for {
-		done, err := query()
-		if done || err != nil {
-			return done, err
-		}
-		now := time.Now()
-		if !now.Before(deadline) {
-			return false, nil
-		}
-		if now.Sub(start) < spinFor {
-			continue
-		}
-		time.Sleep(min(backoff, deadline.Sub(now)))
-		backoff = min(2*backoff, backoffMax)
-	}
+	return waitFor(timeout, s.Query, &s.waiter, func() error {
+		return s.m.after("synchronize", s, s.m.drv.StreamSynchronize(s.m.ctx, s.h))
+	})
 }
 
 // WaitEvent makes later work on s wait for the work e recorded (cuStreamWaitEvent); it does not block

@@ -436,8 +436,8 @@ class Graph:
     def launch(self, stream: Stream | int | None = None) -> None:
         """Launch the graph on ``stream`` (None: the legacy default stream). It does not wait."""
         # The fast path (a METH_FASTCALL entry, no gopy wrapper): a launch is a hot call in a replay loop.
-        if self._id and not self._destroyed and type(stream) is Stream and stream._device is self._device:
-            _fast_graph_launch(self._id, self._device._ordinal, stream._handle)
+        if type(stream) is Stream and stream._device is self._device and not self._destroyed and self._id:
+            _fast_graph_launch(self._id, stream._device._ordinal, stream._handle)
             return
         _fast_graph_launch(self._live("launch"), *self._stream_args(stream))
 

@@ -148,6 +148,19 @@ func cudacore_interop_last_error() *C.char {
 	return s
 }
 
+// cudacore_interop_peek_error is cudacore_interop_last_error without forgetting the error: the PyTorch
+// shim (bindings/torch_shim.cc) reads it for its exception's text and leaves it for last_error().
+//
+//export cudacore_interop_peek_error
+func cudacore_interop_peek_error() *C.char {
+	errMu.Lock()
+	defer errMu.Unlock()
+	if lastErr == "" {
+		return nil
+	}
+	return C.CString(lastErr)
+}
+
 // cudacore_interop_stream_sync waits for the work queued on stream (0 or 1: the legacy default stream) of
 // device ordinal. The DLPack export calls it when the consumer's stream differs from the buffer's, so that
 // the consumer never reads memory the producer's stream has not finished writing. It returns NULL, or a
