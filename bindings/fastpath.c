@@ -125,7 +125,7 @@ typedef struct {
     uint64_t size;
     uint64_t stream;
     int64_t device;
-    int closed;
+    char closed; /* a char: exposed read-only as a bool through PyMemberDef (T_BOOL) */
     PyObject *weakreflist;
     /* A borrowed Buffer (cudacore.interop.ExternalBuffer) views memory another library owns: close() drops
      * the reference to owner and frees nothing. */
@@ -223,29 +223,9 @@ buffer_get_ptr(BufferObject *self, void *Py_UNUSED(closure))
     return PyLong_FromUnsignedLongLong(self->ptr);
 }
 
-static PyObject *
-buffer_get_size(BufferObject *self, void *Py_UNUSED(closure))
-{
-    return PyLong_FromUnsignedLongLong(self->size);
-}
 
-static PyObject *
-buffer_get_device_id(BufferObject *self, void *Py_UNUSED(closure))
-{
-    return PyLong_FromLongLong(self->device);
-}
 
-static PyObject *
-buffer_get_stream_handle(BufferObject *self, void *Py_UNUSED(closure))
-{
-    return PyLong_FromUnsignedLongLong(self->stream);
-}
 
-static PyObject *
-buffer_get_closed(BufferObject *self, void *Py_UNUSED(closure))
-{
-    return PyBool_FromLong(self->closed);
-}
 
 static PyObject *
 buffer_get_owner(BufferObject *self, void *Py_UNUSED(closure))
@@ -536,13 +516,18 @@ static PyMethodDef buffer_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* Plain fields are members; only what computes or checks (ptr raises once closed) is a getter. */
+static PyMemberDef buffer_members[] = {
+    {"size", T_ULONGLONG, offsetof(BufferObject, size), READONLY, "The size in bytes."},
+    {"device_id", T_LONGLONG, offsetof(BufferObject, device), READONLY, "The ordinal of the device it lives on."},
+    {"stream_handle", T_ULONGLONG, offsetof(BufferObject, stream), READONLY,
+     "The driver handle of the stream it is ordered on (1: the legacy default stream)."},
+    {"closed", T_BOOL, offsetof(BufferObject, closed), READONLY, "Whether close() has freed it."},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyGetSetDef buffer_getset[] = {
     {"ptr", (getter)buffer_get_ptr, NULL, "The device address (raises once the buffer is closed).", NULL},
-    {"size", (getter)buffer_get_size, NULL, "The size in bytes.", NULL},
-    {"device_id", (getter)buffer_get_device_id, NULL, "The ordinal of the device it lives on.", NULL},
-    {"stream_handle", (getter)buffer_get_stream_handle, NULL,
-     "The driver handle of the stream it is ordered on (1: the legacy default stream).", NULL},
-    {"closed", (getter)buffer_get_closed, NULL, "Whether close() has freed it.", NULL},
     {"owner", (getter)buffer_get_owner, NULL,
      "For a borrowed buffer (an ExternalBuffer), the object owning the memory; None otherwise.", NULL},
     {"borrowed", (getter)buffer_get_borrowed, NULL,
@@ -559,6 +544,7 @@ static PyTypeObject BufferType = {
     .tp_doc = "Device memory owned by this object; made by Device.allocate.",
     .tp_weaklistoffset = offsetof(BufferObject, weakreflist),
     .tp_methods = buffer_methods,
+    .tp_members = buffer_members,
     .tp_getset = buffer_getset,
 };
 
@@ -570,7 +556,7 @@ typedef struct {
     uint64_t ptr;
     uint64_t size;
     int64_t device;
-    int closed;
+    char closed; /* a char: exposed read-only as a bool through PyMemberDef (T_BOOL) */
     Py_ssize_t exports; /* live memoryviews: while any exist, close() must refuse */
     PyObject *weakreflist;
 } PinnedObject;
@@ -671,23 +657,8 @@ pinned_get_ptr(PinnedObject *self, void *Py_UNUSED(closure))
     return PyLong_FromUnsignedLongLong(self->ptr);
 }
 
-static PyObject *
-pinned_get_size(PinnedObject *self, void *Py_UNUSED(closure))
-{
-    return PyLong_FromUnsignedLongLong(self->size);
-}
 
-static PyObject *
-pinned_get_device_id(PinnedObject *self, void *Py_UNUSED(closure))
-{
-    return PyLong_FromLongLong(self->device);
-}
 
-static PyObject *
-pinned_get_closed(PinnedObject *self, void *Py_UNUSED(closure))
-{
-    return PyBool_FromLong(self->closed);
-}
 
 static PyMethodDef pinned_methods[] = {
     {"close", (PyCFunction)pinned_close, METH_NOARGS,
@@ -697,11 +668,16 @@ static PyMethodDef pinned_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef pinned_members[] = {
+    {"size", T_ULONGLONG, offsetof(PinnedObject, size), READONLY, "The size in bytes."},
+    {"device_id", T_LONGLONG, offsetof(PinnedObject, device), READONLY,
+     "The ordinal of the device it was allocated for."},
+    {"closed", T_BOOL, offsetof(PinnedObject, closed), READONLY, "Whether close() has freed it."},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyGetSetDef pinned_getset[] = {
     {"ptr", (getter)pinned_get_ptr, NULL, "The host address (raises once closed).", NULL},
-    {"size", (getter)pinned_get_size, NULL, "The size in bytes.", NULL},
-    {"device_id", (getter)pinned_get_device_id, NULL, "The ordinal of the device it was allocated for.", NULL},
-    {"closed", (getter)pinned_get_closed, NULL, "Whether close() has freed it.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -715,6 +691,7 @@ static PyTypeObject PinnedType = {
     .tp_doc = "Page-locked host memory owned by this object; made by Device.allocate_pinned.",
     .tp_weaklistoffset = offsetof(PinnedObject, weakreflist),
     .tp_methods = pinned_methods,
+    .tp_members = pinned_members,
     .tp_getset = pinned_getset,
 };
 

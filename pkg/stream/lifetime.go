@@ -30,6 +30,10 @@ type lifetimes struct {
 	order []cuda.Stream
 }
 
+// IsDefault says whether h names a default stream (0 or the legacy stream, or the per-thread stream):
+// those are never destroyed.
+func IsDefault(h cuda.Stream) bool { return isDefault(h) }
+
 func isDefault(h cuda.Stream) bool {
 	return h == 0 || h == cuda.StreamLegacy || h == cuda.StreamPerThread
 }

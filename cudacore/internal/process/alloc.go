@@ -1,6 +1,9 @@
 package process
 
-import "github.com/cudacore/cudacore/pkg/cuda"
+import (
+	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/stream"
+)
 
 // Allocate and Free are the one way device memory is handed out and taken back by address: the fast path
 // (Buffer) and the framework allocators (PyTorch's pluggable allocator) both come through here, so the
@@ -10,12 +13,15 @@ import "github.com/cudacore/cudacore/pkg/cuda"
 // (pkg/stream/lifetime.go); while a stream captures, the capture rules apply (an allocation that would
 // invalidate a capture is refused, one on the capturing stream is counted into its graph).
 func (d *Device) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
+	capturing := Capturing()
+	if !capturing && stream.IsDefault(h) {
+		return d.Memory().Allocate(size, h) // the common case: no stream to check, nothing captures
+	}
 	streams := d.Streams()
 	if err := streams.UseForAlloc(h); err != nil {
 		return 0, err
 	}
 	defer streams.Done(h)
-	capturing := Capturing()
 	if capturing {
 		if err := streams.CheckAllocate(h); err != nil {
 			return 0, err
@@ -45,6 +51,9 @@ func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 }
 
 func (d *Device) freeNow(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	if stream.IsDefault(h) {
+		return d.Memory().Deallocate(p, size, h)
+	}
 	streams := d.Streams()
 	use := streams.UseForFree(h)
 	defer streams.Done(h)

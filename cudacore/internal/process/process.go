@@ -18,6 +18,7 @@ import (
 	"github.com/cudacore/cudacore/pkg/cudasim"
 	"github.com/cudacore/cudacore/pkg/device"
 	"github.com/cudacore/cudacore/pkg/memory"
+	"github.com/cudacore/cudacore/pkg/stream"
 )
 
 // Backend names accepted in CUDACORE_BACKEND.
@@ -48,6 +49,8 @@ type Device struct {
 	// Memory is the device's allocator (strategy base, cache, retry, limit, statistics); see
 	// pkg/memory.Stack. It is replaced only by SetStrategy, while nothing is allocated.
 	memory atomic.Pointer[memory.Stack]
+	// streams caches Streams(): the device's stream manager, set once.
+	streams atomic.Pointer[stream.Manager]
 }
 
 // Memory returns the device's allocator.

@@ -23,8 +23,18 @@ func DeferUntilNoCapture(fn func()) { captures.Defer(fn) }
 // ActiveCaptures returns how many captures are in progress in the process.
 func ActiveCaptures() int { return captures.Active() }
 
-// Streams returns the device's stream/event/copy/graph manager, made on first use.
+// Streams returns the device's stream/event/copy/graph manager, made on first use. The hot paths call
+// it on every allocation, so the manager is also kept on the Device (one atomic load).
 func (d *Device) Streams() *stream.Manager {
+	if m := d.streams.Load(); m != nil {
+		return m
+	}
+	m := d.streamsSlow()
+	d.streams.Store(m)
+	return m
+}
+
+func (d *Device) streamsSlow() *stream.Manager {
 	if m, ok := streamManagers.Load(d.Ordinal()); ok {
 		return m.(*stream.Manager)
 	}
