@@ -116,7 +116,8 @@ func derivedUUID(i int) [16]byte {
 	return u
 }
 
-func derivedPCIBusID(i int) string { return fmt.Sprintf("00000000:%02X:00.0", 0x18+i) }
+// derivedPCIBusID has the driver's own form: the H100 reported "0000:00:06.0" (a four-digit domain).
+func derivedPCIBusID(i int) string { return fmt.Sprintf("0000:%02X:00.0", 0x18+i) }
 
 func configError(format string, args ...any) *cuda.Error {
 	return cuda.NewError(EnvDevices, cuda.ErrorInvalidValue,
@@ -158,7 +159,7 @@ func validate(i int, c DeviceConfig) *cuda.Error {
 	case c.MultiprocessorCount < 1 || c.MultiprocessorCount > 4096:
 		return configError("device %d: multiprocessor_count %d must be between 1 and 4096", i, c.MultiprocessorCount)
 	case !pciBusIDRe.MatchString(c.PCIBusID):
-		return configError("device %d: pci_bus_id %q is not of the form 00000000:18:00.0", i, c.PCIBusID)
+		return configError("device %d: pci_bus_id %q is not of the form 0000:18:00.0", i, c.PCIBusID)
 	}
 	return nil
 }

@@ -133,7 +133,8 @@ func (v *device) resetLocked() {
 		cuda.LimitDevRuntimeSyncDepth:          2,
 		cuda.LimitDevRuntimePendingLaunchCount: 2048,
 		cuda.LimitMaxL2FetchGranularity:        64,
-		cuda.LimitPersistingL2CacheSize:        0,
+		// The H100 read 9,830,400: 30% of its maximum (MAX_PERSISTING_L2_CACHE_SIZE, 32,768,000).
+		cuda.LimitPersistingL2CacheSize: v.maxPersistingL2() * 3 / 10,
 	}
 }
 

@@ -28,9 +28,15 @@ func (d *Driver) CtxSetLimit(c cuda.Context, l cuda.Limit, val uint64) error {
 	case cuda.LimitMallocHeapSize:
 		val = min(val, v.heapMax())
 	case cuda.LimitPersistingL2CacheSize:
-		if val > v.maxPersistingL2() {
-			return errf(op, cuda.ErrorInvalidValue, "%d bytes is above the device's persisting L2 maximum of %d", val, v.maxPersistingL2())
+		top := v.maxPersistingL2()
+		if val > top {
+			return errf(op, cuda.ErrorInvalidValue, "%d bytes is above the device's persisting L2 maximum of %d", val, top)
 		}
+		// The H100 rounds up to tenths of the maximum: 1 MiB was applied as 3,276,800 (of 32,768,000).
+		step := top / 10
+		val = min((val+step-1)/step*step, top)
+	case cuda.LimitStackSize:
+		val = (val + 15) &^ 15 // the H100 applied 1,000 bytes as 1,008: 16-byte granules
 	case cuda.LimitMaxL2FetchGranularity:
 		val = min(val, 128)
 	}

@@ -630,7 +630,7 @@ func TestLimitsSim(t *testing.T) {
 		return v
 	}
 	for l, want := range map[cuda.Limit]uint64{cuda.LimitDevRuntimePendingLaunchCount: 2048,
-		cuda.LimitMaxL2FetchGranularity: 64, cuda.LimitPersistingL2CacheSize: 0} {
+		cuda.LimitMaxL2FetchGranularity: 64, cuda.LimitPersistingL2CacheSize: 9830400} {
 		assert.Equal(t, want, get(c, l), "limit %d", l)
 	}
 	require.NoError(t, d.CtxSetLimit(c, cuda.LimitMallocHeapSize, 64<<40))
@@ -639,7 +639,9 @@ func TestLimitsSim(t *testing.T) {
 	// an unknown limit is INVALID_VALUE.
 	requireResult(t, cuda.ErrorInvalidValue, "cuCtxSetLimit", d.CtxSetLimit(c, cuda.LimitPersistingL2CacheSize, 1<<40))
 	require.NoError(t, d.CtxSetLimit(c, cuda.LimitPersistingL2CacheSize, 1<<20))
-	assert.Equal(t, uint64(1<<20), get(c, cuda.LimitPersistingL2CacheSize))
+	assert.Equal(t, uint64(3276800), get(c, cuda.LimitPersistingL2CacheSize), "rounded up to a tenth of the maximum, as on the H100")
+	require.NoError(t, d.CtxSetLimit(c, cuda.LimitStackSize, 1000))
+	assert.Equal(t, uint64(1008), get(c, cuda.LimitStackSize), "16-byte granules, as on the H100")
 	_, err := d.CtxGetLimit(c, cuda.LimitDevRuntimeSyncDepth)
 	requireResult(t, cuda.ErrorUnsupportedLimit, "cuCtxGetLimit", err)
 	requireResult(t, cuda.ErrorInvalidValue, "cuCtxSetLimit", d.CtxSetLimit(c, 42, 1))
