@@ -131,7 +131,17 @@ func FunctionLaunch(handle, gx, gy, gz, bx, by, bz, sharedMem, stream int, args 
 		if err != nil {
 			return 0, err
 		}
-		return 0, f.Launch(module.Config{Grid: grid, Block: block, SharedMem: uint32(sharedMem),
-			Stream: cuda.Stream(uintptr(stream))}, a)
+		d, err := process.Lookup(f.Ordinal)
+		if err != nil {
+			return 0, err
+		}
+		h, streams := cuda.Stream(uintptr(stream)), d.Streams()
+		if err := streams.Use("launch", h); err != nil {
+			return 0, err // a destroyed stream's handle must never reach the driver
+		}
+		defer streams.Done(h)
+		return 0, streams.Enqueue("launch", h, func() error {
+			return f.Launch(module.Config{Grid: grid, Block: block, SharedMem: uint32(sharedMem), Stream: h}, a)
+		})
 	})
 }

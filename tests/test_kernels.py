@@ -387,3 +387,27 @@ def test_gpu_fill_launch_and_read_back(ptx):
     assert out["attrs"]["max_threads_per_block"] <= 256
     assert out["errors"]["fill_f32"][:2] == ["InvalidValueError", "cudacore.launch"]
     assert "this kernel allows" in out["errors"]["fill_f32"][2]
+
+
+def test_launch_obeys_the_capture_rules_and_refuses_dead_streams():
+    """A launch on the legacy stream while a blocking stream captures would be the driver's 906: refused
+    first, the capture intact. A launch on a closed stream never reaches the driver (the real one
+    crashes on a destroyed stream's handle)."""
+    d = cc.Device(0)
+    mod = d.load_module(FILL_PTX)
+    k = mod.function("fill")
+    buf = d.allocate(4096)
+    s = d.create_stream(non_blocking=False)
+    try:
+        with pytest.raises(cc.CaptureError, match="906"), s.capture():
+            k.launch(grid=4, block=256, args=(buf, 7, 1024))  # stream=None: the legacy stream
+        assert not s.capturing
+        s.synchronize()  # the stream works again
+        closed = d.create_stream()
+        closed.close()
+        with pytest.raises(cc.InvalidHandleError, match="was destroyed"):
+            k.launch(grid=4, block=256, args=(buf, 7, 1024), stream=closed.handle)
+    finally:
+        s.close()
+        buf.close()
+        mod.unload()

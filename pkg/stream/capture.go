@@ -202,6 +202,23 @@ func (m *Manager) checkDeviceSync(op string) error {
 	return nil
 }
 
+// Enqueue runs enqueue, which queues work on the stream with handle h that this package did not make
+// (a kernel launch), under the capture rules: refused on the legacy stream while a blocking stream
+// captures (906), and when the driver still fails with a capture error, the invalidated captures are
+// ended so that the streams work again (see after).
+func (m *Manager) Enqueue(op string, h cuda.Stream, enqueue func() error) error {
+	s := m.lookup(h)
+	if s == nil && (h == 0 || h == cuda.StreamLegacy) {
+		s = m.legacy
+	}
+	if s != nil {
+		if err := m.checkEnqueue(op, s); err != nil {
+			return err
+		}
+	}
+	return m.after(op, s, enqueue())
+}
+
 // checkEnqueue is the rule for enqueueing work on s: on the legacy stream it conflicts with capturing
 // blocking streams (906).
 func (m *Manager) checkEnqueue(op string, s *Stream) error {

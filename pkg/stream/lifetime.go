@@ -77,15 +77,19 @@ func (m *Manager) UseForFree(h cuda.Stream) cuda.Stream {
 
 // UseForAlloc checks that h may be allocated on: an error (and nothing to undo) for a destroyed stream;
 // otherwise the caller allocates and then calls Done(h).
-func (m *Manager) UseForAlloc(h cuda.Stream) error {
+func (m *Manager) UseForAlloc(h cuda.Stream) error { return m.Use("allocate", h) }
+
+// Use checks that work (op) may be queued on h, as UseForAlloc does for allocations: an error for a
+// destroyed stream, else the caller queues the work and then calls Done(h).
+func (m *Manager) Use(op string, h cuda.Stream) error {
 	if isDefault(h) {
 		return nil
 	}
 	m.life.mu.RLock()
 	if _, dead := m.life.dead[h]; dead {
 		m.life.mu.RUnlock()
-		return cuda.NewError("cudacore.allocate", cuda.ErrorInvalidHandle,
-			fmt.Sprintf("stream %#x of device %d was destroyed: allocate on a live stream", uint64(h), m.dev.Ordinal()))
+		return cuda.NewError("cudacore."+op, cuda.ErrorInvalidHandle,
+			fmt.Sprintf("stream %#x of device %d was destroyed: %s on a live stream", uint64(h), m.dev.Ordinal(), op))
 	}
 	return nil
 }

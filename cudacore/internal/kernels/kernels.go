@@ -22,7 +22,8 @@ type Module struct {
 // Function is a registered function and the handle of its module.
 type Function struct {
 	*module.Function
-	Module int64
+	Module  int64
+	Ordinal int // the device the module was loaded on
 }
 
 // Registry maps handles to modules and functions. The zero value is not usable; use New.
@@ -87,7 +88,7 @@ func (r *Registry) Function(mh int64, name string) (int64, error) {
 		}
 	}
 	r.next++
-	r.funcs[r.next] = &Function{Function: f, Module: mh}
+	r.funcs[r.next] = &Function{Function: f, Module: mh, Ordinal: m.Ordinal}
 	m.funcs = append(m.funcs, r.next)
 	return r.next, nil
 }
