@@ -2,7 +2,8 @@
 
 The extension is one Go c-shared library built by bindings/cmd/build for the Python running this build
 (sys.executable): gopy's module cudacore._gopy._core plus the fast path cudacore._fast in the same file. The
-build needs Go and a C and C++ compiler (gcc, g++: the PyTorch allocator shim is C++); pybindgen comes from pyproject's build requirements.
+build needs Go and C and C++ compilers (gcc, g++: the PyTorch allocator shim is C++); pybindgen comes
+from pyproject's build requirements.
 """
 
 import os
