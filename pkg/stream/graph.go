@@ -106,24 +106,18 @@ func (g *Graph) streamFor(op string, s *Stream) (*Stream, error) {
 // Upload uploads the executable graph to the device on s, so the first launch costs no more than the
 // next ones.
 func (g *Graph) Upload(s *Stream) error {
-	const op = "graph_upload"
-	s, err := g.streamFor(op, s)
-	if err != nil {
-		return err
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	x, err := g.exec(op)
-	if err != nil {
-		return err
-	}
-	return g.m.after(op, s, g.m.drv.GraphUpload(g.m.ctx, x, s.h))
+	return g.onStream("graph_upload", s, g.m.drv.GraphUpload)
 }
 
 // Launch launches the graph on s (nil: the legacy stream). Each launch reads and writes host memory as
 // it is at that moment (pinned copies replay with fresh data).
 func (g *Graph) Launch(s *Stream) error {
-	const op = "graph_launch"
+	return g.onStream("graph_launch", s, g.m.drv.GraphLaunch)
+}
+
+// onStream runs call (cuGraphUpload or cuGraphLaunch) with g's executable graph on s, under the capture
+// rules, instantiating the graph first if need be.
+func (g *Graph) onStream(op string, s *Stream, call func(cuda.Context, cuda.GraphExec, cuda.Stream) error) error {
 	s, err := g.streamFor(op, s)
 	if err != nil {
 		return err
@@ -134,7 +128,7 @@ func (g *Graph) Launch(s *Stream) error {
 	if err != nil {
 		return err
 	}
-	return g.m.after(op, s, g.m.drv.GraphLaunch(g.m.ctx, x, s.h))
+	return g.m.after(op, s, call(g.m.ctx, x, s.h))
 }
 
 // Update takes the parameters of other, a graph of the same topology (cuGraphExecUpdate), into g's
