@@ -56,7 +56,7 @@ lint: venv
 
 # mypy over the examples (and so the package's public surface they use); not part of `make test`.
 typecheck: build
-	$(VENV)/bin/mypy examples
+	$(VENV)/bin/mypy python/cudacore examples
 
 clean:
 	rm -rf build dist python/cudacore/_gopy python/*.egg-info *.egg-info $(VENV)

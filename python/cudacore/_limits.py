@@ -95,6 +95,9 @@ class Limits:
     """
 
     __slots__ = ("_local", "_ordinal", "_strict")
+    _local: threading.local
+    _ordinal: int
+    _strict: bool
 
     def __init__(self, ordinal: int) -> None:
         object.__setattr__(self, "_ordinal", ordinal)
@@ -227,7 +230,8 @@ class Limits:
                     call(core.DeviceSetLimit, self._ordinal, name, old, False)
             except CUDAError as exc:
                 if failed is not None:
-                    failed.add_note(f"cudacore: restoring {name} to {old:,} failed: {exc}")
+                    if hasattr(failed, "add_note"):  # Python 3.11+
+                        failed.add_note(f"cudacore: restoring {name} to {old:,} failed: {exc}")
                 elif first is None:
                     first = exc
         if first is not None:

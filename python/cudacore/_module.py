@@ -29,7 +29,7 @@ from ._api import call, core
 from ._errors import CUDAError, InvalidValueError
 
 if TYPE_CHECKING:
-    from typing import Self
+    from typing_extensions import Self
 
     from ._device import Device
 
@@ -261,21 +261,21 @@ def _convert(value: Any, index: int, param: Param | None, kernel: str) -> tuple[
             f"{where}: the parameter is an array of {param.size} bytes (a struct by value); pass bytes"
         )
     if param.cls == "float":
-        kind = _FLOAT_KIND.get(param.size)
-        if kind is None:
+        fkind = _FLOAT_KIND.get(param.size)
+        if fkind is None:
             raise TypeError(f"{where}: unsupported float size {param.size}")
-        return kind, KernelArg(kind, float(value)).encode()
+        return fkind, KernelArg(fkind, float(value)).encode()
     if is_float:
         raise TypeError(f"{where}: got float {value!r}, but the parameter takes an integer")
     v = operator.index(value)
     signed = param.type.startswith("s") or (param.cls == "bits" and v < 0)
-    kind = _INT_KIND[(param.size, signed)] if param.size in (1, 2, 4, 8) else None
-    if kind is None:
+    ikind = _INT_KIND[(param.size, signed)] if param.size in (1, 2, 4, 8) else None
+    if ikind is None:
         raise TypeError(f"{where}: unsupported parameter size {param.size}")
-    lo, hi = _int_range(kind)
+    lo, hi = _int_range(ikind)
     if not lo <= v <= hi:
         raise _invalid(f"{where}: {v} does not fit in .{param.type} ({lo} to {hi})", param=param.name)
-    return kind, KernelArg(kind, v).encode()
+    return ikind, KernelArg(ikind, v).encode()
 
 
 def _dims(value: Any, what: str) -> tuple[int, int, int]:

@@ -51,4 +51,7 @@ def _load_fast(ext_path: str) -> ModuleType:
 
 core = _import_core()
 # The extension module gopy's wrapper imported (cudacore._gopy._core): its file is the shared library.
-fast = _load_fast(sys.modules["cudacore._gopy._core"].__file__)
+_ext_file = sys.modules["cudacore._gopy._core"].__file__
+if _ext_file is None:  # an extension module always has a file; this keeps the type checker honest
+    raise ImportError("cudacore._gopy._core has no file: cannot load the fast path from it")
+fast = _load_fast(_ext_file)

@@ -354,6 +354,9 @@ class Graph:
     """
 
     __slots__ = ("__weakref__", "_destroyed", "_device", "_id")
+    _destroyed: bool
+    _device: Device
+    _id: int
 
     def __init__(self) -> None:
         raise TypeError("graphs come from Stream.capture() or Stream.end_capture()")

@@ -213,9 +213,13 @@ class _LeakWatch:
         self._saved: dict[str, Any] = {}
 
     def _record(self, buf: Any) -> None:
-        stack = traceback.extract_stack(limit=10)[:-2]  # drop the wrapper frames
+        stack = traceback.StackSummary.from_list(traceback.extract_stack(limit=10)[:-2])  # drop the wrapper frames
         key = id(buf)
-        self.sites[key] = (weakref.ref(buf, lambda _r, k=key: self.sites.pop(k, None)), buf.size, stack)
+
+        def forget(_ref: weakref.ref[Any], k: int = key) -> None:
+            self.sites.pop(k, None)
+
+        self.sites[key] = (weakref.ref(buf, forget), buf.size, stack)
 
     def start(self) -> None:
         from ._device import Device
