@@ -173,19 +173,27 @@ buffer_free(BufferObject *self)
     return 0;
 }
 
+/* The end of an owning object (Buffer, PinnedBuffer): free what it still owns with free_fn, reporting a
+ * failure as unraisable (a destructor cannot raise), then clear weak references and release the object. */
 static void
-buffer_dealloc(BufferObject *self)
+dealloc_owner(PyObject *self, int (*free_fn)(PyObject *), PyObject *weakreflist)
 {
     PyObject *etype, *evalue, *etb; /* Fetch/Restore rather than GetRaisedException: 3.10 and 3.11 */
     PyErr_Fetch(&etype, &evalue, &etb);
-    if (buffer_free(self) < 0) {
+    if (free_fn(self) < 0) {
         PyErr_WriteUnraisable(NULL); /* not self: a hook that kept it would resurrect a freed object */
     }
     PyErr_Restore(etype, evalue, etb);
-    if (self->weakreflist != NULL) {
-        PyObject_ClearWeakRefs((PyObject *)self);
+    if (weakreflist != NULL) {
+        PyObject_ClearWeakRefs(self);
     }
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static void
+buffer_dealloc(BufferObject *self)
+{
+    dealloc_owner((PyObject *)self, (int (*)(PyObject *))buffer_free, self->weakreflist);
 }
 
 static PyObject *
@@ -588,17 +596,8 @@ pinned_free(PinnedObject *self)
 static void
 pinned_dealloc(PinnedObject *self)
 {
-    PyObject *etype, *evalue, *etb; /* Fetch/Restore rather than GetRaisedException: 3.10 and 3.11 */
-    PyErr_Fetch(&etype, &evalue, &etb);
     /* No view can exist here: each holds a reference to this object. */
-    if (pinned_free(self) < 0) {
-        PyErr_WriteUnraisable(NULL); /* not self: a hook that kept it would resurrect a freed object */
-    }
-    PyErr_Restore(etype, evalue, etb);
-    if (self->weakreflist != NULL) {
-        PyObject_ClearWeakRefs((PyObject *)self);
-    }
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    dealloc_owner((PyObject *)self, (int (*)(PyObject *))pinned_free, self->weakreflist);
 }
 
 static int
