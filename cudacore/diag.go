@@ -6,6 +6,7 @@ import "time"
 // is what the GIL-policy tests call.
 //
 //cudacore:gil hold
+//cudacore:door hot
 func Noop(x int) (int, error) {
 	return guard("cudacore.noop", func() (int, error) { return x, nil })
 }

@@ -3,7 +3,6 @@ package cudacore
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/cudacore/cudacore/cudacore/internal/fast"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/stream"
@@ -49,6 +48,7 @@ func GraphInstantiate(id int) (int, error) {
 // GraphUpload uploads the graph to the device on a stream; it returns 0.
 //
 //cudacore:gil hold
+//cudacore:door hot
 func GraphUpload(id, ordinal, streamHandle int) (int, error) {
 	return guard("cudacore.graph_upload", func() (int, error) {
 		g, err := graphOf("cudacore.graph_upload", id)
@@ -63,10 +63,10 @@ func GraphUpload(id, ordinal, streamHandle int) (int, error) {
 	})
 }
 
-// GraphLaunch launches the graph on a stream; it returns 0. (Python's Graph.launch takes the fast path,
-// cudacore_fast_graph_launch, to the same launchGraph.)
+// GraphLaunch launches the graph on a stream; it returns 0.
 //
 //cudacore:gil hold
+//cudacore:door hot
 func GraphLaunch(id, ordinal, streamHandle int) (int, error) {
 	return guard("cudacore.graph_launch", func() (int, error) {
 		return 0, launchGraph(id, ordinal, streamHandle)
@@ -84,8 +84,6 @@ func launchGraph(id, ordinal, streamHandle int) error {
 	}
 	return g.Launch(s)
 }
-
-func init() { fast.SetGraphLauncher(launchGraph) }
 
 // GraphUpdate updates graph id's executable graph with the parameters of graph other, of the same
 // topology; it returns 0.

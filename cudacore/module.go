@@ -105,11 +105,12 @@ func dim3(x, y, z int, what string) (cuda.Dim3, error) {
 }
 
 // FunctionLaunch launches the kernel asynchronously on stream (a driver stream handle; 0 is the legacy
-// default stream). args holds the arguments as "kind:hex;..." (see module.ParseArgs). The configuration
-// and arguments are validated before the driver is called. It returns 0.
+// default stream). args holds the arguments packed once by the caller (module.UnpackArgs): no text
+// crosses. The configuration and arguments are validated before the driver is called. It returns 0.
 //
 //cudacore:gil hold
-func FunctionLaunch(handle, gx, gy, gz, bx, by, bz, sharedMem, stream int, args string) (int, error) {
+//cudacore:door hot
+func FunctionLaunch(handle, gx, gy, gz, bx, by, bz, sharedMem, stream int, args []byte) (int, error) {
 	return guard("cudacore.launch", func() (int, error) {
 		f, err := kernels.Default.Func(int64(handle))
 		if err != nil {
@@ -127,7 +128,7 @@ func FunctionLaunch(handle, gx, gy, gz, bx, by, bz, sharedMem, stream int, args 
 			return 0, cuda.NewError("cudacore.launch", cuda.ErrorInvalidValue,
 				"shared_mem must be between 0 and 4,294,967,295 bytes")
 		}
-		a, err := module.ParseArgs(args)
+		a, err := module.UnpackArgs(args)
 		if err != nil {
 			return 0, err
 		}

@@ -176,6 +176,7 @@ func StreamDestroy(ordinal, handle int) (int, error) {
 // StreamQuery says whether the stream has finished its work.
 //
 //cudacore:gil hold
+//cudacore:door hot
 func StreamQuery(ordinal, handle int) (bool, error) {
 	return guard("cudacore.query", func() (bool, error) {
 		_, s, err := streamOf("cudacore.query", ordinal, handle)
@@ -190,6 +191,7 @@ func StreamQuery(ordinal, handle int) (bool, error) {
 // done. Python's Stream.synchronize calls it in short slices so that Ctrl-C is seen between them.
 //
 //cudacore:gil release
+//cudacore:door hot
 func StreamWait(ordinal, handle, timeoutMs int) (bool, error) {
 	return guard("cudacore.synchronize", func() (bool, error) {
 		_, s, err := streamOf("cudacore.synchronize", ordinal, handle)
@@ -203,6 +205,7 @@ func StreamWait(ordinal, handle, timeoutMs int) (bool, error) {
 // StreamSynchronize waits for the stream without a time limit (cuStreamSynchronize) and returns true.
 //
 //cudacore:gil release
+//cudacore:door hot
 func StreamSynchronize(ordinal, handle int) (bool, error) {
 	return guard("cudacore.synchronize", func() (bool, error) {
 		_, s, err := streamOf("cudacore.synchronize", ordinal, handle)
@@ -216,6 +219,7 @@ func StreamSynchronize(ordinal, handle int) (bool, error) {
 // StreamWaitEvent makes later work on the stream wait for the event; it returns 0.
 //
 //cudacore:gil hold
+//cudacore:door hot
 func StreamWaitEvent(ordinal, handle, event int) (int, error) {
 	return guard("cudacore.wait_event", func() (int, error) {
 		_, s, err := streamOf("cudacore.wait_event", ordinal, handle)
@@ -328,6 +332,7 @@ func EventDestroy(handle int) (int, error) {
 // EventRecord records the event on a stream of its device; it returns 0.
 //
 //cudacore:gil hold
+//cudacore:door hot
 func EventRecord(handle, ordinal, streamHandle int) (int, error) {
 	return guard("cudacore.event_record", func() (int, error) {
 		e, err := eventOf("cudacore.event_record", handle)
@@ -345,6 +350,7 @@ func EventRecord(handle, ordinal, streamHandle int) (int, error) {
 // EventQuery says whether the work the event recorded has finished.
 //
 //cudacore:gil hold
+//cudacore:door hot
 func EventQuery(handle int) (bool, error) {
 	return guard("cudacore.event_query", func() (bool, error) {
 		e, err := eventOf("cudacore.event_query", handle)
@@ -358,6 +364,7 @@ func EventQuery(handle int) (bool, error) {
 // EventWait waits at most timeoutMs milliseconds for the event and says whether it has completed.
 //
 //cudacore:gil release
+//cudacore:door hot
 func EventWait(handle, timeoutMs int) (bool, error) {
 	return guard("cudacore.event_synchronize", func() (bool, error) {
 		e, err := eventOf("cudacore.event_synchronize", handle)

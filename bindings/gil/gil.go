@@ -35,6 +35,10 @@ const (
 	Hold Mode = "hold"
 	// Release releases the GIL while Go runs (gopy's default).
 	Release Mode = "release"
+	// Device holds the GIL unless the device named by the entry's first parameter (ordinal) has an
+	// allocator that can block (the synchronous strategy), whose calls release it. gopy's wrappers, which
+	// cannot ask, release it.
+	Device Mode = "device"
 )
 
 // directive is the comment prefix of a GIL directive. Like //go: directives it has no space after "//",
@@ -114,9 +118,10 @@ func directiveOf(fd *ast.FuncDecl) (Mode, error) {
 			continue
 		}
 		fields := strings.Fields(c.Text)
-		if len(fields) != 2 || fields[0] != directive || (fields[1] != string(Hold) && fields[1] != string(Release)) {
-			return "", fmt.Errorf("malformed GIL directive %q (want %q or %q)",
-				c.Text, directive+" hold", directive+" release")
+		if len(fields) != 2 || fields[0] != directive ||
+			(fields[1] != string(Hold) && fields[1] != string(Release) && fields[1] != string(Device)) {
+			return "", fmt.Errorf("malformed GIL directive %q (want %q, %q or %q)",
+				c.Text, directive+" hold", directive+" release", directive+" device")
 		}
 		modes = append(modes, Mode(fields[1]))
 	}
@@ -190,7 +195,7 @@ func Patch(src []byte, policy map[string]Mode) ([]byte, error) {
 	var problems []string
 	for _, name := range names {
 		mode := policy[name]
-		if mode != Hold && mode != Release {
+		if mode != Hold && mode != Release && mode != Device {
 			problems = append(problems, fmt.Sprintf("%s: unknown mode %q", name, mode))
 			continue
 		}

@@ -2,7 +2,6 @@ package module
 
 import (
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"math"
 	"strconv"
@@ -74,43 +73,57 @@ func Ptr(p cuda.DevicePtr) Arg {
 	return Arg{Pointer, binary.LittleEndian.AppendUint64(nil, uint64(p))}
 }
 
-// ParseArgs decodes the text form the facade receives from Python: "kind:hex" items separated by ';',
-// where hex is the argument's little-endian bytes ("u64:0010000000000000;f32:0000c03f"). The empty string
-// is no arguments.
-func ParseArgs(s string) ([]Arg, error) {
-	if s == "" {
-		return nil, nil
-	}
-	items := strings.Split(s, ";")
-	args := make([]Arg, 0, len(items))
-	for i, it := range items {
-		k, h, ok := strings.Cut(it, ":")
-		b, err := hex.DecodeString(h)
-		kind := ArgKind(k)
-		size, known := kindSizes[kind]
-		switch {
-		case !ok || err != nil:
-			return nil, argError(fmt.Sprintf("argument %d: %q is not of the form kind:hexbytes", i, short(it)))
-		case kind == Raw:
-			if len(b) == 0 || len(b) > maxParams {
-				return nil, argError(fmt.Sprintf("argument %d: raw arguments must hold 1 to %d bytes, got %d", i, maxParams, len(b)))
+// ArgCodes numbers the kinds in the packed form (PackArgs, UnpackArgs): the code of a kind is its index.
+// Append only: the Python layer writes these numbers.
+var ArgCodes = []ArgKind{"", Int8, Uint8, Int16, Uint16, Int32, Uint32, Int64, Uint64, Float16, Float32, Float64, Pointer, Raw}
+
+// PackArgs renders args in the packed form UnpackArgs reads: per argument one byte of kind code, the
+// length as two bytes little-endian, then the argument's bytes.
+func PackArgs(args []Arg) []byte {
+	var b []byte
+	for _, a := range args {
+		code := 0
+		for i, k := range ArgCodes {
+			if k == a.Kind {
+				code = i
 			}
-		case !known:
-			return nil, argError(fmt.Sprintf("argument %d: unknown kind %q", i, short(k)))
-		case len(b) != size:
-			return nil, argError(fmt.Sprintf("argument %d: a %s holds %d bytes, got %d", i, kind, size, len(b)))
 		}
-		args = append(args, Arg{kind, b})
+		b = append(b, byte(code), byte(len(a.Bytes)), byte(len(a.Bytes)>>8))
+		b = append(b, a.Bytes...)
+	}
+	return b
+}
+
+// UnpackArgs decodes the packed form the facade receives from Python. The argument bytes are views into
+// b, which must stay unchanged until the launch has been queued. Malformed input is an InvalidValue
+// error naming the argument; UnpackArgs never panics.
+func UnpackArgs(b []byte) ([]Arg, error) {
+	var args []Arg
+	for i := 0; len(b) > 0; i++ {
+		if len(b) < 3 {
+			return nil, argError(fmt.Sprintf("argument %d: truncated header (%d bytes left)", i, len(b)))
+		}
+		code, n := int(b[0]), int(b[1])|int(b[2])<<8
+		b = b[3:]
+		if code == 0 || code >= len(ArgCodes) {
+			return nil, argError(fmt.Sprintf("argument %d: unknown kind code %d", i, code))
+		}
+		if n > len(b) {
+			return nil, argError(fmt.Sprintf("argument %d: %d bytes announced, %d left", i, n, len(b)))
+		}
+		kind := ArgCodes[code]
+		if size, known := kindSizes[kind]; known && n != size {
+			return nil, argError(fmt.Sprintf("argument %d: a %s holds %d bytes, got %d", i, kind, size, n))
+		}
+		if kind == Raw && (n == 0 || n > maxParams) {
+			return nil, argError(fmt.Sprintf("argument %d: raw arguments must hold 1 to %d bytes, got %d", i, maxParams, n))
+		}
+		args = append(args, Arg{kind, b[:n:n]})
+		b = b[n:]
 	}
 	return args, nil
 }
 
-func short(s string) string {
-	if len(s) > 40 {
-		return s[:40] + "..."
-	}
-	return s
-}
 
 func argError(msg string) error {
 	return cuda.NewError("cudacore.launch", cuda.ErrorInvalidValue, msg)

@@ -323,17 +323,38 @@ func TestLaunchErrorExplained(t *testing.T) {
 	}(), cuda.ErrLaunch))
 }
 
-func TestParseArgs(t *testing.T) {
-	args, err := module.ParseArgs("ptr:0010000000000000;u32:07000000;f64:000000000000f83f")
+func TestUnpackArgs(t *testing.T) {
+	want := []module.Arg{module.Ptr(0x1000), module.U32(7), module.F64(1.5), {Kind: module.Raw, Bytes: []byte{1, 2, 3}}}
+	args, err := module.UnpackArgs(module.PackArgs(want))
 	require.NoError(t, err)
-	assert.Equal(t, []module.Arg{module.Ptr(0x1000), module.U32(7), module.F64(1.5)}, args)
-	args, err = module.ParseArgs("")
+	assert.Equal(t, want, args)
+	args, err = module.UnpackArgs(nil)
 	require.NoError(t, err)
 	assert.Empty(t, args)
-	for _, bad := range []string{"u32:070000", "x:00", "u32", "u32:zz000000", "raw:", ";"} {
-		_, err := module.ParseArgs(bad)
-		require.Error(t, err, bad)
-		assert.True(t, errors.Is(err, cuda.ErrInvalidValue), bad)
-		assert.True(t, strings.HasPrefix(cudaErr(t, err).Msg, "argument 0"), bad)
+	for name, bad := range map[string][]byte{
+		"short u32":      {6, 3, 0, 7, 0, 0},
+		"unknown code":   {99, 1, 0, 0},
+		"code zero":      {0, 1, 0, 0},
+		"truncated head": {6, 4},
+		"announced more": {6, 4, 0, 1},
+		"empty raw":      {13, 0, 0},
+	} {
+		_, err := module.UnpackArgs(bad)
+		require.Error(t, err, name)
+		assert.True(t, errors.Is(err, cuda.ErrInvalidValue), name)
+		assert.True(t, strings.HasPrefix(cudaErr(t, err).Msg, "argument 0"), name)
 	}
+}
+
+func FuzzUnpackArgs(f *testing.F) {
+	f.Add(module.PackArgs([]module.Arg{module.Ptr(1), module.F32(2)}))
+	f.Add([]byte{13, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		args, err := module.UnpackArgs(b)
+		if err != nil {
+			require.True(t, errors.Is(err, cuda.ErrInvalidValue))
+			return
+		}
+		assert.Equal(t, b, module.PackArgs(args), "a decoded form packs back to its input")
+	})
 }

@@ -498,3 +498,39 @@ func (m *Manager) after(op string, s *Stream, err error) error {
 		"%s failed during stream capture with the driver's error %d (%s); %s", strings.ReplaceAll(op, "_", " "), int(r), r.Description(), what),
 		Err: err}
 }
+
+// ---- ordering between streams ------------------------------------------------------------------------
+
+// Order makes the work queued on waiter from now on wait for the work queued on producer so far, through
+// an event on the device (the host does not wait). It is how a buffer's stream order reaches a consumer's
+// stream (the DLPack export). Both enqueues obey the capture rules of Enqueue: the legacy stream is
+// refused while a blocking stream captures, and a capture error from the driver ends the invalidated
+// captures. The caller brackets producer (Use/Done) when it is a stream of this Manager, so that a
+// destroyed stream's handle never reaches the driver; waiter is the consumer's and its owner keeps it
+// alive. Equal streams need no ordering and make no driver call.
+func (m *Manager) Order(op string, waiter, producer cuda.Stream) error {
+	if sameStream(waiter, producer) {
+		return nil
+	}
+	ev, err := m.drv.EventCreate(m.ctx, cuda.EventDisableTiming)
+	if err != nil {
+		return err
+	}
+	// An event may be destroyed while a wait on it is queued: the driver releases it once the wait is done.
+	defer func() { _ = m.drv.EventDestroy(m.ctx, ev) }()
+	if err := m.Enqueue(op, producer, func() error { return m.drv.EventRecord(m.ctx, ev, producer) }); err != nil {
+		return err
+	}
+	return m.Enqueue(op, waiter, func() error { return m.drv.StreamWaitEvent(m.ctx, waiter, ev) })
+}
+
+// sameStream says whether a and b name one stream (0 and the legacy handle are the same stream).
+func sameStream(a, b cuda.Stream) bool {
+	if a == 0 {
+		a = cuda.StreamLegacy
+	}
+	if b == 0 {
+		b = cuda.StreamLegacy
+	}
+	return a == b
+}

@@ -100,3 +100,12 @@ func (m *Manager) Done(h cuda.Stream) {
 		m.life.mu.RUnlock()
 	}
 }
+
+// Destroyed says whether h names a stream this Manager destroyed (and whose handle the driver has not
+// handed out again).
+func (m *Manager) Destroyed(h cuda.Stream) bool {
+	m.life.mu.RLock()
+	defer m.life.mu.RUnlock()
+	_, dead := m.life.dead[h]
+	return dead
+}

@@ -8,9 +8,11 @@
 //     write the policy manifest _gil_policy.json;
 //  4. goimports, then one c-shared build only to get the cgo export header that pybindgen's C includes;
 //  5. run gopy's build.py with the target Python (pybindgen writes the C module);
-//  6. relink the final extension with that Python's include flags and without libpython, with
-//     bindings/fastpath.c (the METH_FASTCALL module _fast) compiled into the same shared library, so that
-//     the process has one Go runtime;
+//  6. generate the hot and native doors from the facade's declarations (bindings/door: cgo exports,
+//     their C prototypes, the METH_FASTCALL wrappers) and relink the final extension with that Python's
+//     include flags and without libpython, with cudacore/native (the C guard, the module _fast and the
+//     PyTorch allocator shim) compiled into the same shared library, so that the process has one Go
+//     runtime;
 //  7. copy the extension and the generated Python files into -out (a Python package directory).
 //
 // Usage (from the repository root):
@@ -30,12 +32,16 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/cudacore/cudacore/bindings/door"
 	"github.com/cudacore/cudacore/bindings/gil"
 )
 
 const (
 	facadePkg = "github.com/cudacore/cudacore/cudacore"
 	facadeDir = "cudacore"
+	// nativeDir holds the hand-written C and C++ of the doors; it is compiled only here, with the
+	// generated main package (it needs Python.h), never by go build ./...
+	nativeDir = "cudacore/native"
 	// name is gopy's -name: it names the Go file (core.go), the header (core_go.h) and the extension
 	// (_core<EXT_SUFFIX>). It must not start with "_": gopy's go.py calls the extension as `_<name>` from
 	// inside class bodies, and Python mangles `__core` there into `_ClassName__core`. The module is private
@@ -160,10 +166,28 @@ func run(python, out, work string) error {
 		log.Printf("gil: %-24s %s", f.Name, f.Mode)
 	}
 
-	// The fast path is C in the generated main package, so cgo compiles it into the same library.
-	for _, f := range []string{"fastpath.c", "fastpath.h", "torch_shim.cc"} {
-		if err := copyFile(filepath.Join("bindings", f), filepath.Join(work, f)); err != nil {
+	// The doors: generated Go exports and C wrappers, and the hand-written C of cudacore/native, all in
+	// the generated main package, so that cgo compiles them into the same library.
+	decls, err := door.Parse(facadeDir)
+	if err != nil {
+		return err
+	}
+	gen := door.Generate(decls, facadePkg)
+	for name, b := range map[string][]byte{"door_exports.go": gen.GoExports, "door_gen.h": gen.Header,
+		"door_gen.c": gen.Wrappers, "_door.pyi": gen.Stub} {
+		if err := os.WriteFile(filepath.Join(work, name), b, 0o644); err != nil {
 			return err
+		}
+	}
+	native, err := os.ReadDir(nativeDir)
+	if err != nil {
+		return err
+	}
+	for _, e := range native {
+		if !e.IsDir() {
+			if err := copyFile(filepath.Join(nativeDir, e.Name()), filepath.Join(work, e.Name())); err != nil {
+				return err
+			}
 		}
 	}
 
@@ -208,7 +232,7 @@ func run(python, out, work string) error {
 	}
 	for _, e := range entries {
 		n := e.Name()
-		if n == ext || n == "_gil_policy.json" || n == "cudacore.pyi" || (strings.HasSuffix(n, ".py") && n != "build.py") {
+		if n == ext || n == "_gil_policy.json" || n == "cudacore.pyi" || n == "_door.pyi" || (strings.HasSuffix(n, ".py") && n != "build.py") {
 			if err := copyFile(filepath.Join(work, n), filepath.Join(out, n)); err != nil {
 				return err
 			}

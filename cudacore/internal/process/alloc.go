@@ -59,3 +59,18 @@ func (d *Device) freeNow(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	defer streams.Done(h)
 	return d.Memory().Deallocate(p, size, use)
 }
+
+// Order makes work queued on waiter wait for the work queued so far on producer (stream.Manager.Order).
+// A producer stream that cudacore destroyed is never passed on: destroying a stream lets its queued work
+// finish, and nothing can be queued on it afterwards, so there is nothing left to wait for.
+func (d *Device) Order(op string, waiter, producer cuda.Stream) error {
+	streams := d.Streams()
+	if err := streams.Use(op, producer); err != nil {
+		if streams.Destroyed(producer) {
+			return nil
+		}
+		return err
+	}
+	defer streams.Done(producer)
+	return streams.Order(op, waiter, producer)
+}

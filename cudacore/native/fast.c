@@ -1,120 +1,32 @@
 /*
- * _fast: the hand-written CPython module for cudacore's hot paths.
+ * _fast: the C module of cudacore's hot paths, compiled into the one extension library.
  *
- * gopy's wrappers cost a Python-level function, pybindgen argument parsing (PyArg_ParseTupleAndKeywords)
- * and a GIL release/retake per call. Here a METH_FASTCALL function converts its arguments itself and calls
- * a cgo export directly, with the GIL held, and the objects users hold (Buffer, PinnedBuffer) are C types
- * with no per-instance dict. That is what makes an allocate+close pair cost about what CuPy's pool does.
+ * It holds what a generator cannot express: the objects users hold (Buffer and PinnedBuffer, C types
+ * with no per-instance dict, so that an allocate+close pair costs about what CuPy's pool does), their
+ * DLPack export, and the cold door `call` around gopy's functions. The generated METH_FASTCALL wrappers
+ * of the facade's hot entries (door_gen.c, from bindings/door) are added to this module at init. Every
+ * function here that enters Go passes the guard of door.h first (the fork check), and every error from
+ * Go goes through the one funnel (door_raise).
  *
- * This file is compiled by cgo into the same c-shared library as the gopy extension (two Go runtimes in
- * one process crash). Python loads it from that same file under the name cudacore._fast; CPython dlopens
- * the path again, gets the same handle, and looks up PyInit__fast, which does not collide with gopy's
- * PyInit__core.
+ * Python loads this module from the gopy extension's own file under the name cudacore._fast: CPython
+ * dlopens the same path again, gets the same handle (one Go runtime per process), and calls PyInit__fast.
  *
  * Ownership: a Buffer owns its device allocation and a PinnedBuffer its host allocation from creation
- * until close() or deallocation, whichever comes first; close() is idempotent, so there is never a
- * double free. The Python layer (python/cudacore/_memory.py) subclasses both types to add methods and
- * registers the subclasses and its error translator with configure().
+ * until a close() or deallocation whose free succeeds; close() is idempotent, so there is never a double
+ * free, and a free that fails leaves the object open, so that close() can be retried. The Python layer
+ * (python/cudacore/_memory.py) subclasses both types to add methods and registers the subclasses and the
+ * error funnel with configure().
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
 #include <stdlib.h>
 
-#include "fastpath.h"
-
-/* Devices whose allocator can block (the synchronous cuMemAlloc/cuMemFree strategy): their calls drop
- * the GIL. Written by configure_device(), read on every call. */
-#define MAX_DEVICES 64
-static unsigned char release_gil[MAX_DEVICES];
+#include "door.h"
+#include "door_gen.h"
 
 static PyTypeObject *buffer_type;   /* the registered subclass of Buffer; NULL until configure() */
 static PyTypeObject *pinned_type;   /* likewise for PinnedBuffer */
-static PyObject *translate_error;   /* callable(RuntimeError) -> typed exception; may be NULL */
-static PyObject *closed_error;      /* exception class raised for a closed object */
-
-/* Raise the exception for a wire-format error text from Go, and free the text. */
-static void
-raise_wire(char *msg)
-{
-    PyObject *text = PyUnicode_FromString(msg);
-    free(msg);
-    if (text == NULL) {
-        return;
-    }
-    PyObject *raw = PyObject_CallOneArg(PyExc_RuntimeError, text);
-    Py_DECREF(text);
-    if (raw == NULL) {
-        return;
-    }
-    if (translate_error != NULL) {
-        PyObject *typed = PyObject_CallOneArg(translate_error, raw);
-        if (typed == NULL) {
-            Py_DECREF(raw);
-            return;
-        }
-        if (typed != raw) {
-            PyException_SetCause(typed, raw); /* steals raw */
-            PyErr_SetObject((PyObject *)Py_TYPE(typed), typed);
-            Py_DECREF(typed);
-            return;
-        }
-        Py_DECREF(typed);
-    }
-    PyErr_SetObject(PyExc_RuntimeError, raw);
-    Py_DECREF(raw);
-}
-
-static int
-blocking(int64_t ordinal)
-{
-    return ordinal >= 0 && ordinal < MAX_DEVICES && release_gil[ordinal];
-}
-
-static int
-arg_int64(PyObject *arg, const char *what, int64_t *out)
-{
-    if (PyBool_Check(arg) || !PyIndex_Check(arg)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what, Py_TYPE(arg)->tp_name);
-        return -1;
-    }
-    long long v = PyLong_AsLongLong(arg);
-    if (v == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    *out = (int64_t)v;
-    return 0;
-}
-
-static int
-arg_uint64(PyObject *arg, const char *what, uint64_t *out)
-{
-    int64_t v;
-    if (arg_int64(arg, what, &v) < 0) {
-        return -1;
-    }
-    *out = (uint64_t)v;
-    return 0;
-}
-
-static int
-check_nargs(const char *fname, Py_ssize_t nargs, Py_ssize_t want)
-{
-    if (nargs != want) {
-        PyErr_Format(PyExc_TypeError, "%s() takes exactly %zd argument%s (%zd given)", fname, want,
-                     want == 1 ? "" : "s", nargs);
-        return -1;
-    }
-    return 0;
-}
-
-static PyObject *
-raise_closed(const char *what)
-{
-    PyErr_Format(closed_error ? closed_error : PyExc_ValueError,
-                 "this %s is closed: its memory was freed, so it can no longer be used", what);
-    return NULL;
-}
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Buffer: device memory                                                                                */
@@ -126,6 +38,7 @@ typedef struct {
     uint64_t stream;
     int64_t device;
     char closed; /* a char: exposed read-only as a bool through PyMemberDef (T_BOOL) */
+    char freeing; /* a free is in flight with the GIL released: another close() must not free again */
     PyObject *weakreflist;
     /* A borrowed Buffer (cudacore.interop.ExternalBuffer) views memory another library owns: close() drops
      * the reference to owner and frees nothing. */
@@ -136,11 +49,13 @@ typedef struct {
     Py_ssize_t dlpack_exports;
 } BufferObject;
 
-/* Free the allocation if still open. Returns 0, or -1 with an exception set. */
+/* Free the allocation if still open. Returns 0, or -1 with an exception set (the buffer stays open, so
+ * that the free can be retried). In a forked child nothing is freed: Go must not be entered there, and
+ * the memory belongs to the parent's context anyway. */
 static int
-buffer_free(BufferObject *self)
+buffer_free(BufferObject *self, int dealloc)
 {
-    if (self->closed) {
+    if (self->closed || self->freeing) {
         return 0;
     }
     if (self->dlpack_exports > 0) {
@@ -156,21 +71,36 @@ buffer_free(BufferObject *self)
         Py_CLEAR(self->owner);
         return 0;
     }
-    /* Mark closed before the call: with the GIL dropped another thread may try to close it too. */
-    self->closed = 1;
+    if (cudacore_forked) {
+        if (dealloc) {
+            self->closed = 1;
+            return 0;
+        }
+        return door_check_fork("Buffer.close");
+    }
     char *err;
-    if (blocking(self->device)) {
+    int64_t ret;
+    if (door_blocking(self->device)) {
+        self->freeing = 1;
         Py_BEGIN_ALLOW_THREADS
-        err = cudacore_fast_free(self->device, self->ptr, self->size, self->stream);
+        err = cudacore_door_Free(self->device, (int64_t)self->ptr, (int64_t)self->size, (int64_t)self->stream, &ret);
         Py_END_ALLOW_THREADS
+        self->freeing = 0;
     } else {
-        err = cudacore_fast_free(self->device, self->ptr, self->size, self->stream);
+        err = cudacore_door_Free(self->device, (int64_t)self->ptr, (int64_t)self->size, (int64_t)self->stream, &ret);
     }
     if (err != NULL) {
-        raise_wire(err);
+        door_raise(err);
         return -1;
     }
+    self->closed = 1;
     return 0;
+}
+
+static int
+buffer_free_dealloc(PyObject *self)
+{
+    return buffer_free((BufferObject *)self, 1);
 }
 
 /* The end of an owning object (Buffer, PinnedBuffer): free what it still owns with free_fn, reporting a
@@ -193,13 +123,13 @@ dealloc_owner(PyObject *self, int (*free_fn)(PyObject *), PyObject *weakreflist)
 static void
 buffer_dealloc(BufferObject *self)
 {
-    dealloc_owner((PyObject *)self, (int (*)(PyObject *))buffer_free, self->weakreflist);
+    dealloc_owner((PyObject *)self, buffer_free_dealloc, self->weakreflist);
 }
 
 static PyObject *
 buffer_close(BufferObject *self, PyObject *Py_UNUSED(ignored))
 {
-    if (buffer_free(self) < 0) {
+    if (buffer_free(self, 0) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -216,7 +146,7 @@ buffer_exit(BufferObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)args;
     (void)nargs;
-    if (buffer_free(self) < 0) {
+    if (buffer_free(self, 0) < 0) {
         return NULL;
     }
     Py_RETURN_FALSE;
@@ -226,7 +156,7 @@ static PyObject *
 buffer_get_ptr(BufferObject *self, void *Py_UNUSED(closure))
 {
     if (self->closed) {
-        return raise_closed("Buffer");
+        return door_closed("Buffer", "cudacore.buffer");
     }
     return PyLong_FromUnsignedLongLong(self->ptr);
 }
@@ -356,8 +286,8 @@ dlpack_capsule_destructor(PyObject *capsule)
     PyErr_Restore(etype, evalue, etb);
 }
 
-/* The CUDA stream value of the DLPack spec as a driver handle: None and 1 the legacy default stream (0 is
- * taken to mean it too), 2 the per-thread default stream, -1 "do not synchronize", else a CUstream. */
+/* The CUDA stream value of the DLPack spec: None is the legacy default stream (1; 0 means it too), 2 the
+ * per-thread default stream, -1 "do not order", anything else a CUstream of the consumer's. */
 static int
 dlpack_stream_arg(PyObject *arg, int64_t *out)
 {
@@ -365,16 +295,11 @@ dlpack_stream_arg(PyObject *arg, int64_t *out)
         *out = 1;
         return 0;
     }
-    if (arg_int64(arg, "stream", out) < 0) {
+    if (door_int(arg, "__dlpack__", "stream", out) < 0) {
         return -1;
     }
     if (*out == 0) {
         *out = 1;
-    }
-    if (*out < -1) {
-        PyErr_Format(PyExc_ValueError, "__dlpack__: stream must be -1, 1, 2 or a CUDA stream handle, got %lld",
-                     (long long)*out);
-        return -1;
     }
     return 0;
 }
@@ -388,8 +313,11 @@ buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kwargs)
                                      &dl_device, &copy)) {
         return NULL;
     }
+    if (door_check_fork("__dlpack__") < 0) {
+        return NULL;
+    }
     if (self->closed) {
-        return raise_closed("Buffer");
+        return door_closed("Buffer", "cudacore.dlpack");
     }
     if (copy != Py_None) {
         int want = PyObject_IsTrue(copy);
@@ -436,17 +364,15 @@ buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kwargs)
     if (dlpack_stream_arg(stream_arg, &consumer) < 0) {
         return NULL;
     }
-    /* Stream order: the consumer will use the memory on its stream. If that is not the buffer's stream,
-     * wait for the buffer's stream (there is no event in the fast path to make the consumer wait instead). */
-    int64_t mine = self->stream == 0 ? 1 : (int64_t)self->stream;
-    if (consumer != -1 && consumer != mine && !self->borrowed) {
-        char *err;
-        Py_BEGIN_ALLOW_THREADS
-        err = cudacore_interop_stream_sync(self->device, (uint64_t)mine);
-        Py_END_ALLOW_THREADS
+    /* Stream order: the consumer will use the memory on its stream. Go records an event on the buffer's
+     * stream and makes the consumer's stream wait on it, under the stream-lifetime and capture rules: the
+     * host never waits, and a destroyed stream's handle never reaches the driver. A borrowed buffer's
+     * order is its owner's business. */
+    if (!self->borrowed) {
+        int64_t ret;
+        char *err = cudacore_door_DLPackOrder(self->device, (int64_t)self->stream, consumer, &ret);
         if (err != NULL) {
-            raise_wire(err);
-            return NULL;
+            return door_raise(err);
         }
     }
     DLTensor *t;
@@ -514,7 +440,8 @@ static PyMethodDef buffer_methods[] = {
      "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n\n"
      "A DLPack capsule of this buffer as a 1-D uint8 tensor (versioned, DLPack 1.0, when max_version >= "
      "(1, 0)). It keeps the buffer alive until the consumer deletes it; close() is refused meanwhile. When "
-     "the consumer's stream is not the buffer's, the buffer's stream is synchronized first (stream=-1: never)."},
+     "the consumer's stream is not the buffer's, the consumer's stream is made to wait for the buffer's work "
+     "with an event (stream=-1: no ordering); the host does not wait."},
     {"__dlpack_device__", (PyCFunction)buffer_dlpack_device, METH_NOARGS,
      "__dlpack_device__() -> (2, device_id): kDLCUDA and the device ordinal."},
     {"close", (PyCFunction)buffer_close, METH_NOARGS,
@@ -565,14 +492,17 @@ typedef struct {
     uint64_t size;
     int64_t device;
     char closed; /* a char: exposed read-only as a bool through PyMemberDef (T_BOOL) */
+    char freeing; /* a free is in flight with the GIL released */
     Py_ssize_t exports; /* live memoryviews: while any exist, close() must refuse */
     PyObject *weakreflist;
 } PinnedObject;
 
+/* Free the host memory if still open: as buffer_free (a failed free leaves it open; a forked child
+ * frees nothing). */
 static int
-pinned_free(PinnedObject *self)
+pinned_free(PinnedObject *self, int dealloc)
 {
-    if (self->closed) {
+    if (self->closed || self->freeing) {
         return 0;
     }
     if (self->exports > 0) {
@@ -581,30 +511,46 @@ pinned_free(PinnedObject *self)
                      self->exports, self->exports == 1 ? "" : "s", self->exports == 1 ? "s" : "");
         return -1;
     }
-    self->closed = 1;
+    if (cudacore_forked) {
+        if (dealloc) {
+            self->closed = 1;
+            return 0;
+        }
+        return door_check_fork("PinnedBuffer.close");
+    }
     char *err;
+    int64_t ret;
+    self->freeing = 1;
     Py_BEGIN_ALLOW_THREADS /* cuMemFreeHost synchronizes the device */
-    err = cudacore_fast_pinned_free(self->device, self->ptr);
+    err = cudacore_door_PinnedFree(self->device, (int64_t)self->ptr, &ret);
     Py_END_ALLOW_THREADS
+    self->freeing = 0;
     if (err != NULL) {
-        raise_wire(err);
+        door_raise(err);
         return -1;
     }
+    self->closed = 1;
     return 0;
+}
+
+static int
+pinned_free_dealloc(PyObject *self)
+{
+    return pinned_free((PinnedObject *)self, 1);
 }
 
 static void
 pinned_dealloc(PinnedObject *self)
 {
     /* No view can exist here: each holds a reference to this object. */
-    dealloc_owner((PyObject *)self, (int (*)(PyObject *))pinned_free, self->weakreflist);
+    dealloc_owner((PyObject *)self, pinned_free_dealloc, self->weakreflist);
 }
 
 static int
 pinned_getbuffer(PinnedObject *self, Py_buffer *view, int flags)
 {
     if (self->closed) {
-        raise_closed("PinnedBuffer");
+        door_closed("PinnedBuffer", "cudacore.pinned");
         view->obj = NULL;
         return -1;
     }
@@ -630,7 +576,7 @@ static PyBufferProcs pinned_as_buffer = {
 static PyObject *
 pinned_close(PinnedObject *self, PyObject *Py_UNUSED(ignored))
 {
-    if (pinned_free(self) < 0) {
+    if (pinned_free(self, 0) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -641,7 +587,7 @@ pinned_exit(PinnedObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)args;
     (void)nargs;
-    if (pinned_free(self) < 0) {
+    if (pinned_free(self, 0) < 0) {
         return NULL;
     }
     Py_RETURN_FALSE;
@@ -651,7 +597,7 @@ static PyObject *
 pinned_get_ptr(PinnedObject *self, void *Py_UNUSED(closure))
 {
     if (self->closed) {
-        return raise_closed("PinnedBuffer");
+        return door_closed("PinnedBuffer", "cudacore.pinned");
     }
     return PyLong_FromUnsignedLongLong(self->ptr);
 }
@@ -697,31 +643,15 @@ static PyTypeObject PinnedType = {
 /* ---------------------------------------------------------------------------------------------------- */
 /* Module functions                                                                                     */
 
-PyDoc_STRVAR(noop_doc, "noop(x: int) -> int\n\nReturn x after a round trip through Go: the floor cost of "
-                       "a fast-path call.");
-
-static PyObject *
-fast_noop(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    int64_t x;
-    (void)module;
-    if (check_nargs("noop", nargs, 1) < 0 || arg_int64(args[0], "x", &x) < 0) {
-        return NULL;
-    }
-    return PyLong_FromLongLong((long long)cudacore_fast_noop(x));
-}
-
 PyDoc_STRVAR(allocate_doc, "allocate(device: int, size: int, stream: int) -> Buffer\n\n"
                            "Allocate size bytes on device, ordered on the stream handle (0: legacy).");
 
 static PyObject *
-fast_allocate(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+fast_allocate(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    int64_t device, size;
-    uint64_t stream, ptr = 0;
-    (void)module;
-    if (check_nargs("allocate", nargs, 3) < 0 || arg_int64(args[0], "device", &device) < 0 ||
-        arg_int64(args[1], "size", &size) < 0 || arg_uint64(args[2], "stream", &stream) < 0) {
+    int64_t device, size, stream, ptr = 0;
+    if (door_enter("allocate", nargs, 3) < 0 || door_int(args[0], "allocate", "device", &device) < 0 ||
+        door_int(args[1], "allocate", "size", &size) < 0 || door_int(args[2], "allocate", "stream", &stream) < 0) {
         return NULL;
     }
     if (buffer_type == NULL) {
@@ -735,21 +665,20 @@ fast_allocate(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     b->closed = 1; /* until the allocation succeeds, dealloc must not free anything */
     char *err;
-    if (blocking(device)) {
+    if (door_blocking(device)) {
         Py_BEGIN_ALLOW_THREADS
-        err = cudacore_fast_alloc(device, size, stream, &ptr);
+        err = cudacore_door_Allocate(device, size, stream, &ptr);
         Py_END_ALLOW_THREADS
     } else {
-        err = cudacore_fast_alloc(device, size, stream, &ptr);
+        err = cudacore_door_Allocate(device, size, stream, &ptr);
     }
     if (err != NULL) {
         Py_DECREF(b);
-        raise_wire(err);
-        return NULL;
+        return door_raise(err);
     }
-    b->ptr = ptr;
+    b->ptr = (uint64_t)ptr;
     b->size = (uint64_t)size;
-    b->stream = stream;
+    b->stream = (uint64_t)stream;
     b->device = device;
     b->closed = 0;
     return (PyObject *)b;
@@ -759,13 +688,11 @@ PyDoc_STRVAR(allocate_pinned_doc, "allocate_pinned(device: int, size: int) -> Pi
                                   "Allocate size bytes of page-locked host memory.");
 
 static PyObject *
-fast_allocate_pinned(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+fast_allocate_pinned(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    int64_t device, size;
-    uint64_t ptr = 0;
-    (void)module;
-    if (check_nargs("allocate_pinned", nargs, 2) < 0 || arg_int64(args[0], "device", &device) < 0 ||
-        arg_int64(args[1], "size", &size) < 0) {
+    int64_t device, size, ptr = 0;
+    if (door_enter("allocate_pinned", nargs, 2) < 0 || door_int(args[0], "allocate_pinned", "device", &device) < 0 ||
+        door_int(args[1], "allocate_pinned", "size", &size) < 0) {
         return NULL;
     }
     if (pinned_type == NULL) {
@@ -779,14 +706,13 @@ fast_allocate_pinned(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     h->closed = 1;
     char *err;
     Py_BEGIN_ALLOW_THREADS /* cuMemHostAlloc pins pages: milliseconds for large sizes */
-    err = cudacore_fast_pinned_alloc(device, size, &ptr);
+    err = cudacore_door_PinnedAllocate(device, size, &ptr);
     Py_END_ALLOW_THREADS
     if (err != NULL) {
         Py_DECREF(h);
-        raise_wire(err);
-        return NULL;
+        return door_raise(err);
     }
-    h->ptr = ptr;
+    h->ptr = (uint64_t)ptr;
     h->size = (uint64_t)size;
     h->device = device;
     h->closed = 0;
@@ -798,14 +724,12 @@ PyDoc_STRVAR(wrap_doc, "wrap(device: int, ptr: int, size: int, stream: int) -> B
                        "example a tile of allocate_tiles). Used by cudacore itself.");
 
 static PyObject *
-fast_wrap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+fast_wrap(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    int64_t device, size;
-    uint64_t ptr, stream;
-    (void)module;
-    if (check_nargs("wrap", nargs, 4) < 0 || arg_int64(args[0], "device", &device) < 0 ||
-        arg_uint64(args[1], "ptr", &ptr) < 0 || arg_int64(args[2], "size", &size) < 0 ||
-        arg_uint64(args[3], "stream", &stream) < 0) {
+    int64_t device, size, ptr, stream;
+    if (door_enter("wrap", nargs, 4) < 0 || door_int(args[0], "wrap", "device", &device) < 0 ||
+        door_int(args[1], "wrap", "ptr", &ptr) < 0 || door_int(args[2], "wrap", "size", &size) < 0 ||
+        door_int(args[3], "wrap", "stream", &stream) < 0) {
         return NULL;
     }
     if (buffer_type == NULL) {
@@ -816,9 +740,9 @@ fast_wrap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (b == NULL) {
         return NULL;
     }
-    b->ptr = ptr;
+    b->ptr = (uint64_t)ptr;
     b->size = (uint64_t)size;
-    b->stream = stream;
+    b->stream = (uint64_t)stream;
     b->device = device;
     b->closed = 0;
     return (PyObject *)b;
@@ -829,24 +753,22 @@ PyDoc_STRVAR(borrow_doc, "borrow(type, device: int, ptr: int, size: int, stream:
                          "alive until close(), and frees nothing. Used by cudacore.interop.");
 
 static PyObject *
-fast_borrow(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+fast_borrow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    int64_t device, size;
-    uint64_t ptr, stream;
-    (void)module;
-    if (check_nargs("borrow", nargs, 6) < 0) {
+    int64_t device, size, ptr, stream;
+    if (door_enter("borrow", nargs, 6) < 0) {
         return NULL;
     }
     if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &BufferType)) {
         PyErr_SetString(PyExc_TypeError, "borrow() needs a subclass of Buffer");
         return NULL;
     }
-    if (arg_int64(args[1], "device", &device) < 0 || arg_uint64(args[2], "ptr", &ptr) < 0 ||
-        arg_int64(args[3], "size", &size) < 0 || arg_uint64(args[4], "stream", &stream) < 0) {
+    if (door_int(args[1], "borrow", "device", &device) < 0 || door_int(args[2], "borrow", "ptr", &ptr) < 0 ||
+        door_int(args[3], "borrow", "size", &size) < 0 || door_int(args[4], "borrow", "stream", &stream) < 0) {
         return NULL;
     }
     if (size < 0) {
-        PyErr_Format(PyExc_ValueError, "borrow(): size must be >= 0, got %lld", (long long)size);
+        door_invalid("borrow", "size", "must be >= 0", args[3]);
         return NULL;
     }
     PyTypeObject *type = (PyTypeObject *)args[0];
@@ -854,9 +776,9 @@ fast_borrow(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (b == NULL) {
         return NULL;
     }
-    b->ptr = ptr;
+    b->ptr = (uint64_t)ptr;
     b->size = (uint64_t)size;
-    b->stream = stream;
+    b->stream = (uint64_t)stream;
     b->device = device;
     b->borrowed = 1;
     b->owner = Py_NewRef(args[5]);
@@ -864,36 +786,37 @@ fast_borrow(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return (PyObject *)b;
 }
 
-PyDoc_STRVAR(graph_launch_doc, "graph_launch(graph_id: int, device: int, stream: int) -> None\n\n"
-                               "Launch a captured graph on a stream handle of its device (Graph.launch).");
+PyDoc_STRVAR(call_doc, "call(fn, *args)\n\n"
+                       "The cold door: call one of gopy's generated functions after the fork check, and turn "
+                       "the RuntimeError it raises for a Go error into the typed exception (the original is "
+                       "its __cause__).");
 
 static PyObject *
-fast_graph_launch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+fast_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    int64_t id, device, stream;
-    (void)module;
-    if (check_nargs("graph_launch", nargs, 3) < 0 || arg_int64(args[0], "graph_id", &id) < 0 ||
-        arg_int64(args[1], "device", &device) < 0 || arg_int64(args[2], "stream", &stream) < 0) {
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "call() needs the function to call");
         return NULL;
     }
-    char *err = cudacore_fast_graph_launch(id, device, stream);
-    if (err != NULL) {
-        raise_wire(err);
+    if (door_check_fork("call") < 0) {
         return NULL;
     }
-    Py_RETURN_NONE;
+    PyObject *r = PyObject_Vectorcall(args[0], args + 1, (size_t)(nargs - 1), NULL);
+    if (r != NULL || !PyErr_ExceptionMatches(PyExc_RuntimeError)) {
+        return r;
+    }
+    return door_translate();
 }
 
-PyDoc_STRVAR(configure_doc, "configure(buffer_type, pinned_type, translate_error, closed_error) -> None\n\n"
-                            "Register the Python subclasses to instantiate, the callable that turns a "
-                            "wire-format RuntimeError into a typed exception, and the exception class for "
-                            "using a closed object.");
+PyDoc_STRVAR(configure_doc, "configure(buffer_type, pinned_type, funnel) -> None\n\n"
+                            "Register the Python subclasses to instantiate and the error funnel (the "
+                            "cudacore._errors module).");
 
 static PyObject *
-fast_configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+fast_configure(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)module;
-    if (check_nargs("configure", nargs, 4) < 0) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "configure() takes exactly 3 arguments");
         return NULL;
     }
     if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &BufferType) ||
@@ -901,10 +824,11 @@ fast_configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "configure() needs subclasses of Buffer and PinnedBuffer");
         return NULL;
     }
+    if (door_configure(args[2]) < 0) {
+        return NULL;
+    }
     Py_XSETREF(buffer_type, (PyTypeObject *)Py_NewRef(args[0]));
     Py_XSETREF(pinned_type, (PyTypeObject *)Py_NewRef(args[1]));
-    Py_XSETREF(translate_error, Py_NewRef(args[2]));
-    Py_XSETREF(closed_error, Py_NewRef(args[3]));
     Py_RETURN_NONE;
 }
 
@@ -913,33 +837,36 @@ PyDoc_STRVAR(configure_device_doc, "configure_device(device: int, blocking: bool
                                    "that its calls release the GIL.");
 
 static PyObject *
-fast_configure_device(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+fast_configure_device(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     int64_t device;
-    (void)module;
-    if (check_nargs("configure_device", nargs, 2) < 0 || arg_int64(args[0], "device", &device) < 0) {
+    int flag;
+    if (door_enter("configure_device", nargs, 2) < 0 || door_int(args[0], "configure_device", "device", &device) < 0 ||
+        door_bool(args[1], "configure_device", "blocking", &flag) < 0) {
         return NULL;
     }
-    int flag = PyObject_IsTrue(args[1]);
-    if (flag < 0) {
-        return NULL;
-    }
-    if (device >= 0 && device < MAX_DEVICES) {
-        release_gil[device] = (unsigned char)flag;
-    }
+    door_set_blocking(device, flag);
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(forked_doc, "forked() -> bool\n\nWhether this process is a fork child of one that had loaded cudacore.");
+
+static PyObject *
+fast_forked(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(cudacore_forked);
+}
+
 static PyMethodDef fast_methods[] = {
-    {"noop", (PyCFunction)(void (*)(void))fast_noop, METH_FASTCALL, noop_doc},
     {"allocate", (PyCFunction)(void (*)(void))fast_allocate, METH_FASTCALL, allocate_doc},
     {"allocate_pinned", (PyCFunction)(void (*)(void))fast_allocate_pinned, METH_FASTCALL, allocate_pinned_doc},
     {"wrap", (PyCFunction)(void (*)(void))fast_wrap, METH_FASTCALL, wrap_doc},
     {"borrow", (PyCFunction)(void (*)(void))fast_borrow, METH_FASTCALL, borrow_doc},
-    {"graph_launch", (PyCFunction)(void (*)(void))fast_graph_launch, METH_FASTCALL, graph_launch_doc},
+    {"call", (PyCFunction)(void (*)(void))fast_call, METH_FASTCALL, call_doc},
     {"configure", (PyCFunction)(void (*)(void))fast_configure, METH_FASTCALL, configure_doc},
     {"configure_device", (PyCFunction)(void (*)(void))fast_configure_device, METH_FASTCALL,
      configure_device_doc},
+    {"forked", (PyCFunction)fast_forked, METH_NOARGS, forked_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -958,11 +885,15 @@ static struct PyModuleDef fast_module = {
 PyMODINIT_FUNC
 PyInit__fast(void)
 {
-    if (PyType_Ready(&BufferType) < 0 || PyType_Ready(&PinnedType) < 0) {
+    if (door_init() < 0 || PyType_Ready(&BufferType) < 0 || PyType_Ready(&PinnedType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&fast_module);
     if (m == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddFunctions(m, cudacore_door_methods) < 0) {
+        Py_DECREF(m);
         return NULL;
     }
     if (PyModule_AddObjectRef(m, "Buffer", (PyObject *)&BufferType) < 0 ||

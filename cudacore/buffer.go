@@ -1,0 +1,104 @@
+package cudacore
+
+import (
+	"fmt"
+
+	"github.com/cudacore/cudacore/cudacore/internal/process"
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
+
+// The entries behind cudacore._fast's Buffer and PinnedBuffer (cudacore/native/fast.c). A Buffer owns
+// its device allocation from Allocate until one successful Free; a PinnedBuffer its host allocation from
+// PinnedAllocate until one successful PinnedFree. The C objects mark themselves closed only after the
+// free succeeded, so a failed free can be retried.
+
+// Allocate allocates size bytes on device ordinal for use on stream through the device's allocator (a
+// cache hit costs no driver call) and returns the device address. The stream-lifetime and capture rules
+// of process.Device.Allocate apply.
+//
+//cudacore:gil device
+//cudacore:door native
+func Allocate(ordinal, size, stream int) (int, error) {
+	return guard("cudacore.allocate", func() (int, error) {
+		if size <= 0 {
+			return 0, cuda.NewError("cudacore.allocate", cuda.ErrorInvalidValue,
+				fmt.Sprintf("size must be a positive number of bytes, got %d", size))
+		}
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		p, err := d.Allocate(uint64(size), cuda.Stream(uint64(stream)))
+		return int(p), err
+	})
+}
+
+// Free frees what Allocate returned (size bytes at ptr), in stream order on stream; it returns 0.
+//
+//cudacore:gil device
+//cudacore:door native
+func Free(ordinal, ptr, size, stream int) (int, error) {
+	return guard("cudacore.free", func() (int, error) {
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		return 0, d.Free(cuda.DevicePtr(uint64(ptr)), uint64(size), cuda.Stream(uint64(stream)))
+	})
+}
+
+// PinnedAllocate allocates size bytes of page-locked host memory for device ordinal and returns its
+// address. Pinning pages can take milliseconds, so the GIL is released.
+//
+//cudacore:gil release
+//cudacore:door native
+func PinnedAllocate(ordinal, size int) (int, error) {
+	return guard("cudacore.allocate_pinned", func() (int, error) {
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		addr, err := d.AllocPinned(int64(size))
+		return int(addr), err
+	})
+}
+
+// PinnedFree frees pinned memory from PinnedAllocate; it returns 0.
+//
+//cudacore:gil release
+//cudacore:door native
+func PinnedFree(ordinal, addr int) (int, error) {
+	return guard("cudacore.free_pinned", func() (int, error) {
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		return 0, d.FreePinned(uintptr(addr))
+	})
+}
+
+// DLPackOrder orders a DLPack consumer's stream after the work queued so far on the buffer's stream,
+// with an event recorded on the buffer's stream and waited on by the consumer's (the host does not
+// wait). consumer is the DLPack stream value: -1 asks for no ordering, 0 and 1 are the legacy stream, 2
+// the per-thread stream, anything else the consumer's stream handle. A buffer stream that cudacore
+// destroyed is never handed to the driver: its work was finished when it was destroyed, so there is
+// nothing to order. The capture rules apply to both enqueues. It returns 0.
+//
+//cudacore:gil hold
+//cudacore:door native
+func DLPackOrder(ordinal, bufferStream, consumer int) (int, error) {
+	return guard("cudacore.dlpack", func() (int, error) {
+		if consumer == -1 {
+			return 0, nil
+		}
+		if consumer < -1 {
+			return 0, cuda.NewError("cudacore.dlpack", cuda.ErrorInvalidValue, fmt.Sprintf(
+				"__dlpack__: stream must be -1, 1, 2 or a CUDA stream handle, got %d", consumer))
+		}
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		return 0, d.Order("dlpack", cuda.Stream(uint64(consumer)), cuda.Stream(uint64(bufferStream)))
+	})
+}
