@@ -1,7 +1,7 @@
 // Package interop holds the C entry points that other frameworks load from cudacore's own extension
 // module: PyTorch's CUDAPluggableAllocator (cudacore_torch_malloc / cudacore_torch_free), plus the small
 // helpers the DLPack export in bindings/fastpath.c needs. They are cgo exports of this package, linked into
-// the same c-shared library as the gopy bindings (design.md, "One Go runtime per process"): torch dlopens
+// the same c-shared library as the gopy bindings (docs/design.md, "One Go runtime per process"): torch dlopens
 // the very file Python loaded cudacore from, gets the same handle, and so the same Go runtime.
 //
 // None of them touches Python. The allocator functions never return an error to their caller (PyTorch's
