@@ -5,7 +5,7 @@
 VENV ?= .venv
 BASE_PYTHON ?= $(shell command -v python3)
 PYTHON ?= $(VENV)/bin/python
-# The CPython 3.12 of pyenv: the GPU machine runs Python 3.12 (shared/gpu-testing.md).
+# The CPython 3.12 of pyenv: the GPU machine runs Python 3.12 (docs/gpu-testing.md).
 PY312 ?= $(lastword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12))
 GO ?= go
 

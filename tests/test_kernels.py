@@ -305,7 +305,7 @@ def test_gpu_heap_default_runs_out_and_is_then_fixed():
         f"\nheap_malloc, default heap {out['heap']:,} bytes: {out['nulls']:,} NULLs of 262,144 mallocs of 1 KiB"
     )
     assert out["heap"] == 8_388_608
-    assert out["nulls"] > 0  # driver-facts.md: 258,366
+    assert out["nulls"] > 0  # docs/driver-facts.md: 258,366
     # After a kernel that used malloc has run, the heap is fixed: the error states the rule.
     assert out["rule"] is not None, "setting the heap after a malloc kernel must fail"
     assert "fixed once a kernel that uses device malloc has been launched" in out["rule"]
@@ -346,7 +346,7 @@ def test_gpu_limits_defaults_and_clamp():
     assert out["defaults"]["stack_size"] == 1024
     assert out["defaults"]["printf_fifo_size"] == 8_650_752
     assert len(out["clamp"]) == 1 and "asked 70,368,744,177,664 bytes (64.0 TiB)" in out["clamp"][0]
-    assert out["applied"] < 64 << 40  # driver-facts.md: 17,681,179,680 on the H100
+    assert out["applied"] < 64 << 40  # docs/driver-facts.md: 17,681,179,680 on the H100
     assert out["strict"] is not None and "restored" in out["strict"]
 
 

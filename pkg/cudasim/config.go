@@ -13,7 +13,7 @@ import (
 	"github.com/cudacore/cudacore/pkg/cuda"
 )
 
-// EnvDevices is the variable FromEnv reads the device list from (see /work/shared/api.md).
+// EnvDevices is the variable FromEnv reads the device list from (see docs/testing-without-a-gpu.md).
 const EnvDevices = "CUDACORE_SIM_DEVICES"
 
 // EnvFaults is the variable FromEnv reads injected faults from: a comma list of entry:nth:code, such as
@@ -49,7 +49,7 @@ type DeviceConfig struct {
 	PCIBusID             string   `json:"pci_bus_id"`
 }
 
-// H100 returns the device measured in driver-facts.md: NVIDIA H100 80GB HBM3, compute capability 9.0.
+// H100 returns the device measured in docs/driver-facts.md: NVIDIA H100 80GB HBM3, compute capability 9.0.
 func H100() DeviceConfig {
 	return DeviceConfig{
 		Name:                 "NVIDIA H100 80GB HBM3",

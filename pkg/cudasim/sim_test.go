@@ -47,7 +47,7 @@ func TestParseDevices(t *testing.T) {
 		name, in string
 		check    func(t *testing.T, c []cudasim.DeviceConfig)
 	}{
-		{"api.md example", `[{"name": "sim-tcc", "total_memory": 1073741824, "memory_pools_supported": false, "tcc_driver": true}]`,
+		{"README example", `[{"name": "sim-tcc", "total_memory": 1073741824, "memory_pools_supported": false, "tcc_driver": true}]`,
 			func(t *testing.T, c []cudasim.DeviceConfig) {
 				require.Len(t, c, 1)
 				assert.Equal(t, "sim-tcc", c[0].Name)

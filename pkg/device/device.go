@@ -13,7 +13,7 @@ import (
 	"github.com/cudacore/cudacore/pkg/cuda"
 )
 
-// Properties are the static facts about a device that users ask for (see shared/api.md).
+// Properties are the static facts about a device that users ask for (the Python Device attributes).
 type Properties struct {
 	Ordinal                      int    `json:"ordinal"`
 	Name                         string `json:"name"`

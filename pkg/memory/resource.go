@@ -13,7 +13,7 @@ import (
 // and is reused in stream order; the release threshold says how much the pool keeps across a
 // synchronize.
 //
-// NewPool sets the pool's release threshold to the maximum by default: driver-facts.md measured
+// NewPool sets the pool's release threshold to the maximum by default: docs/driver-facts.md measured
 // cuMemAllocAsync at 0.78 µs a pair that way, while a threshold of 0 gives all memory back to the device at
 // every synchronize and makes the next allocation pay for it again. Reserved memory is given back by Trim,
 // Release, and by the driver itself before it reports out of memory.

@@ -1,7 +1,7 @@
 // Package stream owns cudacore's streams, events, copies and CUDA graph capture for one device, built so
 // that a mistake during capture cannot wedge a stream.
 //
-// The driver's capture rules (shared/driver-facts.md, measured on an H100) are strict: a synchronous copy
+// The driver's capture rules (docs/driver-facts.md, measured on an H100) are strict: a synchronous copy
 // while a blocking stream captures fails with 906 and invalidates the capture; a synchronous allocation or
 // a synchronize in GLOBAL or THREAD_LOCAL mode fails with 900; once invalidated, a capture can only be
 // ended (901, no graph). So this package

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU run, as one command on the GPU machine (shared/gpu-testing.md), from the repository root
+# The whole GPU run, as one command on the GPU machine (docs/gpu-testing.md), from the repository root
 # with dist/ carried over:
 #
 #   scripts/gpu/run.sh [pytest args...]

@@ -14,9 +14,8 @@
 // Streams: cuda.Stream values are the driver's own. 0 and cuda.StreamLegacy (0x1) name the legacy default
 // stream, cuda.StreamPerThread (0x2) the per-thread default stream; they pass through unchanged.
 //
-// Cost: each method is one cgo call. MemAllocAsync + MemFreeAsync, 4 KiB on the default pool, measured
-// 0.96-1.42 µs per pair on an H100 (driver 13.0, BenchmarkRealAllocFree, 0 allocations); driver-facts.md
-// has about 0.8 µs for the same pair from C.
+// Cost: each method is one cgo call. BenchmarkRealAllocFree measures a MemAllocAsync + MemFreeAsync pair,
+// to compare with the same pair called from C in docs/driver-facts.md.
 package libcuda
 
 // The noescape and nocallback directives below cover every wrapper that calls the driver: none keeps a
