@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from ._doctor import main as doctor
+
 USAGE = """usage: cudacore <command> [options]
 
 commands:
@@ -17,8 +19,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(USAGE)
         return 0 if args else 2
     if args[0] == "doctor":
-        from ._doctor import main as doctor
-
         return doctor(args[1:])
     sys.stderr.write(f"cudacore: unknown command {args[0]!r}\n{USAGE}")
     return 2

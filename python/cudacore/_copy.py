@@ -14,11 +14,21 @@ stream it is ordered on that stream:
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._api import call, core
 from ._errors import InvalidHandleError, InvalidValueError
-from ._memory import Buffer, PinnedBuffer, stream_handle
+from ._handles import stream_handle
+from ._native import fast
+from ._stream import Stream as _Stream
+
+# This module is below _memory (Buffer.copy_from and copy_to call it), so it takes buffers by their C base
+# types: every cudacore.Buffer (ExternalBuffer included) and PinnedBuffer is an instance of them, and the
+# copies use only what the base types have (ptr, size, device_id, closed).
+if TYPE_CHECKING:
+    from ._fast import Buffer, PinnedBuffer
+else:
+    Buffer, PinnedBuffer = fast.Buffer, fast.PinnedBuffer
 
 __all__ = ["device_to_device", "device_to_host", "host_to_device", "host_view"]
 
@@ -147,7 +157,3 @@ def device_to_device(dst: Buffer, src: Buffer, stream: object = None, nbytes: in
         raise _invalid(f"{op}: the copy is {n} bytes but the source holds {src.size} and the destination {dst.size}", op)
     fn = core.CopyDtoDHeld if handle != SYNC else core.CopyDtoD
     call(fn, dst.device_id, dst.ptr, src.ptr, n, handle)
-
-
-# Last: _stream imports _memory, which imports this module.
-from ._stream import Stream as _Stream

@@ -9,15 +9,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import _api, _memory
 from ._api import call, core
+from ._display import device_html
 from ._errors import InvalidValueError
+from ._external import asbuffer
+from ._handles import register_device_type
+from ._limits import Limits, limits_for
+from ._module import Module, load_module
 from ._native import fast
+from ._stream import WAIT_SLICE_MS, Stream
 
 if TYPE_CHECKING:
-    from ._limits import Limits
+    from ._display import MemoryStats
     from ._memory import Buffer, PinnedBuffer
-    from ._module import ImageLike, Module
-    from ._notebook import MemoryStats
-    from ._stream import Stream
+    from ._module import ImageLike
 
 __all__ = ["Device", "backend", "device_count", "devices", "driver_version"]
 
@@ -186,14 +190,10 @@ class Device:
     @property
     def limits(self) -> Limits:
         """The device's limits: ``d.limits.malloc_heap_size = 256 << 20`` (see :class:`cudacore.Limits`)."""
-        from ._limits import limits_for
-
         return limits_for(self)
 
     def load_module(self, image: ImageLike) -> Module:
         """Load PTX, a cubin or a fatbin (bytes, PTX text or a path) into this device: a :class:`cudacore.Module`."""
-        from ._module import load_module
-
         return load_module(self, image)
 
     # -- streams ----------------------------------------------------------------------------------------
@@ -208,8 +208,6 @@ class Device:
         priority : int
             Lower is greater; clamped to the device's range.
         """
-        from ._stream import Stream
-
         return Stream(self, non_blocking=non_blocking, priority=priority)
 
     def synchronize(self) -> None:
@@ -220,8 +218,6 @@ class Device:
         CaptureError
             While a stream of this device captures (the driver's error 900).
         """
-        from ._stream import WAIT_SLICE_MS
-
         while not call(core.DeviceSynchronize, self._ordinal, WAIT_SLICE_MS):
             pass
 
@@ -247,8 +243,6 @@ class Device:
     def from_array(self, array: Any) -> Buffer:
         """A CuPy/PyTorch/Numba array (``__cuda_array_interface__`` or ``__dlpack__``) on this device as a
         :class:`cudacore.Buffer` without a copy: see :func:`cudacore.asbuffer`."""
-        from .interop import asbuffer
-
         return asbuffer(array, device=self)
 
     def allocate_pinned(self, nbytes: int) -> PinnedBuffer:
@@ -321,8 +315,6 @@ class Device:
         return json.loads(call(core.MemoryLive, self._ordinal))
 
     def _repr_html_(self) -> str:
-        from ._notebook import device_html
-
         return device_html(self)
 
     def __eq__(self, other: object) -> bool:
@@ -338,3 +330,8 @@ class Device:
             f"<cudacore.Device {self._ordinal}: {self.name!r}, compute {major}.{minor}, "
             f"{gib:.1f} GiB, allocator {self.allocation_strategy!r}>"
         )
+
+
+# The handles below (Buffer.device, Stream(0), ...) reach Device through _handles, never by importing this
+# module: register the class there now, at import (the contract is in _handles' docstring).
+register_device_type(Device)

@@ -8,19 +8,8 @@ import sys
 from typing import Any, TextIO
 
 from ._device import Device, backend, device_count, driver_version
+from ._display import format_bytes
 from ._errors import CUDAError, DriverNotFoundError
-
-
-def format_bytes(n: int | None) -> str:
-    """``85017493504`` -> ``"79.2 GiB"``."""
-    if n is None:
-        return "unknown"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def collect() -> dict[str, Any]:

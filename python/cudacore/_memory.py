@@ -13,15 +13,17 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from . import _copy
 from ._api import call, check_not_forked, core
+from ._display import MemoryStats, buffer_html, format_bytes
 from ._errors import InvalidHandleError, InvalidValueError, OutOfMemoryError, from_runtime_error
+from ._handles import as_device, stream_handle
 from ._native import fast
 
 if TYPE_CHECKING:
     from ._device import Device
     from ._fast import Buffer as _CBuffer
     from ._fast import PinnedBuffer as _CPinnedBuffer
-    from ._notebook import MemoryStats
 else:
     _CBuffer, _CPinnedBuffer = fast.Buffer, fast.PinnedBuffer
 
@@ -29,18 +31,6 @@ __all__ = ["LEGACY_STREAM", "Buffer", "PinnedBuffer"]
 
 #: The driver's handle for the legacy default stream.
 LEGACY_STREAM = 1
-
-
-def stream_handle(stream: object) -> int:
-    """The driver handle of a stream argument: None (the legacy default stream), a Stream, or an int."""
-    if stream is None:
-        return 0
-    handle = getattr(stream, "handle", stream)
-    if isinstance(handle, bool) or not isinstance(handle, int):
-        raise TypeError(f"stream must be a cudacore Stream, an int handle or None, not {type(stream).__name__}")
-    if handle < 0:
-        raise InvalidValueError(f"stream handle must be >= 0, got {handle}", code=1, name="CUDA_ERROR_INVALID_VALUE", op="cudacore.stream")
-    return handle
 
 
 def _translate(exc: BaseException) -> BaseException:
@@ -72,9 +62,8 @@ class Buffer(_CBuffer):
 
     @property
     def device(self) -> Device:
-        from ._device import Device
-
-        return Device(self.device_id)
+        # The C object holds only the ordinal; _handles maps it to the Device (see the contract there).
+        return as_device(self.device_id)
 
     @property
     def nbytes(self) -> int:
@@ -106,8 +95,6 @@ class Buffer(_CBuffer):
         _copy.device_to_host(host, self, stream)
 
     def _repr_html_(self) -> str:
-        from ._notebook import buffer_html
-
         return buffer_html(self)
 
     def __repr__(self) -> str:
@@ -217,8 +204,6 @@ def _release_all(tiles: list[Buffer]) -> None:
 
 
 def _tiles_oom(device: Device, exc: OutOfMemoryError, done: int, count: int, tile_size: int) -> OutOfMemoryError:
-    from ._doctor import format_bytes
-
     free, _ = device.memory_info()
     fit = free // tile_size
     fields = dict(exc.fields, tiles_requested=str(count), tiles_allocated=str(done), free=str(free), tiles_fit=str(fit))
@@ -255,11 +240,4 @@ def would_fit(device: Device, count: int, tile_size: int) -> dict[str, Any]:
 
 
 def memory_stats(device: Device) -> MemoryStats:
-    from ._notebook import MemoryStats
-
     return MemoryStats(json.loads(call(core.MemoryStats, device.device_id)))
-
-
-# At the end, not the top: _copy imports Buffer and PinnedBuffer from this module. Imported once here
-# rather than inside copy_from/copy_to, where the import statement cost ~0.5 us a call.
-from . import _copy

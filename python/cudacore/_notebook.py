@@ -1,87 +1,18 @@
-"""Notebook support: rich HTML reprs and a recorder of memory use over time."""
+"""Notebook support: a recorder of memory use over time (the HTML reprs of devices, buffers and
+statistics are in ``_display``, below the handles that use them)."""
 
 from __future__ import annotations
 
 import html
 import threading
 import time
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
-if TYPE_CHECKING:
-    from ._device import Device
-    from ._memory import Buffer
+from ._device import Device
+from ._display import BYTE_KEYS, MemoryStats, format_bytes
 
 __all__ = ["MemoryRecorder", "MemoryStats"]
-
-_BYTE_KEYS = {"in_use", "peak_in_use", "cached", "reserved", "limit", "pinned_in_use", "pinned_peak_in_use"}
-
-
-def _fmt_bytes(n: int) -> str:
-    from ._doctor import format_bytes
-
-    return format_bytes(n)
-
-
-def _fmt_exact(n: int) -> str:
-    return _fmt_bytes(n) if n < 1024 else f"{_fmt_bytes(n)} ({n:,} B)"
-
-
-def _table(rows: Iterable[tuple[str, Any]], title: str | None = None) -> str:
-    body = "".join(
-        f"<tr><th style='text-align:left'>{html.escape(str(k))}</th><td style='text-align:left'>{html.escape(str(v))}</td></tr>"
-        for k, v in rows
-    )
-    caption = f"<caption style='text-align:left'><b>{html.escape(title)}</b></caption>" if title else ""
-    return f"<table>{caption}{body}</table>"
-
-
-class MemoryStats(dict[str, Any]):
-    """The dict :meth:`Device.memory_stats` returns, with an HTML table for notebooks (byte counts made
-    readable). It compares equal to, and can be used as, a plain dict."""
-
-    def _repr_html_(self) -> str:
-        rows = []
-        for k, v in self.items():
-            if k in _BYTE_KEYS and isinstance(v, int):
-                shown = "no limit" if k == "limit" and v == 0 else _fmt_exact(v)
-                rows.append((k, shown))
-            else:
-                rows.append((k, v))
-        return _table(rows, "cudacore memory statistics")
-
-
-def device_html(dev: Device) -> str:
-    major, minor = dev.compute_capability
-    free, total = dev.memory_info()
-    rows: list[tuple[str, Any]] = [
-        ("ordinal", dev.device_id),
-        ("name", dev.name),
-        ("compute capability", f"{major}.{minor}"),
-        ("multiprocessors", dev.multiprocessor_count),
-        ("memory", f"{_fmt_bytes(free)} free of {_fmt_bytes(total)}"),
-        ("allocator", f"{dev.allocation_strategy}: {dev.allocation_strategy_reason}"),
-        ("memory pools", dev.memory_pools_supported),
-        ("managed memory", dev.managed_memory),
-        ("integrated", dev.integrated),
-        ("uuid", dev.uuid),
-        ("PCI bus id", dev.pci_bus_id),
-    ]
-    return _table(rows, f"cudacore.Device({dev.device_id})")
-
-
-def buffer_html(buf: Buffer) -> str:
-    kind = type(buf).__name__
-    rows: list[tuple[str, Any]] = [("size", _fmt_exact(buf.size)), ("device", buf.device_id)]
-    if buf.closed:
-        rows.insert(0, ("state", "closed"))
-    else:
-        rows.insert(0, ("ptr", f"0x{buf.ptr:x}"))
-        stream = buf.stream_handle
-        rows.append(("stream", "legacy default" if stream in (0, 1) else f"0x{stream:x}"))
-    if getattr(buf, "borrowed", False):
-        rows.append(("owner", type(buf.owner).__name__ if buf.owner is not None else "released"))
-    return _table(rows, f"cudacore.{kind}")
 
 
 class MemoryRecorder:
@@ -99,8 +30,6 @@ class MemoryRecorder:
     """
 
     def __init__(self, device: Device | int | None = None, interval_ms: float | None = None) -> None:
-        from ._device import Device
-
         if device is None:
             device = 0
         self.device = device if isinstance(device, Device) else Device(device)
@@ -169,7 +98,7 @@ class MemoryRecorder:
             cells = []
             for c in self._COLUMNS:
                 v = r[c]
-                cells.append(f"<td>{html.escape(_fmt_bytes(v) if c in _BYTE_KEYS and isinstance(v, int) else str(v))}</td>")
+                cells.append(f"<td>{html.escape(format_bytes(v) if c in BYTE_KEYS and isinstance(v, int) else str(v))}</td>")
             body.append("<tr>" + "".join(cells) + "</tr>")
         caption = f"<caption style='text-align:left'><b>memory of device {self.device.device_id}, {len(rows)} samples</b></caption>"
         return f"<table>{caption}<tr>{head}</tr>{''.join(body)}</table>"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._api import call, core
 from ._errors import IllegalStateError, InvalidHandleError, InvalidValueError
-from ._memory import stream_handle
+from ._handles import as_device, stream_handle
 from ._native import fast
 
 _fast_graph_launch = fast.graph_launch
@@ -36,13 +36,8 @@ WAIT_SLICE_MS = 50
 
 
 def _device(device: Device | int | None) -> Device:
-    from ._device import Device
-
-    if device is None:
-        return Device(0)
-    if isinstance(device, Device):
-        return device
-    return Device(device)
+    # Device is the layer above: _handles maps an ordinal (or None) to it (see the contract there).
+    return as_device(device)
 
 
 def _wait(fn: Any, *args: Any) -> None:

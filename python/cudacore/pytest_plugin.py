@@ -24,8 +24,8 @@ Fixtures
     A :class:`FaultInjector` (``inject(spec)``, ``fail_allocations(nth=1)``, ``clear()``), cleared after
     the test; skips unless on the simulator.
 
-The plugin imports cudacore (and so chooses the backend) only when a test needs it, so a conftest that sets
-``CUDACORE_BACKEND=sim`` at import still decides.
+The plugin calls into cudacore (which chooses the backend on first use) only when a test needs it, so a
+conftest that sets ``CUDACORE_BACKEND=sim`` at import still decides.
 """
 
 from __future__ import annotations
@@ -36,12 +36,13 @@ import sys
 import traceback
 import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
-if TYPE_CHECKING:
-    from ._device import Device
+from . import testing
+from ._device import Device, backend, device_count
+from ._errors import CUDAError, DriverNotFoundError
 
 __all__ = ["FaultInjector"]
 
@@ -78,11 +79,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def on_simulator() -> bool:
     """Whether this process runs (or will run) cudacore on the simulator."""
     if "cudacore._native" in sys.modules:
-        import cudacore
-
         try:
-            return cudacore.backend() == "sim"
-        except cudacore.CUDAError:
+            return backend() == "sim"
+        except CUDAError:
             return False
     return os.environ.get("CUDACORE_BACKEND", "").strip().lower() == "sim"
 
@@ -95,9 +94,7 @@ def has_gpu() -> bool:
             _has_gpu = False
         else:
             try:
-                import cudacore
-
-                _has_gpu = cudacore.backend() == "cuda" and cudacore.device_count() > 0
+                _has_gpu = backend() == "cuda" and device_count() > 0
             except Exception:  # noqa: BLE001 - DriverNotFoundError, or an extension that does not load
                 _has_gpu = False
     return _has_gpu
@@ -122,13 +119,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def cudacore_device() -> Device:
     """``cudacore.Device(0)``; the test is skipped when there is no device or no driver."""
-    import cudacore
-
     try:
-        if cudacore.device_count() == 0:
+        if device_count() == 0:
             pytest.skip("no CUDA device")
-        return cudacore.Device(0)
-    except cudacore.DriverNotFoundError as exc:
+        return Device(0)
+    except DriverNotFoundError as exc:
         pytest.skip(f"no CUDA driver: {exc}")
         raise  # unreachable; for type checkers
 
@@ -138,21 +133,15 @@ class FaultInjector:
 
     def inject(self, spec: str) -> int:
         """Add faults in the CUDACORE_SIM_FAULTS syntax, ``"entry:nth:code[,...]"``, nth counted from now."""
-        from . import testing
-
         return testing.inject_faults(spec)
 
     def fail_allocations(self, nth: int = 1, device: int = 0, code: int | str = "CUDA_ERROR_OUT_OF_MEMORY") -> None:
         """Make the nth allocation from now that reaches the driver fail (see
         :func:`cudacore.testing.fail_allocations`)."""
-        from . import testing
-
         testing.fail_allocations(device=device, nth=nth, code=code)
 
     def clear(self) -> None:
         """Remove every pending fault."""
-        from . import testing
-
         testing.clear_faults()
 
 
@@ -170,7 +159,7 @@ def cudacore_faults() -> Iterator[FaultInjector]:
 
 @pytest.fixture(autouse=True)
 def _cudacore_markers(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Applies cudacore_memory_budget and cudacore_faults markers (nothing is imported without them)."""
+    """Applies cudacore_memory_budget and cudacore_faults markers (nothing is called without them)."""
     budget = request.node.get_closest_marker("cudacore_memory_budget")
     faults = request.node.get_closest_marker("cudacore_faults")
     if budget is None and faults is None:
@@ -178,24 +167,18 @@ def _cudacore_markers(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     restore = None
     if budget is not None:
-        import cudacore
-
         nbytes = budget.args[0] if budget.args else budget.kwargs["nbytes"]
-        dev = cudacore.Device(budget.kwargs.get("device", 0))
+        dev = Device(budget.kwargs.get("device", 0))
         old = dev.memory_limit
         dev.memory_limit = dev.memory_stats()["in_use"] + int(nbytes)
         restore = (dev, old)
     if faults is not None:
-        from . import testing
-
         for spec in faults.args:
             testing.inject_faults(spec)
     try:
         yield
     finally:
         if faults is not None:
-            from . import testing
-
             testing.clear_faults()
         if restore is not None:
             restore[0].memory_limit = restore[1]
@@ -222,8 +205,6 @@ class _LeakWatch:
         self.sites[key] = (weakref.ref(buf, forget), buf.size, stack)
 
     def start(self) -> None:
-        from ._device import Device
-
         gc.collect()
         self.baseline = {ordinal: dev.memory_stats()["in_use"] for ordinal, dev in list(Device._cache.items())}
         allocate, allocate_tiles = Device.allocate, Device.allocate_tiles
@@ -248,8 +229,6 @@ class _LeakWatch:
 
     def stop(self) -> str | None:
         """Restore Device and return the leak report, or None when nothing leaked."""
-        from ._device import Device
-
         Device.allocate = self._saved["allocate"]  # type: ignore[method-assign]
         Device.allocate_tiles = self._saved["allocate_tiles"]  # type: ignore[method-assign]
         gc.collect()

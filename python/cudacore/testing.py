@@ -9,6 +9,7 @@ fixture.
 from __future__ import annotations
 
 from ._api import call, core
+from ._device import Device
 
 __all__ = ["clear_faults", "fail_allocations", "inject_fault", "inject_faults"]
 
@@ -46,8 +47,6 @@ def fail_allocations(device: int = 0, nth: int = 1, code: int | str = "CUDA_ERRO
     the default code). Allocations served from cudacore's cache never reach the driver and are not counted:
     call ``Device(device).release_cached_memory()`` first for an exact count.
     """
-    from ._device import Device
-
     strategy = Device(device).allocation_strategy
     entry = "cuMemAllocFromPoolAsync" if strategy == "pool" else "cuMemAlloc_v2"
     inject_faults(f"{entry}:{nth}:{code},{entry}:{nth + 1}:{code}")

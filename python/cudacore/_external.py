@@ -1,0 +1,233 @@
+"""Other libraries' device arrays as cudacore Buffers, without a copy: :class:`ExternalBuffer`,
+:func:`asbuffer` and :func:`from_dlpack` (public in :mod:`cudacore.interop`; ``Device.from_array`` uses
+:func:`asbuffer`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, Any
+
+from ._memory import Buffer
+from ._native import fast
+
+if TYPE_CHECKING:
+    from ._device import Device
+
+__all__ = ["ExternalBuffer", "asbuffer", "from_dlpack", "kDLCPU", "kDLCUDA", "kDLCUDAHost", "kDLCUDAManaged"]
+
+kDLCPU = 1
+kDLCUDA = 2
+kDLCUDAHost = 3
+kDLCUDAManaged = 13
+
+
+class ExternalBuffer(Buffer):
+    """A :class:`cudacore.Buffer` viewing device memory that another library owns (a CuPy array, a torch
+    tensor, a Numba device array, a DLPack capsule's producer).
+
+    It keeps :attr:`owner` alive until :meth:`close` (or until it is garbage collected) and never frees the
+    memory itself. Made by :func:`asbuffer` / ``Device.from_array``.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"0x{self.ptr:x}"
+        return f"<cudacore.ExternalBuffer {state}, {self.size} bytes, device {self.device_id}, owner {type(self.owner).__name__}>"
+
+
+# -- arrays in ------------------------------------------------------------------------------------------
+
+
+def _itemsize(typestr: str) -> int:
+    try:
+        return int(typestr[2:])
+    except ValueError:
+        raise TypeError(f"unsupported typestr {typestr!r} in __cuda_array_interface__") from None
+
+
+def _contiguous_nbytes(shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int, what: str) -> int:
+    n = 1
+    for dim in shape:
+        n *= int(dim)
+    if strides is not None and n > 0:
+        expect = itemsize
+        for dim, stride in zip(reversed(shape), reversed(strides), strict=True):
+            if dim != 1 and stride != expect:
+                raise ValueError(f"{what}: only C-contiguous arrays can be taken as a buffer (shape {shape}, strides {strides})")
+            expect *= int(dim)
+    return n * itemsize
+
+
+def _from_cai(obj: Any, cai: dict[str, Any], device: int | None) -> ExternalBuffer:
+    if cai.get("mask") is not None:
+        raise ValueError("asbuffer: masked arrays (__cuda_array_interface__ 'mask') are not supported")
+    ptr = int(cai["data"][0])
+    shape = tuple(int(x) for x in cai["shape"])
+    strides = cai.get("strides")
+    nbytes = _contiguous_nbytes(shape, None if strides is None else tuple(strides), _itemsize(cai["typestr"]), "asbuffer")
+    stream = cai.get("stream")
+    handle = 0 if stream in (None, 1) else int(stream)
+    ordinal = device if device is not None else _array_device(obj)
+    return fast.borrow(ExternalBuffer, ordinal, ptr, nbytes, handle, obj)
+
+
+def _array_device(obj: Any) -> int:
+    # The CUDA Array Interface does not name the device: ask the array (CuPy .device.id, torch
+    # .device.index, DLPack's __dlpack_device__); 0 when it does not say (Numba arrays: pass device=).
+    dev = getattr(obj, "device", None)
+    for attr in ("id", "index"):  # cupy.cuda.Device.id, torch.device.index
+        value = getattr(dev, attr, None)
+        if isinstance(value, int):
+            return value
+    if hasattr(obj, "__dlpack_device__"):
+        kind, ordinal = obj.__dlpack_device__()
+        if int(kind) == kDLCUDA:
+            return int(ordinal)
+    return 0
+
+
+# DLPack consumer (ctypes): parse a capsule, keep it, call its deleter when the ExternalBuffer goes.
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+class _DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [
+        ("version", _DLPackVersion),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", _DLTensor),
+    ]
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_api = ctypes.pythonapi
+_api.PyCapsule_IsValid.restype = ctypes.c_int
+_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_SetName.restype = ctypes.c_int
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+# PyCapsule_SetName keeps the pointer: these bytes objects live as long as the module.
+_USED = b"used_dltensor"
+_USED_VERSIONED = b"used_dltensor_versioned"
+
+
+class _DLPackOwner:
+    """Holds a consumed DLPack tensor; calls its deleter when collected."""
+
+    __slots__ = ("__weakref__", "_addr", "_deleter", "producer")
+
+    def __init__(self, addr: int, deleter: int, producer: Any) -> None:
+        self._addr = addr
+        self._deleter = deleter
+        self.producer = producer
+
+    def __del__(self) -> None:
+        if self._deleter:
+            _DELETER(self._deleter)(self._addr)
+            self._deleter = 0
+
+
+def _parse_capsule(capsule: Any) -> tuple[_DLTensor, int, int, bool]:
+    if _api.PyCapsule_IsValid(capsule, b"dltensor_versioned"):
+        addr = _api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        mv = _DLManagedTensorVersioned.from_address(addr)
+        if mv.version.major != 1:
+            raise BufferError(f"DLPack version {mv.version.major}.{mv.version.minor} is not supported (1.x is)")
+        return mv.dl_tensor, addr, int(mv.deleter or 0), True
+    if _api.PyCapsule_IsValid(capsule, b"dltensor"):
+        addr = _api.PyCapsule_GetPointer(capsule, b"dltensor")
+        m = _DLManagedTensor.from_address(addr)
+        return m.dl_tensor, addr, int(m.deleter or 0), False
+    raise ValueError("not a DLPack capsule, or one already consumed (its name is not 'dltensor')")
+
+
+def from_dlpack(obj: Any, *, stream: int | None = None) -> ExternalBuffer:
+    """Take an object with ``__dlpack__`` (or a raw DLPack capsule) as an :class:`ExternalBuffer`.
+
+    The tensor must be on a CUDA device and C-contiguous. ``stream`` is the stream cudacore will use it on
+    (None: the legacy default stream), passed to the producer so that it orders its work before.
+    """
+    producer = obj
+    if hasattr(obj, "__dlpack__"):
+        if hasattr(obj, "__dlpack_device__"):
+            kind, _ = obj.__dlpack_device__()
+            if int(kind) not in (kDLCUDA, kDLCUDAManaged):
+                raise ValueError(f"from_dlpack: the tensor is on DLPack device type {int(kind)}, not CUDA (2)")
+        try:
+            capsule = obj.__dlpack__(stream=1 if stream is None else stream, max_version=(1, 0))
+        except TypeError:  # a producer older than the max_version keyword
+            capsule = obj.__dlpack__(stream=1 if stream is None else stream)
+    else:
+        capsule, producer = obj, None
+    t, addr, deleter, versioned = _parse_capsule(capsule)
+    if t.device.device_type not in (kDLCUDA, kDLCUDAManaged):
+        raise ValueError(f"from_dlpack: the tensor is on DLPack device type {t.device.device_type}, not CUDA (2)")
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    strides = None if not t.strides else tuple(t.strides[i] * ((t.dtype.bits * t.dtype.lanes + 7) // 8) for i in range(t.ndim))
+    itemsize = (t.dtype.bits * t.dtype.lanes + 7) // 8
+    nbytes = _contiguous_nbytes(shape, strides, itemsize, "from_dlpack")
+    ptr = (t.data or 0) + t.byte_offset
+    ordinal = t.device.device_id
+    # Consumed: rename so that the capsule's destructor leaves the tensor to us.
+    _api.PyCapsule_SetName(capsule, _USED_VERSIONED if versioned else _USED)
+    owner = _DLPackOwner(addr, deleter, producer)
+    return fast.borrow(ExternalBuffer, ordinal, ptr, nbytes, 0, owner)
+
+
+def asbuffer(obj: Any, *, device: Device | int | None = None) -> Buffer:
+    """``obj`` as a cudacore Buffer, without a copy.
+
+    A :class:`cudacore.Buffer` comes back as it is. Anything else with ``__cuda_array_interface__``
+    (CuPy, PyTorch CUDA tensors, Numba device arrays) or ``__dlpack__`` (or a DLPack capsule) becomes an
+    :class:`ExternalBuffer` over its memory (C-contiguous only), holding ``obj`` alive. The buffer's size
+    is the array's size in bytes; its stream is the one the interface names (CAI v3).
+
+    Raises
+    ------
+    TypeError
+        If ``obj`` offers neither interface.
+    ValueError
+        If the array is not C-contiguous or not on a CUDA device.
+    """
+    if isinstance(obj, Buffer):
+        return obj
+    ordinal = None if device is None else (device if isinstance(device, int) else device.device_id)
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return _from_cai(obj, cai, ordinal)
+    if hasattr(obj, "__dlpack__") or type(obj).__name__ == "PyCapsule":
+        return from_dlpack(obj)
+    raise TypeError(
+        f"asbuffer: {type(obj).__name__} is not a device array: it has neither __cuda_array_interface__ nor __dlpack__"
+    )
