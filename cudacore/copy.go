@@ -20,10 +20,6 @@ import (
 // memory is staged through pinned buffers (see pkg/stream), so the caller's memory is free to go when an
 // asynchronous copy from it returns.
 
-// Writable marks a []byte parameter that the entry writes into: the door asks the exporter for a
-// writable view, so read-only memory (bytes, a read-only array) is refused before Go is entered.
-type Writable = []byte
-
 func hostBytes(op string, b []byte, n int) ([]byte, error) {
 	if n < 0 {
 		return nil, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf("the copy size must be >= 0 bytes, got %d", n))
@@ -134,7 +130,8 @@ func CopyToDeviceHeld(ordinal, dst int, host []byte, n, stream int) (int, error)
 //
 //cudacore:gil release
 //cudacore:door hot
-func CopyToHost(ordinal int, host Writable, src, n, stream int) (int, error) {
+//cudacore:writable host
+func CopyToHost(ordinal int, host []byte, src, n, stream int) (int, error) {
 	return guard("cudacore.copy_to", func() (int, error) { return copyDtoH(ordinal, host, src, n, stream) })
 }
 
@@ -142,23 +139,24 @@ func CopyToHost(ordinal int, host Writable, src, n, stream int) (int, error) {
 //
 //cudacore:gil hold
 //cudacore:door hot
-func CopyToHostHeld(ordinal int, host Writable, src, n, stream int) (int, error) {
+//cudacore:writable host
+func CopyToHostHeld(ordinal int, host []byte, src, n, stream int) (int, error) {
 	return guard("cudacore.copy_to", func() (int, error) { return copyDtoH(ordinal, host, src, n, stream) })
 }
 
-// CopyDtoD copies n bytes between device addresses of one device, on a stream (-1: synchronously). It
+// CopyDevice copies n bytes between device addresses of one device, on a stream (-1: synchronously). It
 // returns n.
 //
 //cudacore:gil release
 //cudacore:door hot
-func CopyDtoD(ordinal, dst, src, n, stream int) (int, error) {
+func CopyDevice(ordinal, dst, src, n, stream int) (int, error) {
 	return guard("cudacore.copy", func() (int, error) { return copyDtoD(ordinal, dst, src, n, stream) })
 }
 
-// CopyDtoDHeld is CopyDtoD keeping the GIL, for asynchronous copies (they only enqueue).
+// CopyDeviceHeld is CopyDevice keeping the GIL, for asynchronous copies (they only enqueue).
 //
 //cudacore:gil hold
 //cudacore:door hot
-func CopyDtoDHeld(ordinal, dst, src, n, stream int) (int, error) {
+func CopyDeviceHeld(ordinal, dst, src, n, stream int) (int, error) {
 	return guard("cudacore.copy", func() (int, error) { return copyDtoD(ordinal, dst, src, n, stream) })
 }

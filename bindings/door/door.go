@@ -8,6 +8,8 @@
 //	//cudacore:door hot           also a METH_FASTCALL function of cudacore._fast, generated here
 //	//cudacore:door native        also a C entry point, generated here, for hand-written C glue
 //	                              (cudacore/native: Buffer objects, DLPack, the PyTorch allocator)
+//	//cudacore:writable NAME      the []byte parameter NAME is written into: the door asks the exporter
+//	                              for a writable view, so read-only memory is refused before Go runs
 //
 // Its body is a single `return guard(op, ...)`: the one Go guard, which recovers panics and renders
 // errors in the wire format. gopy generates the cold door from the same declarations; Generate writes
@@ -60,8 +62,9 @@ const (
 	// Bytes is a []byte parameter: any C-contiguous buffer-protocol object from Python, passed as its
 	// address and length and viewed in place by Go for the duration of the call.
 	Bytes Kind = "[]byte"
-	// WritableBytes is a facade.Writable parameter: the same, but the view must be writable.
-	WritableBytes Kind = "Writable"
+	// WritableBytes is a []byte parameter named by a //cudacore:writable directive: the same, but the
+	// view must be writable.
+	WritableBytes Kind = "writable []byte"
 )
 
 func (k Kind) isBuffer() bool { return k == Bytes || k == WritableBytes }
@@ -133,11 +136,25 @@ func entryOf(f gil.Func) (Entry, error) {
 		return e, fmt.Errorf("must return (T, error)")
 	}
 	e.Result = kindOf(res.List[0].Type)
+	writable, err := writableOf(f.Decl)
+	if err != nil {
+		return e, err
+	}
 	for _, field := range f.Decl.Type.Params.List {
 		k := kindOf(field.Type)
 		for _, n := range field.Names {
+			if writable[n.Name] {
+				if k != Bytes {
+					return e, fmt.Errorf("%s is marked writable but is not a []byte", n.Name)
+				}
+				k = WritableBytes
+				delete(writable, n.Name)
+			}
 			e.Params = append(e.Params, Param{Name: n.Name, Kind: k})
 		}
+	}
+	for name := range writable {
+		return e, fmt.Errorf("//cudacore:writable names %s, which is not a parameter", name)
 	}
 	if e.GIL == gil.Device && (len(e.Params) == 0 || e.Params[0].Name != "ordinal" || e.Params[0].Kind != Int) {
 		return e, fmt.Errorf("a %q entry's first parameter must be the device's ordinal (ordinal int)", gil.Device)
@@ -182,6 +199,24 @@ func doorOf(fd *ast.FuncDecl) (Door, error) {
 	default:
 		return "", fmt.Errorf("%d door directives, want at most one", len(doors))
 	}
+}
+
+const writableDirective = "//cudacore:writable"
+
+// writableOf returns the parameters named by //cudacore:writable directives.
+func writableOf(fd *ast.FuncDecl) (map[string]bool, error) {
+	names := map[string]bool{}
+	for _, c := range fd.Doc.List {
+		if !strings.Contains(c.Text, "cudacore:writable") {
+			continue
+		}
+		fields := strings.Fields(c.Text)
+		if len(fields) != 2 || fields[0] != writableDirective {
+			return nil, fmt.Errorf("malformed directive %q (want %q)", c.Text, writableDirective+" PARAM")
+		}
+		names[fields[1]] = true
+	}
+	return names, nil
 }
 
 // checkGuarded requires the body to be exactly `return guard(...)`: nothing runs outside the guard.
@@ -231,8 +266,6 @@ func kindOf(e ast.Expr) Kind {
 		return String
 	case "[]byte":
 		return Bytes
-	case "Writable":
-		return WritableBytes
 	}
 	return ""
 }

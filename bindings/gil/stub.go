@@ -50,9 +50,14 @@ func Stub(module string, funcs []Func) ([]byte, error) {
 
 // pyType maps the basic Go types the facade uses to what gopy gives Python.
 func pyType(e ast.Expr) (string, error) {
+	if at, ok := e.(*ast.ArrayType); ok && at.Len == nil {
+		if elt, ok := at.Elt.(*ast.Ident); ok && elt.Name == "byte" {
+			return "object", nil // gopy's go.Slice_byte; the hot door of the same entry takes any buffer
+		}
+	}
 	id, ok := e.(*ast.Ident)
 	if !ok {
-		return "", fmt.Errorf("type %T is not a basic type: the facade keeps to ints, floats, bools and strings", e)
+		return "", fmt.Errorf("type %T is not a basic type: the facade keeps to ints, floats, bools, strings and []byte", e)
 	}
 	switch id.Name {
 	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64", "uintptr":

@@ -124,7 +124,6 @@ func UnpackArgs(b []byte) ([]Arg, error) {
 	return args, nil
 }
 
-
 func argError(msg string) error {
 	return cuda.NewError("cudacore.launch", cuda.ErrorInvalidValue, msg)
 }

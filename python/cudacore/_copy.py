@@ -13,11 +13,9 @@ stream it is ordered on that stream:
 
 from __future__ import annotations
 
-import ctypes
 from typing import TYPE_CHECKING, Any
 
-from ._api import call, core
-from ._errors import InvalidHandleError, InvalidValueError
+from ._errors import InvalidValueError, error
 from ._handles import stream_handle
 from ._native import fast
 from ._stream import Stream as _Stream
@@ -30,7 +28,7 @@ if TYPE_CHECKING:
 else:
     Buffer, PinnedBuffer = fast.Buffer, fast.PinnedBuffer
 
-__all__ = ["device_to_device", "device_to_host", "host_to_device", "host_view"]
+__all__ = ["device_to_device", "device_to_host", "host_to_device"]
 
 #: Asynchronous copies up to this size keep the GIL (they only enqueue work); larger ones release it.
 HELD_MAX = 64 << 10
@@ -40,54 +38,35 @@ SYNC = -1
 
 
 def _invalid(message: str, op: str) -> InvalidValueError:
-    return InvalidValueError(message, code=1, name="CUDA_ERROR_INVALID_VALUE", op=op)
+    return error("CUDA_ERROR_INVALID_VALUE", message, op=op)
 
 
-def host_view(host: Any, writable: bool, op: str) -> tuple[int, int, Any]:
-    """``(address, nbytes, keepalive)`` of host memory; keep ``keepalive`` referenced while the address is used."""
+def _host_nbytes(host: Any, op: str) -> int:
+    """The size of host memory in bytes, without exporting it (the copy's door takes the one export)."""
     if isinstance(host, PinnedBuffer):
-        return host.ptr, host.size, host  # .ptr raises InvalidHandleError once closed
+        return int(host.size)
     if isinstance(host, Buffer):
         raise TypeError(f"{op}: the host side is a device Buffer; use cudacore.device_to_device(dst, src, stream) for device copies")
-    if not isinstance(host, memoryview):
-        ai = getattr(host, "__array_interface__", None)
-        if isinstance(ai, dict) and "data" in ai:
-            flags = getattr(host, "flags", None)
-            if flags is not None and not flags["C_CONTIGUOUS"]:
-                raise _invalid(f"{op}: the host array must be C-contiguous (use numpy.ascontiguousarray)", op)
-            addr, readonly = ai["data"]
-            if writable and readonly:
-                raise _invalid(f"{op}: the host array is read-only; copy into a writable array", op)
-            return int(addr or 0), int(host.nbytes), host
+    if isinstance(host, (bytes, bytearray)):
+        return len(host)
+    nbytes = getattr(host, "nbytes", None)  # memoryview, numpy
+    if isinstance(nbytes, int):
+        return nbytes
     try:
-        mv = memoryview(host)
+        with memoryview(host) as mv:
+            return mv.nbytes
     except TypeError:
         raise TypeError(
             f"{op}: host memory must support the buffer protocol (bytes, bytearray, memoryview, numpy) "
             f"or be a PinnedBuffer, not {type(host).__name__}"
         ) from None
-    if not mv.c_contiguous:
-        raise _invalid(f"{op}: the host buffer must be C-contiguous", op)
-    nbytes = mv.nbytes
-    if nbytes == 0:
-        return 0, 0, mv
-    if mv.readonly:
-        if writable:
-            raise _invalid(f"{op}: the host buffer ({type(host).__name__}) is read-only; copy into a bytearray, numpy array or PinnedBuffer", op)
-        if type(host) is bytes:
-            # bytes hand ctypes a pointer to their own storage, without a copy.
-            return ctypes.cast(ctypes.c_char_p(host), ctypes.c_void_p).value or 0, nbytes, host
-        tmp = bytearray(mv)  # any other read-only exporter: one copy, fine for a source
-        return ctypes.addressof(ctypes.c_char.from_buffer(tmp)), nbytes, tmp
-    view = ctypes.c_char.from_buffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv)
-    return ctypes.addressof(view), nbytes, (mv, view)
 
 
 def _check_buffer(buf: Any, what: str, op: str) -> None:
     if not isinstance(buf, Buffer):
         raise TypeError(f"{op}: {what} must be a cudacore Buffer, not {type(buf).__name__}")
     if buf.closed:
-        raise InvalidHandleError(f"{op}: the {what} buffer was closed", code=400, name="CUDA_ERROR_INVALID_HANDLE", op=op)
+        raise error("CUDACORE_ERROR_CLOSED", f"{op}: the {what} buffer was closed", op=op)
 
 
 def _stream_arg(buf: Buffer, stream: object, op: str) -> int:
@@ -121,13 +100,15 @@ def host_to_device(buf: Buffer, host: Any, stream: object = None, nbytes: int | 
     op = "cudacore.copy_from"
     _check_buffer(buf, "destination", op)
     handle = _stream_arg(buf, stream, op)
-    addr, length, keep = host_view(host, False, op)
-    n = _size(nbytes, length, op)
+    n = _size(nbytes, _host_nbytes(host, op), op)
     if n > buf.size:
         raise _invalid(f"{op}: the copy is {n} bytes but the device buffer holds only {buf.size}", op)
-    fn = core.CopyHtoDHeld if handle != SYNC and n <= HELD_MAX else core.CopyHtoD
-    call(fn, buf.device_id, buf.ptr, addr, length, n, handle)
-    del keep
+    # The door exports host through the buffer protocol for the call: the pointer is the exporter's, and
+    # arrays of Python objects are refused before Go is entered.
+    if handle != SYNC and n <= HELD_MAX:
+        fast.copy_to_device_held(buf.device_id, buf.ptr, host, n, handle)
+    else:
+        fast.copy_to_device(buf.device_id, buf.ptr, host, n, handle)
 
 
 def device_to_host(host: Any, buf: Buffer, stream: object = None, nbytes: int | None = None) -> None:
@@ -135,13 +116,14 @@ def device_to_host(host: Any, buf: Buffer, stream: object = None, nbytes: int | 
     op = "cudacore.copy_to"
     _check_buffer(buf, "source", op)
     handle = _stream_arg(buf, stream, op)
-    addr, length, keep = host_view(host, True, op)
+    _host_nbytes(host, op)  # a clear TypeError for a device Buffer or a non-buffer host
     n = _size(nbytes, buf.size, op)
     if n > buf.size:
         raise _invalid(f"{op}: the copy is {n} bytes but the device buffer holds only {buf.size}", op)
-    fn = core.CopyDtoHHeld if handle != SYNC and n <= HELD_MAX else core.CopyDtoH
-    call(fn, buf.device_id, addr, length, buf.ptr, n, handle)
-    del keep
+    if handle != SYNC and n <= HELD_MAX:
+        fast.copy_to_host_held(buf.device_id, host, buf.ptr, n, handle)
+    else:
+        fast.copy_to_host(buf.device_id, host, buf.ptr, n, handle)
 
 
 def device_to_device(dst: Buffer, src: Buffer, stream: object = None, nbytes: int | None = None) -> None:
@@ -155,5 +137,7 @@ def device_to_device(dst: Buffer, src: Buffer, stream: object = None, nbytes: in
     n = _size(nbytes, src.size, op)
     if n > src.size or n > dst.size:
         raise _invalid(f"{op}: the copy is {n} bytes but the source holds {src.size} and the destination {dst.size}", op)
-    fn = core.CopyDtoDHeld if handle != SYNC else core.CopyDtoD
-    call(fn, dst.device_id, dst.ptr, src.ptr, n, handle)
+    if handle != SYNC:
+        fast.copy_device_held(dst.device_id, dst.ptr, src.ptr, n, handle)
+    else:
+        fast.copy_device(dst.device_id, dst.ptr, src.ptr, n, handle)

@@ -7,10 +7,10 @@ import operator
 import threading
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from . import _api, _memory
+from . import _memory
 from ._api import call, core
 from ._display import device_html
-from ._errors import InvalidValueError
+from ._errors import error
 from ._external import asbuffer
 from ._handles import register_device_type
 from ._limits import Limits, limits_for
@@ -88,9 +88,7 @@ class Device:
         if dev is not None:
             return dev
         if ordinal < 0:
-            raise InvalidValueError(
-                f"device ordinal must be >= 0, got {ordinal}", code=1, name="CUDA_ERROR_INVALID_VALUE", op="cudacore.device"
-            )
+            raise error("CUDA_ERROR_INVALID_VALUE", f"device ordinal must be >= 0, got {ordinal}", op="cudacore.device")
         props = json.loads(call(core.DeviceProperties, ordinal))
         with cls._lock:
             dev = cls._cache.get(ordinal)
@@ -236,8 +234,6 @@ class Device:
         InvalidValueError
             If ``nbytes`` is not positive.
         """
-        if _api._forked:
-            _api.check_not_forked()
         return fast.allocate(self._ordinal, nbytes, 0 if stream is None else _memory.stream_handle(stream))
 
     def from_array(self, array: Any) -> Buffer:

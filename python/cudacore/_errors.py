@@ -1,12 +1,15 @@
-"""The exception hierarchy, and the parser that turns Go's wire-format errors into it.
+"""The exception hierarchy, and the one funnel that every error from Go passes through.
 
-gopy raises every Go error as ``RuntimeError(text)``. The Go facade writes that text in one format
-(see ``pkg/cuda/wire.go``)::
+Go errors reach Python as text in one format (see ``pkg/cuda/wire.go``)::
 
     cuda[<code> <NAME> <op>]{<key>=<value> ...}: <message>
 
-and :func:`from_runtime_error` turns it into the matching exception class, chained to the original.
-Both sides test the same examples (``pkg/cuda/testdata/wire_examples.json``).
+gopy's cold door raises it as ``RuntimeError(text)``; the C doors (cudacore/native/door.c) pass the text
+itself. Either way :func:`from_wire` is the one function that turns it into the typed exception. The C
+guard also builds its own errors here (:func:`forked_error`, :func:`closed_error`,
+:func:`invalid_argument`), and Python code makes errors with :func:`error`, by result name: codes come
+from the generated table of every result (``_results``), never from a literal. Both sides of the wire
+test the same examples (``pkg/cuda/testdata/wire_examples.json``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import re
 from typing import Any
 
 from ._results import RESULTS
+
+#: name -> code, from the generated table.
+CODES: dict[str, int] = {row[0]: code for code, row in RESULTS.items()}
 
 __all__ = [
     "CUDAError",
@@ -31,8 +37,13 @@ __all__ = [
     "NotReadyError",
     "NotSupportedError",
     "OutOfMemoryError",
+    "closed_error",
     "decode",
+    "error",
+    "forked_error",
     "from_runtime_error",
+    "from_wire",
+    "invalid_argument",
 ]
 
 
@@ -226,6 +237,23 @@ def decode(text: str) -> dict[str, Any] | None:
     }
 
 
+def error(name: str, message: str, op: str = "cudacore", **fields: object) -> CUDAError:
+    """The typed exception for result ``name`` (for example ``"CUDA_ERROR_INVALID_VALUE"``): its code and
+    class come from the table of results. Field values are kept as text, as they arrive from Go."""
+    code = CODES[name]
+    cls = _BY_CATEGORY.get(category(code), CUDAError)
+    return cls(message, code=code, name=name, op=op, fields={k: str(v) for k, v in fields.items()})
+
+
+def from_wire(text: str) -> CUDAError | None:
+    """The typed exception for wire-format text from Go, or None if the text is not in the format."""
+    parts = decode(text)
+    if parts is None:
+        return None
+    cls = _BY_CATEGORY.get(category(parts["code"]), CUDAError)
+    return cls(parts["message"], code=parts["code"], name=parts["name"], op=parts["op"], fields=parts["fields"])
+
+
 def from_runtime_error(exc: BaseException) -> BaseException:
     """Return the typed exception for a gopy ``RuntimeError``; any other exception is returned unchanged.
 
@@ -233,8 +261,33 @@ def from_runtime_error(exc: BaseException) -> BaseException:
     """
     if not isinstance(exc, RuntimeError) or isinstance(exc, CUDAError):
         return exc
-    parts = decode(str(exc))
-    if parts is None:
-        return exc
-    cls = _BY_CATEGORY.get(category(parts["code"]), CUDAError)
-    return cls(parts["message"], code=parts["code"], name=parts["name"], op=parts["op"], fields=parts["fields"])
+    typed = from_wire(str(exc))
+    return exc if typed is None else typed
+
+
+FORKED_MESSAGE = (
+    "this process was forked from a parent that had loaded cudacore; CUDA and the Go runtime do not "
+    "survive fork(). Start worker processes with the spawn method: "
+    "multiprocessing.set_start_method('spawn') or multiprocessing.get_context('spawn'), or "
+    "concurrent.futures.ProcessPoolExecutor(mp_context=multiprocessing.get_context('spawn'))."
+)
+
+
+def forked_error(op: str) -> CUDAError:
+    """The error every door raises in a forked child, before Go is entered."""
+    return error("CUDACORE_ERROR_FORKED", f"{op}: {FORKED_MESSAGE}", op="fork")
+
+
+def closed_error(what: str, op: str) -> CUDAError:
+    """The error for using a closed object: one code (CUDACORE_ERROR_CLOSED) whatever the object."""
+    return error(
+        "CUDACORE_ERROR_CLOSED", f"this {what} is closed: its resources were released, so it can no longer be used", op=op
+    )
+
+
+def invalid_argument(fn: str, arg: str, detail: str, value: object) -> CUDAError:
+    """The error for an argument that cannot cross into Go, naming the function and the argument."""
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return error("CUDA_ERROR_INVALID_VALUE", f"{fn}: {arg} {detail}, got {shown}", op=f"cudacore.{fn}", argument=arg)

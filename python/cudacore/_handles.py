@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
-from ._errors import InvalidValueError
+from ._errors import error
 
 if TYPE_CHECKING:
     from ._device import Device  # annotations only: _device is the layer above
@@ -32,7 +32,7 @@ def stream_handle(stream: object) -> int:
     if isinstance(handle, bool) or not isinstance(handle, int):
         raise TypeError(f"stream must be a cudacore Stream, an int handle or None, not {type(stream).__name__}")
     if handle < 0:
-        raise InvalidValueError(f"stream handle must be >= 0, got {handle}", code=1, name="CUDA_ERROR_INVALID_VALUE", op="cudacore.stream")
+        raise error("CUDA_ERROR_INVALID_VALUE", f"stream handle must be >= 0, got {handle}", op="cudacore.stream")
     return handle
 
 

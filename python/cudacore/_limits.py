@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ._api import call, core
-from ._errors import CUDAError, InvalidValueError
+from ._errors import CUDAError, error
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -68,12 +68,11 @@ def _value(name: str, value: Any) -> int:
     except TypeError:
         raise TypeError(f"{name} must be an int (a whole number), not {type(value).__name__}") from None
     if v > _INT64_MAX:
-        raise InvalidValueError(
+        raise error(
+            "CUDA_ERROR_INVALID_VALUE",
             f"{name} = {v:,} is not valid: it is larger than any device can hold",
-            code=1,
-            name="CUDA_ERROR_INVALID_VALUE",
             op="cudacore.limits",
-            fields={"limit": name},
+            limit=name,
         )
     return v
 
@@ -195,12 +194,11 @@ class Limits:
         """
         unknown = [n for n in values if n not in LIMIT_NAMES]
         if unknown:
-            raise InvalidValueError(
+            raise error(
+                "CUDA_ERROR_INVALID_VALUE",
                 f"unknown limit {unknown[0]!r}: the limits are {', '.join(LIMIT_NAMES)}",
-                code=1,
-                name="CUDA_ERROR_INVALID_VALUE",
                 op="cudacore.limits",
-                fields={"limit": unknown[0]},
+                limit=unknown[0],
             )
         checked = {n: _value(n, v) for n, v in values.items()}
         previous: list[tuple[str, int]] = []

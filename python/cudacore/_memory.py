@@ -1,7 +1,7 @@
 """Device and pinned host memory: Buffer, PinnedBuffer, tiles and statistics.
 
 A :class:`Buffer` owns device memory from :meth:`Device.allocate` until :meth:`Buffer.close`, the end of
-its ``with`` block, or garbage collection. The object itself is a C type (``bindings/fastpath.c``): the
+its ``with`` block, or garbage collection. The object itself is a C type (``cudacore/native/fast.c``): the
 allocate+close pair never runs Python code of ours on success, which is what keeps it as cheap as
 CuPy's pool.
 """
@@ -13,10 +13,10 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import _copy
-from ._api import call, check_not_forked, core
+from . import _copy, _errors
+from ._api import call, core
 from ._display import MemoryStats, buffer_html, format_bytes
-from ._errors import InvalidHandleError, InvalidValueError, OutOfMemoryError, from_runtime_error
+from ._errors import OutOfMemoryError, error
 from ._handles import as_device, stream_handle
 from ._native import fast
 
@@ -33,17 +33,14 @@ __all__ = ["LEGACY_STREAM", "Buffer", "PinnedBuffer"]
 LEGACY_STREAM = 1
 
 
-def _translate(exc: BaseException) -> BaseException:
-    return from_runtime_error(exc)
-
-
 class Buffer(_CBuffer):
     """Device memory owned by this object.
 
     Attributes
     ----------
     ptr : int
-        The device address. Reading it after :meth:`close` raises :class:`InvalidHandleError`.
+        The device address. Reading it after :meth:`close` raises :class:`InvalidHandleError` (code
+        ``CUDACORE_ERROR_CLOSED``).
     size : int
         The size in bytes.
     device : Device
@@ -131,16 +128,15 @@ class PinnedBuffer(_CPinnedBuffer):
         return f"<cudacore.PinnedBuffer 0x{self.ptr:x}, {self.size} bytes>"
 
 
-fast.configure(Buffer, PinnedBuffer, _translate, InvalidHandleError)
+# The C objects instantiate these subclasses, and every door raises through the one funnel, _errors.
+fast.configure(Buffer, PinnedBuffer, _errors)
 
 
 def allocate(device: Device, nbytes: int, stream: object = None) -> Buffer:
-    check_not_forked()
     return fast.allocate(device.device_id, nbytes, 0 if stream is None else stream_handle(stream))
 
 
 def allocate_pinned(device: Device, nbytes: int) -> PinnedBuffer:
-    check_not_forked()
     return fast.allocate_pinned(device.device_id, nbytes)
 
 
@@ -148,9 +144,7 @@ def _positive(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     if value <= 0:
-        raise InvalidValueError(
-            f"{name} must be positive, got {value}", code=1, name="CUDA_ERROR_INVALID_VALUE", op="cudacore.allocate_tiles"
-        )
+        raise error("CUDA_ERROR_INVALID_VALUE", f"{name} must be positive, got {value}", op="cudacore.allocate_tiles")
     return value
 
 

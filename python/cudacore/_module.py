@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Union
 
 from . import _api
 from ._api import call, core
-from ._errors import CUDAError, InvalidValueError
+from ._errors import CUDAError, InvalidValueError, error
+from ._native import fast
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -73,11 +74,13 @@ _INT_KIND = {(1, True): "i8", (1, False): "u8", (2, True): "i16", (2, False): "u
              (4, True): "i32", (4, False): "u32", (8, True): "i64", (8, False): "u64"}  # fmt: skip
 _FLOAT_KIND = {2: "f16", 4: "f32", 8: "f64"}
 
+#: The kind codes of the packed launch arguments: the index in pkg/module.ArgCodes (append only there).
+_ARG_CODES = {k: i for i, k in enumerate(
+    ("", "i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64", "f16", "f32", "f64", "ptr", "raw"))}
+
 
 def _invalid(message: str, **fields: str) -> InvalidValueError:
-    return InvalidValueError(
-        message, code=1, name="CUDA_ERROR_INVALID_VALUE", op="cudacore.launch", fields=fields
-    )
+    return error("CUDA_ERROR_INVALID_VALUE", message, op="cudacore.launch", **fields)
 
 
 def _int_range(kind: str) -> tuple[int, int]:
@@ -371,8 +374,10 @@ class Kernel:
             return f"{self.name}(?)"
         return f"{self.name}({', '.join(p.decl() for p in self.params)})"
 
-    def encode_args(self, args: Sequence[Any]) -> str:
-        """The arguments in the facade's text form, converted and checked against the parameters."""
+    def encode_args(self, args: Sequence[Any]) -> bytes:
+        """The arguments packed for the launch entry, converted and checked against the parameters: per
+        argument one byte of kind code, its length in two bytes (little-endian), then its bytes (the form
+        pkg/module.UnpackArgs reads). Packed once per call; no text crosses."""
         if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
             raise TypeError(f"args must be a tuple or list, not {type(args).__name__}")
         if self.params is not None and len(args) != len(self.params):
@@ -386,8 +391,10 @@ class Kernel:
         parts = []
         for i, a in enumerate(args):
             kind, raw = _convert(a, i, self.params[i] if self.params is not None else None, self.name)
-            parts.append(f"{kind}:{raw.hex()}")
-        return ";".join(parts)
+            n = len(raw)
+            parts.append(bytes((_ARG_CODES[kind], n & 0xFF, n >> 8)))
+            parts.append(raw)
+        return b"".join(parts)
 
     def launch(
         self,
@@ -425,8 +432,8 @@ class Kernel:
             raise TypeError(f"shared_mem must be an int, not {type(shared_mem).__name__}") from None
         if shm < 0:
             raise _invalid(f"shared_mem is {shm}; it must be at least 0 bytes")
-        encoded = self.encode_args(args)
-        call(core.FunctionLaunch, self._handle, *g, *b, shm, _stream_handle(stream), encoded)
+        packed = self.encode_args(args)
+        fast.function_launch(self._handle, *g, *b, shm, _stream_handle(stream), packed)
 
     def __call__(self, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: Any = None) -> None:
         """``k(grid, block, *args)``: the same as :meth:`launch`."""
@@ -437,7 +444,7 @@ class Kernel:
 
 
 def _unload(handle: int) -> None:
-    if _api._forked:
+    if _api.forked():
         return
     try:
         call(core.ModuleUnload, handle)

@@ -15,11 +15,14 @@ from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 from ._api import call, core
-from ._errors import IllegalStateError, InvalidHandleError, InvalidValueError
+from ._errors import closed_error, error
 from ._handles import as_device, stream_handle
 from ._native import fast
 
-_fast_graph_launch = fast.graph_launch
+# The hot entries: METH_FASTCALL functions generated from the facade's declarations (no gopy wrapper).
+_graph_launch = fast.graph_launch
+_stream_query = fast.stream_query
+_event_query = fast.event_query
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -41,9 +44,9 @@ def _device(device: Device | int | None) -> Device:
 
 
 def _wait(fn: Any, *args: Any) -> None:
-    """Call ``fn(*args, WAIT_SLICE_MS)`` until it reports done. Each call releases the GIL for at most one
-    slice; KeyboardInterrupt and other signals are delivered between calls."""
-    while not call(fn, *args, WAIT_SLICE_MS):
+    """Call the hot entry ``fn(*args, WAIT_SLICE_MS)`` until it reports done. Each call releases the GIL
+    for at most one slice; KeyboardInterrupt and other signals are delivered between calls."""
+    while not fn(*args, WAIT_SLICE_MS):
         pass
 
 
@@ -138,7 +141,7 @@ class Stream:
 
     def query(self) -> bool:
         """Whether all work on the stream has finished (without waiting)."""
-        return call(core.StreamQuery, self._device.device_id, self._handle)
+        return _stream_query(self._device.device_id, self._handle)
 
     def synchronize(self) -> None:
         """Wait until all work on the stream has finished. Other threads run meanwhile; Ctrl-C stops the wait.
@@ -149,9 +152,9 @@ class Stream:
             If the stream is capturing, or a capture forbids waiting here (GLOBAL anywhere, THREAD_LOCAL on
             this thread).
         """
-        if call(core.StreamQuery, self._device.device_id, self._handle):
+        if _stream_query(self._device.device_id, self._handle):
             return
-        _wait(core.StreamWait, self._device.device_id, self._handle)
+        _wait(fast.stream_wait, self._device.device_id, self._handle)
 
     def record(self, event: Event | None = None) -> Event:
         """Record ``event`` (a new timing event if None) on this stream and return it."""
@@ -164,19 +167,14 @@ class Stream:
         """Make later work on this stream wait for ``event`` (the host does not wait)."""
         if not isinstance(event, Event):
             raise TypeError(f"wait() takes an Event, not {type(event).__name__}")
-        call(core.StreamWaitEvent, self._device.device_id, self._handle, event.handle)
+        fast.stream_wait_event(self._device.device_id, self._handle, event.handle)
 
     wait_event = wait
 
     def begin_capture(self, mode: str = "thread_local") -> None:
         """Start capturing the work issued on this stream into a graph (see :meth:`capture`)."""
         if mode not in CAPTURE_MODES:
-            raise InvalidValueError(
-                f"unknown capture mode {mode!r}: use one of {', '.join(CAPTURE_MODES)}",
-                code=1,
-                name="CUDA_ERROR_INVALID_VALUE",
-                op="cudacore.begin_capture",
-            )
+            raise error("CUDA_ERROR_INVALID_VALUE", f"unknown capture mode {mode!r}: use one of {', '.join(CAPTURE_MODES)}", op="cudacore.begin_capture")
         call(core.StreamBeginCapture, self._device.device_id, self._handle, mode)
 
     def end_capture(self) -> Graph:
@@ -297,24 +295,24 @@ class Event:
 
     def _live(self) -> int:
         if not self._handle:
-            raise InvalidHandleError("the event was closed", code=400, name="CUDA_ERROR_INVALID_HANDLE", op="cudacore.event")
+            raise closed_error("Event", "cudacore.event")
         return self._handle
 
     def record(self, stream: Stream | int | None = None) -> Event:
         """Record the event on ``stream`` (None: the legacy default stream); returns self."""
-        call(core.EventRecord, self._live(), self._device.device_id, stream_handle(stream))
+        fast.event_record(self._live(), self._device.device_id, stream_handle(stream))
         return self
 
     def query(self) -> bool:
         """Whether the work the event recorded has finished."""
-        return call(core.EventQuery, self._live())
+        return _event_query(self._live())
 
     def synchronize(self) -> None:
         """Wait for the work the event recorded. Other threads run meanwhile; Ctrl-C stops the wait."""
         handle = self._live()
-        if call(core.EventQuery, handle):
+        if _event_query(handle):
             return
-        _wait(core.EventWait, handle)
+        _wait(fast.event_wait, handle)
 
     def elapsed_time(self, end: Event) -> float:
         """Milliseconds from this event's completion to ``end``'s (both timing events, recorded)."""
@@ -375,19 +373,9 @@ class Graph:
 
     def _live(self, what: str) -> int:
         if self._destroyed:
-            raise InvalidHandleError(
-                f"cannot {what} a destroyed graph; capture it again",
-                code=400,
-                name="CUDA_ERROR_INVALID_HANDLE",
-                op=f"cudacore.graph_{what}",
-            )
+            raise error("CUDACORE_ERROR_CLOSED", f"cannot {what} a destroyed graph; capture it again", op=f"cudacore.graph_{what}")
         if not self._id:
-            raise IllegalStateError(
-                f"cannot {what} the graph before its capture ends (leave the `with stream.capture()` block first)",
-                code=401,
-                name="CUDA_ERROR_ILLEGAL_STATE",
-                op=f"cudacore.graph_{what}",
-            )
+            raise error("CUDA_ERROR_ILLEGAL_STATE", f"cannot {what} the graph before its capture ends (leave the `with stream.capture()` block first)", op=f"cudacore.graph_{what}")
         return self._id
 
     @property
@@ -423,25 +411,21 @@ class Graph:
 
     def _stream_args(self, stream: Stream | int | None) -> tuple[int, int]:
         if isinstance(stream, Stream) and stream.device != self._device:
-            raise InvalidValueError(
-                f"the graph belongs to device {self._device.device_id} but the stream to device {stream.device.device_id}",
-                code=1,
-                name="CUDA_ERROR_INVALID_VALUE",
-                op="cudacore.graph_launch",
-            )
+            raise error("CUDA_ERROR_INVALID_VALUE", f"the graph belongs to device {self._device.device_id} but the stream to device {stream.device.device_id}", op="cudacore.graph_launch")
         return self._device.device_id, stream_handle(stream)
 
     def launch(self, stream: Stream | int | None = None) -> None:
         """Launch the graph on ``stream`` (None: the legacy default stream). It does not wait."""
-        # The fast path (a METH_FASTCALL entry, no gopy wrapper): a launch is a hot call in a replay loop.
-        if type(stream) is Stream and stream._device is self._device and not self._destroyed and self._id:
-            _fast_graph_launch(self._id, stream._device._ordinal, stream._handle)
+        # A hot entry: a launch is the inner call of a replay loop, so the common case skips the checks that
+        # Go makes again anyway.
+        if type(stream) is Stream and stream._device is self._device and self._id:
+            _graph_launch(self._id, stream._device._ordinal, stream._handle)
             return
-        _fast_graph_launch(self._live("launch"), *self._stream_args(stream))
+        _graph_launch(self._live("launch"), *self._stream_args(stream))
 
     def upload(self, stream: Stream | int | None = None) -> None:
         """Upload the graph to the device on ``stream``, so that the first launch is as fast as the others."""
-        call(core.GraphUpload, self._live("upload"), *self._stream_args(stream))
+        fast.graph_upload(self._live("upload"), *self._stream_args(stream))
 
     def update(self, other: Graph) -> None:
         """Take ``other``'s parameters (same topology) into this graph's executable graph.

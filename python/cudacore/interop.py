@@ -30,8 +30,9 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _external
+from ._api import call, core
 from ._device import Device
-from ._errors import from_runtime_error
+from ._errors import from_wire
 from ._external import ExternalBuffer, asbuffer, from_dlpack
 
 # Arrays in (zero-copy) live in _external, a layer below, because Device.from_array uses them too. Its
@@ -57,7 +58,7 @@ __all__ = [
 
 def extension_path() -> str:
     """The file of cudacore's extension module: the one shared library holding the Go runtime, the Python
-    bindings and the C entry points other frameworks load (``cudacore_torch_malloc``, ...)."""
+    bindings and the C entry points other frameworks load (``cudacore_torch_alloc``, ``cudacore_torch_free``)."""
     return str(sys.modules["cudacore._gopy._core"].__file__)
 
 
@@ -99,43 +100,20 @@ def cupy_allocator(device: Device | int | None = None) -> Callable[[int], Any]:
     return allocate
 
 
-def _lib() -> ctypes.CDLL:
-    # dlopen of the same path returns the same handle: the same Go runtime (one per process).
-    lib = ctypes.CDLL(extension_path())
-    lib.cudacore_torch_malloc.restype = ctypes.c_void_p
-    lib.cudacore_torch_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-    lib.cudacore_torch_free.restype = None
-    lib.cudacore_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-    lib.cudacore_torch_live.restype = ctypes.c_int64
-    lib.cudacore_torch_live.argtypes = []
-    lib.cudacore_interop_last_error.restype = ctypes.c_void_p
-    lib.cudacore_interop_last_error.argtypes = []
-    return lib
-
-
-_libc = ctypes.CDLL(None)
-_libc.free.argtypes = [ctypes.c_void_p]
-_libc.free.restype = None
-
-
 def last_error() -> Exception | None:
-    """The error the last failed call of the C allocator entry points (``cudacore_torch_malloc`` /
+    """The error the last failed call of the PyTorch allocator entry points (``cudacore_torch_alloc`` /
     ``cudacore_torch_free``) recorded, as a typed cudacore exception (for example
     :class:`cudacore.OutOfMemoryError`), and forget it; None when there is none. Process-wide."""
-    raw = _lib().cudacore_interop_last_error()
-    if not raw:
+    text = call(core.InteropLastError)
+    if not text:
         return None
-    try:
-        text = ctypes.string_at(raw).decode("utf-8", "replace")
-    finally:
-        _libc.free(raw)
-    typed = from_runtime_error(RuntimeError(text))
-    return typed if isinstance(typed, Exception) else RuntimeError(text)
+    typed = from_wire(text)
+    return typed if typed is not None else RuntimeError(text)
 
 
 def torch_live_allocations() -> int:
-    """How many allocations made through ``cudacore_torch_malloc`` are alive."""
-    return int(_lib().cudacore_torch_live())
+    """How many allocations made through cudacore's PyTorch allocator are alive."""
+    return int(call(core.TorchLive))
 
 
 def torch_allocator() -> Any:
