@@ -169,10 +169,34 @@ def test_external_buffer_keeps_its_owner(dev: cc.Device) -> None:
 # -- the C entry points PyTorch's CUDAPluggableAllocator loads, called here through ctypes -----------------
 
 
+def _torch_lib() -> ctypes.CDLL:
+    """The extension as PyTorch loads it: its allocator entry points, and the generated native doors of
+    the facade that they call (cudacore_door_TorchMalloc returns the wire-format error text)."""
+    lib = ctypes.CDLL(interop.extension_path())
+    lib.cudacore_torch_alloc.restype = ctypes.c_void_p
+    lib.cudacore_torch_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    lib.cudacore_torch_free.restype = None
+    lib.cudacore_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    lib.cudacore_door_TorchMalloc.restype = ctypes.c_void_p  # char *: the error text, NULL on success
+    lib.cudacore_door_TorchMalloc.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                              ctypes.POINTER(ctypes.c_int64)]  # fmt: skip
+    return lib
+
+
+def _door_malloc(lib: ctypes.CDLL, size: int) -> tuple[int, str | None]:
+    out = ctypes.c_int64(0)
+    err = lib.cudacore_door_TorchMalloc(size, 0, 0, ctypes.byref(out))
+    if not err:
+        return out.value, None
+    text = ctypes.string_at(err).decode()
+    ctypes.CDLL(None).free(ctypes.c_void_p(err))
+    return 0, text
+
+
 def test_torch_entry_points_use_cudacore_allocator(dev: cc.Device) -> None:
-    lib = interop._lib()
+    lib = _torch_lib()
     before = dev.memory_stats()
-    p = lib.cudacore_torch_malloc(1 << 20, 0, None)
+    p = lib.cudacore_torch_alloc(1 << 20, 0, None)
     assert p
     mid = dev.memory_stats()
     assert mid["in_use"] == before["in_use"] + (1 << 20)
@@ -182,26 +206,27 @@ def test_torch_entry_points_use_cudacore_allocator(dev: cc.Device) -> None:
     assert dev.memory_stats()["in_use"] == before["in_use"]
     assert interop.torch_live_allocations() == 0
     assert interop.last_error() is None
-    assert lib.cudacore_torch_malloc(0, 0, None) is None  # size 0: NULL, no error
+    assert lib.cudacore_torch_alloc(0, 0, None) is None  # size 0: NULL, no error
     assert interop.last_error() is None
 
 
-def test_torch_entry_points_oom_returns_null_and_records(dev: cc.Device) -> None:
-    lib = interop._lib()
-    assert lib.cudacore_torch_malloc(1 << 50, 0, None) is None
+def test_torch_malloc_oom_is_an_error_and_recorded(dev: cc.Device) -> None:
+    lib = _torch_lib()
+    p, text = _door_malloc(lib, 1 << 50)
+    assert p == 0 and text is not None and text.startswith("cuda[2 CUDA_ERROR_OUT_OF_MEMORY")
     err = interop.last_error()
     assert isinstance(err, cc.OutOfMemoryError) and isinstance(err, MemoryError)
     assert interop.last_error() is None  # read once
     dev.memory_limit = dev.memory_stats()["in_use"] + (1 << 20)
     try:
-        assert lib.cudacore_torch_malloc(2 << 20, 0, None) is None
+        assert _door_malloc(lib, 2 << 20)[0] == 0
         assert "limit" in str(interop.last_error())
     finally:
         dev.memory_limit = None
 
 
 def test_torch_free_of_a_foreign_pointer_is_refused(dev: cc.Device) -> None:
-    lib = interop._lib()
+    lib = _torch_lib()
     lib.cudacore_torch_free(0x1234, 16, 0, None)
     assert isinstance(interop.last_error(), cc.InvalidValueError)
     lib.cudacore_torch_free(None, 0, 0, None)  # NULL: ignored
@@ -211,7 +236,7 @@ def test_torch_free_of_a_foreign_pointer_is_refused(dev: cc.Device) -> None:
 def test_extension_path_is_the_loaded_library() -> None:
     path = interop.extension_path()
     lib = ctypes.CDLL(path)
-    for name in ("cudacore_torch_malloc", "cudacore_torch_free", "PyInit__core", "PyInit__fast"):
+    for name in ("cudacore_torch_alloc", "cudacore_torch_free", "PyInit__core", "PyInit__fast"):
         assert hasattr(lib, name)
 
 

@@ -174,16 +174,31 @@ def test_typed_wrappers():
         cc.float32("x")
 
 
+_CODES = ("", "i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64", "f16", "f32", "f64", "ptr", "raw")
+
+
+def _readable(packed: bytes) -> str:
+    """The packed launch arguments (code byte, 2-byte length, bytes) as "kind:hex;...", read independently
+    of the encoder so that a wrong code or length shows."""
+    out, i = [], 0
+    while i < len(packed):
+        code, n = packed[i], packed[i + 1] | packed[i + 2] << 8
+        out.append(f"{_CODES[code]}:{packed[i + 3 : i + 3 + n].hex()}")
+        i += 3 + n
+    assert i == len(packed), "the last argument runs past the end"
+    return ";".join(out)
+
+
 def test_arguments_follow_the_ptx_types(mod):
     fill, fill_f32 = mod.function("fill"), mod.function("fill_f32")
     # An int for .u32 is 4 bytes; for .u64, 8; a buffer is a pointer.
     assert (
-        fill.encode_args((FakeBuffer(0x1000), 7, 9))
+        _readable(fill.encode_args((FakeBuffer(0x1000), 7, 9)))
         == "ptr:0010000000000000;u32:07000000;u64:0900000000000000"
     )
     # An int for a .f32 parameter becomes a float.
-    assert fill_f32.encode_args((FakeArray(0x2000), 2, 9)).split(";")[1] == "f32:00000040"
-    assert fill_f32.encode_args((FakeArray(0x2000), 1.5, 9)).split(";")[1] == "f32:0000c03f"
+    assert _readable(fill_f32.encode_args((FakeArray(0x2000), 2, 9))).split(";")[1] == "f32:00000040"
+    assert _readable(fill_f32.encode_args((FakeArray(0x2000), 1.5, 9))).split(";")[1] == "f32:0000c03f"
     with pytest.raises(TypeError):
         fill.encode_args("abc")
 

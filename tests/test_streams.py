@@ -492,8 +492,8 @@ def test_synchronize_is_interruptible(dev, monkeypatch):
         time.sleep(0.01)  # a slice: on a GPU this is a GIL-released wait in Go
         return False
 
-    monkeypatch.setattr(_stream.core, "StreamQuery", lambda *a: False)
-    monkeypatch.setattr(_stream.core, "StreamWait", never_done)
+    monkeypatch.setattr(_stream, "_stream_query", lambda *a: False)
+    monkeypatch.setattr(_stream, "_stream_wait", never_done)
     s = dev.create_stream()
     timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
@@ -508,8 +508,8 @@ def test_synchronize_is_interruptible(dev, monkeypatch):
 
 
 def test_event_synchronize_is_interruptible(dev, monkeypatch):
-    monkeypatch.setattr(_stream.core, "EventQuery", lambda *a: False)
-    monkeypatch.setattr(_stream.core, "EventWait", lambda *a: time.sleep(0.01) or False)
+    monkeypatch.setattr(_stream, "_event_query", lambda *a: False)
+    monkeypatch.setattr(_stream, "_event_wait", lambda *a: time.sleep(0.01) or False)
     e = cc.Event(dev)
     timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()

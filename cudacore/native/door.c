@@ -252,6 +252,11 @@ door_buffer(PyObject *o, const char *fn, const char *arg, int writable, Py_buffe
     /* PyBUF_FORMAT too, so that an array of Python objects (format "O") is seen and refused: its bytes
      * are PyObject pointers, which must never be copied to or overwritten from a device. */
     if (PyObject_GetBuffer(o, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        if (PyObject_CheckBuffer(o) &&
+            (PyErr_ExceptionMatches(PyExc_BufferError) || PyErr_ExceptionMatches(PyExc_ValueError))) {
+            PyErr_Clear(); /* it exports memory, but not as one C-contiguous block */
+            return door_invalid(fn, arg, "must be C-contiguous (numpy.ascontiguousarray makes a copy that is)", o);
+        }
         if (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_BufferError)) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError,

@@ -22,7 +22,9 @@ from ._native import fast
 # The hot entries: METH_FASTCALL functions generated from the facade's declarations (no gopy wrapper).
 _graph_launch = fast.graph_launch
 _stream_query = fast.stream_query
+_stream_wait = fast.stream_wait
 _event_query = fast.event_query
+_event_wait = fast.event_wait
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -154,7 +156,7 @@ class Stream:
         """
         if _stream_query(self._device.device_id, self._handle):
             return
-        _wait(fast.stream_wait, self._device.device_id, self._handle)
+        _wait(_stream_wait, self._device.device_id, self._handle)
 
     def record(self, event: Event | None = None) -> Event:
         """Record ``event`` (a new timing event if None) on this stream and return it."""
@@ -312,7 +314,7 @@ class Event:
         handle = self._live()
         if _event_query(handle):
             return
-        _wait(fast.event_wait, handle)
+        _wait(_event_wait, handle)
 
     def elapsed_time(self, end: Event) -> float:
         """Milliseconds from this event's completion to ``end``'s (both timing events, recorded)."""
