@@ -121,12 +121,7 @@ func AllocateTiles(ordinal, count, tileSize, stream int) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		h := cuda.Stream(stream)
-		if err := d.Streams().UseForAlloc(h); err != nil {
-			return "", err
-		}
-		ptrs, err := d.Memory().AllocateTiles(count, uint64(tileSize), h, nil)
-		d.Streams().Done(h)
+		ptrs, err := d.AllocateTiles(count, uint64(tileSize), cuda.Stream(uint64(stream)), nil)
 		if err != nil {
 			return "", err
 		}

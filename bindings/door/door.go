@@ -458,7 +458,7 @@ func pyType(k Kind) string {
 	case Float:
 		return "float"
 	case Bytes, WritableBytes:
-		return "Buffer"
+		return "_BufferLike" // the stub imports typing_extensions.Buffer as _BufferLike
 	}
 	return "str"
 }

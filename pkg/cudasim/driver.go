@@ -49,6 +49,8 @@ type Driver struct {
 
 	hostMu sync.Mutex
 	pinned map[uintptr][]byte // base address of each MemHostAlloc mapping -> the mapping
+
+	fatal func(msg string) // see WithFatal
 }
 
 type fault struct {
@@ -86,6 +88,18 @@ func WithDevices(cfgs ...DeviceConfig) Option {
 	}
 }
 
+// WithFatal replaces what the simulator does when it is handed the handle of a stream that was
+// destroyed. The real driver segfaults there (seen on the H100), so by default the simulator ends the
+// process just as loudly, with a message naming the entry point and the handle, and a CI run on the
+// simulator catches any path that lets such a handle through. Tests of the simulator itself pass a
+// function that records the message (and panics, to stop the call).
+func WithFatal(f func(msg string)) Option { return func(d *Driver) { d.fatal = f } }
+
+func fatalExit(msg string) {
+	fmt.Fprintf(os.Stderr, "cudasim: fatal: %s (the real driver crashes the process here)\n", msg)
+	os.Exit(139)
+}
+
 // WithDriverVersion sets what Version reports (1000*major + 10*minor).
 func WithDriverVersion(v int) Option { return func(d *Driver) { d.version = v } }
 
@@ -97,6 +111,7 @@ func New(opts ...Option) *Driver {
 		faults:  map[string][]fault{},
 		caps:    map[*capture]struct{}{},
 		pinned:  map[uintptr][]byte{},
+		fatal:   fatalExit,
 	}
 	WithDevices(H100())(d)
 	for _, o := range opts {

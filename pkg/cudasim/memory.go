@@ -86,6 +86,7 @@ type device struct {
 	defaultPool *pool
 	pools       map[cuda.MemPool]*pool
 	streams     map[cuda.Stream]*stream
+	dead        map[cuda.Stream]struct{} // destroyed streams: handles are never reused, so each stays dead
 	perThread   map[int]*stream
 	legacy      *stream
 	events      map[cuda.Event]*event

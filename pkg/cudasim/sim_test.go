@@ -374,6 +374,38 @@ func TestMemoryErrors(t *testing.T) {
 	requireResult(t, cuda.ErrorInvalidValue, "cuMemAllocManaged", err)
 }
 
+// The real driver segfaults when handed a destroyed stream; the simulator fails as loudly (by default it
+// ends the process), for every entry point that takes a stream, so that CI catches a path that lets a
+// destroyed handle through.
+func TestDestroyedStreamIsFatal(t *testing.T) {
+	type fatal struct{ msg string }
+	e := start(t, cudasim.WithFatal(func(msg string) { panic(fatal{msg}) }))
+	d, c := e.d, e.ctx
+	s, err := d.StreamCreate(c, 0, 0)
+	require.NoError(t, err)
+	require.NoError(t, d.StreamDestroy(c, s))
+	for name, call := range map[string]func(){
+		"cuStreamSynchronize": func() { _ = d.StreamSynchronize(c, s) },
+		"cuStreamQuery":       func() { _ = d.StreamQuery(c, s) },
+		"cuStreamDestroy_v2":  func() { _ = d.StreamDestroy(c, s) },
+		"cuMemAllocAsync":     func() { _, _ = d.MemAllocAsync(c, 16, s) },
+	} {
+		var got any
+		func() {
+			defer func() { got = recover() }()
+			call()
+		}()
+		if assert.IsType(t, fatal{}, got, name) {
+			assert.Contains(t, got.(fatal).msg, name, "the message names the entry point")
+			assert.Contains(t, got.(fatal).msg, "destroyed")
+		}
+	}
+	// The device still works after the hook returned control.
+	s2, err := d.StreamCreate(c, 0, 0)
+	require.NoError(t, err)
+	assert.NoError(t, d.StreamSynchronize(c, s2))
+}
+
 func TestInvalidHandlesAndDevices(t *testing.T) {
 	e := start(t)
 	d, c := e.d, e.ctx
@@ -394,12 +426,10 @@ func TestInvalidHandlesAndDevices(t *testing.T) {
 	ev, _ := d.EventCreate(c, 0)
 	require.NoError(t, d.StreamDestroy(c, s))
 	require.NoError(t, d.EventDestroy(c, ev))
-	requireResult(t, cuda.ErrorInvalidHandle, "cuStreamSynchronize", d.StreamSynchronize(c, s))
-	requireResult(t, cuda.ErrorInvalidHandle, "cuStreamDestroy_v2", d.StreamDestroy(c, s))
 	requireResult(t, cuda.ErrorInvalidHandle, "cuStreamQuery", d.StreamQuery(c, 0x12345))
 	requireResult(t, cuda.ErrorInvalidHandle, "cuEventRecord", d.EventRecord(c, ev, 0))
 	requireResult(t, cuda.ErrorInvalidHandle, "cuEventDestroy_v2", d.EventDestroy(c, ev))
-	requireResult(t, cuda.ErrorInvalidHandle, "cuMemcpyHtoDAsync_v2", d.MemcpyHtoDAsync(c, 1, nil, s))
+	requireResult(t, cuda.ErrorInvalidHandle, "cuMemcpyHtoDAsync_v2", d.MemcpyHtoDAsync(c, 1, nil, 0x12345))
 	_, err = d.GraphInstantiate(c, 99)
 	requireResult(t, cuda.ErrorInvalidHandle, "cuGraphInstantiateWithFlags", err)
 	requireResult(t, cuda.ErrorInvalidHandle, "cuGraphLaunch", d.GraphLaunch(c, 99, 0))

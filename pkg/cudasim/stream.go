@@ -1,6 +1,7 @@
 package cudasim
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
@@ -80,9 +81,19 @@ func (d *Driver) resolve(op string, v *device, sh cuda.Stream) (*stream, error) 
 	}
 	s := v.streams[sh]
 	if s == nil {
+		d.checkDead(op, v, sh)
 		return nil, errf(op, cuda.ErrorInvalidHandle, "stream %#x is not a live stream of device %d", uint64(sh), v.index)
 	}
 	return s, nil
+}
+
+// checkDead ends the process (d.fatal) when sh names a stream that was destroyed: see WithFatal.
+func (d *Driver) checkDead(op string, v *device, sh cuda.Stream) {
+	if _, dead := v.dead[sh]; dead {
+		v.mu.Unlock() // the fatal hook may panic in tests: leave the device usable
+		defer v.mu.Lock()
+		d.fatal(fmt.Sprintf("%s was handed stream %#x of device %d, which was destroyed", op, uint64(sh), v.index))
+	}
 }
 
 // streamOp resolves the stream an asynchronous operation is enqueued on and applies the capture rules:
@@ -193,12 +204,17 @@ func (d *Driver) StreamDestroy(c cuda.Context, sh cuda.Stream) error {
 	defer v.mu.Unlock()
 	s := v.streams[sh]
 	if s == nil {
+		d.checkDead(op, v, sh)
 		return errf(op, cuda.ErrorInvalidHandle, "stream %#x is not a live stream of device %d", uint64(sh), v.index)
 	}
 	if s.cap != nil {
 		d.endCaptureLocked(s.cap, false)
 	}
 	delete(v.streams, sh)
+	if v.dead == nil {
+		v.dead = map[cuda.Stream]struct{}{}
+	}
+	v.dead[sh] = struct{}{}
 	return nil
 }
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._errors import InvalidValueError, error
+from ._errors import CUDAError, error
 from ._handles import stream_handle
 from ._native import fast
 from ._stream import Stream as _Stream
@@ -37,7 +37,7 @@ HELD_MAX = 64 << 10
 SYNC = -1
 
 
-def _invalid(message: str, op: str) -> InvalidValueError:
+def _invalid(message: str, op: str) -> CUDAError:
     return error("CUDA_ERROR_INVALID_VALUE", message, op=op)
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from . import _api
 from ._api import call, core
-from ._errors import CUDAError, InvalidValueError, error
+from ._errors import CUDAError, error
 from ._native import fast
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ _ARG_CODES = {k: i for i, k in enumerate(
     ("", "i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64", "f16", "f32", "f64", "ptr", "raw"))}
 
 
-def _invalid(message: str, **fields: str) -> InvalidValueError:
+def _invalid(message: str, **fields: str) -> CUDAError:
     return error("CUDA_ERROR_INVALID_VALUE", message, op="cudacore.launch", **fields)
 
 

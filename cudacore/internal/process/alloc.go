@@ -37,6 +37,33 @@ func (d *Device) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
 	return p, nil
 }
 
+// AllocateTiles allocates count tiles of size bytes ordered on h, all or nothing (memory.Stack's
+// AllocateTiles), under the same stream-lifetime and capture rules as Allocate: tiles allocated on a
+// capturing stream are counted into its graph like any other allocation.
+func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress func(done, total int) bool) ([]cuda.DevicePtr, error) {
+	streams := d.Streams()
+	if err := streams.UseForAlloc(h); err != nil {
+		return nil, err
+	}
+	defer streams.Done(h)
+	capturing := Capturing()
+	if capturing {
+		if err := streams.CheckAllocate(h); err != nil {
+			return nil, err
+		}
+	}
+	ptrs, err := d.Memory().AllocateTiles(count, size, h, progress)
+	if err != nil {
+		return nil, err
+	}
+	if capturing {
+		for range ptrs {
+			streams.NoteAllocate(h, size)
+		}
+	}
+	return ptrs, nil
+}
+
 // Free frees p (size bytes, last used on h). While a capture runs, a free on any other stream waits for
 // the captures to end: it could be an unsafe call (900) or use the legacy stream (906) and invalidate the
 // capture, and a garbage collector may free a buffer at any moment. A free on the capturing stream
