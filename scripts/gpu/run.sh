@@ -28,6 +28,8 @@ status=${PIPESTATUS[0]}
 
 echo "== benchmarks"
 {
+    "$PY" bench/hot_paths.py
+    echo
     "$PY" bench/gil_calls.py --rounds 7 --calls 100000
     echo
     "$PY" bench/alloc.py

@@ -1,0 +1,141 @@
+"""Host time of the hot paths, cudacore against its peers, in one table.
+
+Each contender runs a burst of calls per round; rounds interleave the contenders (the GPU machine's speed
+drifts between runs: compare within one run), and the table gives the median over rounds of the host
+time per call and the ratio to the first peer of each row (lower is better).
+
+    python bench/hot_paths.py             # on the GPU machine (CuPy and cuda.core are optional peers)
+    python bench/hot_paths.py --sim       # smoke test on the simulator: cudacore's non-kernel rows only
+
+Rows: Kernel.launch of an empty kernel with 4 arguments (2 pointers, an int, a float) against CuPy's
+RawKernel and cuda.core's launch; Graph.launch of a one-node graph against CuPy's Graph.launch; a 4 KiB
+pinned host-to-device asynchronous copy against CuPy's memcpyAsync; a 64 KiB pageable synchronous
+host-to-device copy against CuPy's ndarray.set; the cold door (a gopy call through the C guard).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+PTX = """
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry empty4(.param .u64 a, .param .u64 b, .param .u32 n, .param .f32 x)
+{
+    ret;
+}
+"""
+
+
+def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Callable[[], object]]]]:
+    """row -> [(name, call, drain)]; a peer that cannot be set up is left out of its row."""
+    import numpy as np
+
+    import cudacore as cc
+    from cudacore._api import call
+    from cudacore._native import core
+
+    d = cc.Device(0)
+    s = d.create_stream()
+    rows: dict[str, list] = {k: [] for k in ("kernel launch", "graph launch", "4 KiB pinned H2D async", "64 KiB pageable H2D sync", "cold door call")}
+    a, b = d.allocate(1 << 20, stream=s), d.allocate(1 << 20, stream=s)
+    pinned = d.allocate_pinned(4 << 10)
+    pageable = np.ones(64 << 10, dtype=np.uint8)
+    small = d.allocate(4 << 10, stream=s)
+    with s.capture() as g:
+        small.copy_from(pinned, stream=s)
+    g.launch(s)
+    s.synchronize()
+    rows["graph launch"].append(("cudacore Graph.launch", lambda: g.launch(s), s.synchronize))
+    rows["4 KiB pinned H2D async"].append(("cudacore Buffer.copy_from", lambda: small.copy_from(pinned, stream=s), s.synchronize))
+    rows["64 KiB pageable H2D sync"].append(("cudacore Buffer.copy_from", lambda: a.copy_from(pageable), lambda: None))
+    rows["cold door call"].append(("cudacore call(core.Noop)", lambda: call(core.Noop, 1), lambda: None))
+    if not sim:
+        k = d.load_module(PTX.encode()).function("empty4")
+        args = (a, b, 7, 1.5)
+        rows["kernel launch"].append(("cudacore Kernel.launch", lambda: k.launch(1, 1, args, stream=s), s.synchronize))
+        try:
+            import cupy
+
+            cs = cupy.cuda.ExternalStream(s.handle)
+            mod = _cupy_module(cupy)
+            ck = mod.get_function("empty4")
+            ca, cb = cupy.empty(1 << 18, dtype=cupy.float32), cupy.empty(1 << 18, dtype=cupy.float32)
+            cargs = (ca, cb, np.uint32(7), np.float32(1.5))
+            rows["kernel launch"].insert(0, ("CuPy RawKernel", lambda: ck((1,), (1,), cargs, stream=cs), cs.synchronize))
+            cg_stream = cupy.cuda.Stream(non_blocking=True)
+            dst = cupy.empty(4 << 10, dtype=cupy.uint8)
+            src = cupy.cuda.alloc_pinned_memory(4 << 10)
+            with cg_stream:
+                cg_stream.begin_capture()
+                cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.ptr, 4 << 10, 1, cg_stream.ptr)
+                cgraph = cg_stream.end_capture()
+            rows["graph launch"].insert(0, ("CuPy Graph.launch", lambda: cgraph.launch(cg_stream), cg_stream.synchronize))
+            rows["4 KiB pinned H2D async"].insert(0, ("CuPy memcpyAsync", lambda: cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.ptr, 4 << 10, 1, cg_stream.ptr), cg_stream.synchronize))
+            big = cupy.empty(64 << 10, dtype=cupy.uint8)
+            rows["64 KiB pageable H2D sync"].insert(0, ("CuPy ndarray.set", lambda: big.set(pageable), lambda: None))
+        except Exception as exc:  # noqa: BLE001 - an optional peer
+            print(f"  (CuPy skipped: {type(exc).__name__}: {exc})", file=sys.stderr)
+        try:
+            from cuda.core import Device as CDevice
+            from cuda.core import LaunchConfig, ObjectCode, launch
+
+            cd = CDevice(0)
+            cd.set_current()
+            kern = ObjectCode.from_ptx(PTX.encode()).get_kernel("empty4")
+            cst = cd.create_stream()
+            cfg = LaunchConfig(grid=1, block=1)
+            cargs2 = (a.ptr, b.ptr, np.uint32(7), np.float32(1.5))
+            rows["kernel launch"].insert(1, ("cuda.core launch", lambda: launch(cst, cfg, kern, *cargs2), cst.sync))
+        except Exception as exc:  # noqa: BLE001 - an optional peer
+            print(f"  (cuda.core skipped: {type(exc).__name__}: {exc})", file=sys.stderr)
+    return rows
+
+
+def _cupy_module(cupy):  # type: ignore[no-untyped-def]
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(PTX)
+    return cupy.RawModule(path=f.name)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sim", action="store_true", help="smoke test on the simulator")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--calls", type=int, default=2000)
+    opts = ap.parse_args()
+    if opts.sim:
+        os.environ["CUDACORE_BACKEND"] = "sim"
+        opts.rounds, opts.calls = 3, 50
+    rows = contenders(opts.sim)
+    print(f"{'path':<26} {'contender':<28} {'us/call':>9} {'ratio':>7}")
+    for row, cs in rows.items():
+        if not cs:
+            continue
+        times: dict[str, list[float]] = {name: [] for name, _, _ in cs}
+        for _ in range(opts.rounds):
+            for name, fn, drain in cs:
+                fn()
+                drain()
+                t0 = time.perf_counter()
+                for _ in range(opts.calls):
+                    fn()
+                times[name].append((time.perf_counter() - t0) / opts.calls * 1e6)
+                drain()
+        base = statistics.median(times[cs[0][0]])
+        for name, _, _ in cs:
+            med = statistics.median(times[name])
+            print(f"{row:<26} {name:<28} {med:>9.2f} {med / base:>7.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
