@@ -82,8 +82,12 @@ func streamOf(op string, ordinal, handle int) (*process.Device, *stream.Stream, 
 	}
 	s, ok := streams.get(handle)
 	if !ok {
+		if d.Streams().Destroyed(cuda.Stream(uint64(handle))) {
+			return nil, nil, cuda.NewError(op, cuda.ErrorClosed, fmt.Sprintf(
+				"stream %#x was closed; use a live stream", handle))
+		}
 		return nil, nil, cuda.NewError(op, cuda.ErrorInvalidHandle, fmt.Sprintf(
-			"stream %#x is not a live cudacore stream (destroyed, or made elsewhere)", handle))
+			"stream %#x is not a live cudacore stream (made elsewhere, or never a stream)", handle))
 	}
 	if s.Manager() != d.Streams() {
 		return nil, nil, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf(

@@ -801,6 +801,24 @@ fast_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (door_check_fork("call") < 0) {
         return NULL;
     }
+    /* gopy's wrappers take Go ints as C long long: a Python int beyond int64 would be a bare OverflowError
+     * naming nothing. Refuse it here, naming the function and the argument's position. */
+    for (Py_ssize_t i = 1; i < nargs; i++) {
+        if (PyLong_Check(args[i]) && !PyBool_Check(args[i])) {
+            int overflow = 0;
+            (void)PyLong_AsLongLongAndOverflow(args[i], &overflow);
+            if (overflow != 0) {
+                PyObject *name = PyObject_GetAttrString(args[0], "__name__");
+                const char *fn = name != NULL && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+                PyErr_Clear();
+                char arg[32];
+                snprintf(arg, sizeof arg, "argument %zd", i);
+                door_invalid(fn != NULL ? fn : "call", arg, "must be an integer in [-2**63, 2**63)", args[i]);
+                Py_XDECREF(name);
+                return NULL;
+            }
+        }
+    }
     PyObject *r = PyObject_Vectorcall(args[0], args + 1, (size_t)(nargs - 1), NULL);
     if (r != NULL || !PyErr_ExceptionMatches(PyExc_RuntimeError)) {
         return r;

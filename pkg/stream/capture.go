@@ -508,9 +508,21 @@ func (m *Manager) after(op string, s *Stream, err error) error {
 // captures. The caller brackets producer (Use/Done) when it is a stream of this Manager, so that a
 // destroyed stream's handle never reaches the driver; waiter is the consumer's and its owner keeps it
 // alive. Equal streams need no ordering and make no driver call.
+//
+// While either stream captures, the ordering would cross the capture's boundary (the driver answers 905
+// and invalidates the capture), so it is refused here, before the driver sees it.
 func (m *Manager) Order(op string, waiter, producer cuda.Stream) error {
 	if sameStream(waiter, producer) {
 		return nil
+	}
+	for _, h := range []cuda.Stream{producer, waiter} {
+		if m.StreamCapturing(h) {
+			return CaptureError(cuda.ErrorStreamCaptureIsolation, op, fmt.Sprintf(
+				"stream %#x is capturing, and ordering streams %#x and %#x with an event would cross the capture's boundary "+
+					"(the driver's error 905, which would end the capture); export before or after the capture, or for the "+
+					"capturing stream itself (stream=<its handle>), or with stream=-1 and order the work yourself",
+				uint64(h), uint64(producer), uint64(waiter)))
+		}
 	}
 	ev, err := m.drv.EventCreate(m.ctx, cuda.EventDisableTiming)
 	if err != nil {

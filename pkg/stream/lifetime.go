@@ -88,7 +88,7 @@ func (m *Manager) Use(op string, h cuda.Stream) error {
 	m.life.mu.RLock()
 	if _, dead := m.life.dead[h]; dead {
 		m.life.mu.RUnlock()
-		return cuda.NewError("cudacore."+op, cuda.ErrorInvalidHandle,
+		return cuda.NewError("cudacore."+op, cuda.ErrorClosed,
 			fmt.Sprintf("stream %#x of device %d was destroyed: %s on a live stream", uint64(h), m.dev.Ordinal(), op))
 	}
 	return nil

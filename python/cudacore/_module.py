@@ -28,6 +28,7 @@ from . import _api
 from ._api import call, core
 from ._errors import CUDAError, error
 from ._native import fast
+from ._stream import Stream as _Stream
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -74,9 +75,15 @@ _INT_KIND = {(1, True): "i8", (1, False): "u8", (2, True): "i16", (2, False): "u
              (4, True): "i32", (4, False): "u32", (8, True): "i64", (8, False): "u64"}  # fmt: skip
 _FLOAT_KIND = {2: "f16", 4: "f32", 8: "f64"}
 
+if TYPE_CHECKING:
+    from ._fast import Buffer as _CBuffer
+else:
+    _CBuffer = fast.Buffer
+
 #: The kind codes of the packed launch arguments: the index in pkg/module.ArgCodes (append only there).
 _ARG_CODES = {k: i for i, k in enumerate(
     ("", "i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64", "f16", "f32", "f64", "ptr", "raw"))}
+_PTR_CODE = _ARG_CODES["ptr"]
 
 
 def _invalid(message: str, **fields: str) -> CUDAError:
@@ -306,6 +313,53 @@ def _dims(value: Any, what: str) -> tuple[int, int, int]:
     return out[0], out[1], out[2]
 
 
+# (code, size, is_float, takes_a_buffer) per parameter, and one struct for the whole packed form.
+_Packer = tuple[struct.Struct, tuple[tuple[int, int, bool, bool], ...]]
+
+
+def _packer(params: tuple[Param, ...] | None) -> _Packer | None:
+    """The one-call packer of a kernel whose parameters are all scalars of 1, 2, 4 or 8 bytes, or None."""
+    if params is None:
+        return None
+    fmt = ["<"]
+    spec = []
+    for p in params:
+        if p.count != 1:
+            return None
+        if p.cls == "float":
+            kind = _FLOAT_KIND.get(p.size)
+        else:
+            kind = _INT_KIND.get((p.size, p.type.startswith("s")))
+        if kind is None:
+            return None
+        fmt.append("BH" + _KINDS[kind][0][1:])
+        spec.append((_ARG_CODES[kind], p.size, p.cls == "float", p.size == 8 and p.cls != "float"))
+    return struct.Struct("".join(fmt)), tuple(spec)
+
+
+def _pack_fast(packer: _Packer, args: Any) -> bytes | None:
+    """``args`` packed by ``packer``, or None when any of them needs the general path (a typed value, a
+    numpy scalar, an object with __cuda_array_interface__, a value out of range, a wrong count)."""
+    s, spec = packer
+    if (type(args) is not tuple and type(args) is not list) or len(args) != len(spec):
+        return None
+    vals: list[Any] = []
+    for (code, size, is_float, takes_buffer), a in zip(spec, args, strict=True):
+        t = type(a)
+        if is_float:
+            if t is not float and t is not int:
+                return None
+        elif t is not int:
+            if not (takes_buffer and isinstance(a, _CBuffer)):
+                return None
+            a, code = a.ptr, _PTR_CODE  # .ptr raises the closed error for a closed buffer
+        vals += (code, size, a)
+    try:
+        return s.pack(*vals)
+    except struct.error:
+        return None
+
+
 def _stream_handle(stream: Any) -> int:
     if stream is None:
         return 0
@@ -350,7 +404,7 @@ class KernelAttributes:
 class Kernel:
     """A kernel function of a loaded :class:`Module`; get one with :meth:`Module.function`."""
 
-    __slots__ = ("_handle", "_module", "attributes", "name", "params")
+    __slots__ = ("_handle", "_module", "_packer", "attributes", "name", "params")
 
     def __init__(self, module: Module, handle: int) -> None:
         info = json.loads(call(core.FunctionInfo, handle))
@@ -363,6 +417,7 @@ class Kernel:
             if info["params_known"]
             else None
         )
+        self._packer = _packer(self.params)
 
     @property
     def module(self) -> Module:
@@ -422,18 +477,31 @@ class Kernel:
         NotSupportedError
             On the simulator, which runs no device code.
         """
-        g = _dims(grid, "grid")
-        b = _dims(block, "block")
-        if isinstance(shared_mem, bool):
-            raise TypeError("shared_mem must be an int, not bool")
-        try:
-            shm = operator.index(shared_mem)
-        except TypeError:
-            raise TypeError(f"shared_mem must be an int, not {type(shared_mem).__name__}") from None
-        if shm < 0:
-            raise _invalid(f"shared_mem is {shm}; it must be at least 0 bytes")
-        packed = self.encode_args(args)
-        fast.function_launch(self._handle, *g, *b, shm, _stream_handle(stream), packed)
+        # The common case (int grid and block, a stream or None, plain numbers and buffers for known
+        # parameters) is packed in one struct call; anything else, or any value out of range, takes the
+        # general path, whose errors explain.
+        if type(grid) is int and type(block) is int and grid > 0 and block > 0:
+            g: tuple[int, int, int] = (grid, 1, 1)
+            b: tuple[int, int, int] = (block, 1, 1)
+        else:
+            g = _dims(grid, "grid")
+            b = _dims(block, "block")
+        if type(shared_mem) is int and shared_mem >= 0:
+            shm = shared_mem
+        else:
+            if isinstance(shared_mem, bool):
+                raise TypeError("shared_mem must be an int, not bool")
+            try:
+                shm = operator.index(shared_mem)
+            except TypeError:
+                raise TypeError(f"shared_mem must be an int, not {type(shared_mem).__name__}") from None
+            if shm < 0:
+                raise _invalid(f"shared_mem is {shm}; it must be at least 0 bytes")
+        packed = _pack_fast(self._packer, args) if self._packer is not None else None
+        if packed is None:
+            packed = self.encode_args(args)
+        h = stream._handle if type(stream) is _Stream else _stream_handle(stream)
+        fast.function_launch(self._handle, *g, *b, shm, h, packed)
 
     def __call__(self, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: Any = None) -> None:
         """``k(grid, block, *args)``: the same as :meth:`launch`."""

@@ -169,7 +169,7 @@ class Stream:
         """Make later work on this stream wait for ``event`` (the host does not wait)."""
         if not isinstance(event, Event):
             raise TypeError(f"wait() takes an Event, not {type(event).__name__}")
-        fast.stream_wait_event(self._device.device_id, self._handle, event.handle)
+        fast.stream_wait_event(self._device.device_id, self._handle, event._live())
 
     wait_event = wait
 

@@ -42,9 +42,16 @@ func New() *Registry {
 // Default is the process's registry, used by the facade.
 var Default = New()
 
-func invalid(kind string, h int64) error {
+// invalid is the error for a handle that is not registered; the caller holds r.mu. Handles are never
+// reused, so one this registry handed out was unloaded: that is a closed object (CUDACORE_ERROR_CLOSED);
+// any other was never a handle of ours.
+func (r *Registry) invalid(kind string, h int64) error {
+	if h > 0 && h <= r.next {
+		return cuda.NewError("cudacore."+kind, cuda.ErrorClosed,
+			fmt.Sprintf("%s handle %d was unloaded (its module was unloaded); load the module again", kind, h))
+	}
 	return cuda.NewError("cudacore."+kind, cuda.ErrorInvalidHandle,
-		fmt.Sprintf("%s handle %d is not a loaded %s: it was unloaded, or never existed", kind, h, kind))
+		fmt.Sprintf("%s handle %d is not a loaded %s: cudacore never handed it out", kind, h, kind))
 }
 
 // AddModule registers m and returns its handle.
@@ -63,7 +70,7 @@ func (r *Registry) Module(h int64) (*Module, error) {
 	if m, ok := r.modules[h]; ok {
 		return m, nil
 	}
-	return nil, invalid("module", h)
+	return nil, r.invalid("module", h)
 }
 
 // Function looks up name in module mh and registers it. Looking up the same name twice returns the same
@@ -80,7 +87,7 @@ func (r *Registry) Function(mh int64, name string) (int64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.modules[mh] != m {
-		return 0, invalid("module", mh)
+		return 0, r.invalid("module", mh)
 	}
 	for _, h := range m.funcs {
 		if r.funcs[h].Function == f {
@@ -100,7 +107,7 @@ func (r *Registry) Func(h int64) (*Function, error) {
 	if f, ok := r.funcs[h]; ok {
 		return f, nil
 	}
-	return nil, invalid("function", h)
+	return nil, r.invalid("function", h)
 }
 
 // Unload removes module h and its functions from the registry and unloads it from the driver.
@@ -115,7 +122,7 @@ func (r *Registry) Unload(h int64) error {
 	}
 	r.mu.Unlock()
 	if !ok {
-		return invalid("module", h)
+		return r.invalid("module", h)
 	}
 	return m.Unload()
 }
