@@ -791,6 +791,37 @@ PyDoc_STRVAR(call_doc, "call(fn, *args)\n\n"
                        "the RuntimeError it raises for a Go error into the typed exception (the original is "
                        "its __cause__).");
 
+/* The name of fn's parameter i as Python users spell it (gopy keeps the Go names: tileSize becomes
+ * tile_size), or "argument <i+1>" when fn has no code object. Only used on an error path. */
+static void
+param_name(PyObject *fn, Py_ssize_t i, char *out, size_t n)
+{
+    snprintf(out, n, "argument %zd", i + 1);
+    PyObject *code = PyObject_GetAttrString(fn, "__code__");
+    PyObject *names = code != NULL ? PyObject_GetAttrString(code, "co_varnames") : NULL;
+    PyErr_Clear();
+    if (names != NULL && PyTuple_Check(names) && i < PyTuple_GET_SIZE(names)) {
+        const char *go = PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i));
+        if (go != NULL) {
+            size_t k = 0;
+            for (const char *c = go; *c != '\0' && k + 2 < n; c++) {
+                if (*c >= 'A' && *c <= 'Z') {
+                    if (k > 0) {
+                        out[k++] = '_';
+                    }
+                    out[k++] = (char)(*c - 'A' + 'a');
+                } else {
+                    out[k++] = *c;
+                }
+            }
+            out[k] = '\0';
+        }
+        PyErr_Clear();
+    }
+    Py_XDECREF(names);
+    Py_XDECREF(code);
+}
+
 static PyObject *
 fast_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -811,8 +842,8 @@ fast_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
                 PyObject *name = PyObject_GetAttrString(args[0], "__name__");
                 const char *fn = name != NULL && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
                 PyErr_Clear();
-                char arg[32];
-                snprintf(arg, sizeof arg, "argument %zd", i);
+                char arg[64];
+                param_name(args[0], i - 1, arg, sizeof arg);
                 door_invalid(fn != NULL ? fn : "call", arg, "must be an integer in [-2**63, 2**63)", args[i]);
                 Py_XDECREF(name);
                 return NULL;
