@@ -3,6 +3,7 @@ package cudacore
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/cudacore/cudacore/cudacore/internal/process"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/stream"
@@ -13,7 +14,7 @@ import (
 // handle (the real driver may crash on one).
 
 func graphOf(op string, id int) (*stream.Graph, error) {
-	g, ok := graphs.get(id)
+	g, ok := process.Graphs.Get(id)
 	if !ok {
 		return nil, cuda.NewError(op, cuda.ErrorInvalidHandle, fmt.Sprintf(
 			"graph %d was destroyed (or never existed); capture it again", id))
@@ -109,7 +110,7 @@ func GraphUpdate(id, other int) (int, error) {
 //cudacore:gil hold
 func GraphDestroy(id int) (int, error) {
 	return guard("cudacore.graph_destroy", func() (int, error) {
-		g, ok := graphs.remove(id)
+		g, ok := process.Graphs.Remove(id)
 		if !ok {
 			return 0, nil
 		}

@@ -16,17 +16,7 @@ import (
 var (
 	interopMu  sync.Mutex
 	interopErr string
-	// torchLive records what TorchMalloc handed out, so that a free uses the size and stream of the
-	// allocation whatever the caller passes, and a pointer cudacore did not allocate is refused rather
-	// than handed to the allocator.
-	torchLive = map[uintptr]torchAlloc{}
 )
-
-type torchAlloc struct {
-	ordinal int
-	size    uint64
-	stream  cuda.Stream
-}
 
 func recordInterop(err error) error {
 	if err != nil {
@@ -60,9 +50,7 @@ func TorchMalloc(size, device, stream int) (int, error) {
 		if err != nil {
 			return 0, recordInterop(err)
 		}
-		interopMu.Lock()
-		torchLive[uintptr(p)] = torchAlloc{device, uint64(size), st}
-		interopMu.Unlock()
+		process.TorchAllocations.Add(p, process.Allocation{Ordinal: device, Size: uint64(size), Stream: st})
 		return int(p), nil
 	})
 }
@@ -77,19 +65,16 @@ func TorchFree(ptr int) (int, error) {
 		if ptr == 0 {
 			return 0, nil
 		}
-		interopMu.Lock()
-		a, ok := torchLive[uintptr(ptr)]
-		delete(torchLive, uintptr(ptr))
-		interopMu.Unlock()
+		a, ok := process.TorchAllocations.Take(cuda.DevicePtr(uint64(ptr)))
 		if !ok {
 			return 0, recordInterop(cuda.NewError("cudacore.torch_free", cuda.ErrorInvalidValue,
 				fmt.Sprintf("%#x was not allocated by cudacore's PyTorch allocator (or was freed already); not freed", uintptr(ptr))))
 		}
-		d, err := process.Lookup(a.ordinal)
+		d, err := process.Lookup(a.Ordinal)
 		if err != nil {
 			return 0, recordInterop(err)
 		}
-		return 0, recordInterop(d.Free(cuda.DevicePtr(uint64(ptr)), a.size, a.stream))
+		return 0, recordInterop(d.Free(cuda.DevicePtr(uint64(ptr)), a.Size, a.Stream))
 	})
 }
 
@@ -98,9 +83,7 @@ func TorchFree(ptr int) (int, error) {
 //cudacore:gil hold
 func TorchLive() (int, error) {
 	return guard("cudacore.torch_live", func() (int, error) {
-		interopMu.Lock()
-		defer interopMu.Unlock()
-		return len(torchLive), nil
+		return process.TorchAllocations.Len(), nil
 	})
 }
 

@@ -3,7 +3,6 @@ package cudacore
 import (
 	"encoding/json"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/cudacore/cudacore/cudacore/internal/process"
@@ -20,54 +19,6 @@ import (
 // its per-thread default stream, anything else a stream from StreamCreate (which must belong to that
 // device). Copy functions take -1 for "synchronous".
 
-// registry is an int-keyed table of live objects.
-type registry[T any] struct {
-	mu   sync.RWMutex
-	m    map[int]T
-	next int
-}
-
-func (r *registry[T]) add(k int, v T) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.m == nil {
-		r.m = map[int]T{}
-	}
-	if k == 0 {
-		r.next++
-		k = r.next
-	}
-	r.m[k] = v
-	return k
-}
-
-func (r *registry[T]) get(k int) (T, bool) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	v, ok := r.m[k]
-	return v, ok
-}
-
-func (r *registry[T]) remove(k int) (T, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	v, ok := r.m[k]
-	delete(r.m, k)
-	return v, ok
-}
-
-func (r *registry[T]) len() int {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return len(r.m)
-}
-
-var (
-	streams registry[*stream.Stream]
-	events  registry[*stream.Event]
-	graphs  registry[*stream.Graph]
-)
-
 // streamOf resolves a stream argument.
 func streamOf(op string, ordinal, handle int) (*process.Device, *stream.Stream, error) {
 	d, err := process.Lookup(ordinal)
@@ -80,7 +31,7 @@ func streamOf(op string, ordinal, handle int) (*process.Device, *stream.Stream, 
 	case int(cuda.StreamPerThread):
 		return d, d.Streams().PerThread(), nil
 	}
-	s, ok := streams.get(handle)
+	s, ok := process.Streams.Get(handle)
 	if !ok {
 		if d.Streams().Destroyed(cuda.Stream(uint64(handle))) {
 			return nil, nil, cuda.NewError(op, cuda.ErrorClosed, fmt.Sprintf(
@@ -97,7 +48,7 @@ func streamOf(op string, ordinal, handle int) (*process.Device, *stream.Stream, 
 }
 
 func eventOf(op string, handle int) (*stream.Event, error) {
-	e, ok := events.get(handle)
+	e, ok := process.Events.Get(handle)
 	if !ok {
 		return nil, cuda.NewError(op, cuda.ErrorInvalidHandle, fmt.Sprintf(
 			"event %#x is not a live cudacore event (destroyed, or made elsewhere)", handle))
@@ -123,7 +74,7 @@ func StreamCreate(ordinal int, nonBlocking bool, priority int) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		return streams.add(int(s.Handle()), s), nil
+		return process.Streams.Add(int(s.Handle()), s), nil
 	})
 }
 
@@ -169,7 +120,7 @@ func StreamDestroy(ordinal, handle int) (int, error) {
 		if _, err := process.Lookup(ordinal); err != nil {
 			return 0, err
 		}
-		s, ok := streams.remove(handle)
+		s, ok := process.Streams.Remove(handle)
 		if !ok {
 			return 0, nil
 		}
@@ -270,7 +221,7 @@ func StreamEndCapture(ordinal, handle int) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		return graphs.add(0, g), nil
+		return process.Graphs.Add(0, g), nil
 	})
 }
 
@@ -316,7 +267,7 @@ func EventCreate(ordinal int, timing bool) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		return events.add(int(e.Handle()), e), nil
+		return process.Events.Add(int(e.Handle()), e), nil
 	})
 }
 
@@ -325,7 +276,7 @@ func EventCreate(ordinal int, timing bool) (int, error) {
 //cudacore:gil hold
 func EventDestroy(handle int) (int, error) {
 	return guard("cudacore.destroy_event", func() (int, error) {
-		e, ok := events.remove(handle)
+		e, ok := process.Events.Remove(handle)
 		if !ok {
 			return 0, nil
 		}
@@ -402,7 +353,7 @@ func EventElapsed(start, end int) (float64, error) {
 //cudacore:gil hold
 func StreamObjects() (string, error) {
 	return guard("cudacore.stream_objects", func() (string, error) {
-		b, err := json.Marshal(map[string]int{"streams": streams.len(), "events": events.len(), "graphs": graphs.len(),
+		b, err := json.Marshal(map[string]int{"streams": process.Streams.Len(), "events": process.Events.Len(), "graphs": process.Graphs.Len(),
 			"captures": process.ActiveCaptures()})
 		return string(b), err
 	})
