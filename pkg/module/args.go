@@ -132,8 +132,9 @@ func argError(msg string) error {
 // kind (a float for a .f parameter, an integer or pointer for .u/.s, anything of the right size for .b).
 // The error names the first parameter that does not match.
 func CheckArgs(kernel string, params []Param, args []Arg) error {
-	sig := Signature(kernel, params)
+	// The signature is rendered only for an error: this check runs on every launch.
 	if len(args) != len(params) {
+		sig := Signature(kernel, params)
 		return cuda.NewError("cudacore.launch", cuda.ErrorInvalidValue,
 			fmt.Sprintf("kernel %s takes %d argument%s, got %d; its signature is %s",
 				kernel, len(params), plural(len(params)), len(args), sig),
@@ -152,6 +153,7 @@ func CheckArgs(kernel string, params []Param, args []Arg) error {
 			bad = "it takes an integer (or a device pointer)"
 		}
 		if bad != "" {
+			sig := Signature(kernel, params)
 			return cuda.NewError("cudacore.launch", cuda.ErrorInvalidValue,
 				fmt.Sprintf("kernel %s, argument %d (parameter %s): got %s, but %s; the signature is %s",
 					kernel, i, p.Decl(), a, bad, sig),
