@@ -2,7 +2,9 @@ package stream
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
@@ -22,6 +24,15 @@ import (
 //     when it is in the caller's memory (as the driver's own pageable copy does), pipelining the chunks;
 //   - on a capturing stream only pinned memory is allowed: a captured copy keeps the host pointer and
 //     moves whatever is there at each launch, which for pageable memory cudacore cannot keep valid.
+//
+// The pageable paths are pipelined in chunks of one staging buffer: host-to-device, chunk k's DMA runs on
+// the stream while the host fills chunk k+1 (the pool holds StagingCount buffers, so several chunks can
+// be in flight before the host waits for the oldest); device-to-host, chunk k+1's DMA runs while chunk k
+// is copied out. One core's memcpy is slower than the copy engine, so
+// a copy of parallelMin bytes or more is spread over goroutines (hostCopy); smaller ones are one memcpy
+// on the calling goroutine, since for them latency is the cost. Only the calling goroutine calls the
+// driver: the helpers touch nothing but the two byte ranges, and the call waits for them before it
+// enqueues the DMA that reads what they wrote.
 
 const (
 	opCopyFrom = "copy_from" // host to device (Buffer.copy_from)
@@ -51,15 +62,18 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 	for off := 0; off < len(src); {
 		buf, err := m.staging.get()
 		if err != nil {
-			return err
+			return m.after(opCopyFrom, s, err)
 		}
-		n := copy(buf, src[off:])
+		n := min(len(buf), len(src)-off)
+		hostCopy(buf[:n], src[off:off+n])
+		// One DMA per chunk: enqueueing a chunk in smaller pieces as they are staged was measured slower
+		// (the extra enqueues and the DMA's competition with the memcpy cost more than the overlap gains).
 		if err := m.drv.MemcpyHtoDAsync(m.ctx, dst+cuda.DevicePtr(off), buf[:n], s.h); err != nil {
-			m.staging.recycle(buf, 0)
+			m.staging.recycle(buf, 0) // nothing reads it
 			return m.after(opCopyFrom, s, err)
 		}
 		if err := m.staging.put(buf, s); err != nil {
-			return err
+			return m.after(opCopyFrom, s, err)
 		}
 		off += n
 	}
@@ -94,12 +108,13 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 	}
 	var prev *chunk
 	finish := func(c *chunk) error {
-		err := m.drv.EventSynchronize(m.ctx, c.ev)
-		if err == nil {
-			copy(dst[c.off:c.off+c.n], c.buf[:c.n])
+		if err := m.drv.EventSynchronize(m.ctx, c.ev); err != nil {
+			m.staging.putRecorded(c.buf, c.ev) // not known to have landed: busy until its event says so
+			return err
 		}
+		hostCopy(dst[c.off:c.off+c.n], c.buf[:c.n])
 		m.staging.recycle(c.buf, c.ev)
-		return err
+		return nil
 	}
 	defer func() {
 		if prev != nil { // an error left a chunk in flight: recycle it once it has landed
@@ -109,7 +124,7 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 	for off := 0; off < len(dst); {
 		buf, err := m.staging.get()
 		if err != nil {
-			return err
+			return m.after(opCopyTo, s, err)
 		}
 		n := min(len(buf), len(dst)-off)
 		if err := m.drv.MemcpyDtoHAsync(m.ctx, buf[:n], src+cuda.DevicePtr(off), s.h); err != nil {
@@ -118,8 +133,9 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 		}
 		ev, err := m.staging.record(s)
 		if err != nil {
-			m.staging.recycle(buf, 0) // nothing to wait on: the stream order was not marked; see record
-			return err
+			// The DMA into buf was enqueued but cannot be tracked: wait for the stream before reuse, as put.
+			m.staging.untracked(buf, s)
+			return m.after(opCopyTo, s, err)
 		}
 		cur := &chunk{buf, ev, off, n}
 		if prev != nil {
@@ -322,16 +338,22 @@ func (p *staging) record(s *Stream) (cuda.Event, error) {
 func (p *staging) put(buf []byte, s *Stream) error {
 	ev, err := p.record(s)
 	if err != nil {
-		// Without an event the buffer's copy cannot be tracked: wait for the stream rather than risk
-		// overwriting data still being read.
-		if serr := p.m.drv.StreamSynchronize(p.m.ctx, s.h); serr != nil {
-			return err // leak the buffer rather than reuse it unsafely
-		}
-		p.recycle(buf, 0)
+		p.untracked(buf, s)
 		return err
 	}
 	p.putRecorded(buf, ev)
 	return nil
+}
+
+// untracked takes back buf, whose copy was enqueued on s but could not be followed by an event: it waits
+// for the stream rather than risk a later copy overwriting data the DMA still reads or writes. If even
+// that fails (a sticky error: the context is lost), buf stays counted in the pool but is never reused
+// or freed, the one case where a staging buffer is given up.
+func (p *staging) untracked(buf []byte, s *Stream) {
+	if err := p.m.drv.StreamSynchronize(p.m.ctx, s.h); err != nil {
+		return
+	}
+	p.recycle(buf, 0)
 }
 
 func (p *staging) putRecorded(buf []byte, ev cuda.Event) {
@@ -391,4 +413,80 @@ func (m *Manager) Close() error {
 		}
 	}
 	return first
+}
+
+// ---- the host side of a staged copy -------------------------------------------------------------------
+
+// Tuning of the staged copies. Variables only so that benchmarks can compare settings; nothing else
+// changes them.
+var (
+	// parallelMin is the smallest copy spread over goroutines: below it, waking helpers costs more than
+	// it saves, and one memcpy on the calling goroutine has the lowest latency.
+	parallelMin = 1 << 20
+	// copyPiece is the unit a helper takes at a time. Pieces are claimed dynamically, so a helper that
+	// starts late (the scheduler wakes it after the others began) only takes what is left, and the
+	// copy never waits for the slowest start.
+	copyPiece = 256 << 10
+	// maxCopyWorkers bounds the goroutines of one copy, the caller included: host memory bandwidth, not
+	// cores, limits a memcpy beyond a few of them, and the copy engine reads the staging buffers at the
+	// same time.
+	maxCopyWorkers = 4
+)
+
+// hostCopy copies src into dst (of the same length) and returns when every byte is copied. Copies of
+// parallelMin bytes or more are spread over up to maxCopyWorkers goroutines (fewer where GOMAXPROCS is
+// smaller), the calling goroutine taking part.
+func hostCopy(dst, src []byte) {
+	if len(src) < parallelMin {
+		copy(dst, src)
+		return
+	}
+	hostCopyWith(dst, src, copyPiece, min(maxCopyWorkers, runtime.GOMAXPROCS(0)))
+}
+
+// hostCopyWith is hostCopy with the piece size and the most goroutines given (tests and benchmarks).
+func hostCopyWith(dst, src []byte, piece, workers int) {
+	n := len(src)
+	if n == 0 {
+		return
+	}
+	pieces := (n + piece - 1) / piece
+	workers = min(workers, pieces)
+	if workers <= 1 {
+		copy(dst, src)
+		return
+	}
+	j := &copyJob{dst: dst[:n], src: src, piece: piece, pieces: int64(pieces), done: make(chan struct{})}
+	j.left.Store(int64(pieces))
+	for range workers - 1 {
+		go j.work()
+	}
+	j.work()
+	<-j.done // the pieces other goroutines claimed are copied (the close follows every copy)
+}
+
+// copyJob is one parallel copy. A helper that finds no piece left returns without touching the byte
+// ranges, so one still starting after the caller returned is harmless.
+type copyJob struct {
+	dst, src []byte
+	piece    int
+	pieces   int64
+	next     atomic.Int64 // the next piece to claim
+	left     atomic.Int64 // pieces not yet copied; who copies the last one closes done
+	done     chan struct{}
+}
+
+func (j *copyJob) work() {
+	for {
+		i := j.next.Add(1) - 1
+		if i >= j.pieces {
+			return
+		}
+		lo := int(i) * j.piece
+		hi := min(lo+j.piece, len(j.src))
+		copy(j.dst[lo:hi], j.src[lo:hi])
+		if j.left.Add(-1) == 0 {
+			close(j.done)
+		}
+	}
 }

@@ -1,0 +1,168 @@
+package stream
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/cuda/libcuda"
+	"github.com/cudacore/cudacore/pkg/device"
+)
+
+// These need a real CUDA driver and GPU: they skip where libcuda.so.1 (or $CUDACORE_LIBCUDA) does not
+// load or sees no device, so they run on the GPU machine and nowhere else.
+
+type gpuEnv struct {
+	drv cuda.Driver
+	dev *device.Device
+	m   *Manager
+}
+
+func openGPU(tb testing.TB) *gpuEnv {
+	tb.Helper()
+	d, err := libcuda.Open(libcuda.PathFromEnv())
+	if err != nil {
+		tb.Skipf("no CUDA driver here: %v", err)
+	}
+	if err := d.Init(); err != nil {
+		tb.Skipf("cuInit failed (no usable GPU?): %v", err)
+	}
+	if n, err := d.DeviceCount(); err != nil || n == 0 {
+		tb.Skip("the CUDA driver sees no device")
+	}
+	dev, err := device.Open(d, 0, "")
+	require.NoError(tb, err)
+	e := &gpuEnv{drv: d, dev: dev, m: New(dev, Options{})}
+	tb.Cleanup(func() {
+		assert.NoError(tb, e.m.Close())
+		_ = dev.Close()
+	})
+	return e
+}
+
+func (e *gpuEnv) alloc(tb testing.TB, n int) cuda.DevicePtr {
+	tb.Helper()
+	p, err := e.drv.MemAlloc(e.dev.Context(), uint64(n))
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = e.drv.MemFree(e.dev.Context(), p) })
+	return p
+}
+
+// TestGPUPageableCopy round-trips pageable memory through the staged paths at sizes around the default
+// chunk, reusing the source as soon as each call returns.
+func TestGPUPageableCopy(t *testing.T) {
+	e := openGPU(t)
+	s, err := e.m.Create(true, 0)
+	require.NoError(t, err)
+	defer s.Destroy()
+	for _, n := range []int{1, 64 << 10, parallelMin - 1, parallelMin, DefaultStagingSize - 1, DefaultStagingSize,
+		DefaultStagingSize + 1, 3*DefaultStagingSize*DefaultStagingCount + 12345} {
+		p := e.alloc(t, n)
+		src := pattern(n, byte(n))
+		want := bytes.Clone(src)
+		require.NoError(t, e.m.CopyHtoD(p, src, s))
+		clear(src)
+		got := make([]byte, n)
+		require.NoError(t, e.m.CopyDtoH(got, p, s))
+		require.True(t, bytes.Equal(want, got), "n=%d", n)
+	}
+	require.NoError(t, s.Synchronize())
+}
+
+// BenchmarkGPUCopyHtoD compares, copy plus synchronize, the driver's own pageable cuMemcpyHtoD with
+// cudacore's staged pageable asynchronous copy, and the copy engine from pinned memory.
+func BenchmarkGPUCopyHtoD(b *testing.B) {
+	e := openGPU(b)
+	s, err := e.m.Create(true, 0)
+	require.NoError(b, err)
+	defer s.Destroy()
+	for _, n := range []int{64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20} {
+		p := e.alloc(b, n)
+		src := pattern(n, 1)
+		pin, err := e.drv.MemHostAlloc(e.dev.Context(), uint64(n), 0)
+		require.NoError(b, err)
+		copy(pin, src)
+		b.Run(fmt.Sprintf("driver-pageable/%dKiB", n>>10), func(b *testing.B) {
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				if err := e.drv.MemcpyHtoD(e.dev.Context(), p, src); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("cudacore-pageable/%dKiB", n>>10), func(b *testing.B) {
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				if err := e.m.CopyHtoD(p, src, s); err != nil {
+					b.Fatal(err)
+				}
+				if err := s.Synchronize(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("driver-pinned/%dKiB", n>>10), func(b *testing.B) {
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				if err := e.drv.MemcpyHtoDAsync(e.dev.Context(), p, pin, s.Handle()); err != nil {
+					b.Fatal(err)
+				}
+				if err := s.Synchronize(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		require.NoError(b, e.drv.MemFreeHost(e.dev.Context(), pin))
+	}
+}
+
+// BenchmarkGPUTuning compares settings of the staged host-to-device path (copy plus synchronize).
+func BenchmarkGPUTuning(b *testing.B) {
+	e := openGPU(b)
+	s, err := e.m.Create(true, 0)
+	require.NoError(b, err)
+	defer s.Destroy()
+	type setting struct {
+		name                   string
+		parMin, piece, workers int
+	}
+	saved := setting{"", parallelMin, copyPiece, maxCopyWorkers}
+	defer func() { parallelMin, copyPiece, maxCopyWorkers = saved.parMin, saved.piece, saved.workers }()
+	settings := []setting{
+		{"default", saved.parMin, saved.piece, saved.workers},
+		{"par256k-p64k", 256 << 10, 64 << 10, 4},
+		{"par512k-p128k", 512 << 10, 128 << 10, 4},
+		{"par1m-p256k-w8", 1 << 20, 256 << 10, 8},
+		{"serial", 1 << 40, 256 << 10, 1},
+	}
+	for _, n := range []int{64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20} {
+		p := e.alloc(b, n)
+		src := pattern(n, 1)
+		b.Run(fmt.Sprintf("%dKiB/driver", n>>10), func(b *testing.B) {
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				if err := e.drv.MemcpyHtoD(e.dev.Context(), p, src); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		for _, st := range settings {
+			parallelMin, copyPiece, maxCopyWorkers = st.parMin, st.piece, st.workers
+			b.Run(fmt.Sprintf("%dKiB/%s", n>>10, st.name), func(b *testing.B) {
+				b.SetBytes(int64(n))
+				for b.Loop() {
+					if err := e.m.CopyHtoD(p, src, s); err != nil {
+						b.Fatal(err)
+					}
+					if err := s.Synchronize(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -1,0 +1,315 @@
+package stream
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/cudasim"
+	"github.com/cudacore/cudacore/pkg/device"
+)
+
+// newStagingEnv is newEnv with a staging pool of count buffers of size bytes each.
+func newStagingEnv(t *testing.T, size, count int) *env {
+	t.Helper()
+	e := newEnv(t)
+	e.m.staging = &staging{m: e.m, size: size, max: count}
+	return e
+}
+
+// poolState reaps what has completed and returns the pool's buffers: allocated, free, busy.
+func poolState(m *Manager) (all, free, busy int) {
+	p := m.staging
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.reapLocked()
+	return len(p.all), len(p.free), len(p.busy)
+}
+
+// TestPageableCopyChunks copies pageable memory both ways at sizes around the chunk (staging buffer)
+// boundaries, with small chunks (one memcpy each) and with chunks large enough to be spread over
+// goroutines, more chunks than the pool holds included. The source is overwritten as soon as the
+// host-to-device call returns (the caller may reuse it at once), and the device-to-host copy follows on
+// the same stream without a synchronize in between (stream order).
+func TestPageableCopyChunks(t *testing.T) {
+	type tc struct {
+		chunk, count int
+		sizes        []int
+	}
+	const small = 4096
+	big := 2 * parallelMin
+	cases := []tc{
+		{small, 2, []int{0, 1, small - 1, small, small + 1, 2 * small, 5*small + 17}},
+		{big, 3, []int{parallelMin - 1, parallelMin, parallelMin + 1, big - 1, big, big + 1, 4*big + 12345}},
+	}
+	for _, c := range cases {
+		for _, n := range c.sizes {
+			t.Run(fmt.Sprintf("chunk=%d/n=%d", c.chunk, n), func(t *testing.T) {
+				e := newStagingEnv(t, c.chunk, c.count)
+				s := e.stream(t, true)
+				p := e.alloc(t, max(n, 1))
+				src := pattern(n, byte(n))
+				want := bytes.Clone(src)
+				require.NoError(t, e.m.CopyHtoD(p, src, s))
+				for i := range src {
+					src[i] = ^src[i] // the call has read it all: this must not reach the device
+				}
+				got := make([]byte, n)
+				require.NoError(t, e.m.CopyDtoH(got, p, s))
+				assert.True(t, bytes.Equal(want, got), "bytes differ")
+				require.NoError(t, s.Synchronize())
+				all, free, busy := poolState(e.m)
+				assert.LessOrEqual(t, all, c.count)
+				assert.Zero(t, busy)
+				assert.Equal(t, all, free, "every staging buffer is back")
+			})
+		}
+	}
+}
+
+// TestPageableCopyOrder: successive pageable copies into one device range, then a copy out, all on one
+// stream without synchronizing: the last write wins and the read sees it.
+func TestPageableCopyOrder(t *testing.T) {
+	e := newStagingEnv(t, 4096, 3)
+	s := e.stream(t, false)
+	const n = 5*4096 + 100
+	p := e.alloc(t, n)
+	for round := range 10 {
+		var last []byte
+		for k := range 4 {
+			last = pattern(n, byte(16*round+k))
+			require.NoError(t, e.m.CopyHtoD(p, last, s))
+		}
+		got := make([]byte, n)
+		require.NoError(t, e.m.CopyDtoH(got, p, s))
+		require.True(t, bytes.Equal(last, got), "round %d", round)
+	}
+}
+
+// TestStagingReused: many pageable copies, each spanning more chunks than the pool holds, allocate the
+// pool once and then only reuse it; its events are reused too.
+func TestStagingReused(t *testing.T) {
+	const chunk, count = 4096, 3
+	e := newStagingEnv(t, chunk, count)
+	s := e.stream(t, true)
+	const n = 7*chunk + 1
+	p := e.alloc(t, n)
+	src, out := pattern(n, 9), make([]byte, n)
+	require.NoError(t, e.m.CopyHtoD(p, src, s))
+	require.NoError(t, e.m.CopyDtoH(out, p, s))
+	allocs, events := e.drv.Calls("cuMemHostAlloc"), e.drv.Calls("cuEventCreate")
+	for i := range 300 {
+		src[0] = byte(i)
+		require.NoError(t, e.m.CopyHtoD(p, src, s))
+		require.NoError(t, e.m.CopyDtoH(out, p, s))
+		require.Equal(t, src, out)
+	}
+	assert.Equal(t, allocs, e.drv.Calls("cuMemHostAlloc"), "no pinned allocation on the steady state")
+	assert.LessOrEqual(t, e.drv.Calls("cuEventCreate")-events, count, "events are reused")
+	require.NoError(t, s.Synchronize())
+	all, free, busy := poolState(e.m)
+	assert.LessOrEqual(t, all, count)
+	assert.Equal(t, all, free)
+	assert.Zero(t, busy)
+}
+
+// TestPageableCopyFault injects a driver failure in the middle of a multi-chunk pageable copy: the call
+// returns the typed error, every staging buffer comes back (none busy forever), the stream and pool work
+// afterwards, and Close frees every pinned buffer and event the pool made.
+func TestPageableCopyFault(t *testing.T) {
+	const chunk, count = 4096, 2
+	cases := []struct {
+		name  string
+		dtoh  bool
+		entry string
+		nth   int
+		code  cuda.Result
+		chunk int
+	}{
+		{"HtoD DMA", false, "cuMemcpyHtoDAsync_v2", 3, cuda.ErrorInvalidValue, chunk},
+		{"HtoD record", false, "cuEventRecord", 2, cuda.ErrorInvalidValue, chunk},
+		{"HtoD first record", false, "cuEventRecord", 1, cuda.ErrorInvalidValue, chunk},
+		{"HtoD second parallel chunk's DMA", false, "cuMemcpyHtoDAsync_v2", 2, cuda.ErrorInvalidValue, 2 * parallelMin},
+		{"HtoD event create", false, "cuEventCreate", 1, cuda.ErrorOutOfMemory, chunk},
+		{"HtoD pinned alloc", false, "cuMemHostAlloc", 1, cuda.ErrorOutOfMemory, chunk},
+		{"DtoH DMA", true, "cuMemcpyDtoHAsync_v2", 3, cuda.ErrorInvalidValue, chunk},
+		{"DtoH record", true, "cuEventRecord", 2, cuda.ErrorInvalidValue, chunk},
+		{"DtoH wait", true, "cuEventSynchronize", 2, cuda.ErrorInvalidValue, chunk},
+		{"DtoH pinned alloc", true, "cuMemHostAlloc", 2, cuda.ErrorOutOfMemory, chunk},
+		{"DtoH event create", true, "cuEventCreate", 2, cuda.ErrorOutOfMemory, chunk},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newStagingEnv(t, c.chunk, count)
+			n := 5*c.chunk + 3
+			s := e.stream(t, true)
+			p := e.alloc(t, n)
+			buf := pattern(n, 1)
+			allocs, frees := e.drv.Calls("cuMemHostAlloc"), e.drv.Calls("cuMemFreeHost")
+			creates, destroys := e.drv.Calls("cuEventCreate"), e.drv.Calls("cuEventDestroy_v2")
+			e.drv.InjectFault(c.entry, c.nth, c.code)
+			var err error
+			if c.dtoh {
+				err = e.m.CopyDtoH(buf, p, s)
+			} else {
+				err = e.m.CopyHtoD(p, buf, s)
+			}
+			requireResult(t, c.code, err)
+			var ce *cuda.Error
+			require.ErrorAs(t, err, &ce)
+			e.drv.ClearFaults()
+
+			require.NoError(t, s.Synchronize())
+			all, free, busy := poolState(e.m)
+			assert.Zero(t, busy, "no staging buffer stays busy")
+			assert.Equal(t, all, free, "every staging buffer is back")
+			assert.LessOrEqual(t, all, count)
+
+			want := pattern(n, 2)
+			got := make([]byte, n)
+			require.NoError(t, e.m.CopyHtoD(p, want, s), "the pool works again")
+			require.NoError(t, e.m.CopyDtoH(got, p, s))
+			assert.Equal(t, want, got)
+
+			require.NoError(t, e.m.Close())
+			failed := func(entry string) int { // a failed call made nothing
+				if c.entry == entry {
+					return 1
+				}
+				return 0
+			}
+			assert.Equal(t, e.drv.Calls("cuMemHostAlloc")-allocs-failed("cuMemHostAlloc"), e.drv.Calls("cuMemFreeHost")-frees,
+				"every pinned buffer freed")
+			assert.Equal(t, e.drv.Calls("cuEventCreate")-creates-failed("cuEventCreate"), e.drv.Calls("cuEventDestroy_v2")-destroys,
+				"every event destroyed")
+		})
+	}
+}
+
+// TestPageableCopyConcurrent runs pageable copies from several goroutines at once, on their own streams
+// and on a shared one, sizes below, at and above the chunk: every copy lands intact and the pool stays
+// bounded by what the copies in flight can hold.
+func TestPageableCopyConcurrent(t *testing.T) {
+	const chunk, count, workers = 4096, 4, 6
+	e := newStagingEnv(t, chunk, count)
+	shared := e.stream(t, true)
+	var wg sync.WaitGroup
+	for w := range workers {
+		s := shared
+		if w%2 == 0 {
+			s = e.stream(t, true)
+		}
+		const n = 6*chunk + 11
+		p := e.alloc(t, n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 40 {
+				size := []int{1, chunk - 1, chunk, chunk + 1, n}[i%5]
+				want := pattern(size, byte(w*40+i))
+				got := make([]byte, size)
+				if !assert.NoError(t, e.m.CopyHtoD(p, want, s)) || !assert.NoError(t, e.m.CopyDtoH(got, p, s)) {
+					return
+				}
+				assert.True(t, bytes.Equal(want, got), "worker %d copy %d", w, i)
+			}
+		}()
+	}
+	wg.Wait()
+	_, err := e.m.SynchronizeDevice(0)
+	require.NoError(t, err)
+	all, free, busy := poolState(e.m)
+	assert.LessOrEqual(t, all, count+2*workers, "bounded: a copy holds at most two buffers at once")
+	assert.Equal(t, all, free)
+	assert.Zero(t, busy)
+}
+
+// TestHostCopy checks the parallel memcpy at sizes that do and do not divide into pieces, with more
+// goroutines than pieces, and through hostCopy's own threshold.
+func TestHostCopy(t *testing.T) {
+	cases := []struct{ n, piece, workers int }{
+		{0, 16, 4}, {1, 16, 4}, {15, 16, 4}, {16, 16, 4}, {17, 16, 4}, {1000, 7, 8}, {4096, 100, 3},
+		{64, 16, 64}, {1 << 16, 1 << 10, 1}, {parallelMin - 1, copyPiece, maxCopyWorkers},
+		{parallelMin, copyPiece, maxCopyWorkers}, {3*parallelMin + 5, copyPiece, maxCopyWorkers},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("n=%d/piece=%d/workers=%d", c.n, c.piece, c.workers), func(t *testing.T) {
+			src := pattern(c.n, 5)
+			dst := make([]byte, c.n+8) // bytes past the end stay untouched
+			hostCopyWith(dst[:c.n], src, c.piece, c.workers)
+			assert.True(t, bytes.Equal(src, dst[:c.n]))
+			assert.Equal(t, make([]byte, 8), dst[c.n:])
+			clear(dst)
+			hostCopy(dst[:c.n], src)
+			assert.True(t, bytes.Equal(src, dst[:c.n]))
+		})
+	}
+}
+
+// BenchmarkCopyHtoDPageable runs pageable asynchronous host-to-device copies on the simulator with the
+// default staging pool, synchronizing after each: a sanity check of the path's overhead, not of the
+// hardware (the simulator's DMA is a memcpy).
+func BenchmarkCopyHtoDPageable(b *testing.B) {
+	for _, n := range []int{64 << 10, 1 << 20, 16 << 20} {
+		b.Run(fmt.Sprintf("%dKiB", n>>10), func(b *testing.B) {
+			e := newBenchEnv(b)
+			s, err := e.m.Create(true, 0)
+			require.NoError(b, err)
+			defer s.Destroy()
+			p, err := e.drv.MemAlloc(e.dev.Context(), uint64(n))
+			require.NoError(b, err)
+			defer e.drv.MemFree(e.dev.Context(), p)
+			src := pattern(n, 3)
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				if err := e.m.CopyHtoD(p, src, s); err != nil {
+					b.Fatal(err)
+				}
+				if err := s.Synchronize(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkHostCopy compares piece sizes and goroutine counts of the parallel memcpy on this host.
+func BenchmarkHostCopy(b *testing.B) {
+	const n = 4 << 20
+	src, dst := pattern(n, 1), make([]byte, n)
+	for _, piece := range []int{256 << 10, 512 << 10, 1 << 20} {
+		for _, w := range []int{1, 2, 4, 8} {
+			b.Run(fmt.Sprintf("piece=%dKiB/workers=%d", piece>>10, w), func(b *testing.B) {
+				b.SetBytes(n)
+				for b.Loop() {
+					hostCopyWith(dst, src, piece, w)
+				}
+			})
+		}
+	}
+}
+
+// benchEnv is a simulator device with a Manager of default options.
+type benchEnv struct {
+	drv *cudasim.Driver
+	dev *device.Device
+	m   *Manager
+}
+
+func newBenchEnv(b *testing.B) *benchEnv {
+	b.Helper()
+	drv := cudasim.New()
+	d, err := device.Open(drv, 0, "")
+	require.NoError(b, err)
+	e := &benchEnv{drv: drv, dev: d, m: New(d, Options{})}
+	b.Cleanup(func() {
+		assert.NoError(b, e.m.Close())
+		_ = d.Close()
+	})
+	return e
+}
