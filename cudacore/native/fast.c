@@ -20,7 +20,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "door.h"
 #include "door_gen.h"
@@ -798,6 +800,18 @@ param_name(PyObject *fn, Py_ssize_t i, char *out, size_t n)
 {
     snprintf(out, n, "argument %zd", i + 1);
     PyObject *code = PyObject_GetAttrString(fn, "__code__");
+    if (code == NULL) {
+        /* gopy's C function itself (see cudacore._native): its Python wrapper knows the names. */
+        PyErr_Clear();
+        PyObject *native = PyImport_ImportModule("cudacore._native");
+        PyObject *wrappers = native != NULL ? PyObject_GetAttrString(native, "gopy_wrappers") : NULL;
+        PyObject *name = PyObject_GetAttrString(fn, "__name__");
+        PyObject *wrapper = wrappers != NULL && name != NULL && PyDict_Check(wrappers) ? PyDict_GetItem(wrappers, name) : NULL;
+        code = wrapper != NULL ? PyObject_GetAttrString(wrapper, "__code__") : NULL;
+        Py_XDECREF(name);
+        Py_XDECREF(wrappers);
+        Py_XDECREF(native);
+    }
     PyObject *names = code != NULL ? PyObject_GetAttrString(code, "co_varnames") : NULL;
     PyErr_Clear();
     if (names != NULL && PyTuple_Check(names) && i < PyTuple_GET_SIZE(names)) {
@@ -841,6 +855,9 @@ fast_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             if (overflow != 0) {
                 PyObject *name = PyObject_GetAttrString(args[0], "__name__");
                 const char *fn = name != NULL && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+                if (fn != NULL && strncmp(fn, "cudacore_", 9) == 0) {
+                    fn += 9; /* gopy's C function: cudacore_<Name> */
+                }
                 PyErr_Clear();
                 char arg[64];
                 param_name(args[0], i - 1, arg, sizeof arg);
@@ -855,6 +872,130 @@ fast_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         return r;
     }
     return door_translate();
+}
+
+PyDoc_STRVAR(launch_doc, "launch(function: int, gx, gy, gz, bx, by, bz, shared_mem, stream, args, spec) -> None\n\n"
+                         "Kernel.launch's hot path: pack args by spec (3 bytes a parameter: kind code, size, "
+                         "flags 1=float 2=takes a Buffer) and launch through the FunctionLaunch door. Returns "
+                         "NotImplemented, having done nothing, when an argument needs the general path (a typed "
+                         "value, a numpy scalar, a value out of range, a wrong count).");
+
+enum { LAUNCH_FLOAT = 1, LAUNCH_BUFFER = 2, LAUNCH_PTR_CODE = 12, LAUNCH_MAX_PACKED = 1024 };
+
+/* Pack one argument; 1 packed, 0 needs the general path, -1 error set. */
+static int
+launch_pack_one(PyObject *a, int code, int size, int flags, unsigned char *out)
+{
+    if (flags & LAUNCH_FLOAT) {
+        double v;
+        if (PyFloat_CheckExact(a)) {
+            v = PyFloat_AS_DOUBLE(a);
+        } else if (PyLong_CheckExact(a)) {
+            v = PyLong_AsDouble(a);
+            if (v == -1.0 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return 0;
+            }
+        } else {
+            return 0;
+        }
+        if (size == 4) {
+            float f = (float)v;
+            memcpy(out, &f, 4);
+        } else if (size == 8) {
+            memcpy(out, &v, 8);
+        } else {
+            return 0; /* half precision: the general path converts it */
+        }
+        return 1;
+    }
+    if (PyLong_CheckExact(a)) {
+        int signed_kind = code == 1 || code == 3 || code == 5 || code == 7; /* i8 i16 i32 i64 */
+        if (signed_kind) {
+            int overflow = 0;
+            long long v = PyLong_AsLongLongAndOverflow(a, &overflow);
+            if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+                PyErr_Clear();
+                return 0;
+            }
+            long long lo = size == 8 ? LLONG_MIN : -(1LL << (size * 8 - 1));
+            long long hi = size == 8 ? LLONG_MAX : (1LL << (size * 8 - 1)) - 1;
+            if (v < lo || v > hi) {
+                return 0;
+            }
+            memcpy(out, &v, (size_t)size); /* little-endian: the low bytes */
+        } else {
+            unsigned long long v = PyLong_AsUnsignedLongLong(a);
+            if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return 0;
+            }
+            if (size < 8 && v >> (size * 8) != 0) {
+                return 0;
+            }
+            memcpy(out, &v, (size_t)size);
+        }
+        return 1;
+    }
+    if ((flags & LAUNCH_BUFFER) && PyObject_TypeCheck(a, &BufferType)) {
+        BufferObject *b = (BufferObject *)a;
+        if (b->closed) {
+            door_closed("Buffer", "cudacore.launch");
+            return -1;
+        }
+        memcpy(out, &b->ptr, 8);
+        out[-3] = LAUNCH_PTR_CODE;
+        return 1;
+    }
+    return 0;
+}
+
+static PyObject *
+fast_launch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t v[9];
+    static const char *names[9] = {"function", "gx", "gy", "gz", "bx", "by", "bz", "shared_mem", "stream"};
+    if (door_enter("launch", nargs, 11) < 0) {
+        return NULL;
+    }
+    for (int i = 0; i < 9; i++) {
+        if (door_int(args[i], "launch", names[i], &v[i]) < 0) {
+            return NULL;
+        }
+    }
+    PyObject *seq = args[9], *spec = args[10];
+    if ((!PyTuple_CheckExact(seq) && !PyList_CheckExact(seq)) || !PyBytes_CheckExact(spec)) {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    const unsigned char *sp = (const unsigned char *)PyBytes_AS_STRING(spec);
+    if (n * 3 != PyBytes_GET_SIZE(spec) || n * 11 > LAUNCH_MAX_PACKED) {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    unsigned char packed[LAUNCH_MAX_PACKED];
+    size_t off = 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int code = sp[3 * i], size = sp[3 * i + 1], flags = sp[3 * i + 2];
+        packed[off] = (unsigned char)code;
+        packed[off + 1] = (unsigned char)size;
+        packed[off + 2] = 0;
+        int r = launch_pack_one(items[i], code, size, flags, packed + off + 3);
+        if (r < 0) {
+            return NULL;
+        }
+        if (r == 0) {
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+        off += 3 + (size_t)size;
+    }
+    int64_t ret;
+    char *err = cudacore_door_FunctionLaunch(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], packed,
+                                             (int64_t)off, &ret);
+    if (err != NULL) {
+        return door_raise(err);
+    }
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(configure_doc, "configure(buffer_type, pinned_type, funnel) -> None\n\n"
@@ -912,6 +1053,7 @@ static PyMethodDef fast_methods[] = {
     {"wrap", (PyCFunction)(void (*)(void))fast_wrap, METH_FASTCALL, wrap_doc},
     {"borrow", (PyCFunction)(void (*)(void))fast_borrow, METH_FASTCALL, borrow_doc},
     {"call", (PyCFunction)(void (*)(void))fast_call, METH_FASTCALL, call_doc},
+    {"launch", (PyCFunction)(void (*)(void))fast_launch, METH_FASTCALL, launch_doc},
     {"configure", (PyCFunction)(void (*)(void))fast_configure, METH_FASTCALL, configure_doc},
     {"configure_device", (PyCFunction)(void (*)(void))fast_configure_device, METH_FASTCALL,
      configure_device_doc},

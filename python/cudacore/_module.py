@@ -337,6 +337,24 @@ def _packer(params: tuple[Param, ...] | None) -> _Packer | None:
     return struct.Struct("".join(fmt)), tuple(spec)
 
 
+_launch = fast.launch
+
+
+def _launch_spec(params: tuple[Param, ...] | None) -> bytes | None:
+    """The spec cudacore._fast.launch packs by: per parameter its kind code, size and flags (1: a float,
+    2: a Buffer may be passed for it); None when any parameter is not a scalar of 4 or 8 bytes (the C
+    packer leaves the others to the general path)."""
+    packer = _packer(params)
+    if packer is None:
+        return None
+    out = bytearray()
+    for code, size, is_float, takes_buffer in packer[1]:
+        if size not in (1, 2, 4, 8) or (is_float and size == 2):
+            return None
+        out += bytes((code, size, (1 if is_float else 0) | (2 if takes_buffer else 0)))
+    return bytes(out)
+
+
 def _pack_fast(packer: _Packer, args: Any) -> bytes | None:
     """``args`` packed by ``packer``, or None when any of them needs the general path (a typed value, a
     numpy scalar, an object with __cuda_array_interface__, a value out of range, a wrong count)."""
@@ -404,7 +422,7 @@ class KernelAttributes:
 class Kernel:
     """A kernel function of a loaded :class:`Module`; get one with :meth:`Module.function`."""
 
-    __slots__ = ("_handle", "_module", "_packer", "attributes", "name", "params")
+    __slots__ = ("_handle", "_module", "_packer", "_spec", "attributes", "name", "params")
 
     def __init__(self, module: Module, handle: int) -> None:
         info = json.loads(call(core.FunctionInfo, handle))
@@ -418,6 +436,7 @@ class Kernel:
             else None
         )
         self._packer = _packer(self.params)
+        self._spec = _launch_spec(self.params)
 
     @property
     def module(self) -> Module:
@@ -497,10 +516,13 @@ class Kernel:
                 raise TypeError(f"shared_mem must be an int, not {type(shared_mem).__name__}") from None
             if shm < 0:
                 raise _invalid(f"shared_mem is {shm}; it must be at least 0 bytes")
+        h = stream._handle if type(stream) is _Stream else _stream_handle(stream)
+        # Packed and launched in C; NotImplemented (nothing done) sends an argument to the paths below.
+        if self._spec is not None and _launch(self._handle, *g, *b, shm, h, args, self._spec) is not NotImplemented:
+            return
         packed = _pack_fast(self._packer, args) if self._packer is not None else None
         if packed is None:
             packed = self.encode_args(args)
-        h = stream._handle if type(stream) is _Stream else _stream_handle(stream)
         fast.function_launch(self._handle, *g, *b, shm, h, packed)
 
     def __call__(self, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: Any = None) -> None:

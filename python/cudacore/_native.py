@@ -3,8 +3,9 @@
 Both live in one shared library, _gopy/_core<EXT_SUFFIX>, built by bindings/cmd/build (one Go runtime per
 process: two Go c-shared libraries in one process crash).
 
-- ``core``: gopy's Python wrapper of the Go facade package (``core.Noop(5)``). Its calls raise RuntimeError
-  with the wire-format message; the package's public layer turns that into typed exceptions.
+- ``core``: the cold door's functions, one per facade function (``core.Noop(5)``): gopy's generated C
+  functions, or gopy's Python wrapper where it converts an argument. Their calls raise RuntimeError with
+  the wire-format message; ``_api.call`` turns that into typed exceptions.
 - ``fast``: the hand-written module ``cudacore._fast`` (bindings/fastpath.c), loaded from the same file.
   CPython dlopens the same path again, which returns the same handle, and calls PyInit__fast.
 """
@@ -15,7 +16,8 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
 __all__ = ["core", "fast"]
 
@@ -49,7 +51,35 @@ def _load_fast(ext_path: str) -> ModuleType:
     return module
 
 
-core = _import_core()
+#: gopy's Python wrapper of each C function that ``core`` holds directly, by the C function's name: the C
+#: guard reads a wrapper's parameter names for an error message.
+gopy_wrappers: dict[str, Any] = {}
+
+
+def _direct(gen: ModuleType) -> SimpleNamespace:
+    """gopy's functions, each replaced by the extension's own C function when gopy's Python wrapper only
+    passes its parameters on (``return _core.cudacore_<Name>(<its parameters>)``): a cold call then runs
+    no Python frame of gopy's. Wrappers that convert an argument (a Go slice's handle) are kept."""
+    ext = sys.modules["cudacore._gopy._core"]
+    out = SimpleNamespace()
+    gopy_wrappers.clear()
+    for name, fn in vars(gen).items():
+        code = getattr(fn, "__code__", None)
+        raw = getattr(ext, "cudacore_" + name, None)
+        if (
+            code is not None
+            and raw is not None
+            and code.co_names == ("_core", "cudacore_" + name)
+            and code.co_varnames == code.co_varnames[: code.co_argcount]
+        ):
+            setattr(out, name, raw)
+            gopy_wrappers[raw.__name__] = fn
+        elif callable(fn) and not name.startswith("_"):
+            setattr(out, name, fn)
+    return out
+
+
+core = _direct(_import_core())
 # The extension module gopy's wrapper imported (cudacore._gopy._core): its file is the shared library.
 _ext_file = sys.modules["cudacore._gopy._core"].__file__
 if _ext_file is None:  # an extension module always has a file; this keeps the type checker honest
