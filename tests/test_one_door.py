@@ -627,3 +627,41 @@ def test_object_arrays_are_refused_and_left_intact(dev, stream) -> None:
     assert repr(arr2)  # the elements are still live objects
     buf.close()
     s.close()
+
+
+# -- the hot case of Buffer.copy_from / copy_to runs in C; every other call takes the general path ----------
+
+
+def test_pinned_copies_on_a_stream_take_the_c_path_and_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
+    d = cc.Device(0)
+    s = d.create_stream()
+    src, dst = d.allocate_pinned(4096), d.allocate_pinned(4096)
+    buf = d.allocate(4096, stream=s)
+    try:
+        src.numpy()[:] = np.arange(4096, dtype=np.uint32).astype(np.uint8)
+
+        def general(*args: object, **kwargs: object) -> None:
+            raise AssertionError("the general path ran for the hot case")
+
+        with monkeypatch.context() as m:
+            m.setattr(cc.Buffer, "_copy_from", general)
+            m.setattr(cc.Buffer, "_copy_to", general)
+            buf.copy_from(src, stream=s)
+            buf.copy_to(dst, s)
+        s.synchronize()
+        assert bytes(dst) == bytes(src)
+        # Anything else reaches the general path, with its checks and errors.
+        with pytest.raises(TypeError):
+            buf.copy_from(src, s, 7)  # type: ignore[call-arg]
+        big = d.allocate_pinned(8192)
+        with pytest.raises(cc.InvalidValueError, match="holds only 4096"):
+            buf.copy_from(big, stream=s)  # larger than the buffer: the general path explains
+        big.close()
+        src.close()
+        with pytest.raises(cc.CUDAError) as info:
+            buf.copy_from(src, stream=s)
+        assert info.value.name == "CUDACORE_ERROR_CLOSED"
+    finally:
+        buf.close()
+        dst.close()
+        s.close()

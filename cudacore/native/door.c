@@ -242,6 +242,9 @@ door_buffer(PyObject *o, const char *fn, const char *arg, int writable, Py_buffe
         if (PyObject_GetBuffer(o, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) == 0) {
             goto check_format;
         }
+        if (PyErr_ExceptionMatches(PyExc_RuntimeError)) {
+            return -1; /* a cudacore error (a closed PinnedBuffer) */
+        }
         PyErr_Clear();
         if (PyObject_GetBuffer(o, view, PyBUF_C_CONTIGUOUS) == 0) {
             PyBuffer_Release(view); /* readable but not writable */
@@ -252,6 +255,9 @@ door_buffer(PyObject *o, const char *fn, const char *arg, int writable, Py_buffe
     /* PyBUF_FORMAT too, so that an array of Python objects (format "O") is seen and refused: its bytes
      * are PyObject pointers, which must never be copied to or overwritten from a device. */
     if (PyObject_GetBuffer(o, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_RuntimeError)) {
+            return -1; /* a cudacore error (a closed PinnedBuffer): it says what is wrong */
+        }
         if (PyObject_CheckBuffer(o) &&
             (PyErr_ExceptionMatches(PyExc_BufferError) || PyErr_ExceptionMatches(PyExc_ValueError))) {
             PyErr_Clear(); /* it exports memory, but not as one C-contiguous block */

@@ -29,6 +29,24 @@
 
 static PyTypeObject *buffer_type;   /* the registered subclass of Buffer; NULL until configure() */
 static PyTypeObject *pinned_type;   /* likewise for PinnedBuffer */
+static PyTypeObject *stream_type;   /* cudacore.Stream, for the copies' hot case; NULL until configure() */
+
+/* Asynchronous copies up to this size keep the GIL (they only enqueue work): python/cudacore/_copy.py's
+ * HELD_MAX, passed by configure(). */
+static Py_ssize_t held_max;
+
+/* PinnedBuffer's object, declared here because Buffer's copies take one (its type is below). */
+typedef struct {
+    PyObject_HEAD
+    uint64_t ptr;
+    uint64_t size;
+    int64_t device;
+    char closed; /* a char: exposed read-only as a bool through PyMemberDef (T_BOOL) */
+    char freeing; /* a free is in flight with the GIL released */
+    Py_ssize_t exports; /* live memoryviews: while any exist, close() must refuse */
+    PyObject *weakreflist;
+} PinnedObject;
+static PyTypeObject PinnedType;
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Buffer: device memory                                                                                */
@@ -437,7 +455,116 @@ buffer_dlpack_device(BufferObject *self, PyObject *Py_UNUSED(ignored))
     return Py_BuildValue("(iL)", kDLCUDA, (long long)self->device);
 }
 
+/* The hot case of Buffer.copy_from / copy_to: a PinnedBuffer of at most held_max bytes, all of it, on a
+ * cudacore Stream of the buffer's device. It calls the generated door of CopyToDeviceHeld/CopyToHostHeld
+ * with the pinned memory itself (cudacore's own allocation: no buffer export needed). 1 done, 0 not the
+ * hot case (nothing done), -1 error set. */
+static int
+copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
+{
+    if (stream_type == NULL || Py_TYPE(stream) != stream_type || !PyObject_TypeCheck(host, &PinnedType) ||
+        self->closed || self->freeing) {
+        return 0;
+    }
+    PinnedObject *h = (PinnedObject *)host;
+    if (h->closed || (Py_ssize_t)h->size > held_max || h->size > self->size) {
+        return 0;
+    }
+    PyObject *handle = PyObject_GetAttrString(stream, "_handle");
+    PyObject *dev = handle != NULL ? PyObject_GetAttrString(stream, "_device") : NULL;
+    PyObject *ord = dev != NULL ? PyObject_GetAttrString(dev, "_ordinal") : NULL;
+    int64_t sh = 0, ordinal = -1;
+    int ok = handle != NULL && ord != NULL && PyLong_CheckExact(handle) && PyLong_CheckExact(ord);
+    if (ok) {
+        sh = PyLong_AsLongLong(handle);
+        ordinal = PyLong_AsLongLong(ord);
+    }
+    Py_XDECREF(handle);
+    Py_XDECREF(dev);
+    Py_XDECREF(ord);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (!ok || ordinal != self->device || door_check_fork(to_device ? "copy_from" : "copy_to") < 0) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    int64_t ret;
+    char *err = to_device ? cudacore_door_CopyToDeviceHeld(self->device, (int64_t)self->ptr, (const void *)(uintptr_t)h->ptr,
+                                                           (int64_t)h->size, (int64_t)h->size, sh, &ret)
+                          : cudacore_door_CopyToHostHeld(self->device, (void *)(uintptr_t)h->ptr, (int64_t)h->size,
+                                                         (int64_t)self->ptr, (int64_t)h->size, sh, &ret);
+    if (err != NULL) {
+        door_raise(err);
+        return -1;
+    }
+    return 1;
+}
+
+/* copy_from(host, stream=None) / copy_to(host, stream=None): the hot case in C, anything else through the
+ * subclass's _copy_from / _copy_to (python/cudacore/_memory.py), whose checks and errors are the
+ * general ones. */
+static PyObject *
+buffer_copy(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int to_device)
+{
+    const char *general = to_device ? "_copy_from" : "_copy_to";
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *host = NULL, *stream = Py_None;
+    if (nargs >= 1 && nargs <= 2 && nkw == 0) {
+        host = args[0];
+        stream = nargs == 2 ? args[1] : Py_None;
+    } else if (nargs == 1 && nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "stream") == 0) {
+        host = args[0];
+        stream = args[1];
+    }
+    if (host != NULL && stream != Py_None) {
+        int r = copy_hot(self, host, stream, to_device);
+        if (r < 0) {
+            return NULL;
+        }
+        if (r > 0) {
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *name = PyUnicode_FromString(general);
+    if (name == NULL) {
+        return NULL;
+    }
+    /* Forward the call as it came: self first, then the caller's arguments and keywords. */
+    PyObject *stack[4];
+    Py_ssize_t total = nargs + nkw;
+    if (total > 3) {
+        Py_DECREF(name);
+        PyErr_Format(PyExc_TypeError, "%s() takes at most 2 arguments (%zd given)", to_device ? "copy_from" : "copy_to", total);
+        return NULL;
+    }
+    stack[0] = (PyObject *)self;
+    for (Py_ssize_t i = 0; i < total; i++) {
+        stack[i + 1] = args[i];
+    }
+    PyObject *r = PyObject_VectorcallMethod(name, stack, (size_t)(nargs + 1), kwnames);
+    Py_DECREF(name);
+    return r;
+}
+
+static PyObject *
+buffer_copy_from(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return buffer_copy(self, args, nargs, kwnames, 1);
+}
+
+static PyObject *
+buffer_copy_to(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return buffer_copy(self, args, nargs, kwnames, 0);
+}
+
 static PyMethodDef buffer_methods[] = {
+    {"copy_from", (PyCFunction)(void (*)(void))buffer_copy_from, METH_FASTCALL | METH_KEYWORDS,
+     "copy_from(host, stream=None)\n\nCopy host memory (bytes-like, numpy, PinnedBuffer) into this buffer; "
+     "with a stream, ordered on it."},
+    {"copy_to", (PyCFunction)(void (*)(void))buffer_copy_to, METH_FASTCALL | METH_KEYWORDS,
+     "copy_to(host, stream=None)\n\nCopy this buffer into writable host memory; with a stream, ordered on it."},
     {"__dlpack__", (PyCFunction)(void (*)(void))buffer_dlpack, METH_VARARGS | METH_KEYWORDS,
      "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n\n"
      "A DLPack capsule of this buffer as a 1-D uint8 tensor (versioned, DLPack 1.0, when max_version >= "
@@ -488,16 +615,6 @@ static PyTypeObject BufferType = {
 /* ---------------------------------------------------------------------------------------------------- */
 /* PinnedBuffer: page-locked host memory with the buffer protocol                                      */
 
-typedef struct {
-    PyObject_HEAD
-    uint64_t ptr;
-    uint64_t size;
-    int64_t device;
-    char closed; /* a char: exposed read-only as a bool through PyMemberDef (T_BOOL) */
-    char freeing; /* a free is in flight with the GIL released */
-    Py_ssize_t exports; /* live memoryviews: while any exist, close() must refuse */
-    PyObject *weakreflist;
-} PinnedObject;
 
 /* Free the host memory if still open: as buffer_free (a failed free leaves it open; a forked child
  * frees nothing). */
@@ -998,15 +1115,23 @@ fast_launch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(configure_doc, "configure(buffer_type, pinned_type, funnel) -> None\n\n"
-                            "Register the Python subclasses to instantiate and the error funnel (the "
-                            "cudacore._errors module).");
+PyDoc_STRVAR(configure_doc, "configure(buffer_type, pinned_type, funnel, stream_type, held_max) -> None\n\n"
+                            "Register the Python subclasses to instantiate, the error funnel (the "
+                            "cudacore._errors module), the Stream class and the largest copy that keeps the GIL.");
 
 static PyObject *
 fast_configure(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "configure() takes exactly 3 arguments");
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "configure() takes exactly 5 arguments");
+        return NULL;
+    }
+    if (!PyType_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "configure() needs the Stream class");
+        return NULL;
+    }
+    Py_ssize_t hm = PyLong_AsSsize_t(args[4]);
+    if (hm == -1 && PyErr_Occurred()) {
         return NULL;
     }
     if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &BufferType) ||
@@ -1019,6 +1144,8 @@ fast_configure(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     }
     Py_XSETREF(buffer_type, (PyTypeObject *)Py_NewRef(args[0]));
     Py_XSETREF(pinned_type, (PyTypeObject *)Py_NewRef(args[1]));
+    Py_XSETREF(stream_type, (PyTypeObject *)Py_NewRef(args[3]));
+    held_max = hm;
     Py_RETURN_NONE;
 }
 

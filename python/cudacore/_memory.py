@@ -19,6 +19,7 @@ from ._display import MemoryStats, buffer_html, format_bytes
 from ._errors import OutOfMemoryError, error
 from ._handles import as_device, stream_handle
 from ._native import fast
+from ._stream import Stream
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -80,15 +81,17 @@ class Buffer(_CBuffer):
             "stream": LEGACY_STREAM if stream == 0 else stream,
         }
 
-    def copy_from(self, host: Any, stream: object = None) -> None:
-        """Copy ``host`` (bytes-like, numpy array or :class:`PinnedBuffer`) into this buffer.
+    # copy_from and copy_to are methods of the C type: a small PinnedBuffer copy on a Stream of this
+    # device runs there without Python code; every other call comes to _copy_from / _copy_to.
 
-        With ``stream=None`` the copy is synchronous; with a stream it is ordered on that stream.
-        """
+    def _copy_from(self, host: Any, stream: object = None) -> None:
+        """The general case of :meth:`copy_from`: ``host`` (bytes-like, numpy array or
+        :class:`PinnedBuffer`) into this buffer; with ``stream=None`` synchronous, else ordered on it."""
         _copy.host_to_device(self, host, stream)
 
-    def copy_to(self, host: Any, stream: object = None) -> None:
-        """Copy this buffer into ``host`` (a writable bytes-like object, numpy array or PinnedBuffer)."""
+    def _copy_to(self, host: Any, stream: object = None) -> None:
+        """The general case of :meth:`copy_to`: this buffer into ``host`` (writable bytes-like, numpy
+        array or PinnedBuffer)."""
         _copy.device_to_host(host, self, stream)
 
     def _repr_html_(self) -> str:
@@ -129,7 +132,7 @@ class PinnedBuffer(_CPinnedBuffer):
 
 
 # The C objects instantiate these subclasses, and every door raises through the one funnel, _errors.
-fast.configure(Buffer, PinnedBuffer, _errors)
+fast.configure(Buffer, PinnedBuffer, _errors, Stream, _copy.HELD_MAX)
 
 
 def allocate(device: Device, nbytes: int, stream: object = None) -> Buffer:
