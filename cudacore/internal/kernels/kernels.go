@@ -114,16 +114,16 @@ func (r *Registry) Func(h int64) (*Function, error) {
 func (r *Registry) Unload(h int64) error {
 	r.mu.Lock()
 	m, ok := r.modules[h]
-	if ok {
-		delete(r.modules, h)
-		for _, fh := range m.funcs {
-			delete(r.funcs, fh)
-		}
+	if !ok {
+		err := r.invalid("module", h)
+		r.mu.Unlock()
+		return err
+	}
+	delete(r.modules, h)
+	for _, fh := range m.funcs {
+		delete(r.funcs, fh)
 	}
 	r.mu.Unlock()
-	if !ok {
-		return r.invalid("module", h)
-	}
 	return m.Unload()
 }
 
