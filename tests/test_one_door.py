@@ -13,13 +13,17 @@ import gc
 import json
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
 import cudacore as cc
 from cudacore import testing
+from cudacore._native import fast
 from cudacore.interop import _DLManagedTensor
 
 from conftest import ROOT, run_python
@@ -420,7 +424,8 @@ def test_dlpack_after_the_buffers_stream_is_closed_in_a_fresh_process() -> None:
         "s = d.create_stream()\n"
         "b = d.allocate(1 << 16, stream=s)\n"
         "s.close()\n"
-        "for h in (1, 2, d.create_stream().handle):\n"
+        "other = d.create_stream()\n"
+        "for h in (1, 2, other.handle):\n"
         "    cap = b.__dlpack__(stream=h)\n"
         "    del cap\n"
         "    gc.collect()\n"
@@ -665,3 +670,118 @@ def test_pinned_copies_on_a_stream_take_the_c_path_and_round_trip(monkeypatch: p
         buf.close()
         dst.close()
         s.close()
+
+
+# -- adversarial findings: a free in flight with the GIL released counts as closed ---------------------------
+
+
+def _race_views_against_close(p: Any, view: Any, rounds_close: Any) -> int:
+    """Threads: one closes ``p`` (retrying while views exist), one takes views until it sees it closed.
+    Returns how often a view taken was still alive once ``p`` reported closed."""
+    got: list[Any] = []
+
+    def closer() -> None:
+        while True:
+            try:
+                rounds_close()
+                return
+            except BufferError:
+                pass
+
+    def viewer() -> None:
+        for _ in range(50):  # bounded: the closer needs moments without a view to succeed
+            if p.closed:
+                return
+            try:
+                v = view()
+            except cc.CUDAError:
+                return
+            time.sleep(0)
+            if p.closed:
+                got.append(v)
+                return
+            del v
+
+    t1, t2 = threading.Thread(target=closer), threading.Thread(target=viewer)
+    t2.start()
+    t1.start()
+    t1.join(timeout=30)
+    t2.join(timeout=30)
+    assert not t1.is_alive() and not t2.is_alive(), "close and views must not hang"
+    return len(got)
+
+
+def test_no_pinned_view_outlives_a_concurrent_close() -> None:
+    d = cc.Device(0)
+    for _ in range(20):
+        p = d.allocate_pinned(1 << 16)
+
+        def view(p: Any = p) -> Any:
+            return memoryview(p)
+
+        assert _race_views_against_close(p, view, p.close) == 0
+    assert d.memory_stats()["pinned_in_use"] == 0
+
+
+def test_no_dlpack_capsule_outlives_a_concurrent_close_with_the_sync_strategy() -> None:
+    d = cc.Device(0)
+    before = d.allocation_strategy
+    d.set_allocation_strategy("sync")  # close() releases the GIL for this device
+    try:
+        for _ in range(20):
+            b = d.allocate(1 << 16)
+
+            def export(b: Any = b) -> Any:
+                return b.__dlpack__(stream=-1)
+
+            assert _race_views_against_close(b, export, b.close) == 0
+        gc.collect()
+        assert d.memory_stats()["in_use"] == 0
+    finally:
+        d.set_allocation_strategy(before)
+
+
+def test_a_second_close_returns_once_the_memory_is_gone() -> None:
+    d = cc.Device(0)
+    for _ in range(50):
+        p = d.allocate_pinned(1 << 20)
+        seen: list[bool] = []
+        t = threading.Thread(target=p.close)
+        t.start()
+        p.close()
+        seen.append(p.closed)
+        t.join()
+        assert seen == [True]
+
+
+def test_dlpack_for_a_closed_consumer_stream_is_a_closed_error() -> None:
+    d = cc.Device(0)
+    s = d.create_stream()
+    h = s.handle
+    s.close()
+    b = d.allocate(16)
+    try:
+        with pytest.raises(cc.CUDAError) as info:
+            b.__dlpack__(stream=h)
+        assert info.value.name == "CUDACORE_ERROR_CLOSED"
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "arg"),
+    [({"max_version": (2**64, 0)}, "max_version"), ({"dl_device": (2, 2**64)}, "dl_device")],
+)
+def test_dlpack_version_and_device_overflow_name_the_argument(kwargs: dict[str, Any], arg: str) -> None:
+    b = cc.Device(0).allocate(16)
+    try:
+        with pytest.raises(cc.InvalidValueError, match=arg):
+            b.__dlpack__(**kwargs)
+    finally:
+        b.close()
+
+
+def test_launch_refuses_a_spec_it_did_not_make() -> None:
+    # Sizes other than 1, 2, 4 and 8 bytes, and unknown codes, are left to the general path.
+    for spec in (bytes([8, 200, 0]) * 6, bytes([5, 0, 0]) * 6, bytes([0, 4, 0]) * 6, bytes([99, 8, 0]) * 6):
+        assert fast.launch(0, 1, 1, 1, 1, 1, 1, 0, 0, [1] * 6, spec) is NotImplemented

@@ -21,6 +21,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,13 +70,28 @@ typedef struct {
     Py_ssize_t dlpack_exports;
 } BufferObject;
 
+/* Wait, with the GIL released in between, until another thread's free of this object has returned (it
+ * released the GIL for the driver call). Afterwards the object is closed, or open again if that free
+ * failed. Called with the GIL held. */
+static void
+wait_for_free(volatile char *freeing)
+{
+    while (*freeing) {
+        Py_BEGIN_ALLOW_THREADS
+        sched_yield();
+        Py_END_ALLOW_THREADS
+    }
+}
+
 /* Free the allocation if still open. Returns 0, or -1 with an exception set (the buffer stays open, so
- * that the free can be retried). In a forked child nothing is freed: Go must not be entered there, and
+ * that the free can be retried). A close that finds another thread's free in flight waits for it, so
+ * that it returns only once the memory is gone (or raises if that free failed and its own retry does). In a forked child nothing is freed: Go must not be entered there, and
  * the memory belongs to the parent's context anyway. */
 static int
 buffer_free(BufferObject *self, int dealloc)
 {
-    if (self->closed || self->freeing) {
+    wait_for_free(&self->freeing);
+    if (self->closed) {
         return 0;
     }
     if (self->dlpack_exports > 0) {
@@ -175,7 +191,7 @@ buffer_exit(BufferObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 buffer_get_ptr(BufferObject *self, void *Py_UNUSED(closure))
 {
-    if (self->closed) {
+    if (self->closed || self->freeing) {
         return door_closed("Buffer", "cudacore.buffer");
     }
     return PyLong_FromUnsignedLongLong(self->ptr);
@@ -336,7 +352,7 @@ buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kwargs)
     if (door_check_fork("__dlpack__") < 0) {
         return NULL;
     }
-    if (self->closed) {
+    if (self->closed || self->freeing) {
         return door_closed("Buffer", "cudacore.dlpack");
     }
     if (copy != Py_None) {
@@ -356,11 +372,13 @@ buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kwargs)
             PyErr_SetString(PyExc_TypeError, "__dlpack__: dl_device must be a (device_type, device_id) tuple");
             return NULL;
         }
-        dtype = PyLong_AsLongLong(PyTuple_GET_ITEM(dl_device, 0));
-        did = PyLong_AsLongLong(PyTuple_GET_ITEM(dl_device, 1));
-        if (PyErr_Occurred()) {
+        int64_t t64, d64;
+        if (door_int(PyTuple_GET_ITEM(dl_device, 0), "__dlpack__", "dl_device[0]", &t64) < 0 ||
+            door_int(PyTuple_GET_ITEM(dl_device, 1), "__dlpack__", "dl_device[1]", &d64) < 0) {
             return NULL;
         }
+        dtype = t64;
+        did = d64;
         if (dtype != kDLCUDA || did != self->device) {
             PyErr_Format(PyExc_BufferError,
                          "__dlpack__: the buffer is on (%d, %lld) (kDLCUDA, device); cannot export to (%lld, %lld)",
@@ -374,8 +392,8 @@ buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kwargs)
             PyErr_SetString(PyExc_TypeError, "__dlpack__: max_version must be a (major, minor) tuple or None");
             return NULL;
         }
-        long long major = PyLong_AsLongLong(PyTuple_GET_ITEM(max_version, 0));
-        if (major == -1 && PyErr_Occurred()) {
+        int64_t major;
+        if (door_int(PyTuple_GET_ITEM(max_version, 0), "__dlpack__", "max_version[0]", &major) < 0) {
             return NULL;
         }
         versioned = major >= 1;
@@ -467,7 +485,7 @@ copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
         return 0;
     }
     PinnedObject *h = (PinnedObject *)host;
-    if (h->closed || (Py_ssize_t)h->size > held_max || h->size > self->size) {
+    if (h->closed || h->freeing || (Py_ssize_t)h->size > held_max || h->size > self->size) {
         return 0;
     }
     PyObject *handle = PyObject_GetAttrString(stream, "_handle");
@@ -621,7 +639,8 @@ static PyTypeObject BufferType = {
 static int
 pinned_free(PinnedObject *self, int dealloc)
 {
-    if (self->closed || self->freeing) {
+    wait_for_free(&self->freeing);
+    if (self->closed) {
         return 0;
     }
     if (self->exports > 0) {
@@ -668,7 +687,7 @@ pinned_dealloc(PinnedObject *self)
 static int
 pinned_getbuffer(PinnedObject *self, Py_buffer *view, int flags)
 {
-    if (self->closed) {
+    if (self->closed || self->freeing) { /* a free in flight: no new view of memory that is going */
         door_closed("PinnedBuffer", "cudacore.pinned");
         view->obj = NULL;
         return -1;
@@ -715,7 +734,7 @@ pinned_exit(PinnedObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 pinned_get_ptr(PinnedObject *self, void *Py_UNUSED(closure))
 {
-    if (self->closed) {
+    if (self->closed || self->freeing) {
         return door_closed("PinnedBuffer", "cudacore.pinned");
     }
     return PyLong_FromUnsignedLongLong(self->ptr);
@@ -960,7 +979,15 @@ fast_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "call() needs the function to call");
         return NULL;
     }
-    if (door_check_fork("call") < 0) {
+    if (cudacore_forked) {
+        PyObject *name = PyObject_GetAttrString(args[0], "__name__");
+        const char *fn = name != NULL && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+        PyErr_Clear();
+        if (fn != NULL && strncmp(fn, "cudacore_", 9) == 0) {
+            fn += 9;
+        }
+        door_check_fork(fn != NULL ? fn : "call");
+        Py_XDECREF(name);
         return NULL;
     }
     /* gopy's wrappers take Go ints as C long long: a Python int beyond int64 would be a bare OverflowError
@@ -1056,7 +1083,10 @@ launch_pack_one(PyObject *a, int code, int size, int flags, unsigned char *out)
     }
     if ((flags & LAUNCH_BUFFER) && PyObject_TypeCheck(a, &BufferType)) {
         BufferObject *b = (BufferObject *)a;
-        if (b->closed) {
+        if (size != 8) {
+            return 0;
+        }
+        if (b->closed || b->freeing) {
             door_closed("Buffer", "cudacore.launch");
             return -1;
         }
@@ -1094,6 +1124,9 @@ fast_launch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
         int code = sp[3 * i], size = sp[3 * i + 1], flags = sp[3 * i + 2];
+        if ((size != 1 && size != 2 && size != 4 && size != 8) || code < 1 || code > LAUNCH_PTR_CODE) {
+            Py_RETURN_NOTIMPLEMENTED; /* not a spec Kernel made: the general path decides */
+        }
         packed[off] = (unsigned char)code;
         packed[off + 1] = (unsigned char)size;
         packed[off + 2] = 0;

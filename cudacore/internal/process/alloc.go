@@ -1,6 +1,8 @@
 package process
 
 import (
+	"fmt"
+
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/stream"
 )
@@ -92,6 +94,12 @@ func (d *Device) freeNow(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 // finish, and nothing can be queued on it afterwards, so there is nothing left to wait for.
 func (d *Device) Order(op string, waiter, producer cuda.Stream) error {
 	streams := d.Streams()
+	// The waiter is the consumer's stream: the caller vouches for it, but a handle of a stream cudacore
+	// destroyed is known here and must not reach the driver (it would crash there).
+	if !stream.IsDefault(waiter) && streams.Destroyed(waiter) {
+		return cuda.NewError("cudacore."+op, cuda.ErrorClosed, fmt.Sprintf(
+			"the consumer's stream %#x was closed; pass a live stream (or -1 for no ordering)", uint64(waiter)))
+	}
 	if err := streams.Use(op, producer); err != nil {
 		if streams.Destroyed(producer) {
 			return nil
