@@ -8,16 +8,17 @@ import (
 // Waiting. Python waits in slices (Stream.Wait(50 ms) in a loop, the GIL released), so Ctrl-C lands
 // between them. Within a slice:
 //
-//  1. spin on the query for up to spinFor: most waits are short (a copy of a few MiB takes tens of
-//     microseconds), and each query is one driver call of about a microsecond;
+//  1. spin on the query for up to spinFor: most waits are short (a copy of tens of MiB takes well under
+//     a millisecond), each query is one driver call of about a microsecond, and the GIL is released
+//     meanwhile. The driver's own synchronize spins the same way before it yields;
 //  2. then block in the driver (cuStreamSynchronize / cuEventSynchronize) on a helper goroutine, and
-//     wait for it with the slice's timeout. The driver's own wait wakes us once, when the work is done;
-//     sleeping and polling instead cost about 100 µs per sleep on a cgo callback's thread, which made a
-//     16 MiB pinned copy + synchronize four times slower than cuda.bindings on the H100.
+//     wait for it with the slice's timeout. The driver's own wait wakes us once, when the work is done,
+//     but the hand-over from the helper costs tens of microseconds, which is why it comes only after the
+//     spin; sleeping and polling instead cost about 100 µs per sleep on a cgo callback's thread.
 //
 // A blocking call that outlives its slice keeps running; the next slice picks it up. Since it covers only
 // the work queued before it started, its return is confirmed with a query before a wait reports done.
-const spinFor = 100 * time.Microsecond
+const spinFor = 2 * time.Millisecond
 
 // pendingWait is one blocking driver wait running on a helper goroutine.
 type pendingWait struct {
