@@ -154,8 +154,7 @@ class Stream:
             If the stream is capturing, or a capture forbids waiting here (GLOBAL anywhere, THREAD_LOCAL on
             this thread).
         """
-        if _stream_query(self._device.device_id, self._handle):
-            return
+        # Straight to the wait: it queries first itself, and a synchronize mostly finds work in flight.
         _wait(_stream_wait, self._device.device_id, self._handle)
 
     def record(self, event: Event | None = None) -> Event:
@@ -311,10 +310,7 @@ class Event:
 
     def synchronize(self) -> None:
         """Wait for the work the event recorded. Other threads run meanwhile; Ctrl-C stops the wait."""
-        handle = self._live()
-        if _event_query(handle):
-            return
-        _wait(_event_wait, handle)
+        _wait(_event_wait, self._live())
 
     def elapsed_time(self, end: Event) -> float:
         """Milliseconds from this event's completion to ``end``'s (both timing events, recorded)."""
