@@ -785,3 +785,18 @@ def test_launch_refuses_a_spec_it_did_not_make() -> None:
     # Sizes other than 1, 2, 4 and 8 bytes, and unknown codes, are left to the general path.
     for spec in (bytes([8, 200, 0]) * 6, bytes([5, 0, 0]) * 6, bytes([0, 4, 0]) * 6, bytes([99, 8, 0]) * 6):
         assert fast.launch(0, 1, 1, 1, 1, 1, 1, 0, 0, [1] * 6, spec) is NotImplemented
+
+
+def test_c_launch_packer_leaves_values_out_of_range_to_the_general_path() -> None:
+    """fast.launch packs plain numbers; a float beyond float32 or an int beyond its parameter must reach
+    the Python packers, whose errors name the parameter (never a silently converted value)."""
+    d = cc.Device(0)
+    k = d.load_module(FILL_PTX).function("fill_f32")
+    buf = d.allocate(1024)
+    try:
+        with pytest.raises(cc.InvalidValueError, match="f32"):
+            k.launch(1, 1, (buf, 1e300, 4))
+        with pytest.raises(cc.InvalidValueError):
+            k.launch(1, 1, (buf, 1.5, -1))  # n is .u64
+    finally:
+        buf.close()

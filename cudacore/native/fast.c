@@ -20,7 +20,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <float.h>
 #include <limits.h>
+#include <math.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1044,6 +1046,9 @@ launch_pack_one(PyObject *a, int code, int size, int flags, unsigned char *out)
             return 0;
         }
         if (size == 4) {
+            if (isfinite(v) && (v > FLT_MAX || v < -FLT_MAX)) {
+                return 0; /* does not fit a float: the general path explains */
+            }
             float f = (float)v;
             memcpy(out, &f, 4);
         } else if (size == 8) {

@@ -374,7 +374,7 @@ def _pack_fast(packer: _Packer, args: Any) -> bytes | None:
         vals += (code, size, a)
     try:
         return s.pack(*vals)
-    except struct.error:
+    except (struct.error, OverflowError):  # out of range (a float beyond float32 raises OverflowError)
         return None
 
 
