@@ -199,10 +199,6 @@ buffer_get_ptr(BufferObject *self, void *Py_UNUSED(closure))
     return PyLong_FromUnsignedLongLong(self->ptr);
 }
 
-
-
-
-
 static PyObject *
 buffer_get_owner(BufferObject *self, void *Py_UNUSED(closure))
 {
@@ -741,9 +737,6 @@ pinned_get_ptr(PinnedObject *self, void *Py_UNUSED(closure))
     }
     return PyLong_FromUnsignedLongLong(self->ptr);
 }
-
-
-
 
 static PyMethodDef pinned_methods[] = {
     {"close", (PyCFunction)pinned_close, METH_NOARGS,
