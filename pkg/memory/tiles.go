@@ -13,6 +13,9 @@ import (
 const OpTiles = "cudacore.allocate_tiles"
 
 // checkTiles validates a tiled request and returns its total size.
+// manyTiles is the count above which a request larger than the device is refused without trying.
+const manyTiles = 1 << 16
+
 func checkTiles(count int, tileSize uint64) (uint64, error) {
 	if count <= 0 {
 		return 0, invalid(OpTiles, fmt.Sprintf("count must be positive, got %d", count),
@@ -46,10 +49,21 @@ func checkTiles(count int, tileSize uint64) (uint64, error) {
 //
 // Bad input (count <= 0, tileSize 0, count*tileSize overflowing) is InvalidValue and calls nothing.
 func AllocateTiles(r Resource, count int, tileSize uint64, s cuda.Stream, progress func(done, total int) bool) ([]cuda.DevicePtr, error) {
-	if _, err := checkTiles(count, tileSize); err != nil {
+	total, err := checkTiles(count, tileSize)
+	if err != nil {
 		return nil, err
 	}
-	tiles := make([]cuda.DevicePtr, 0, count)
+	// More than the device holds can never fit. A moderate count is still tried, so that the error says
+	// how many tiles did fit; a count past manyTiles is refused at once, since allocating it tile by tile
+	// until memory runs out would take minutes to hours.
+	if d := DeviceOf(r); d != nil && count > manyTiles {
+		if max := d.Properties().TotalMemory; max != 0 && total > max {
+			return nil, tileError(r, 0, count, tileSize, OutOfMemory(d, total, cuda.NewError(OpTiles, cuda.ErrorOutOfMemory, ""), PoolState{}))
+		}
+	}
+	// The slice grows with the tiles: its size must not follow a count the caller chose before any
+	// memory was found (a huge count ended the process in the Go runtime's own out-of-memory).
+	tiles := make([]cuda.DevicePtr, 0, min(count, 4096))
 	rollback := func() {
 		for i := len(tiles) - 1; i >= 0; i-- {
 			// A failed free here leaves a tile allocated; nothing better can be done than to go on

@@ -118,3 +118,19 @@ func TestWalkers(t *testing.T) {
 	assert.Empty(t, f.live)
 	assert.Empty(t, f.errs)
 }
+
+// A tile count or size beyond the device is a typed out-of-memory error at once, never the Go runtime's
+// own out-of-memory (a slice sized by the count) nor hours of allocations.
+func TestTilesBeyondTheDeviceFailAtOnce(t *testing.T) {
+	for _, tc := range []struct {
+		count int
+		size  uint64
+	}{{1 << 40, 16}, {1 << 30, 1 << 20}, {1<<16 + 1, 1 << 20}, {3, 1 << 40}} {
+		_, d := openSim(t, small("tiles"))
+		s := newStack(t, d, StackOptions{})
+		_, err := s.AllocateTiles(tc.count, tc.size, 0, nil)
+		require.Error(t, err)
+		assert.ErrorIs(t, err, cuda.ErrOutOfMemory, "%d x %d", tc.count, tc.size)
+		assert.Zero(t, s.Stats().InUse)
+	}
+}

@@ -141,16 +141,27 @@ func (g *Graph) Update(other *Graph) error {
 	if err := g.m.sameDevice(op, other.m); err != nil {
 		return err
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	// Both graphs stay locked for the update, so that neither is destroyed under the driver call. Two
+	// locks are always taken in the order of the graphs' handles (unique while both live): g1.Update(g2)
+	// and g2.Update(g1) on two threads cannot deadlock; a graph updated from itself is locked once.
+	first, second := g, other
+	if uint64(other.g) < uint64(g.g) {
+		first, second = other, g
+	}
+	first.mu.Lock()
+	defer first.mu.Unlock()
+	if second != first {
+		second.mu.Lock()
+		defer second.mu.Unlock()
+	}
+	if other.gone {
+		return cuda.NewError("cudacore."+op, cuda.ErrorInvalidHandle, "the graph to update from was destroyed")
+	}
 	x, err := g.exec(op)
 	if err != nil {
 		return err
 	}
-	other.mu.Lock()
-	og := other.g
-	other.mu.Unlock()
-	if err := g.m.drv.GraphExecUpdate(g.m.ctx, x, og); err != nil {
+	if err := g.m.drv.GraphExecUpdate(g.m.ctx, x, other.g); err != nil {
 		if cuda.ResultOf(err) == cuda.ErrorGraphExecUpdateFailure {
 			return &cuda.Error{Op: "cudacore." + op, Result: cuda.ErrorGraphExecUpdateFailure, Err: err,
 				Msg: "the graphs differ in topology (node kinds, order or graph memory), so the executable graph cannot take the other's parameters; instantiate the other graph instead"}

@@ -186,6 +186,25 @@ func TestCaptureReplay(t *testing.T) {
 	g2, err := s.EndCapture()
 	require.NoError(t, err)
 	require.NoError(t, g.Update(g2))
+	// A graph updated from itself, and two graphs updating from each other on two goroutines at once,
+	// never deadlock (each update holds both graphs' locks, taken in one order).
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		assert.NoError(t, g.Update(g))
+		var wg sync.WaitGroup
+		for range 50 {
+			wg.Add(2)
+			go func() { defer wg.Done(); assert.NoError(t, g.Update(g2)) }()
+			go func() { defer wg.Done(); assert.NoError(t, g2.Update(g)) }()
+		}
+		wg.Wait()
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("graph updates deadlocked")
+	}
 	require.NoError(t, g2.Destroy())
 	requireResult(t, cuda.ErrorInvalidHandle, g.Update(g2), "update from a destroyed graph")
 

@@ -1,0 +1,52 @@
+"""Misuse that once crashed or hung the process: each must end in a typed error or succeed, quickly."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import cudacore as cc
+
+
+@pytest.mark.parametrize(("count", "size"), [(2**40, 16), (2**30, 1 << 20), (3, 1 << 40)])
+def test_tiles_beyond_the_device_are_an_out_of_memory_error(count: int, size: int) -> None:
+    d = cc.Device(0)
+    before = d.memory_stats()["in_use"]
+    with pytest.raises(cc.OutOfMemoryError):
+        d.allocate_tiles(count, size)
+    assert d.memory_stats()["in_use"] == before
+
+
+def test_graph_update_from_itself_and_crosswise_never_hangs() -> None:
+    d = cc.Device(0)
+    s = d.create_stream()
+    src, dst = d.allocate_pinned(4096), d.allocate(4096, stream=s)
+    graphs = []
+    for _ in range(2):
+        with s.capture() as g:
+            dst.copy_from(src, stream=s)
+        graphs.append(g)
+    g1, g2 = graphs
+    errors: list[BaseException] = []
+
+    def work(a: cc.Graph, b: cc.Graph) -> None:
+        try:
+            a.update(a)
+            for _ in range(50):
+                a.update(b)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(g1, g2)), threading.Thread(target=work, args=(g2, g1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads), "graph updates deadlocked"
+    assert errors == []
+    for g in graphs:
+        g.destroy()
+    dst.close()
+    src.close()
+    s.close()
