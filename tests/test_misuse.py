@@ -50,3 +50,33 @@ def test_graph_update_from_itself_and_crosswise_never_hangs() -> None:
     dst.close()
     src.close()
     s.close()
+
+
+@pytest.mark.parametrize("priority", [None, "16", 1.5, True])
+def test_stream_priority_must_be_an_int(priority: object) -> None:
+    with pytest.raises(TypeError, match="priority"):
+        cc.Device(0).create_stream(priority=priority)  # type: ignore[arg-type]
+
+
+def test_unknown_strategy_is_named_even_with_memory_allocated() -> None:
+    d = cc.Device(0)
+    with d.allocate(1 << 20), pytest.raises(cc.InvalidValueError, match="bogus"):
+        d.set_allocation_strategy("bogus")
+
+
+def test_a_graph_cannot_be_pickled_into_an_alias() -> None:
+    import copy
+    import pickle
+
+    d = cc.Device(0)
+    s = d.create_stream()
+    buf, src = d.allocate(64, stream=s), d.allocate_pinned(64)
+    with s.capture() as g:
+        buf.copy_from(src, stream=s)
+    for dup in (pickle.dumps, copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            dup(g)
+    g.destroy()
+    buf.close()
+    src.close()
+    s.close()

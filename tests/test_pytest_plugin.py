@@ -170,6 +170,22 @@ def test_memory_budget(runner, pytester: pytest.Pytester) -> None:
     runner().assert_outcomes(passed=2)
 
 
+def test_memory_budget_without_a_size_is_a_clear_usage_error(runner, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.cudacore_memory_budget()
+        def test_no_size():
+            pass
+        """
+    )
+    result = runner()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*cudacore_memory_budget needs the budget in bytes*"])
+    assert "KeyError" not in result.stdout.str()
+
+
 def test_faults_marker_and_fixture(runner, pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """

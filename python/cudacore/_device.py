@@ -304,6 +304,12 @@ class Device:
         """
         if not isinstance(strategy, str):
             raise TypeError(f"strategy must be a str, not {type(strategy).__name__}")
+        if strategy not in ("auto", "pool", "sync"):  # the name first: whatever is allocated, a typo is a typo
+            raise error(
+                "CUDA_ERROR_INVALID_VALUE",
+                f"unknown allocation strategy {strategy!r}: use \"auto\", \"pool\" or \"sync\"",
+                op="cudacore.allocation_strategy",
+            )
         self._set_props(json.loads(call(core.DeviceSetAllocationStrategy, self._ordinal, strategy, bool(track))))
 
     def live_allocations(self) -> list[dict[str, Any]]:

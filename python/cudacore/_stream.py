@@ -76,7 +76,9 @@ class Stream:
         self._device = dev
         self._handle = 0
         self._owned = False
-        self._handle = call(core.StreamCreate, dev.device_id, bool(non_blocking), int(priority))
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"create_stream(): priority must be an int, not {type(priority).__name__}")
+        self._handle = call(core.StreamCreate, dev.device_id, bool(non_blocking), priority)
         self._owned = True
         info = json.loads(call(core.StreamInfo, dev.device_id, self._handle))
         self._non_blocking = info["non_blocking"]
@@ -436,6 +438,10 @@ class Graph:
         if not isinstance(other, Graph):
             raise TypeError(f"update() takes a Graph, not {type(other).__name__}")
         call(core.GraphUpdate, self._live("update"), other._live("update"))
+
+    def __reduce__(self) -> Any:
+        # A graph is this process's driver object: a copy would alias it (and destroy it twice).
+        raise TypeError("a cudacore.Graph cannot be pickled or copied: capture it again where it is needed")
 
     def destroy(self) -> None:
         """Free the graph and the memory its allocations hold. Idempotent."""

@@ -167,6 +167,11 @@ def _cudacore_markers(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     restore = None
     if budget is not None:
+        if not budget.args and "nbytes" not in budget.kwargs:
+            raise pytest.UsageError(
+                f"{request.node.nodeid}: @pytest.mark.cudacore_memory_budget needs the budget in bytes, "
+                "e.g. @pytest.mark.cudacore_memory_budget(64 << 20)"
+            )
         nbytes = budget.args[0] if budget.args else budget.kwargs["nbytes"]
         dev = Device(budget.kwargs.get("device", 0))
         old = dev.memory_limit
