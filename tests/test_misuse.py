@@ -80,3 +80,31 @@ def test_a_graph_cannot_be_pickled_into_an_alias() -> None:
     buf.close()
     src.close()
     s.close()
+
+
+@pytest.mark.parametrize("how", ["close", "collect"])
+def test_buffer_from_before_a_capture_freed_during_it_is_freed_after(how: str) -> None:
+    """Issue 11 #7: the free waits for the capture to end (the driver refuses it on the capturing stream),
+    and the memory comes back; nothing raises, nothing leaks."""
+    import gc
+
+    d = cc.Device(0)
+    s = d.create_stream()
+    before = d.memory_stats()["in_use"]
+    buf = d.allocate(1 << 20, stream=s)
+    src = d.allocate_pinned(64)
+    with s.capture() as g:
+        small = d.allocate(64, stream=s)
+        small.copy_from(src, stream=s)
+        if how == "close":
+            buf.close()
+        else:
+            del buf
+            gc.collect()
+        small.close()  # graph memory of this capture: a node of the graph
+    g.launch(s)
+    s.synchronize()
+    g.destroy()
+    assert d.memory_stats()["in_use"] == before
+    src.close()
+    s.close()

@@ -54,6 +54,7 @@ type capture struct {
 	tid    int
 	allocs int
 	bytes  uint64
+	ptrs   map[cuda.DevicePtr]struct{} // the allocations made on the capturing stream: graph memory
 }
 
 // ParseMode maps "global", "thread_local" and "relaxed" to a CaptureMode.
@@ -288,9 +289,10 @@ func (m *Manager) CheckAllocate(h cuda.Stream) error {
 	return nil
 }
 
-// NoteAllocate counts a successful allocation of size bytes on stream h into h's capture, if it
-// captures: the graph it makes then reports the memory (Graph.MemoryHeld).
-func (m *Manager) NoteAllocate(h cuda.Stream, size uint64) {
+// NoteAllocate counts a successful allocation p of size bytes on stream h into h's capture, if it
+// captures: the graph it makes then reports the memory (Graph.MemoryHeld), and a free of p on h during
+// the capture is a graph node (GraphMemory).
+func (m *Manager) NoteAllocate(h cuda.Stream, p cuda.DevicePtr, size uint64) {
 	if m.reg.active.Load() == 0 {
 		return
 	}
@@ -300,9 +302,31 @@ func (m *Manager) NoteAllocate(h cuda.Stream, size uint64) {
 		if c.stream.h == h && c.stream.m == m {
 			c.allocs++
 			c.bytes += size
+			if c.ptrs == nil {
+				c.ptrs = map[cuda.DevicePtr]struct{}{}
+			}
+			c.ptrs[p] = struct{}{}
 			return
 		}
 	}
+}
+
+// GraphMemory says whether p was allocated on stream h during the capture h is in now: only such memory
+// may be freed on h while it captures (the free becomes a graph node). Memory from before the capture
+// must wait for it to end (the driver refuses its free on a capturing stream).
+func (m *Manager) GraphMemory(h cuda.Stream, p cuda.DevicePtr) bool {
+	if m.reg.active.Load() == 0 {
+		return false
+	}
+	m.reg.mu.Lock()
+	defer m.reg.mu.Unlock()
+	for c := range m.reg.caps {
+		if c.stream.h == h && c.stream.m == m {
+			_, ok := c.ptrs[p]
+			return ok
+		}
+	}
+	return false
 }
 
 // lookup finds a capturing stream of m by handle (only capturing streams are registered).

@@ -34,7 +34,7 @@ func (d *Device) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
 		return 0, err
 	}
 	if capturing {
-		streams.NoteAllocate(h, size)
+		streams.NoteAllocate(h, p, size)
 	}
 	return p, nil
 }
@@ -59,20 +59,23 @@ func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress f
 		return nil, err
 	}
 	if capturing {
-		for range ptrs {
-			streams.NoteAllocate(h, size)
+		for _, p := range ptrs {
+			streams.NoteAllocate(h, p, size)
 		}
 	}
 	return ptrs, nil
 }
 
-// Free frees p (size bytes, last used on h). While a capture runs, a free on any other stream waits for
-// the captures to end: it could be an unsafe call (900) or use the legacy stream (906) and invalidate the
-// capture, and a garbage collector may free a buffer at any moment. A free on the capturing stream
+// Free frees p (size bytes, last used on h). While a capture runs, a free waits for the captures to end
+// unless p is graph memory of h's own capture: it could be an unsafe call (900) or use the legacy stream
+// (906) and invalidate the capture, the driver refuses a free of older memory on the capturing stream,
+// and a garbage collector may free a buffer at any moment. A free of graph memory on the capturing stream
 // becomes a graph node. A free recorded against a stream destroyed meanwhile is ordered on the legacy
 // stream: a destroyed stream's handle never reaches the driver.
 func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
-	if Capturing() && !d.Streams().StreamCapturing(h) {
+	if Capturing() && !d.Streams().GraphMemory(h, p) {
+		// Not memory of a capture on h (made before it, or on another stream): its free must wait for the
+		// captures to end, also when h itself captures (the driver refuses it there).
 		DeferUntilNoCapture(func() { _ = d.freeNow(p, size, h) })
 		return nil
 	}
