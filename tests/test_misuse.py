@@ -108,3 +108,44 @@ def test_buffer_from_before_a_capture_freed_during_it_is_freed_after(how: str) -
     assert d.memory_stats()["in_use"] == before
     src.close()
     s.close()
+
+
+@pytest.mark.sim
+def test_a_transient_init_failure_is_not_remembered() -> None:
+    """Issue 11 #11: one failed cuInit fails that call; the next one initializes again."""
+    from conftest import run_python
+
+    code = (
+        "import cudacore as cc\n"
+        "try:\n"
+        "    cc.device_count()\n"
+        "    print('no error')\n"
+        "except cc.CUDAError as e:\n"
+        "    print('first', e.name)\n"
+        "print('then', cc.device_count())\n"
+    )
+    r = run_python(code, {"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_FAULTS": "cuInit:1:999"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["first", "CUDA_ERROR_UNKNOWN", "then", "1"]
+
+
+@pytest.mark.sim
+def test_a_transient_priority_query_failure_fails_one_stream_only() -> None:
+    """Issue 11 #11: the device's priority range is read again after a failure (a fresh process, whose
+    first stream reads it)."""
+    from conftest import run_python
+
+    code = (
+        "import cudacore as cc\n"
+        "d = cc.Device(0)\n"
+        "try:\n"
+        "    d.create_stream()\n"
+        "    print('no error')\n"
+        "except cc.CUDAError as e:\n"
+        "    print('first', e.name)\n"
+        "d.create_stream().close()\n"
+        "print('then ok')\n"
+    )
+    r = run_python(code, {"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_FAULTS": "cuCtxGetStreamPriorityRange:1:999"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["first", "CUDA_ERROR_UNKNOWN", "then", "ok"]

@@ -68,9 +68,9 @@ type Manager struct {
 	perTh   *Stream
 	staging *staging
 
-	prioOnce             sync.Once
+	prioMu               sync.Mutex
+	prioKnown            bool
 	prioLeast, prioGreat int
-	prioErr              error
 
 	syncMu   sync.Mutex
 	syncDone chan error // the device synchronize in flight (SynchronizeDevice with a timeout), or nil
@@ -131,11 +131,20 @@ func (m *Manager) PerThread() *Stream { return m.perTh }
 
 // PriorityRange returns the device's stream priorities: least (the default, numerically largest) and
 // greatest (numerically smallest).
+//
+// The range is read from the driver once it has been read successfully; a failure is returned and not
+// remembered, so that one transient error does not fail every later stream.
 func (m *Manager) PriorityRange() (least, greatest int, err error) {
-	m.prioOnce.Do(func() {
-		m.prioLeast, m.prioGreat, m.prioErr = m.drv.CtxStreamPriorityRange(m.ctx)
-	})
-	return m.prioLeast, m.prioGreat, m.prioErr
+	m.prioMu.Lock()
+	defer m.prioMu.Unlock()
+	if !m.prioKnown {
+		least, greatest, err := m.drv.CtxStreamPriorityRange(m.ctx)
+		if err != nil {
+			return 0, 0, err
+		}
+		m.prioLeast, m.prioGreat, m.prioKnown = least, greatest, true
+	}
+	return m.prioLeast, m.prioGreat, nil
 }
 
 // Create makes a stream: non-blocking streams do not synchronize with the legacy stream (the usual

@@ -563,3 +563,14 @@ func TestDestroyedStreamHandleIsNeverUsed(t *testing.T) {
 	}
 	require.NoError(t, e.stack.Release(), "nothing is cached against a destroyed stream")
 }
+
+// One transient failure of the priority query fails that one stream creation, not every later one.
+func TestPriorityRangeFailureIsNotRemembered(t *testing.T) {
+	e := newEnv(t)
+	e.drv.InjectFault("cuCtxGetStreamPriorityRange", 1, cuda.ErrorUnknown)
+	_, err := e.m.Create(true, 0)
+	requireResult(t, cuda.ErrorUnknown, err, "the injected failure")
+	s, err := e.m.Create(true, 0)
+	require.NoError(t, err, "the next creation reads the range again")
+	require.NoError(t, s.Destroy())
+}

@@ -4,7 +4,8 @@
 //
 // The driver is chosen once, on first use, from CUDACORE_BACKEND ("cuda", the default, or "sim"); a
 // failure to load it is remembered and returned to every later caller, so a process without a driver
-// gets the same clear error each time rather than a retry storm of dlopen calls.
+// gets the same clear error each time rather than a retry storm of dlopen calls. A failure of cuInit
+// is not remembered: the next call initializes again.
 package process
 
 import (
@@ -28,10 +29,11 @@ const (
 )
 
 var (
-	driverOnce sync.Once
-	drv        cuda.Driver
-	backend    string
-	driverErr  error
+	driverMu    sync.Mutex
+	driverReady atomic.Bool // set once drv is loaded and initialized; then Driver takes no lock
+	drv         cuda.Driver
+	backend     string
+	driverErr   error // a failure to load the driver (no library, a bad backend name or configuration)
 
 	devMu   sync.Mutex
 	devices = map[int]*Device{}
@@ -69,13 +71,29 @@ func Lookup(ordinal int) (*Device, error) {
 
 // Driver returns the process's driver and its backend name, choosing and initializing it on first use.
 func Driver() (cuda.Driver, string, error) {
-	driverOnce.Do(func() {
+	if driverReady.Load() {
+		return drv, backend, nil
+	}
+	driverMu.Lock()
+	defer driverMu.Unlock()
+	if driverReady.Load() {
+		return drv, backend, nil
+	}
+	if driverErr != nil {
+		return nil, backend, driverErr
+	}
+	if drv == nil {
 		backend, drv, driverErr = open(getenv("CUDACORE_BACKEND"))
-		if driverErr == nil {
-			driverErr = drv.Init()
+		if driverErr != nil {
+			return nil, backend, driverErr
 		}
-	})
-	return drv, backend, driverErr
+	}
+	// A failed cuInit is not remembered: it can be transient, and the next call tries again.
+	if err := drv.Init(); err != nil {
+		return drv, backend, err
+	}
+	driverReady.Store(true)
+	return drv, backend, nil
 }
 
 func open(name string) (string, cuda.Driver, error) {
