@@ -149,3 +149,34 @@ def test_a_transient_priority_query_failure_fails_one_stream_only() -> None:
     r = run_python(code, {"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_FAULTS": "cuCtxGetStreamPriorityRange:1:999"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["first", "CUDA_ERROR_UNKNOWN", "then", "ok"]
+
+
+def test_limit_overrides_from_threads_leave_the_original_value() -> None:
+    """Issue 11 #12: overrides that overlap on several threads end with the value from before them."""
+    d = cc.Device(0)
+    original = d.limits.stack_size
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def work(value: int) -> None:
+        try:
+            for _ in range(20):
+                barrier.wait(timeout=10)
+                with d.limits.override(stack_size=value):
+                    barrier.wait(timeout=10)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(v,)) for v in (2048, 4096, 5120, 8192)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert d.limits.stack_size == original
+    # Nested on one thread: the inner block's end gives the outer block's value back.
+    with d.limits.override(stack_size=2048):
+        with d.limits.override(stack_size=4096):
+            assert d.limits.stack_size == 4096
+        assert d.limits.stack_size == 2048
+    assert d.limits.stack_size == original

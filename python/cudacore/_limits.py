@@ -18,6 +18,12 @@ from typing import TYPE_CHECKING, Any
 from ._api import call, core
 from ._errors import CUDAError, error
 
+# The overrides in force, by (device ordinal, limit name): the value before the first of them, and each
+# block's (token, value), oldest first. Guarded by _OVERRIDES_LOCK, which is also held while a limit is
+# set or restored for an override, so that the driver's value always matches the newest entry.
+_OVERRIDES: dict[tuple[int, str], tuple[int, list[tuple[object, int]]]] = {}
+_OVERRIDES_LOCK = threading.RLock()
+
 if TYPE_CHECKING:
     from ._device import Device
 
@@ -201,14 +207,18 @@ class Limits:
                 limit=unknown[0],
             )
         checked = {n: _value(n, v) for n, v in values.items()}
-        previous: list[tuple[str, int]] = []
+        token = object()  # this block's entries in the overrides in force
+        applied: list[str] = []
         try:
-            for name, value in checked.items():
-                old = self.get(name)
-                self._set(name, value, None)
-                previous.append((name, old))
+            with _OVERRIDES_LOCK:
+                for name, value in checked.items():
+                    key = (self._ordinal, name)
+                    original = _OVERRIDES[key][0] if key in _OVERRIDES else self.get(name)
+                    self._set(name, value, None)
+                    _OVERRIDES.setdefault(key, (original, []))[1].append((token, value))
+                    applied.append(name)
         except BaseException:
-            self._restore(previous, None)
+            self._restore(applied, token, None)
             raise
         failed: BaseException | None = None
         try:
@@ -217,11 +227,25 @@ class Limits:
             failed = exc
             raise
         finally:
-            self._restore(previous, failed)
+            self._restore(applied, token, failed)
 
-    def _restore(self, previous: list[tuple[str, int]], failed: BaseException | None) -> None:
+    def _restore(self, names: list[str], token: object, failed: BaseException | None) -> None:
+        """End this block's overrides of names: each limit goes back to the newest override still in
+        force (another thread's, or an enclosing block's), or to its value before the first of them.
+        So overrides from several threads, ending in any order, leave the original value behind."""
+        with _OVERRIDES_LOCK:
+            restore = []
+            for name in reversed(names):
+                original, stack = _OVERRIDES[(self._ordinal, name)]
+                stack[:] = [e for e in stack if e[0] is not token]
+                if not stack:
+                    del _OVERRIDES[(self._ordinal, name)]
+                restore.append((name, stack[-1][1] if stack else original))
+            self._apply(restore, failed)
+
+    def _apply(self, restore: list[tuple[str, int]], failed: BaseException | None) -> None:
         first: CUDAError | None = None
-        for name, old in reversed(previous):
+        for name, old in restore:
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", LimitClampedWarning)
