@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any, ClassVar
 
 import pytest
 
@@ -180,3 +181,46 @@ def test_limit_overrides_from_threads_leave_the_original_value() -> None:
             assert d.limits.stack_size == 4096
         assert d.limits.stack_size == 2048
     assert d.limits.stack_size == original
+
+
+@pytest.mark.parametrize(("device", "exc"), [(1.5, TypeError), ("0", TypeError), (True, TypeError)])
+def test_asbuffer_device_argument_is_checked(device: object, exc: type[BaseException]) -> None:
+    """Issue 11 #14: a bad device argument is a TypeError naming it, not an AttributeError."""
+
+    class Arr:
+        __cuda_array_interface__: ClassVar[dict[str, Any]] = {
+            "data": (0x1000, False), "shape": (4,), "typestr": "|u1", "version": 3,
+        }
+
+    with pytest.raises(exc, match="device"):
+        cc.asbuffer(Arr(), device=device)  # type: ignore[arg-type]
+
+
+def test_asbuffer_takes_a_numpy_integer_as_the_device() -> None:
+    np = pytest.importorskip("numpy")
+    d = cc.Device(0)
+    keep = d.allocate(16)
+
+    class Arr:
+        __cuda_array_interface__: ClassVar[dict[str, Any]] = {
+            "data": (keep.ptr, False), "shape": (16,), "typestr": "|u1", "version": 3,
+        }
+
+    b = cc.asbuffer(Arr(), device=np.int64(0))
+    assert b.device_id == 0 and b.size == 16
+    b.close()
+    keep.close()
+
+
+@pytest.mark.parametrize(
+    ("cai", "exc", "match"),
+    [({"shape": (4,), "typestr": "|u1"}, ValueError, "lacks 'data'"), ([1, 2], TypeError, "must be a dict")],
+)
+def test_asbuffer_names_a_bad_cuda_array_interface(cai: object, exc: type[BaseException], match: str) -> None:
+    """Issue 11 #14: no KeyError or AttributeError from a malformed __cuda_array_interface__."""
+
+    class Arr:
+        __cuda_array_interface__ = cai
+
+    with pytest.raises(exc, match=match):
+        cc.asbuffer(Arr())

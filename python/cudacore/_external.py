@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import ctypes
+import operator
 from typing import TYPE_CHECKING, Any
 
 from ._memory import Buffer
@@ -58,6 +59,19 @@ def _contiguous_nbytes(shape: tuple[int, ...], strides: tuple[int, ...] | None, 
                 raise ValueError(f"{what}: only C-contiguous arrays can be taken as a buffer (shape {shape}, strides {strides})")
             expect *= int(dim)
     return n * itemsize
+
+
+def _device_arg(device: Any) -> int | None:
+    """asbuffer's device argument as an ordinal: None, an int (numpy's too) or an object with device_id."""
+    if device is None:
+        return None
+    if isinstance(device, bool):
+        raise TypeError("asbuffer: device must be a Device or an int ordinal, not bool")
+    ordinal = getattr(device, "device_id", device)
+    try:
+        return operator.index(ordinal)
+    except TypeError:
+        raise TypeError(f"asbuffer: device must be a Device or an int ordinal, not {type(device).__name__}") from None
 
 
 def _from_cai(obj: Any, cai: dict[str, Any], device: int | None) -> ExternalBuffer:
@@ -222,9 +236,18 @@ def asbuffer(obj: Any, *, device: Device | int | None = None) -> Buffer:
     """
     if isinstance(obj, Buffer):
         return obj
-    ordinal = None if device is None else (device if isinstance(device, int) else device.device_id)
+    ordinal = _device_arg(device)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
+        if not isinstance(cai, dict):
+            raise TypeError(
+                f"asbuffer: {type(obj).__name__}.__cuda_array_interface__ must be a dict, not {type(cai).__name__}"
+            )
+        missing = [k for k in ("data", "shape", "typestr") if k not in cai]
+        if missing:
+            raise ValueError(
+                f"asbuffer: {type(obj).__name__}.__cuda_array_interface__ lacks {', '.join(map(repr, missing))}"
+            )
         return _from_cai(obj, cai, ordinal)
     if hasattr(obj, "__dlpack__") or type(obj).__name__ == "PyCapsule":
         return from_dlpack(obj)
