@@ -224,3 +224,18 @@ def test_asbuffer_names_a_bad_cuda_array_interface(cai: object, exc: type[BaseEx
 
     with pytest.raises(exc, match=match):
         cc.asbuffer(Arr())
+
+
+def test_a_graph_from_an_aborted_capture_is_dead_not_pending() -> None:
+    """Issue 11 #14: the Graph of a capture whose block raised says it is gone, and a launch says to
+    capture again, instead of "(capture in progress)" forever."""
+    d = cc.Device(0)
+    s = d.create_stream()
+    with pytest.raises(RuntimeError, match="boom"), s.capture() as g:
+        raise RuntimeError("boom")
+    assert "in progress" not in repr(g)
+    with pytest.raises(cc.CUDAError, match="capture it again") as info:
+        g.launch(s)
+    assert info.value.name == "CUDACORE_ERROR_CLOSED"
+    g.destroy()  # idempotent on a dead graph
+    s.close()

@@ -222,9 +222,14 @@ class Stream:
         try:
             yield graph
         except BaseException:
+            graph._destroyed = True  # nothing was captured into it: it is a dead graph, not a pending one
             self.abort_capture()
             raise
-        done = self.end_capture()
+        try:
+            done = self.end_capture()
+        except BaseException:
+            graph._destroyed = True  # the capture failed: no graph will come
+            raise
         graph._take(done)
         graph.instantiate()
 
