@@ -239,3 +239,12 @@ def test_a_graph_from_an_aborted_capture_is_dead_not_pending() -> None:
     assert info.value.name == "CUDACORE_ERROR_CLOSED"
     g.destroy()  # idempotent on a dead graph
     s.close()
+
+
+@pytest.mark.parametrize(
+    ("interval", "exc"), [("10", TypeError), (True, TypeError), (0, ValueError), (2**63, ValueError), (float("nan"), ValueError)]
+)
+def test_memory_recorder_interval_is_checked(interval: object, exc: type[BaseException]) -> None:
+    """Issue 11 #14: a bad interval is refused up front, never a background thread that dies."""
+    with pytest.raises(exc, match="interval_ms"):
+        cc.MemoryRecorder(interval_ms=interval)  # type: ignore[arg-type]

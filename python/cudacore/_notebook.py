@@ -33,8 +33,15 @@ class MemoryRecorder:
         if device is None:
             device = 0
         self.device = device if isinstance(device, Device) else Device(device)
-        if interval_ms is not None and interval_ms <= 0:
-            raise ValueError(f"interval_ms must be positive, got {interval_ms}")
+        if interval_ms is not None:
+            if isinstance(interval_ms, bool) or not isinstance(interval_ms, (int, float)):
+                raise TypeError(f"MemoryRecorder: interval_ms must be a number of milliseconds, not {type(interval_ms).__name__}")
+            # The background thread waits interval_ms at a time: the wait must accept it.
+            if not 0 < interval_ms <= threading.TIMEOUT_MAX * 1000:
+                raise ValueError(
+                    f"MemoryRecorder: interval_ms must be positive and at most {threading.TIMEOUT_MAX * 1000:.0f}, "
+                    f"got {interval_ms}"
+                )
         self.interval_ms = interval_ms
         self.samples: list[dict[str, Any]] = []
         self._t0 = time.perf_counter()
