@@ -126,6 +126,35 @@ def test_leak_check_marker_names_the_call_site(runner, pytester: pytest.Pytester
     assert "_multicall" not in out
 
 
+def test_leak_check_finds_a_leaked_pinned_buffer(runner, pytester: pytest.Pytester) -> None:
+    """Issue 11 #15: a PinnedBuffer left open is a leak too, named with its call site."""
+    pytester.makepyfile(
+        test_pinned_leak="""
+        import pytest
+        import cudacore as cc
+
+        KEEP = []
+
+        @pytest.mark.cudacore_leak_check
+        def test_pinned_leak():
+            KEEP.append(cc.Device(0).allocate_pinned(4321))
+
+        @pytest.mark.cudacore_leak_check
+        def test_pinned_closed():
+            with cc.Device(0).allocate_pinned(4321):
+                pass
+        """
+    )
+    result = runner("-v")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*1 cudacore PinnedBuffer(s) still allocated after the test (4321 bytes)*",
+            "*KEEP.append(cc.Device(0).allocate_pinned(4321))*",
+        ]
+    )
+
+
 def test_leak_check_flag_checks_every_test(runner, pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_leaky=LEAKY)
     result = runner("--cudacore-leak-check")

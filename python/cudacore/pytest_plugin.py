@@ -193,79 +193,99 @@ def _cudacore_markers(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 class _LeakWatch:
-    """Records the Python call site of every Buffer allocated through Device while a test runs."""
+    """Records the Python call site of every Buffer and PinnedBuffer allocated through Device while a test
+    runs, and each device's memory in use (device and pinned) before it."""
 
     def __init__(self) -> None:
-        self.sites: dict[int, tuple[weakref.ref[Any], int, traceback.StackSummary]] = {}
-        self.baseline: dict[int, int] = {}
+        self.sites: dict[int, tuple[weakref.ref[Any], str, int, traceback.StackSummary]] = {}
+        self.baseline: dict[tuple[int, str], int] = {}
         self._saved: dict[str, Any] = {}
 
-    def _record(self, buf: Any) -> None:
+    def _record(self, buf: Any, kind: str) -> None:
         stack = traceback.StackSummary.from_list(traceback.extract_stack(limit=10)[:-2])  # drop the wrapper frames
         key = id(buf)
 
         def forget(_ref: weakref.ref[Any], k: int = key) -> None:
             self.sites.pop(k, None)
 
-        self.sites[key] = (weakref.ref(buf, forget), buf.size, stack)
+        self.sites[key] = (weakref.ref(buf, forget), kind, buf.size, stack)
+
+    def _in_use(self) -> dict[tuple[int, str], int]:
+        out = {}
+        for ordinal, dev in list(Device._cache.items()):
+            stats = dev.memory_stats()
+            out[(ordinal, "Buffer")] = stats["in_use"]
+            out[(ordinal, "PinnedBuffer")] = stats["pinned_in_use"]
+        return out
 
     def start(self) -> None:
         gc.collect()
-        self.baseline = {ordinal: dev.memory_stats()["in_use"] for ordinal, dev in list(Device._cache.items())}
-        allocate, allocate_tiles = Device.allocate, Device.allocate_tiles
-        self._saved = {"allocate": allocate, "allocate_tiles": allocate_tiles}
+        self.baseline = self._in_use()
+        allocate, allocate_tiles, allocate_pinned = Device.allocate, Device.allocate_tiles, Device.allocate_pinned
+        self._saved = {"allocate": allocate, "allocate_tiles": allocate_tiles, "allocate_pinned": allocate_pinned}
         watch = self
 
         def tracked_allocate(self: Device, nbytes: int, stream: object = None) -> Any:
             buf = allocate(self, nbytes, stream)
-            watch._record(buf)
+            watch._record(buf, "Buffer")
             return buf
 
         def tracked_tiles(self: Device, count: int, tile_size: int, **kwargs: Any) -> Any:
             tiles = allocate_tiles(self, count, tile_size, **kwargs)
             for t in tiles:
-                watch._record(t)
+                watch._record(t, "Buffer")
             return tiles
+
+        def tracked_pinned(self: Device, nbytes: int) -> Any:
+            buf = allocate_pinned(self, nbytes)
+            watch._record(buf, "PinnedBuffer")
+            return buf
 
         tracked_allocate.__doc__ = allocate.__doc__
         tracked_tiles.__doc__ = allocate_tiles.__doc__
+        tracked_pinned.__doc__ = allocate_pinned.__doc__
         Device.allocate = tracked_allocate  # type: ignore[method-assign]
         Device.allocate_tiles = tracked_tiles  # type: ignore[method-assign]
+        Device.allocate_pinned = tracked_pinned  # type: ignore[method-assign]
 
     def stop(self) -> str | None:
         """Restore Device and return the leak report, or None when nothing leaked."""
-        Device.allocate = self._saved["allocate"]  # type: ignore[method-assign]
-        Device.allocate_tiles = self._saved["allocate_tiles"]  # type: ignore[method-assign]
+        for name, fn in self._saved.items():
+            setattr(Device, name, fn)
         gc.collect()
         live = []
-        for ref, size, stack in list(self.sites.values()):
+        for ref, kind, size, stack in list(self.sites.values()):
             buf = ref()
             if buf is not None and not buf.closed:
-                live.append((buf, size, stack))
+                live.append((buf, kind, size, stack))
         grown = {}
-        for ordinal, dev in list(Device._cache.items()):
-            delta = dev.memory_stats()["in_use"] - self.baseline.get(ordinal, 0)
+        for key, now in self._in_use().items():
+            delta = now - self.baseline.get(key, 0)
             if delta > 0:
-                grown[ordinal] = delta
+                grown[key] = delta
         if not live and not grown:
             return None
         lines = []
-        if live:
-            total = sum(size for _, size, _ in live)
-            lines.append(f"{len(live)} cudacore Buffer(s) still allocated after the test ({total} bytes):")
-            for buf, size, stack in live:
+        for kind in ("Buffer", "PinnedBuffer"):
+            mine = [entry for entry in live if entry[1] == kind]
+            if not mine:
+                continue
+            total = sum(size for _, _, size, _ in mine)
+            lines.append(f"{len(mine)} cudacore {kind}(s) still allocated after the test ({total} bytes):")
+            for buf, _, size, stack in mine:
                 lines.append(f"  {size} bytes at 0x{buf.ptr:x} on device {buf.device_id}, allocated at:")
                 frames = [f for f in stack if "/_pytest/" not in f.filename and "/pluggy/" not in f.filename]
                 for frame in frames[-5:]:  # most recent call last
                     lines.append(f"    {frame.filename}:{frame.lineno} in {frame.name}")
                     if frame.line:
                         lines.append(f"      {frame.line}")
-        tracked = sum(size for _, size, _ in live)
-        for ordinal, delta in grown.items():
+        for (ordinal, kind), delta in grown.items():
+            tracked = sum(size for buf, k, size, _ in live if k == kind and buf.device_id == ordinal)
             if delta > tracked:
+                what = "device memory" if kind == "Buffer" else "pinned host memory"
                 lines.append(
-                    f"device {ordinal}: {delta} bytes more in use than before the test, {delta - tracked} of them not "
-                    "through Device.allocate (an interop allocator, allocate_tiles on another path, or C code)"
+                    f"device {ordinal}: {delta} bytes more {what} in use than before the test, {delta - tracked} of "
+                    "them not through Device.allocate/allocate_pinned (an interop allocator, or C code)"
                 )
         lines.append("Close buffers (buf.close() or `with device.allocate(n) as buf:`) before the test ends.")
         return "\n".join(lines)
