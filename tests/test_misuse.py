@@ -248,3 +248,19 @@ def test_memory_recorder_interval_is_checked(interval: object, exc: type[BaseExc
     """Issue 11 #14: a bad interval is refused up front, never a background thread that dies."""
     with pytest.raises(exc, match="interval_ms"):
         cc.MemoryRecorder(interval_ms=interval)  # type: ignore[arg-type]
+
+
+def test_kernel_launch_names_a_negative_stream_first() -> None:
+    """Issue 11 #14: stream=-1 is refused up front with a message about the stream, not at the end of a
+    long launch description."""
+    from conftest import ROOT
+
+    d = cc.Device(0)
+    k = d.load_module(ROOT / "tests" / "kernels" / "fill.ptx").function("fill")
+    buf = d.allocate(64)
+    try:
+        with pytest.raises(cc.InvalidValueError) as info:
+            k.launch(1, 1, (buf, 1, 4), stream=-1)
+        assert str(info.value).startswith("stream must be")
+    finally:
+        buf.close()

@@ -275,7 +275,7 @@ func (m *Module) Function(name string) (*Function, error) {
 		return nil, rewrap(err, msg, cuda.Field{Key: "name", Value: name})
 	}
 	f := &Function{mod: m, name: name, handle: h}
-	if e := m.entry(name); e != nil {
+	if e := m.entry(name); e != nil && e.Complete {
 		f.params = slices.Clone(e.Params)
 		f.paramsKnown = true
 	}

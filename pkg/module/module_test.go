@@ -114,8 +114,26 @@ func TestParsePTX(t *testing.T) {
 	assert.Equal(t, "empty", entries[2].Name)
 	assert.Empty(t, entries[2].Params)
 
-	_, ok = module.ParsePTX(".entry broken(.param .u77 x) {}")
+	entries, ok = module.ParsePTX(".entry broken(.param .u32 a, .param .u77 x) {}")
 	assert.False(t, ok)
+	require.Len(t, entries, 1)
+	assert.False(t, entries[0].Complete, "a parameter list read in part is no signature")
+	assert.Equal(t, "broken", entries[0].Name)
+}
+
+// A kernel whose PTX parameters cannot all be read has no known signature: its launches are not
+// checked against a partial list (a correct call was told the kernel "takes 1 argument").
+func TestUnreadableParamsAreUnknownNotFewer(t *testing.T) {
+	e := open(t)
+	ptx := ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry odd(.param .u32 a, .param .u77 x)\n{\n ret;\n}\n"
+	m, err := module.Load(e.drv, e.ctx, e.dev, []byte(ptx))
+	require.NoError(t, err)
+	defer m.Unload()
+	f, err := m.Function("odd")
+	require.NoError(t, err)
+	params, known := f.Params()
+	assert.False(t, known)
+	assert.Empty(t, params)
 }
 
 func FuzzParsePTXParams(f *testing.F) {

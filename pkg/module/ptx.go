@@ -39,6 +39,9 @@ func (p Param) Decl() string {
 type Entry struct {
 	Name   string  `json:"name"`
 	Params []Param `json:"params"`
+	// Complete says whether every parameter was read. An incomplete list is no signature: a launch is
+	// then not checked against it (a correct call must not be told the kernel takes fewer arguments).
+	Complete bool `json:"complete"`
 }
 
 // ptxTypeSizes are the sizes of the PTX fundamental types a .param may have.
@@ -68,6 +71,7 @@ func ParsePTX(src string) (entries []Entry, ok bool) {
 			ok = false
 			continue
 		}
+		e.Complete = good
 		entries = append(entries, e)
 		ok = ok && good
 		i = next - 1

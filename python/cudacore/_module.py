@@ -384,6 +384,8 @@ def _stream_handle(stream: Any) -> int:
     if isinstance(stream, bool):
         raise TypeError("stream must be a Stream, an int handle or None, not bool")
     if isinstance(stream, int):
+        if stream < 0:
+            raise error("CUDA_ERROR_INVALID_VALUE", f"stream must be a Stream, a stream handle (>= 0) or None, got {stream}", op="cudacore.launch")
         return stream
     for attr in ("handle", "_handle"):
         h = getattr(stream, attr, None)
