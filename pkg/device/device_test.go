@@ -63,6 +63,7 @@ func TestChoose(t *testing.T) {
 		{"sync asked", h100, "sync", device.StrategySync, "requested explicitly", nil},
 		{"pool asked", h100, " pool ", device.StrategyPool, "requested explicitly", nil},
 		{"pool asked on tcc", tcc, "pool", "", "", cuda.ErrNotSupported},
+		{"pool asked without pools", noPools, "pool", "", "", cuda.ErrNotSupported},
 		{"unknown", h100, "fast", "", "", cuda.ErrInvalidValue},
 	}
 	for _, c := range cases {
@@ -71,6 +72,8 @@ func TestChoose(t *testing.T) {
 			if c.err != nil {
 				require.Error(t, err)
 				assert.True(t, errors.Is(err, c.err), err)
+				// Nothing falls back when the user asked for something specific: the message must not say so.
+				assert.NotContains(t, err.Error(), "falls back")
 				return
 			}
 			require.NoError(t, err)

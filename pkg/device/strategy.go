@@ -28,7 +28,11 @@ const minPoolDriver = 11020
 // on a device that cannot do it is a NotSupported error rather than a silent fallback: the user asked
 // for something specific.
 func Choose(p Properties, requested string) (Strategy, string, error) {
-	auto, why := autoStrategy(p)
+	auto, cause := autoStrategy(p)
+	why := cause
+	if auto == StrategySync {
+		why = cause + ", so cudacore falls back to synchronous cuMemAlloc/cuMemFree."
+	}
 	switch strings.ToLower(strings.TrimSpace(requested)) {
 	case "", "auto":
 		return auto, why, nil
@@ -37,8 +41,11 @@ func Choose(p Properties, requested string) (Strategy, string, error) {
 			"the automatic choice would be " + string(auto) + ".", nil
 	case string(StrategyPool):
 		if auto != StrategyPool {
+			// The user asked for pools: no fallback is made, and the message must not promise one.
 			return "", "", cuda.NewError("cudacore.allocation_strategy", cuda.ErrorNotSupported,
-				fmt.Sprintf("the pool allocator was requested for device %d, but %s", p.Ordinal, lowerFirst(why)))
+				fmt.Sprintf("the pool allocator was requested for device %d, but %s; ask for \"auto\" or \"sync\" "+
+					"(CUDACORE_ALLOCATOR or set_allocation_strategy) to allocate with cuMemAlloc/cuMemFree there",
+					p.Ordinal, lowerFirst(cause)))
 		}
 		return StrategyPool, "the stream-ordered pool allocator was requested explicitly and the device supports it.", nil
 	default:
@@ -47,18 +54,19 @@ func Choose(p Properties, requested string) (Strategy, string, error) {
 	}
 }
 
+// autoStrategy returns the strategy "auto" picks and its cause; for the synchronous strategy the cause
+// is why pools are not available, without the conclusion (Choose adds the fallback where there is one).
 func autoStrategy(p Properties) (Strategy, string) {
 	switch {
 	case p.TCCDriver:
 		return StrategySync, "the device runs the Windows TCC driver (CU_DEVICE_ATTRIBUTE_TCC_DRIVER=1), where " +
-			"stream-ordered memory pools are not available, so cudacore falls back to synchronous cuMemAlloc/cuMemFree."
+			"stream-ordered memory pools are not available"
 	case !p.MemoryPoolsSupported:
 		return StrategySync, "the driver reports no memory pool support on this device " +
-			"(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED=0, as on some WSL and virtualized setups), so cudacore " +
-			"falls back to synchronous cuMemAlloc/cuMemFree."
+			"(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED=0, as on some WSL and virtualized setups)"
 	case p.DriverVersion != 0 && p.DriverVersion < minPoolDriver:
-		return StrategySync, fmt.Sprintf("the driver is CUDA %d.%d, older than 11.2 which introduced memory pools, "+
-			"so cudacore falls back to synchronous cuMemAlloc/cuMemFree.", p.DriverVersion/1000, p.DriverVersion%1000/10)
+		return StrategySync, fmt.Sprintf("the driver is CUDA %d.%d, older than 11.2 which introduced memory pools",
+			p.DriverVersion/1000, p.DriverVersion%1000/10)
 	default:
 		return StrategyPool, "the device supports memory pools (CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED=1), " +
 			"so allocations are stream-ordered from a pool (cuMemAllocAsync/cuMemFreeAsync)."
