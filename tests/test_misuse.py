@@ -264,3 +264,39 @@ def test_kernel_launch_names_a_negative_stream_first() -> None:
         assert str(info.value).startswith("stream must be")
     finally:
         buf.close()
+
+
+def test_strategy_switches_racing_allocations_lose_nothing() -> None:
+    """Issue 11 #5: a strategy switch between an allocation and its free on other threads never frees a
+    block through the wrong allocator (in_use went to ~2**64 and memory was lost)."""
+    d = cc.Device(0)
+    before = d.allocation_strategy
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def churn() -> None:
+        try:
+            while not stop.is_set():
+                d.allocate(4096).close()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn) for _ in range(4)]
+    for t in threads:
+        t.start()
+    switched = 0
+    try:
+        for i in range(1000):
+            try:
+                d.set_allocation_strategy("sync" if i % 2 else "pool")
+                switched += 1
+            except cc.IllegalStateError:
+                pass  # refused while a block is out: the documented answer
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    assert errors == []
+    stats = d.memory_stats()
+    assert stats["in_use"] == 0 and stats["allocations"] >= stats["frees"] - 0
+    d.set_allocation_strategy(before)

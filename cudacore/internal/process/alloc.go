@@ -15,6 +15,8 @@ import (
 // (pkg/stream/lifetime.go); while a stream captures, the capture rules apply (an allocation that would
 // invalidate a capture is refused, one on the capturing stream is counted into its graph).
 func (d *Device) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
+	d.inFlight.RLock() // the allocator cannot be replaced (SetStrategy) while a call uses it
+	defer d.inFlight.RUnlock()
 	capturing := Capturing()
 	if !capturing && stream.IsDefault(h) {
 		return d.Memory().Allocate(size, h) // the common case: no stream to check, nothing captures
@@ -43,6 +45,8 @@ func (d *Device) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
 // AllocateTiles), under the same stream-lifetime and capture rules as Allocate: tiles allocated on a
 // capturing stream are counted into its graph like any other allocation.
 func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress func(done, total int) bool) ([]cuda.DevicePtr, error) {
+	d.inFlight.RLock()
+	defer d.inFlight.RUnlock()
 	streams := d.Streams()
 	if err := streams.UseForAlloc(h); err != nil {
 		return nil, err
@@ -83,6 +87,8 @@ func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 }
 
 func (d *Device) freeNow(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	d.inFlight.RLock()
+	defer d.inFlight.RUnlock()
 	if stream.IsDefault(h) {
 		return d.Memory().Deallocate(p, size, h)
 	}

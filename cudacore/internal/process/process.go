@@ -53,6 +53,10 @@ type Device struct {
 	memory atomic.Pointer[memory.Stack]
 	// streams caches Streams(): the device's stream manager, set once.
 	streams atomic.Pointer[stream.Manager]
+	// inFlight is held for reading by every allocation and free, and for writing by SetStrategy: an
+	// allocator is replaced only between calls, so a block is always freed through the allocator that
+	// made it (a switch racing an allocation once freed a block through the new one).
+	inFlight sync.RWMutex
 }
 
 // Memory returns the device's allocator.
@@ -197,6 +201,8 @@ func GetDevice(ordinal int) (*Device, error) {
 func (d *Device) SetStrategy(requested string, opts memory.StackOptions) error {
 	devMu.Lock()
 	defer devMu.Unlock()
+	d.inFlight.Lock()
+	defer d.inFlight.Unlock()
 	old := d.Memory()
 	if inUse := old.Stats().InUse; inUse > 0 {
 		return cuda.NewError("cudacore.allocation_strategy", cuda.ErrorIllegalState,
