@@ -451,6 +451,15 @@ func (s *Stream) EndCapture() (*Graph, error) {
 			strings.ToUpper(ModeName(c.mode))))
 	}
 	g, err := m.drv.StreamEndCapture(m.ctx, s.h)
+	if err != nil && !IsCaptureResult(cuda.ResultOf(err)) && g == 0 {
+		// A failure that is not the capture's own (a transient error of the call) may leave the driver's
+		// stream capturing: then the capture stays registered, so that end_capture or abort_capture can
+		// be called again and every rule still applies, rather than cudacore forgetting a capture the
+		// driver still has (whose next free would fail and leak).
+		if st, qerr := m.drv.StreamIsCapturing(m.ctx, s.h); qerr == nil && st != cuda.CaptureStatusNone {
+			return nil, fmt.Errorf("ending the capture on %s failed, and the stream still captures; end or abort it again: %w", s, err)
+		}
+	}
 	m.unregister(c)
 	if err != nil {
 		if g != 0 {

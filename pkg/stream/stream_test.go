@@ -574,3 +574,21 @@ func TestPriorityRangeFailureIsNotRemembered(t *testing.T) {
 	require.NoError(t, err, "the next creation reads the range again")
 	require.NoError(t, s.Destroy())
 }
+
+// A transient failure of cuStreamEndCapture leaves the driver's stream capturing: cudacore keeps the
+// capture too, so that ending it again works (it used to forget it, and the next free failed and leaked).
+func TestFailedEndCaptureKeepsTheCapture(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	e := newEnv(t)
+	s := e.stream(t, true)
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeThreadLocal))
+	e.drv.InjectFault("cuStreamEndCapture", 1, cuda.ErrorUnknown)
+	_, err := s.EndCapture()
+	requireResult(t, cuda.ErrorUnknown, err, "the injected failure")
+	assert.True(t, s.Capturing(), "the driver's stream still captures, and cudacore knows it")
+	g, err := s.EndCapture()
+	require.NoError(t, err, "ending it again works")
+	assert.False(t, s.Capturing())
+	require.NoError(t, g.Destroy())
+}
