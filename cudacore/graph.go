@@ -16,8 +16,10 @@ import (
 func graphOf(op string, id int) (*stream.Graph, error) {
 	g, ok := process.Graphs.Get(id)
 	if !ok {
-		return nil, cuda.NewError(op, cuda.ErrorInvalidHandle, fmt.Sprintf(
-			"graph %d was destroyed (or never existed); capture it again", id))
+		if process.Graphs.Issued(id) {
+			return nil, cuda.NewError(op, cuda.ErrorClosed, fmt.Sprintf("graph %d was destroyed; capture it again", id))
+		}
+		return nil, cuda.NewError(op, cuda.ErrorInvalidHandle, fmt.Sprintf("%d is not a graph of cudacore's", id))
 	}
 	return g, nil
 }
@@ -110,11 +112,16 @@ func GraphUpdate(id, other int) (int, error) {
 //cudacore:gil hold
 func GraphDestroy(id int) (int, error) {
 	return guard("cudacore.graph_destroy", func() (int, error) {
-		g, ok := process.Graphs.Remove(id)
+		g, ok := process.Graphs.Get(id)
 		if !ok {
 			return 0, nil
 		}
-		return 0, g.Destroy()
+		// Forget the number only once the driver destroyed the graph: a failure can be retried.
+		if err := g.Destroy(); err != nil {
+			return 0, err
+		}
+		process.Graphs.Remove(id)
+		return 0, nil
 	})
 }
 

@@ -18,7 +18,8 @@ type Graph struct {
 	nodes  int
 	allocs int
 	bytes  uint64
-	gone   bool
+	gone   bool // destroyed at the driver
+	dying  bool // Destroy was called (and may have failed): no more launches or updates
 }
 
 func (m *Manager) newGraph(g cuda.Graph, c *capture) (*Graph, error) {
@@ -48,11 +49,11 @@ func (g *Graph) NodeCount() int { return g.nodes }
 func (g *Graph) Allocations() int   { return g.allocs }
 func (g *Graph) MemoryHeld() uint64 { return g.bytes }
 
-// Destroyed says whether Destroy was called.
+// Destroyed says whether Destroy was called (even one that failed and is to be retried).
 func (g *Graph) Destroyed() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.gone
+	return g.gone || g.dying
 }
 
 // Instantiated says whether the graph has an executable graph.
@@ -63,13 +64,13 @@ func (g *Graph) Instantiated() bool {
 }
 
 func (g *Graph) dead(op string) error {
-	return cuda.NewError("cudacore."+op, cuda.ErrorInvalidHandle, fmt.Sprintf(
+	return cuda.NewError("cudacore."+op, cuda.ErrorClosed, fmt.Sprintf(
 		"%s was destroyed; capture it again", g))
 }
 
 // exec returns the executable graph, instantiating it first if needed. Caller holds g.mu.
 func (g *Graph) exec(op string) (cuda.GraphExec, error) {
-	if g.gone {
+	if g.gone || g.dying {
 		return 0, g.dead(op)
 	}
 	if g.x == 0 {
@@ -136,7 +137,7 @@ func (g *Graph) onStream(op string, s *Stream, call func(cuda.Context, cuda.Grap
 func (g *Graph) Update(other *Graph) error {
 	const op = "graph_update"
 	if other == nil || other.Destroyed() {
-		return cuda.NewError("cudacore."+op, cuda.ErrorInvalidHandle, "the graph to update from was destroyed")
+		return cuda.NewError("cudacore."+op, cuda.ErrorClosed, "the graph to update from was destroyed")
 	}
 	if err := g.m.sameDevice(op, other.m); err != nil {
 		return err
@@ -154,8 +155,8 @@ func (g *Graph) Update(other *Graph) error {
 		second.mu.Lock()
 		defer second.mu.Unlock()
 	}
-	if other.gone {
-		return cuda.NewError("cudacore."+op, cuda.ErrorInvalidHandle, "the graph to update from was destroyed")
+	if other.gone || other.dying {
+		return cuda.NewError("cudacore."+op, cuda.ErrorClosed, "the graph to update from was destroyed")
 	}
 	x, err := g.exec(op)
 	if err != nil {
@@ -173,19 +174,25 @@ func (g *Graph) Update(other *Graph) error {
 
 // Destroy destroys the executable graph and the graph, giving back the memory their allocations hold.
 // It is idempotent.
+//
+// A driver failure leaves what it failed to destroy in place, and the graph unusable but not gone:
+// calling Destroy again retries it, so a transient failure frees nothing for good.
 func (g *Graph) Destroy() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.gone {
 		return nil
 	}
-	g.gone = true
-	var err error
+	g.dying = true
 	if g.x != 0 {
-		err = g.m.drv.GraphExecDestroy(g.m.ctx, g.x)
+		if err := g.m.drv.GraphExecDestroy(g.m.ctx, g.x); err != nil {
+			return err
+		}
+		g.x = 0
 	}
-	if derr := g.m.drv.GraphDestroy(g.m.ctx, g.g); err == nil {
-		err = derr
+	if err := g.m.drv.GraphDestroy(g.m.ctx, g.g); err != nil {
+		return err
 	}
-	return err
+	g.gone = true
+	return nil
 }

@@ -206,12 +206,12 @@ func TestCaptureReplay(t *testing.T) {
 		t.Fatal("graph updates deadlocked")
 	}
 	require.NoError(t, g2.Destroy())
-	requireResult(t, cuda.ErrorInvalidHandle, g.Update(g2), "update from a destroyed graph")
+	requireResult(t, cuda.ErrorClosed, g.Update(g2), "update from a destroyed graph")
 
 	require.NoError(t, g.Destroy())
 	require.NoError(t, g.Destroy(), "idempotent")
-	requireResult(t, cuda.ErrorInvalidHandle, g.Launch(s), "launch after destroy never reaches the driver")
-	requireResult(t, cuda.ErrorInvalidHandle, g.Upload(s))
+	requireResult(t, cuda.ErrorClosed, g.Launch(s), "launch after destroy never reaches the driver")
+	requireResult(t, cuda.ErrorClosed, g.Upload(s))
 }
 
 // TestIllegalDuringCapture runs every operation that capture forbids, in every mode, on a blocking
@@ -591,4 +591,25 @@ func TestFailedEndCaptureKeepsTheCapture(t *testing.T) {
 	require.NoError(t, err, "ending it again works")
 	assert.False(t, s.Capturing())
 	require.NoError(t, g.Destroy())
+}
+
+// A failed destroy of a graph is retried by the next Destroy (issue: it was marked destroyed first and
+// its driver objects leaked); meanwhile the graph refuses launches.
+func TestGraphDestroyFailureIsRetried(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	e := newEnv(t)
+	s := e.stream(t, true)
+	a := e.alloc(t, 64)
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeThreadLocal))
+	require.NoError(t, e.m.CopyDtoD(a, a, 64, s))
+	g, err := s.EndCapture()
+	require.NoError(t, err)
+	require.NoError(t, g.Launch(s), "instantiates the executable graph")
+	e.drv.InjectFault("cuGraphExecDestroy", 1, cuda.ErrorUnknown)
+	requireResult(t, cuda.ErrorUnknown, g.Destroy(), "the injected failure")
+	assert.True(t, g.Destroyed())
+	requireResult(t, cuda.ErrorClosed, g.Launch(s), "a graph being destroyed is not launched")
+	require.NoError(t, g.Destroy(), "the retry destroys what is left")
+	require.NoError(t, g.Destroy(), "idempotent afterwards")
 }

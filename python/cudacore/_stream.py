@@ -452,10 +452,10 @@ class Graph:
         """Free the graph and the memory its allocations hold. Idempotent."""
         if self._destroyed:
             return
+        if self._id:
+            call(core.GraphDestroy, self._id)  # a failure leaves the graph to destroy again
         self._destroyed = True
-        graph_id, self._id = self._id, 0
-        if graph_id:
-            call(core.GraphDestroy, graph_id)
+        self._id = 0
 
     close = destroy
 

@@ -57,6 +57,14 @@ func (r *Registry[T]) Remove(k int) (T, bool) {
 	return v, ok
 }
 
+// Issued says whether k is a number this registry handed out (Add with key 0) at some time: numbers are
+// never reused, so one that is issued but not in the table was removed (its object was destroyed).
+func (r *Registry[T]) Issued(k int) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return k > 0 && k <= r.next
+}
+
 // Len returns how many objects are in the table.
 func (r *Registry[T]) Len() int {
 	r.mu.RLock()

@@ -26,6 +26,9 @@ func TestRegistryNumbersAndRemoves(t *testing.T) {
 	_, ok = r.Remove(a)
 	assert.False(t, ok, "removing twice finds nothing")
 	assert.Equal(t, 2, r.Len())
+	assert.True(t, r.Issued(a), "a removed number was issued")
+	assert.False(t, r.Issued(b+1), "a number not handed out yet")
+	assert.False(t, r.Issued(0))
 }
 
 func TestAllocationsTakeOnce(t *testing.T) {
