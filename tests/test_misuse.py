@@ -300,3 +300,30 @@ def test_strategy_switches_racing_allocations_lose_nothing() -> None:
     stats = d.memory_stats()
     assert stats["in_use"] == 0 and stats["allocations"] >= stats["frees"] - 0
     d.set_allocation_strategy(before)
+
+
+@pytest.mark.sim
+def test_dlpack_for_a_stream_closed_on_another_device_is_a_closed_error() -> None:
+    """A consumer stream cudacore closed on any device never reaches the driver (the simulator would end
+    the process, as the real driver crashes)."""
+    import json
+
+    from conftest import run_python
+
+    code = (
+        "import cudacore as cc\n"
+        "s = cc.Device(1).create_stream()\n"
+        "h = s.handle\n"
+        "s.close()\n"
+        "b = cc.Device(0).allocate(16)\n"
+        "try:\n"
+        "    b.__dlpack__(stream=h)\n"
+        "    print('exported')\n"
+        "except cc.CUDAError as e:\n"
+        "    print(e.name)\n"
+        "b.close()\n"
+    )
+    devices = json.dumps([{"name": "sim-a"}, {"name": "sim-b"}])
+    r = run_python(code, {"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": devices})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "CUDACORE_ERROR_CLOSED"

@@ -16,7 +16,8 @@ type Event struct {
 	timing    bool
 	destroyed atomic.Bool
 
-	waiter blocker // the blocking synchronize of a Wait, if one is in flight (wait.go)
+	waiter blocker      // the blocking synchronize of a Wait, if one is in flight (wait.go)
+	use    sync.RWMutex // as Stream.use: waiting driver calls on h against Destroy
 
 	mu       sync.Mutex
 	captured bool // last recorded inside a capture: host waits on it fail with 907 until recorded outside one
@@ -48,9 +49,19 @@ func (e *Event) String() string {
 
 func (e *Event) alive(op string) error {
 	if e.destroyed.Load() {
-		return cuda.NewError("cudacore."+op, cuda.ErrorInvalidHandle, fmt.Sprintf("%s was destroyed", e))
+		return cuda.NewError("cudacore."+op, cuda.ErrorClosed, fmt.Sprintf("%s was destroyed", e))
 	}
 	return nil
+}
+
+// hold runs call, a driver call on e's handle, while e cannot be destroyed (see Stream.hold).
+func (e *Event) hold(op string, call func() error) error {
+	e.use.RLock()
+	defer e.use.RUnlock()
+	if err := e.alive(op); err != nil {
+		return err
+	}
+	return call()
 }
 
 // Destroy destroys the event; it is idempotent.
@@ -59,6 +70,8 @@ func (e *Event) Destroy() error {
 		return nil
 	}
 	e.waiter.drain() // a Wait's cuEventSynchronize must not outlive the event
+	e.use.Lock()     // nor a query or synchronize of another thread (hold)
+	defer e.use.Unlock()
 	return e.m.drv.EventDestroy(e.m.ctx, e.h)
 }
 
@@ -115,7 +128,7 @@ func (e *Event) Query() (bool, error) {
 	if err := e.checkHostWait(op); err != nil {
 		return false, err
 	}
-	err := e.m.drv.EventQuery(e.m.ctx, e.h)
+	err := e.hold(op, func() error { return e.m.drv.EventQuery(e.m.ctx, e.h) })
 	if cuda.ResultOf(err) == cuda.ErrorNotReady {
 		return false, nil
 	}
@@ -131,13 +144,13 @@ func (e *Event) Synchronize() error {
 	if err := e.checkHostWait(op); err != nil {
 		return err
 	}
-	return e.m.after(op, nil, e.m.drv.EventSynchronize(e.m.ctx, e.h))
+	return e.m.after(op, nil, e.hold(op, func() error { return e.m.drv.EventSynchronize(e.m.ctx, e.h) }))
 }
 
 // Wait waits at most timeout for the event and says whether it has completed (see Stream.Wait).
 func (e *Event) Wait(timeout time.Duration) (bool, error) {
 	return waitFor(timeout, e.Query, &e.waiter, func() error {
-		return e.m.after("event_synchronize", nil, e.m.drv.EventSynchronize(e.m.ctx, e.h))
+		return e.m.after("event_synchronize", nil, e.hold("event_synchronize", func() error { return e.m.drv.EventSynchronize(e.m.ctx, e.h) }))
 	})
 }
 

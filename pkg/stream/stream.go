@@ -180,6 +180,10 @@ type Stream struct {
 	destroyed   atomic.Bool
 
 	waiter blocker // the blocking synchronize of a Wait, if one is in flight (wait.go)
+	// use is held for reading around each waiting driver call on h (hold), and taken for writing by
+	// Destroy before it destroys h: a synchronize or query that passed the destroyed check on a thread
+	// without the GIL is done before the handle goes, and one that comes later never reaches the driver.
+	use sync.RWMutex
 
 	// Guarded by the registry's mutex.
 	cap    *capture    // the capture in progress, or nil
@@ -216,9 +220,20 @@ func (s *Stream) String() string {
 
 func (s *Stream) alive(op string) error {
 	if s.destroyed.Load() {
-		return cuda.NewError("cudacore."+op, cuda.ErrorInvalidHandle, fmt.Sprintf("%s was destroyed", s))
+		return cuda.NewError("cudacore."+op, cuda.ErrorClosed, fmt.Sprintf("%s was destroyed", s))
 	}
 	return nil
+}
+
+// hold runs call, a driver call on s's handle, while s cannot be destroyed; for a destroyed stream it
+// returns the closed error instead. The caller passes the result to after() outside the hold.
+func (s *Stream) hold(op string, call func() error) error {
+	s.use.RLock()
+	defer s.use.RUnlock()
+	if err := s.alive(op); err != nil {
+		return err
+	}
+	return call()
 }
 
 // Destroy ends a capture in progress (discarding it), gives the allocator's cached blocks of the stream
@@ -240,6 +255,8 @@ func (s *Stream) Destroy() error {
 		_ = s.m.drv.StreamSynchronize(s.m.ctx, s.h)
 	}
 	s.waiter.drain() // a Wait's cuStreamSynchronize must not outlive the stream
+	s.use.Lock()     // nor a synchronize or query of another thread (hold)
+	defer s.use.Unlock()
 	s.m.life.mu.Lock()
 	defer s.m.life.mu.Unlock()
 	s.m.life.markDead(s.h)
@@ -263,7 +280,7 @@ func (s *Stream) Synchronize() error {
 	if err := s.m.checkStreamWait(op, s); err != nil {
 		return err
 	}
-	return s.m.after(op, s, s.m.drv.StreamSynchronize(s.m.ctx, s.h))
+	return s.m.after(op, s, s.hold(op, func() error { return s.m.drv.StreamSynchronize(s.m.ctx, s.h) }))
 }
 
 // Query says whether the stream has finished its work, without waiting. The same rules as Synchronize.
@@ -275,7 +292,7 @@ func (s *Stream) Query() (bool, error) {
 	if err := s.m.checkStreamWait(op, s); err != nil {
 		return false, err
 	}
-	err := s.m.drv.StreamQuery(s.m.ctx, s.h)
+	err := s.hold(op, func() error { return s.m.drv.StreamQuery(s.m.ctx, s.h) })
 	if cuda.ResultOf(err) == cuda.ErrorNotReady {
 		return false, nil
 	}
@@ -286,7 +303,7 @@ func (s *Stream) Query() (bool, error) {
 // interruptible waits (Python calls it in slices, so Ctrl-C lands between them); see wait.go.
 func (s *Stream) Wait(timeout time.Duration) (bool, error) {
 	return waitFor(timeout, s.Query, &s.waiter, func() error {
-		return s.m.after("synchronize", s, s.m.drv.StreamSynchronize(s.m.ctx, s.h))
+		return s.m.after("synchronize", s, s.hold("synchronize", func() error { return s.m.drv.StreamSynchronize(s.m.ctx, s.h) }))
 	})
 }
 

@@ -116,7 +116,7 @@ func TestCreatePriorityClamped(t *testing.T) {
 		assert.Equal(t, tc.want, s.Priority(), "priority %d", tc.in)
 		require.NoError(t, s.Destroy())
 		require.NoError(t, s.Destroy(), "idempotent")
-		requireResult(t, cuda.ErrorInvalidHandle, s.Synchronize())
+		requireResult(t, cuda.ErrorClosed, s.Synchronize(), "a destroyed stream is a closed object")
 	}
 	assert.NoError(t, e.m.Legacy().Destroy(), "the default streams are never destroyed")
 	assert.NoError(t, e.m.PerThread().Synchronize())
@@ -524,7 +524,7 @@ func TestEvents(t *testing.T) {
 	requireResult(t, cuda.ErrorInvalidHandle, err, "no timing")
 	require.NoError(t, nt.Destroy())
 	require.NoError(t, nt.Destroy())
-	requireResult(t, cuda.ErrorInvalidHandle, nt.Record(s))
+	requireResult(t, cuda.ErrorClosed, nt.Record(s), "a destroyed event is a closed object")
 	done, err = e.m.SynchronizeDevice(50 * time.Millisecond)
 	require.NoError(t, err)
 	assert.True(t, done)
@@ -612,4 +612,28 @@ func TestGraphDestroyFailureIsRetried(t *testing.T) {
 	requireResult(t, cuda.ErrorClosed, g.Launch(s), "a graph being destroyed is not launched")
 	require.NoError(t, g.Destroy(), "the retry destroys what is left")
 	require.NoError(t, g.Destroy(), "idempotent afterwards")
+}
+
+// A synchronize or query racing Destroy on another goroutine (Python releases the GIL for them) either
+// completes before the handle goes or reports the closed stream: a destroyed handle never reaches the
+// driver, where the simulator would end the process.
+func TestWaitsRacingDestroyNeverUseADeadHandle(t *testing.T) {
+	e := newEnv(t)
+	for range 200 {
+		s := e.stream(t, true)
+		ev, err := e.m.NewEvent(false)
+		require.NoError(t, err)
+		require.NoError(t, ev.Record(s))
+		var wg sync.WaitGroup
+		wg.Add(4)
+		go func() { defer wg.Done(); _ = s.Synchronize() }()
+		go func() { defer wg.Done(); _, _ = s.Wait(time.Millisecond) }()
+		go func() { defer wg.Done(); _, _ = ev.Query() }()
+		go func() {
+			defer wg.Done()
+			assert.NoError(t, s.Destroy())
+			assert.NoError(t, ev.Destroy())
+		}()
+		wg.Wait()
+	}
 }

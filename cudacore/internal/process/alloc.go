@@ -104,8 +104,8 @@ func (d *Device) freeNow(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 func (d *Device) Order(op string, waiter, producer cuda.Stream) error {
 	streams := d.Streams()
 	// The waiter is the consumer's stream: the caller vouches for it, but a handle of a stream cudacore
-	// destroyed is known here and must not reach the driver (it would crash there).
-	if !stream.IsDefault(waiter) && streams.Destroyed(waiter) {
+	// destroyed, on any device, is known here and must not reach the driver (it would crash there).
+	if !stream.IsDefault(waiter) && destroyedAnywhere(waiter) {
 		return cuda.NewError("cudacore."+op, cuda.ErrorClosed, fmt.Sprintf(
 			"the consumer's stream %#x was closed; pass a live stream (or -1 for no ordering)", uint64(waiter)))
 	}

@@ -1,6 +1,7 @@
 package process
 
 import (
+	"github.com/cudacore/cudacore/pkg/cuda"
 	"sync"
 
 	"github.com/cudacore/cudacore/pkg/memory"
@@ -65,4 +66,14 @@ func IsPinned(p uintptr, n int) bool {
 		return !found
 	})
 	return found
+}
+
+// destroyedAnywhere says whether h names a stream cudacore destroyed on any open device.
+func destroyedAnywhere(h cuda.Stream) bool {
+	dead := false
+	streamManagers.Range(func(_, m any) bool {
+		dead = m.(*stream.Manager).Destroyed(h)
+		return !dead
+	})
+	return dead
 }
