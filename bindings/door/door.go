@@ -122,7 +122,7 @@ func Parse(dir string) ([]Entry, error) {
 }
 
 func entryOf(f gil.Func) (Entry, error) {
-	e := Entry{Name: f.Name, GIL: f.Mode, Door: Cold, Pos: f.Pos, Doc: firstSentence(f.Decl.Doc.Text())}
+	e := Entry{Name: f.Name, GIL: f.Mode, Door: Cold, Pos: f.Pos, Doc: gil.FirstSentence(f.Decl.Doc.Text())}
 	door, err := doorOf(f.Decl)
 	if err != nil {
 		return e, err
@@ -270,17 +270,8 @@ func kindOf(e ast.Expr) Kind {
 	return ""
 }
 
-func firstSentence(doc string) string {
-	doc = strings.Join(strings.Fields(doc), " ")
-	if i := strings.Index(doc, ". "); i >= 0 {
-		doc = doc[:i+1]
-	}
-	return doc
-}
-
-// snake turns a Go identifier into Python's spelling: GraphLaunch -> graph_launch, DtoH -> dto_h is
-// avoided by treating runs of capitals as one word (HtoD -> hto_d would read badly, so names that need it
-// are spelled for Python in the facade).
+// snake turns a Go identifier into Python's spelling: GraphLaunch -> graph_launch, DLPackOrder ->
+// dl_pack_order (a run of capitals is one word). Facade names are chosen to read well this way.
 func snake(s string) string {
 	var b strings.Builder
 	rs := []rune(s)

@@ -41,7 +41,7 @@ func Stub(module string, funcs []Func) ([]byte, error) {
 		}
 		doc := ""
 		if f.Decl.Doc != nil {
-			doc = firstSentence(f.Decl.Doc.Text())
+			doc = FirstSentence(f.Decl.Doc.Text())
 		}
 		fmt.Fprintf(&b, "def %s(%s) -> %s:\n    %q\n    ...\n\n", f.Name, strings.Join(params, ", "), ret, doc)
 	}
@@ -72,7 +72,9 @@ func pyType(e ast.Expr) (string, error) {
 	return "", fmt.Errorf("type %s has no stub mapping", id.Name)
 }
 
-func firstSentence(doc string) string {
+// FirstSentence is doc on one line, up to the end of its first sentence: what stubs and generated
+// wrappers show of a facade function's doc comment.
+func FirstSentence(doc string) string {
 	doc = strings.Join(strings.Fields(doc), " ")
 	if i := strings.Index(doc, ". "); i >= 0 {
 		return doc[:i+1]

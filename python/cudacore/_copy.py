@@ -97,20 +97,6 @@ def _size(nbytes: int | None, default: int, op: str) -> int:
 
 def host_to_device(buf: Buffer, host: Any, stream: object = None, nbytes: int | None = None) -> None:
     """Copy ``host`` (all of it, or its first ``nbytes``) into the start of device buffer ``buf``."""
-    # The hot case, a small pinned copy on a stream of the buffer's device, skips the general checks
-    # (Go makes the same ones again); anything else takes the path below, whose errors explain.
-    if (
-        nbytes is None
-        and type(stream) is _Stream
-        and isinstance(host, PinnedBuffer)
-        and isinstance(buf, Buffer)
-        and not buf.closed
-        and stream._device._ordinal == buf.device_id  # type: ignore[attr-defined]
-    ):
-        n = host.size
-        if n <= HELD_MAX and n <= buf.size:
-            fast.copy_to_device_held(buf.device_id, buf.ptr, host, n, stream._handle)  # type: ignore[attr-defined]
-            return
     op = "cudacore.copy_from"
     _check_buffer(buf, "destination", op)
     handle = _stream_arg(buf, stream, op)

@@ -32,7 +32,9 @@ def stream_handle(stream: object) -> int:
     if isinstance(handle, bool) or not isinstance(handle, int):
         raise TypeError(f"stream must be a cudacore Stream, an int handle or None, not {type(stream).__name__}")
     if handle < 0:
-        raise error("CUDA_ERROR_INVALID_VALUE", f"stream handle must be >= 0, got {handle}", op="cudacore.stream")
+        raise error(
+            "CUDA_ERROR_INVALID_VALUE", f"stream must be a Stream, a stream handle (>= 0) or None, got {handle}", op="cudacore.stream"
+        )
     return handle
 
 

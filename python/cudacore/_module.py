@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Union
 from . import _api
 from ._api import call, core
 from ._errors import CUDAError, error
+from ._handles import stream_handle
 from ._native import fast
 from ._stream import Stream as _Stream
 
@@ -75,15 +76,10 @@ _INT_KIND = {(1, True): "i8", (1, False): "u8", (2, True): "i16", (2, False): "u
              (4, True): "i32", (4, False): "u32", (8, True): "i64", (8, False): "u64"}  # fmt: skip
 _FLOAT_KIND = {2: "f16", 4: "f32", 8: "f64"}
 
-if TYPE_CHECKING:
-    from ._fast import Buffer as _CBuffer
-else:
-    _CBuffer = fast.Buffer
 
 #: The kind codes of the packed launch arguments: the index in pkg/module.ArgCodes (append only there).
 _ARG_CODES = {k: i for i, k in enumerate(
     ("", "i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64", "f16", "f32", "f64", "ptr", "raw"))}
-_PTR_CODE = _ARG_CODES["ptr"]
 
 
 def _invalid(message: str, **fields: str) -> CUDAError:
@@ -313,85 +309,25 @@ def _dims(value: Any, what: str) -> tuple[int, int, int]:
     return out[0], out[1], out[2]
 
 
-# (code, size, is_float, takes_a_buffer) per parameter, and one struct for the whole packed form.
-_Packer = tuple[struct.Struct, tuple[tuple[int, int, bool, bool], ...]]
-
-
-def _packer(params: tuple[Param, ...] | None) -> _Packer | None:
-    """The one-call packer of a kernel whose parameters are all scalars of 1, 2, 4 or 8 bytes, or None."""
-    if params is None:
-        return None
-    fmt = ["<"]
-    spec = []
-    for p in params:
-        if p.count != 1:
-            return None
-        if p.cls == "float":
-            kind = _FLOAT_KIND.get(p.size)
-        else:
-            kind = _INT_KIND.get((p.size, p.type.startswith("s")))
-        if kind is None:
-            return None
-        fmt.append("BH" + _KINDS[kind][0][1:])
-        spec.append((_ARG_CODES[kind], p.size, p.cls == "float", p.size == 8 and p.cls != "float"))
-    return struct.Struct("".join(fmt)), tuple(spec)
-
-
 _launch = fast.launch
 
 
 def _launch_spec(params: tuple[Param, ...] | None) -> bytes | None:
     """The spec cudacore._fast.launch packs by: per parameter its kind code, size and flags (1: a float,
-    2: a Buffer may be passed for it); None when any parameter is not a scalar of 4 or 8 bytes (the C
-    packer leaves the others to the general path)."""
-    packer = _packer(params)
-    if packer is None:
+    2: a Buffer may be passed for it). None when the parameters are unknown or any is not a scalar of 1, 2,
+    4 or 8 bytes (half-precision floats included): such kernels take the general path, encode_args."""
+    if params is None:
         return None
     out = bytearray()
-    for code, size, is_float, takes_buffer in packer[1]:
-        if size not in (1, 2, 4, 8) or (is_float and size == 2):
+    for p in params:
+        is_float = p.cls == "float"
+        if p.count != 1:
             return None
-        out += bytes((code, size, (1 if is_float else 0) | (2 if takes_buffer else 0)))
+        kind = {4: "f32", 8: "f64"}.get(p.size) if is_float else _INT_KIND.get((p.size, p.type.startswith("s")))
+        if kind is None:
+            return None
+        out += bytes((_ARG_CODES[kind], p.size, (1 if is_float else 0) | (2 if p.size == 8 and not is_float else 0)))
     return bytes(out)
-
-
-def _pack_fast(packer: _Packer, args: Any) -> bytes | None:
-    """``args`` packed by ``packer``, or None when any of them needs the general path (a typed value, a
-    numpy scalar, an object with __cuda_array_interface__, a value out of range, a wrong count)."""
-    s, spec = packer
-    if (type(args) is not tuple and type(args) is not list) or len(args) != len(spec):
-        return None
-    vals: list[Any] = []
-    for (code, size, is_float, takes_buffer), a in zip(spec, args, strict=True):
-        t = type(a)
-        if is_float:
-            if t is not float and t is not int:
-                return None
-        elif t is not int:
-            if not (takes_buffer and isinstance(a, _CBuffer)):
-                return None
-            a, code = a.ptr, _PTR_CODE  # .ptr raises the closed error for a closed buffer
-        vals += (code, size, a)
-    try:
-        return s.pack(*vals)
-    except (struct.error, OverflowError):  # out of range (a float beyond float32 raises OverflowError)
-        return None
-
-
-def _stream_handle(stream: Any) -> int:
-    if stream is None:
-        return 0
-    if isinstance(stream, bool):
-        raise TypeError("stream must be a Stream, an int handle or None, not bool")
-    if isinstance(stream, int):
-        if stream < 0:
-            raise error("CUDA_ERROR_INVALID_VALUE", f"stream must be a Stream, a stream handle (>= 0) or None, got {stream}", op="cudacore.launch")
-        return stream
-    for attr in ("handle", "_handle"):
-        h = getattr(stream, attr, None)
-        if isinstance(h, int) and not isinstance(h, bool):
-            return h
-    raise TypeError(f"stream must be a Stream, an int handle or None, not {type(stream).__name__}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -424,7 +360,7 @@ class KernelAttributes:
 class Kernel:
     """A kernel function of a loaded :class:`Module`; get one with :meth:`Module.function`."""
 
-    __slots__ = ("_handle", "_module", "_packer", "_spec", "attributes", "name", "params")
+    __slots__ = ("_handle", "_module", "_spec", "attributes", "name", "params")
 
     def __init__(self, module: Module, handle: int) -> None:
         info = json.loads(call(core.FunctionInfo, handle))
@@ -437,7 +373,6 @@ class Kernel:
             if info["params_known"]
             else None
         )
-        self._packer = _packer(self.params)
         self._spec = _launch_spec(self.params)
 
     @property
@@ -499,7 +434,7 @@ class Kernel:
             On the simulator, which runs no device code.
         """
         # The common case (int grid and block, a stream or None, plain numbers and buffers for known
-        # parameters) is packed in one struct call; anything else, or any value out of range, takes the
+        # parameters) is checked and packed in C; anything else, or any value out of range, takes the
         # general path, whose errors explain.
         if type(grid) is int and type(block) is int and grid > 0 and block > 0:
             g: tuple[int, int, int] = (grid, 1, 1)
@@ -518,14 +453,11 @@ class Kernel:
                 raise TypeError(f"shared_mem must be an int, not {type(shared_mem).__name__}") from None
             if shm < 0:
                 raise _invalid(f"shared_mem is {shm}; it must be at least 0 bytes")
-        h = stream._handle if type(stream) is _Stream else _stream_handle(stream)
-        # Packed and launched in C; NotImplemented (nothing done) sends an argument to the paths below.
+        h = stream._handle if type(stream) is _Stream else stream_handle(stream)
+        # Packed and launched in C; NotImplemented (nothing done) sends the arguments to the general path.
         if self._spec is not None and _launch(self._handle, *g, *b, shm, h, args, self._spec) is not NotImplemented:
             return
-        packed = _pack_fast(self._packer, args) if self._packer is not None else None
-        if packed is None:
-            packed = self.encode_args(args)
-        fast.function_launch(self._handle, *g, *b, shm, h, packed)
+        fast.function_launch(self._handle, *g, *b, shm, h, self.encode_args(args))
 
     def __call__(self, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: Any = None) -> None:
         """``k(grid, block, *args)``: the same as :meth:`launch`."""
