@@ -3,8 +3,10 @@ package cudacore
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/cudacore/cudacore/cudacore/internal/process"
+	"strconv"
+	"strings"
 
+	"github.com/cudacore/cudacore/cudacore/internal/process"
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/stream"
 )
@@ -122,6 +124,27 @@ func GraphDestroy(id int) (int, error) {
 		}
 		process.Graphs.Remove(id)
 		return 0, nil
+	})
+}
+
+// GraphVoided returns, comma-separated, the addresses of graph memory of the device that became void
+// since the last call: allocated during a capture that was then aborted, or in a graph destroyed before
+// its first launch, so the driver never allocated it (stream.Manager.TakeVoided). The Python layer marks
+// the Buffers at those addresses closed; their frees are no-ops meanwhile.
+//
+//cudacore:gil hold
+func GraphVoided(ordinal int) (string, error) {
+	return guard("cudacore.graph_voided", func() (string, error) {
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return "", err
+		}
+		ptrs := d.Streams().TakeVoided()
+		parts := make([]string, len(ptrs))
+		for i, p := range ptrs {
+			parts[i] = strconv.FormatUint(uint64(p), 10)
+		}
+		return strings.Join(parts, ","), nil
 	})
 }
 

@@ -141,6 +141,9 @@ func FunctionLaunch(handle, gx, gy, gz, bx, by, bz, sharedMem, stream int, args 
 			return 0, err // a destroyed stream's handle must never reach the driver
 		}
 		defer streams.Done(h)
+		if process.Capturing() {
+			streams.NoteUses(h, module.Pointers(a)) // the graph keeps the memory it uses alive
+		}
 		return 0, streams.Enqueue("launch", h, func() error {
 			return f.Launch(module.Config{Grid: grid, Block: block, SharedMem: uint32(sharedMem), Stream: h}, a)
 		})

@@ -575,7 +575,20 @@ buffer_copy_to(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyOb
     return buffer_copy(self, args, nargs, kwnames, 0);
 }
 
+/* Buffer._void(): mark the buffer closed without freeing anything: its memory was never allocated by the
+ * driver (graph memory of a capture that was aborted, or of a graph destroyed before its first launch),
+ * and the address may belong to a later allocation. */
+static PyObject *
+buffer_void(BufferObject *self, PyObject *Py_UNUSED(ignored))
+{
+    wait_for_free(&self->freeing);
+    self->closed = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef buffer_methods[] = {
+    {"_void", (PyCFunction)buffer_void, METH_NOARGS,
+     "_void()\n\nMark closed without freeing: the driver never allocated this graph memory (cudacore internal)."},
     {"copy_from", (PyCFunction)(void (*)(void))buffer_copy_from, METH_FASTCALL | METH_KEYWORDS,
      "copy_from(host, stream=None)\n\nCopy host memory (bytes-like, numpy, PinnedBuffer) into this buffer; "
      "with a stream, ordered on it."},

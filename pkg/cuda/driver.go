@@ -217,6 +217,7 @@ type Driver interface {
 	GraphExecDestroy(Context, GraphExec) error          // cuGraphExecDestroy
 	GraphDestroy(Context, Graph) error                  // cuGraphDestroy
 	GraphNodeCount(Context, Graph) (int, error)         // cuGraphGetNodes (count only)
+	DeviceGraphMemTrim(Context, Device) error           // cuDeviceGraphMemTrim: give back graph memory not in use
 
 	ModuleLoadData(Context, []byte) (Module, error)                     // cuModuleLoadData
 	ModuleUnload(Context, Module) error                                 // cuModuleUnload

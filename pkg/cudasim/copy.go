@@ -49,6 +49,21 @@ func (d *Driver) run(op string, v *device, n *node) error {
 			return v.outOfBounds(op, n.dst, n.n)
 		}
 		copy(t.bytes()[toff:toff+n.n], s.bytes()[soff:soff+n.n])
+	case nodeAlloc:
+		a := v.exact(n.dst)
+		if a == nil || a.kind != kindGraph {
+			return errf(op, cuda.ErrorInvalidValue, "the graph's allocation at %#x is gone", uint64(n.dst))
+		}
+		if a.graphLive {
+			return errf(op, cuda.ErrorInvalidValue, "the graph's allocation at %#x from an earlier launch was not freed: free it before launching the graph again", uint64(n.dst))
+		}
+		a.graphLive = true
+	case nodeFree:
+		a := v.exact(n.dst)
+		if a == nil || a.kind != kindGraph {
+			return errf(op, cuda.ErrorInvalidValue, "%#x is not graph memory", uint64(n.dst))
+		}
+		return v.freeGraphAlloc(op, a)
 	case nodeMemset:
 		if n.n == 0 {
 			return nil

@@ -18,10 +18,26 @@ func (m *graphMem) drop(v *device) {
 	m.refs--
 	if m.refs == 0 {
 		for _, a := range m.allocs {
+			if a.graphLive {
+				a.orphan = true // launched and not freed: the caller's until freed
+				continue
+			}
 			v.release(a)
 		}
 		m.allocs = nil
 	}
+}
+
+// freeGraphAlloc frees graph allocation a outside its graph: only a launched one is an allocation.
+func (v *device) freeGraphAlloc(op string, a *alloc) error {
+	if !a.graphLive {
+		return errf(op, cuda.ErrorInvalidValue, "%#x is graph memory that no launch of its graph has allocated (or it was freed): it is not a live allocation on device %d", a.base, v.index)
+	}
+	a.graphLive = false
+	if a.orphan {
+		v.release(a)
+	}
+	return nil
 }
 
 type graph struct {
@@ -103,6 +119,11 @@ func (d *Driver) GraphLaunch(c cuda.Context, eh cuda.GraphExec, sh cuda.Stream) 
 		s.cap.nodes = append(s.cap.nodes, e.nodes...)
 		return nil
 	}
+	for _, n := range e.nodes { // the driver refuses the launch before any node runs
+		if a := v.exact(n.dst); n.kind == nodeAlloc && a != nil && a.kind == kindGraph && a.graphLive {
+			return errf(op, cuda.ErrorInvalidValue, "the graph's allocation at %#x from an earlier launch was not freed: free it before launching the graph again", uint64(n.dst))
+		}
+	}
 	for i := range e.nodes {
 		if err := d.run(op, v, &e.nodes[i]); err != nil {
 			return err
@@ -171,6 +192,21 @@ func (d *Driver) GraphDestroy(c cuda.Context, gh cuda.Graph) error {
 	}
 	delete(v.graphs, gh)
 	g.mem.drop(v)
+	return nil
+}
+
+// DeviceGraphMemTrim implements cuDeviceGraphMemTrim. The simulator gives graph memory back as soon as
+// nothing holds it, so there is nothing to trim; the context and device are still checked.
+func (d *Driver) DeviceGraphMemTrim(c cuda.Context, dev cuda.Device) error {
+	const op = "cuDeviceGraphMemTrim"
+	v, err := d.ctx(op, c)
+	if err != nil {
+		return err
+	}
+	defer v.mu.Unlock()
+	if int(dev) != v.index {
+		return errf(op, cuda.ErrorInvalidDevice, "device %d is not the context's device %d", int(dev), v.index)
+	}
 	return nil
 }
 

@@ -51,6 +51,11 @@ type alloc struct {
 	// pending marks a pool block freed with cuMemFreeAsync whose free the stream has not yet reached: the
 	// real driver cannot trim it back to the device until a synchronize, so neither can the simulator.
 	pending bool
+	// A graph allocation (kindGraph) is reserved for its graph's lifetime, and is live from the launch that
+	// allocates it until it is freed (a free node, cuMemFreeAsync or cuMemFree), as with the real driver:
+	// before its first launch it is no allocation at all, and one still live when its graph is destroyed
+	// stays until it is freed (orphan: released then).
+	graphLive, orphan bool
 }
 
 func (a *alloc) bytes() []byte {
@@ -327,8 +332,7 @@ func (v *device) freePtr(op string, p cuda.DevicePtr) error {
 		a.pool.used -= a.block
 		a.pool.cache = append(a.pool.cache, a)
 	case kindGraph:
-		// Graph memory belongs to the graph until it and its execs are destroyed; the simulator does not
-		// model freeing it early.
+		return v.freeGraphAlloc(op, a)
 	default:
 		v.release(a)
 	}

@@ -40,6 +40,18 @@ type Arg struct {
 	Bytes []byte
 }
 
+// Pointers returns the values of the arguments that may be device pointers: every argument of kind
+// Pointer, and every 8-byte integer (a kernel's pointer parameter may be passed as one).
+func Pointers(args []Arg) []cuda.DevicePtr {
+	var out []cuda.DevicePtr
+	for _, a := range args {
+		if len(a.Bytes) == 8 && (a.Kind == Pointer || a.Kind == Int64 || a.Kind == Uint64) {
+			out = append(out, cuda.DevicePtr(binary.LittleEndian.Uint64(a.Bytes)))
+		}
+	}
+	return out
+}
+
 // class is "int", "float" or "bits" (raw bytes), matching Param.Class.
 func (a Arg) class() string {
 	switch a.Kind {

@@ -54,7 +54,8 @@ type capture struct {
 	tid    int
 	allocs int
 	bytes  uint64
-	ptrs   map[cuda.DevicePtr]struct{} // the allocations made on the capturing stream: graph memory
+	ptrs   map[cuda.DevicePtr]uint64 // the allocations made on the capturing stream (graph memory), by size
+	uses   []span                    // device memory the captured work uses (graphmem.go)
 }
 
 // ParseMode maps "global", "thread_local" and "relaxed" to a CaptureMode.
@@ -297,18 +298,19 @@ func (m *Manager) NoteAllocate(h cuda.Stream, p cuda.DevicePtr, size uint64) {
 		return
 	}
 	m.reg.mu.Lock()
-	defer m.reg.mu.Unlock()
 	for c := range m.reg.caps {
 		if c.stream.h == h && c.stream.m == m {
 			c.allocs++
 			c.bytes += size
 			if c.ptrs == nil {
-				c.ptrs = map[cuda.DevicePtr]struct{}{}
+				c.ptrs = map[cuda.DevicePtr]uint64{}
 			}
-			c.ptrs[p] = struct{}{}
-			return
+			c.ptrs[p] = size
+			break
 		}
 	}
+	m.reg.mu.Unlock()
+	m.reissued(p)
 }
 
 // GraphMemory says whether p was allocated on stream h during the capture h is in now: only such memory
@@ -418,6 +420,7 @@ func (m *Manager) abandon(c *capture, failed *cuda.Error) {
 		_ = sm.drv.GraphDestroy(sm.ctx, g)
 	}
 	sm.unregister(c)
+	sm.discard(c.ptrs)
 	if failed != nil {
 		m.reg.mu.Lock()
 		c.stream.failed = failed
@@ -465,6 +468,7 @@ func (s *Stream) EndCapture() (*Graph, error) {
 		if g != 0 {
 			_ = m.drv.GraphDestroy(m.ctx, g)
 		}
+		m.discard(c.ptrs)
 		if IsCaptureResult(cuda.ResultOf(err)) {
 			return nil, CaptureError(cuda.ResultOf(err), op, fmt.Sprintf(
 				"the capture on %s was invalidated by an operation cudacore did not see (made through another library?), so no graph was made; the stream works again: %v",

@@ -57,6 +57,7 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 		return err
 	}
 	if pinned {
+		m.noteUse(s, dst, uint64(len(src)))
 		return m.after(opCopyFrom, s, m.drv.MemcpyHtoDAsync(m.ctx, dst, src, s.h))
 	}
 	for off := 0; off < len(src); {
@@ -97,6 +98,7 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 		return err
 	}
 	if pinned {
+		m.noteUse(s, src, uint64(len(dst)))
 		return m.after(opCopyTo, s, m.drv.MemcpyDtoHAsync(m.ctx, dst, src, s.h))
 	}
 	// Pipelined: chunk k+1 is in flight while chunk k is copied out.
@@ -169,6 +171,8 @@ func (m *Manager) CopyDtoD(dst, src cuda.DevicePtr, n uint64, s *Stream) error {
 	if err := m.checkStreamArg(opCopyDev, s); err != nil || n == 0 {
 		return err
 	}
+	m.noteUse(s, dst, n)
+	m.noteUse(s, src, n)
 	return m.after(opCopyDev, s, m.drv.MemcpyDtoDAsync(m.ctx, dst, src, n, s.h))
 }
 

@@ -20,18 +20,25 @@ type Graph struct {
 	bytes  uint64
 	gone   bool // destroyed at the driver
 	dying  bool // Destroy was called (and may have failed): no more launches or updates
+
+	allocPtrs []cuda.DevicePtr // the graph memory it allocates (graphmem.go); fixed at capture
+	uses      []span           // the device memory its work uses, merged and sorted; fixed at capture
+	deferred  []func()         // frees of memory it uses, run once it is destroyed
 }
 
 func (m *Manager) newGraph(g cuda.Graph, c *capture) (*Graph, error) {
 	n, err := m.drv.GraphNodeCount(m.ctx, g)
 	if err != nil {
 		_ = m.drv.GraphDestroy(m.ctx, g)
+		m.discard(c.ptrs)
 		return nil, err
 	}
 	m.reg.mu.Lock()
-	allocs, bytes := c.allocs, c.bytes
+	allocs, bytes, ptrs, uses := c.allocs, c.bytes, c.ptrs, c.uses
 	m.reg.mu.Unlock()
-	return &Graph{m: m, g: g, nodes: n, allocs: allocs, bytes: bytes}, nil
+	gr := &Graph{m: m, g: g, nodes: n, allocs: allocs, bytes: bytes}
+	m.adopt(gr, ptrs, uses)
+	return gr, nil
 }
 
 func (g *Graph) String() string {
@@ -112,6 +119,9 @@ func (g *Graph) Upload(s *Stream) error {
 
 // Launch launches the graph on s (nil: the legacy stream). Each launch reads and writes host memory as
 // it is at that moment (pinned copies replay with fresh data).
+//
+// A graph that allocates memory (graph memory) is refused while its last launch's allocation is still
+// held by an open Buffer (graphmem.go).
 func (g *Graph) Launch(s *Stream) error {
 	return g.onStream("graph_launch", s, g.m.drv.GraphLaunch)
 }
@@ -129,7 +139,19 @@ func (g *Graph) onStream(op string, s *Stream, call func(cuda.Context, cuda.Grap
 	if err != nil {
 		return err
 	}
-	return g.m.after(op, s, call(g.m.ctx, x, s.h))
+	launch := op == "graph_launch"
+	if launch {
+		if err := g.m.checkLaunch(op, g); err != nil {
+			return err
+		}
+	}
+	if err := g.m.after(op, s, call(g.m.ctx, x, s.h)); err != nil {
+		return err
+	}
+	if launch {
+		g.m.launched(g, s)
+	}
+	return nil
 }
 
 // Update takes the parameters of other, a graph of the same topology (cuGraphExecUpdate), into g's
@@ -173,13 +195,25 @@ func (g *Graph) Update(other *Graph) error {
 }
 
 // Destroy destroys the executable graph and the graph, giving back the memory their allocations hold.
-// It is idempotent.
+// It is idempotent. Frees of memory the graph used, deferred while it lived, run once it is gone.
 //
 // A driver failure leaves what it failed to destroy in place, and the graph unusable but not gone:
 // calling Destroy again retries it, so a transient failure frees nothing for good.
 func (g *Graph) Destroy() error {
 	g.mu.Lock()
-	defer g.mu.Unlock()
+	err := g.destroyLocked()
+	var run []func()
+	if g.gone {
+		run, g.deferred = g.deferred, nil
+	}
+	g.mu.Unlock()
+	for _, fn := range run {
+		fn()
+	}
+	return err
+}
+
+func (g *Graph) destroyLocked() error {
 	if g.gone {
 		return nil
 	}
@@ -194,5 +228,6 @@ func (g *Graph) Destroy() error {
 		return err
 	}
 	g.gone = true
+	g.m.graphGone(g)
 	return nil
 }

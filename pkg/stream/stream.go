@@ -75,7 +75,8 @@ type Manager struct {
 	syncMu   sync.Mutex
 	syncDone chan error // the device synchronize in flight (SynchronizeDevice with a timeout), or nil
 
-	life lifetimes // destroyed stream handles, for the allocation paths (lifetime.go)
+	life lifetimes   // destroyed stream handles, for the allocation paths (lifetime.go)
+	gm   graphMemory // graph memory and the memory graphs use (graphmem.go)
 }
 
 // New returns the Manager of d.

@@ -16,7 +16,7 @@ from ._handles import register_device_type
 from ._limits import Limits, limits_for
 from ._module import Module, load_module
 from ._native import fast
-from ._stream import WAIT_SLICE_MS, Stream
+from ._stream import WAIT_SLICE_MS, Stream, capturing_streams, note_capture_buffers
 
 if TYPE_CHECKING:
     from ._display import MemoryStats
@@ -234,7 +234,10 @@ class Device:
         InvalidValueError
             If ``nbytes`` is not positive.
         """
-        return fast.allocate(self._ordinal, nbytes, 0 if stream is None else _memory.stream_handle(stream))
+        buf = fast.allocate(self._ordinal, nbytes, 0 if stream is None else _memory.stream_handle(stream))
+        if capturing_streams:
+            note_capture_buffers((buf,))
+        return buf
 
     def from_array(self, array: Any) -> Buffer:
         """A CuPy/PyTorch/Numba array (``__cuda_array_interface__`` or ``__dlpack__``) on this device as a

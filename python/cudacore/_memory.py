@@ -19,7 +19,7 @@ from ._display import MemoryStats, buffer_html, format_bytes
 from ._errors import OutOfMemoryError, error
 from ._handles import as_device, stream_handle
 from ._native import fast
-from ._stream import Stream
+from ._stream import Stream, capturing_streams, note_capture_buffers
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -167,7 +167,10 @@ def allocate_tiles(
     callback, bar = _progress(progress, count, tile_size)
     if callback is None:
         text = call(core.AllocateTiles, ordinal, count, tile_size, handle)
-        return [fast.wrap(ordinal, int(p), tile_size, handle) for p in text.split(",")]
+        out = [fast.wrap(ordinal, int(p), tile_size, handle) for p in text.split(",")]
+        if capturing_streams:
+            note_capture_buffers(out)
+        return out
     # With a progress callback the tiles come in batches (about 1% each), so that it is called while the
     # allocation proceeds; a failing batch releases every earlier tile, keeping it all or nothing.
     batch = max(1, math.ceil(count / 100))
@@ -192,6 +195,8 @@ def allocate_tiles(
     finally:
         if bar is not None:
             bar.close()
+    if capturing_streams:
+        note_capture_buffers(tiles)
     return tiles
 
 

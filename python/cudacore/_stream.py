@@ -10,7 +10,8 @@ invalidated anyway is ended by cudacore, so the stream always works again.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,36 @@ if TYPE_CHECKING:
     from ._device import Device
 
 __all__ = ["CAPTURE_MODES", "Event", "Graph", "Stream"]
+
+# Graph memory and its Buffers. A Buffer allocated on a capturing stream is an allocation node of the
+# graph; the driver makes it real only at the graph's first launch. If the capture is aborted, or the graph
+# destroyed before any launch, Go takes the memory off the books and reports the address as void
+# (core.GraphVoided), and its Buffer is marked closed here: a later capture may be given the same address,
+# and a stale Buffer must never free it. Only Buffers allocated while a capture begun here may be in
+# progress are remembered, weakly, by (device, address).
+capturing_streams: set[tuple[int, int]] = set()  # (device, stream handle): tested on every allocation
+_capture_buffers: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
+
+
+def note_capture_buffers(buffers: Iterable[Any]) -> None:
+    """Remember Buffers allocated while a capture may be in progress (see above)."""
+    for b in buffers:
+        key = (b.device_id, b.ptr)
+        old = _capture_buffers.get(key)
+        if old is not None and old is not b:
+            old._void()  # the driver handed out its address again: its memory was void
+        _capture_buffers[key] = b
+
+
+def void_buffers(device_id: int) -> None:
+    """Mark closed the Buffers whose graph memory Go reports void."""
+    text = call(core.GraphVoided, device_id)
+    if text:
+        for p in text.split(","):
+            b = _capture_buffers.pop((device_id, int(p)), None)
+            if b is not None:
+                b._void()
+
 
 #: The capture modes: see :meth:`Stream.capture`.
 CAPTURE_MODES = ("thread_local", "global", "relaxed")
@@ -179,6 +210,7 @@ class Stream:
         if mode not in CAPTURE_MODES:
             raise error("CUDA_ERROR_INVALID_VALUE", f"unknown capture mode {mode!r}: use one of {', '.join(CAPTURE_MODES)}", op="cudacore.begin_capture")
         call(core.StreamBeginCapture, self._device.device_id, self._handle, mode)
+        capturing_streams.add((self._device.device_id, self._handle))
 
     def end_capture(self) -> Graph:
         """End the capture and return the graph (instantiated on first launch, or with :meth:`Graph.instantiate`).
@@ -191,11 +223,25 @@ class Stream:
         IllegalStateError
             If the stream is not capturing.
         """
-        return Graph._adopt(call(core.StreamEndCapture, self._device.device_id, self._handle), self._device)
+        try:
+            graph_id = call(core.StreamEndCapture, self._device.device_id, self._handle)
+        except BaseException:
+            self._capture_over()
+            raise
+        capturing_streams.discard((self._device.device_id, self._handle))
+        return Graph._adopt(graph_id, self._device)
+
+    def _capture_over(self) -> None:
+        # Whatever the capture allocated is void when it made no graph.
+        capturing_streams.discard((self._device.device_id, self._handle))
+        void_buffers(self._device.device_id)
 
     def abort_capture(self) -> None:
         """End the capture in progress, if any, and discard it."""
-        call(core.StreamAbortCapture, self._device.device_id, self._handle)
+        try:
+            call(core.StreamAbortCapture, self._device.device_id, self._handle)
+        finally:
+            self._capture_over()
 
     @contextmanager
     def capture(self, mode: str = "thread_local") -> Iterator[Graph]:
@@ -238,6 +284,8 @@ class Stream:
         if self._owned:
             self._owned = False
             call(core.StreamDestroy, self._device.device_id, self._handle)
+            if (self._device.device_id, self._handle) in capturing_streams:
+                self._capture_over()  # destroying a capturing stream discards its capture
 
     destroy = close
 
@@ -454,6 +502,7 @@ class Graph:
             return
         if self._id:
             call(core.GraphDestroy, self._id)  # a failure leaves the graph to destroy again
+            void_buffers(self._device.device_id)  # its memory, if it was never launched
         self._destroyed = True
         self._id = 0
 

@@ -76,12 +76,31 @@ func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress f
 // and a garbage collector may free a buffer at any moment. A free of graph memory on the capturing stream
 // becomes a graph node. A free recorded against a stream destroyed meanwhile is ordered on the legacy
 // stream: a destroyed stream's handle never reaches the driver.
+//
+// Graph memory (allocated during a capture) and memory a live graph uses follow the graph's rules
+// (stream.Manager.FreeGraphAware): a free of memory a live graph uses waits until that graph is
+// destroyed, so that no launch writes into memory handed to someone else.
 func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
-	if Capturing() && !d.Streams().GraphMemory(h, p) {
+	streams := d.Streams()
+	if Capturing() {
+		if streams.GraphMemory(h, p) {
+			// A free node of h's capture.
+			if err := d.freeNow(p, size, h); err != nil {
+				return err
+			}
+			streams.NoteFree(h, p)
+			return nil
+		}
 		// Not memory of a capture on h (made before it, or on another stream): its free must wait for the
 		// captures to end, also when h itself captures (the driver refuses it there).
-		DeferUntilNoCapture(func() { _ = d.freeNow(p, size, h) })
+		DeferUntilNoCapture(func() { _ = d.Free(p, size, h) })
 		return nil
+	}
+	handled, err := streams.FreeGraphAware(p, size,
+		func() error { return d.freeNow(p, size, h) },
+		func() { _ = d.Free(p, size, h) })
+	if handled {
+		return err
 	}
 	return d.freeNow(p, size, h)
 }

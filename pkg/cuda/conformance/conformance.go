@@ -118,6 +118,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) cuda.Driver) {
 		}
 	})
 	t.Run("CaptureReplay", func(t *testing.T) { testCaptureReplay(t, setup(t, newDriver)) })
+	t.Run("GraphMemoryLifetime", func(t *testing.T) { testGraphMemory(t, setup(t, newDriver)) })
 	t.Run("Limits", func(t *testing.T) { testLimits(t, setup(t, newDriver)) })
 	t.Run("InvalidHandles", func(t *testing.T) { testInvalidHandles(t, setup(t, newDriver)) })
 }
@@ -438,6 +439,62 @@ func testCaptureReplay(t *testing.T, e *env) {
 	require.NoError(t, err)
 	assert.NoError(t, d.GraphExecUpdate(c, x, g2))
 	assert.NoError(t, d.GraphDestroy(c, g2))
+}
+
+// testGraphMemory checks the lifetime of an allocation made on a capturing stream (an alloc node), which
+// cudacore's accounting follows: before its graph's first launch it is no allocation (a free fails),
+// each launch allocates it anew (a launch while the last launch's allocation is live fails), it is freed
+// like any allocation, and one still live when its graph is destroyed stays the caller's until freed.
+func testGraphMemory(t *testing.T, e *env) {
+	if !e.pools {
+		t.Skip("graph memory nodes need memory pools")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d, c := e.drv, e.ctx
+	const n = 1 << 20
+	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
+	host, err := d.MemHostAlloc(c, n, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFreeHost(c, host)) }()
+
+	capture := func() (cuda.Graph, cuda.DevicePtr) {
+		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
+		p, err := d.MemAllocAsync(c, n, s)
+		require.NoError(t, err)
+		require.NoError(t, d.MemcpyHtoDAsync(c, p, host, s))
+		g, err := d.StreamEndCapture(c, s)
+		require.NoError(t, err)
+		return g, p
+	}
+
+	// Never launched: not an allocation, and destroying the graph leaves nothing to free.
+	g, p := capture()
+	assert.Error(t, d.MemFreeAsync(c, p, s), "free of graph memory before any launch")
+	require.NoError(t, d.GraphDestroy(c, g))
+
+	// Launched: live until freed, also after its graph is gone; a second launch needs it freed first.
+	g, p = capture()
+	x, err := d.GraphInstantiate(c, g)
+	require.NoError(t, err)
+	copy(host, pattern(n, 0x5A))
+	require.NoError(t, d.GraphLaunch(c, x, s))
+	require.NoError(t, d.StreamSynchronize(c, s))
+	assertResult(t, cuda.ErrorInvalidValue, d.GraphLaunch(c, x, s), "launch while the last launch's allocation is live")
+	require.NoError(t, d.StreamSynchronize(c, s))
+	require.NoError(t, d.MemFreeAsync(c, p, s))
+	require.NoError(t, d.GraphLaunch(c, x, s), "launch after the allocation was freed")
+	require.NoError(t, d.StreamSynchronize(c, s))
+	require.NoError(t, d.GraphExecDestroy(c, x))
+	require.NoError(t, d.GraphDestroy(c, g))
+	back := make([]byte, n)
+	require.NoError(t, d.MemcpyDtoH(c, back, p), "the allocation outlives its graph")
+	assert.True(t, bytes.Equal(pattern(n, 0x5A), back))
+	require.NoError(t, d.MemFreeAsync(c, p, s))
+	require.NoError(t, d.StreamSynchronize(c, s))
+	assert.Error(t, d.MemFreeAsync(c, p, s), "a second free")
 }
 
 func testLimits(t *testing.T, e *env) {

@@ -74,6 +74,7 @@ const (
 	symGraphExecDestroy
 	symGraphDestroy
 	symGraphGetNodes
+	symDeviceGraphMemTrim
 	symModuleLoadData
 	symModuleUnload
 	symModuleGetFunction
@@ -160,11 +161,12 @@ var bindings = [numSyms]binding{
 	symGraphDestroy:     req("cuGraphDestroy", "cuGraphDestroy"),
 	// CUDA 12.3 and 13.0 versioned several graph-topology entry points (edge data); a _v2 of this one, if a
 	// driver exports it, is taken to keep the (graph, nodes, count) prototype, which is all cudacore uses.
-	symGraphGetNodes:     req("cuGraphGetNodes", "cuGraphGetNodes_v2", "cuGraphGetNodes"),
-	symModuleLoadData:    req("cuModuleLoadData", "cuModuleLoadData"),
-	symModuleUnload:      req("cuModuleUnload", "cuModuleUnload"),
-	symModuleGetFunction: req("cuModuleGetFunction", "cuModuleGetFunction"),
-	symFuncGetAttribute:  req("cuFuncGetAttribute", "cuFuncGetAttribute"),
-	symLaunchKernel:      req("cuLaunchKernel", "cuLaunchKernel"),
-	symGetErrorName:      opt("cuGetErrorName", "6.0", "cuGetErrorName"),
+	symGraphGetNodes:      req("cuGraphGetNodes", "cuGraphGetNodes_v2", "cuGraphGetNodes"),
+	symDeviceGraphMemTrim: opt("cuDeviceGraphMemTrim", "11.4", "cuDeviceGraphMemTrim"),
+	symModuleLoadData:     req("cuModuleLoadData", "cuModuleLoadData"),
+	symModuleUnload:       req("cuModuleUnload", "cuModuleUnload"),
+	symModuleGetFunction:  req("cuModuleGetFunction", "cuModuleGetFunction"),
+	symFuncGetAttribute:   req("cuFuncGetAttribute", "cuFuncGetAttribute"),
+	symLaunchKernel:       req("cuLaunchKernel", "cuLaunchKernel"),
+	symGetErrorName:       opt("cuGetErrorName", "6.0", "cuGetErrorName"),
 }

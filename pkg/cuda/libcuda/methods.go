@@ -566,6 +566,18 @@ func (d *Driver) GraphDestroy(ctx cuda.Context, g cuda.Graph) error {
 	return nil
 }
 
+// DeviceGraphMemTrim gives the device's graph memory that no graph holds now back to the system
+// (cuDeviceGraphMemTrim): the driver keeps it after graph allocations are freed, for later launches.
+func (d *Driver) DeviceGraphMemTrim(ctx cuda.Context, dev cuda.Device) error {
+	if err := d.need(symDeviceGraphMemTrim); err != nil {
+		return err
+	}
+	if r := C.cc_deviceGraphMemTrim(d.tab, cctx(ctx), C.int(dev)); r != 0 {
+		return d.fail(symDeviceGraphMemTrim, r)
+	}
+	return nil
+}
+
 // GraphNodeCount returns the number of nodes in g (cuGraphGetNodes with a NULL node array).
 func (d *Driver) GraphNodeCount(ctx cuda.Context, g cuda.Graph) (int, error) {
 	var n C.ulonglong

@@ -343,6 +343,11 @@ CUresult cc_graphLaunch(const cc_table *t, uintptr_t ctx, uintptr_t exec, uintpt
 	ENSURE;
 	return t->cuGraphLaunch((CUgraphExec)exec, (CUstream)s);
 }
+CUresult cc_deviceGraphMemTrim(const cc_table *t, uintptr_t ctx, int dev) {
+	NEED(cuDeviceGraphMemTrim);
+	ENSURE;
+	return t->cuDeviceGraphMemTrim((CUdevice)dev);
+}
 CUresult cc_graphExecUpdate(const cc_table *t, uintptr_t ctx, uintptr_t exec, uintptr_t g, int *updateResult) {
 	CUgraphExecUpdateResultInfo info;
 	CUresult r;

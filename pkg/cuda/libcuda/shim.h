@@ -112,6 +112,7 @@ typedef struct {
 	CUresult (*cuGraphExecDestroy)(CUgraphExec);
 	CUresult (*cuGraphDestroy)(CUgraph);
 	CUresult (*cuGraphGetNodes)(CUgraph, CUgraphNode *, size_t *);
+	CUresult (*cuDeviceGraphMemTrim)(CUdevice);
 	CUresult (*cuModuleLoadData)(CUmodule *, const void *);
 	CUresult (*cuModuleUnload)(CUmodule);
 	CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
@@ -203,6 +204,7 @@ CUresult cc_eventElapsedTime(const cc_table *t, uintptr_t ctx, uintptr_t start, 
 CUresult cc_graphInstantiate(const cc_table *t, uintptr_t ctx, uintptr_t g, uintptr_t *exec);
 CUresult cc_graphUpload(const cc_table *t, uintptr_t ctx, uintptr_t exec, uintptr_t s);
 CUresult cc_graphLaunch(const cc_table *t, uintptr_t ctx, uintptr_t exec, uintptr_t s);
+CUresult cc_deviceGraphMemTrim(const cc_table *t, uintptr_t ctx, int dev);
 CUresult cc_graphExecUpdate(const cc_table *t, uintptr_t ctx, uintptr_t exec, uintptr_t g, int *updateResult);
 CUresult cc_graphExecDestroy(const cc_table *t, uintptr_t ctx, uintptr_t exec);
 CUresult cc_graphDestroy(const cc_table *t, uintptr_t ctx, uintptr_t g);

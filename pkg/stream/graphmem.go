@@ -1,0 +1,369 @@
+package stream
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
+
+// Graph memory and the memory a graph uses.
+//
+// An allocation made on a capturing stream is an allocation node of the graph (graph memory), and the
+// driver gives it a lifetime of its own (docs/driver-facts.md, "Graph memory"):
+//   - until the graph's first launch it is no allocation at all: freeing it fails, and if the capture is
+//     aborted or the graph destroyed first, there is nothing to free;
+//   - each launch allocates it anew, and a launch while the last launch's allocation is still live fails;
+//   - once launched it is an ordinary allocation, freed like any other, also after its graph is gone.
+//
+// The caller's accounting (the allocator's in-use bytes, the tracker, the memory limit) counted the
+// allocation when it was made; graphMemory keeps the two in step:
+//   - pending (never launched): a free takes it off the books with no driver call, and the allocation
+//     becomes an orphan; if the graph goes first (or the capture is aborted) it is taken off the books
+//     and the pointer is void: its owner's later free is a no-op, and TakeVoided lists it so the Python
+//     layer can mark its Buffer closed (the address may be handed out again by a later capture);
+//   - live (launched, owner still holds it): a second launch is refused with a clear error rather than
+//     the driver's bare 1; the owner's free is a real free, after which the allocation is an orphan;
+//   - orphan (the owner freed it): every later launch's allocation has no owner, so it is freed on the
+//     launch stream right after the launch.
+//
+// A graph also uses memory it did not allocate: captured copies and kernel arguments name device
+// pointers. A free of memory a live graph uses is deferred until that graph is destroyed (the graph keeps
+// the memory alive), so that a later launch cannot write into memory handed to someone else.
+type graphMemory struct {
+	// active counts allocs, void pointers and graphs with uses: when zero, frees skip all of this.
+	active atomic.Int32
+
+	mu     sync.Mutex
+	allocs map[cuda.DevicePtr]*graphAlloc
+	void   map[cuda.DevicePtr]struct{} // void pointers whose owner has not freed them yet
+	voided []cuda.DevicePtr            // void pointers not yet reported by TakeVoided
+	users  map[*Graph]struct{}         // live graphs that use memory they did not allocate
+}
+
+type graphAllocState uint8
+
+const (
+	gmPending graphAllocState = iota // no launch yet
+	gmLive                           // launched, and its owner has not freed it
+	gmOrphan                         // its owner freed it: each launch's allocation is freed after the launch
+)
+
+type graphAlloc struct {
+	g     *Graph
+	size  uint64
+	state graphAllocState
+}
+
+// span is a device address range [lo, hi) that a captured operation uses.
+type span struct{ lo, hi cuda.DevicePtr }
+
+func (gm *graphMemory) count() {
+	gm.active.Store(int32(len(gm.allocs) + len(gm.void) + len(gm.users)))
+}
+
+// noteUse records that the capture on s uses [p, p+n) (n may be 1 for a pointer whose extent is unknown).
+func (m *Manager) noteUse(s *Stream, p cuda.DevicePtr, n uint64) {
+	if s == nil || n == 0 || m.reg.active.Load() == 0 {
+		return
+	}
+	m.reg.mu.Lock()
+	defer m.reg.mu.Unlock()
+	if c := s.cap; c != nil {
+		c.uses = append(c.uses, span{p, p + cuda.DevicePtr(n)})
+	}
+}
+
+// NoteUses records that the work about to be captured on stream h uses the device addresses ptrs (a
+// kernel's pointer-sized arguments: an integer that is not a pointer only keeps nothing alive for
+// longer). Nothing happens unless h captures.
+func (m *Manager) NoteUses(h cuda.Stream, ptrs []cuda.DevicePtr) {
+	if len(ptrs) == 0 || m.reg.active.Load() == 0 {
+		return
+	}
+	m.reg.mu.Lock()
+	defer m.reg.mu.Unlock()
+	for c := range m.reg.caps {
+		if c.stream.h == h && c.stream.m == m {
+			for _, p := range ptrs {
+				if p != 0 {
+					c.uses = append(c.uses, span{p, p + 1})
+				}
+			}
+			return
+		}
+	}
+}
+
+// NoteFree records that graph memory p of h's capture was freed inside the capture (a free node): the
+// graph then holds no allocation of p beyond its launches.
+func (m *Manager) NoteFree(h cuda.Stream, p cuda.DevicePtr) {
+	if m.reg.active.Load() == 0 {
+		return
+	}
+	m.reg.mu.Lock()
+	defer m.reg.mu.Unlock()
+	for c := range m.reg.caps {
+		if c.stream.h == h && c.stream.m == m {
+			delete(c.ptrs, p)
+			return
+		}
+	}
+}
+
+// adopt hands the capture's graph memory and uses to g, its graph.
+func (m *Manager) adopt(g *Graph, ptrs map[cuda.DevicePtr]uint64, uses []span) {
+	if len(ptrs) == 0 && len(uses) == 0 {
+		return
+	}
+	gm := &m.gm
+	gm.mu.Lock()
+	defer gm.mu.Unlock()
+	if len(ptrs) > 0 {
+		if gm.allocs == nil {
+			gm.allocs = map[cuda.DevicePtr]*graphAlloc{}
+		}
+		for p, size := range ptrs {
+			gm.allocs[p] = &graphAlloc{g: g, size: size}
+			g.allocPtrs = append(g.allocPtrs, p)
+		}
+	}
+	if len(uses) > 0 {
+		g.uses = mergeSpans(uses)
+		if gm.users == nil {
+			gm.users = map[*Graph]struct{}{}
+		}
+		gm.users[g] = struct{}{}
+	}
+	gm.count()
+}
+
+// voidLocked takes pending graph memory p off the books and makes it void. Caller holds gm.mu.
+func (m *Manager) voidLocked(p cuda.DevicePtr, size uint64) {
+	gm := &m.gm
+	if st := m.memory(); st != nil {
+		_ = st.Forget(p, size) // an unknown p was never on the books
+	}
+	if gm.void == nil {
+		gm.void = map[cuda.DevicePtr]struct{}{}
+	}
+	gm.void[p] = struct{}{}
+	gm.voided = append(gm.voided, p)
+	gm.count()
+}
+
+// discard voids the graph memory of a capture that made no graph (aborted or invalidated).
+func (m *Manager) discard(ptrs map[cuda.DevicePtr]uint64) {
+	if len(ptrs) == 0 {
+		return
+	}
+	m.gm.mu.Lock()
+	defer m.gm.mu.Unlock()
+	for p, size := range ptrs {
+		m.voidLocked(p, size)
+	}
+}
+
+// reissued is called when the driver hands out p again (to a later capture): a void p's old owner must
+// not free the new one's memory through it. (The Python layer marks void Buffers closed first.)
+func (m *Manager) reissued(p cuda.DevicePtr) {
+	gm := &m.gm
+	if gm.active.Load() == 0 {
+		return
+	}
+	gm.mu.Lock()
+	defer gm.mu.Unlock()
+	if _, ok := gm.void[p]; ok {
+		delete(gm.void, p)
+		gm.count()
+	}
+}
+
+// TakeVoided returns the pointers made void since the last call (see graphMemory) and forgets the list.
+func (m *Manager) TakeVoided() []cuda.DevicePtr {
+	gm := &m.gm
+	if gm.active.Load() == 0 {
+		return nil
+	}
+	gm.mu.Lock()
+	defer gm.mu.Unlock()
+	out := gm.voided
+	gm.voided = nil
+	return out
+}
+
+// Free is the graph-aware part of freeing p (size bytes): it returns handled=false when p is ordinary
+// memory that no live graph uses, and the caller frees it itself. Otherwise:
+//   - void graph memory: nothing to free;
+//   - graph memory no launch has made real: taken off the books, and freed after every later launch;
+//   - launched graph memory: freed now with free, and after every later launch;
+//   - memory a live graph uses: later is called once no live graph uses it (after their destruction).
+func (m *Manager) FreeGraphAware(p cuda.DevicePtr, size uint64, free func() error, later func()) (handled bool, err error) {
+	gm := &m.gm
+	if gm.active.Load() == 0 {
+		return false, nil
+	}
+	gm.mu.Lock()
+	if _, ok := gm.void[p]; ok {
+		delete(gm.void, p)
+		gm.count()
+		gm.mu.Unlock()
+		return true, nil
+	}
+	if a := gm.allocs[p]; a != nil && a.size == size {
+		switch a.state {
+		case gmPending:
+			if st := m.memory(); st != nil {
+				_ = st.Forget(p, size)
+			}
+			a.state = gmOrphan
+			gm.mu.Unlock()
+			return true, nil
+		case gmLive:
+			gm.mu.Unlock()
+			if err := free(); err != nil {
+				return true, err
+			}
+			gm.mu.Lock()
+			if gm.allocs[p] == a {
+				a.state = gmOrphan
+			}
+			gm.mu.Unlock()
+			return true, nil
+		}
+		// An orphan has no owner: a free of it is a second free, which the allocator reports.
+	}
+	var holder *Graph
+	for g := range gm.users {
+		if g.usesRange(p, size) {
+			holder = g
+			break
+		}
+	}
+	gm.mu.Unlock()
+	if holder == nil {
+		return false, nil
+	}
+	holder.afterDestroy(later)
+	return true, nil
+}
+
+// checkLaunch refuses a launch of g while an allocation of its last launch is still held by its owner:
+// the driver would fail it (error 1) without saying why. Caller holds g.mu.
+func (m *Manager) checkLaunch(op string, g *Graph) error {
+	if len(g.allocPtrs) == 0 {
+		return nil
+	}
+	gm := &m.gm
+	gm.mu.Lock()
+	defer gm.mu.Unlock()
+	for _, p := range g.allocPtrs {
+		if a := gm.allocs[p]; a != nil && a.g == g && a.state == gmLive {
+			return cuda.NewError("cudacore."+op, cuda.ErrorIllegalState, fmt.Sprintf(
+				"%s allocates %d bytes at %#x, and the Buffer of its last launch's allocation is still open: "+
+					"close that Buffer (or free the memory in the graph) before launching it again", g, a.size, uint64(p)))
+		}
+	}
+	return nil
+}
+
+// launched updates g's allocations after a launch on s: the first launch makes them real, and those
+// whose owner freed them are freed on s after the launch. Caller holds g.mu.
+func (m *Manager) launched(g *Graph, s *Stream) {
+	if len(g.allocPtrs) == 0 {
+		return
+	}
+	gm := &m.gm
+	gm.mu.Lock()
+	var orphans []cuda.DevicePtr
+	for _, p := range g.allocPtrs {
+		a := gm.allocs[p]
+		if a == nil || a.g != g {
+			continue
+		}
+		switch a.state {
+		case gmPending:
+			a.state = gmLive
+		case gmOrphan:
+			orphans = append(orphans, p)
+		}
+	}
+	gm.mu.Unlock()
+	for _, p := range orphans {
+		// Ordered after the launch on its stream. A failure is left to the next launch, which the driver
+		// then refuses as if the memory were still live: nothing is freed twice.
+		_ = m.drv.MemFreeAsync(m.ctx, p, s.h)
+	}
+}
+
+// graphGone forgets g's allocations and uses once it is destroyed: pending ones become void (taken off
+// the books), launched ones are ordinary allocations from now on.
+func (m *Manager) graphGone(g *Graph) {
+	if len(g.allocPtrs) == 0 && len(g.uses) == 0 {
+		return
+	}
+	gm := &m.gm
+	gm.mu.Lock()
+	defer gm.mu.Unlock()
+	for _, p := range g.allocPtrs {
+		a := gm.allocs[p]
+		if a == nil || a.g != g {
+			continue
+		}
+		delete(gm.allocs, p)
+		if a.state == gmPending {
+			m.voidLocked(p, a.size)
+		}
+	}
+	delete(gm.users, g)
+	gm.count()
+}
+
+// mergeSpans sorts spans and merges the overlapping ones.
+func mergeSpans(in []span) []span {
+	s := slices.Clone(in)
+	slices.SortFunc(s, func(a, b span) int {
+		switch {
+		case a.lo < b.lo:
+			return -1
+		case a.lo > b.lo:
+			return 1
+		}
+		return 0
+	})
+	out := s[:0]
+	for _, x := range s {
+		if n := len(out); n > 0 && x.lo <= out[n-1].hi {
+			out[n-1].hi = max(out[n-1].hi, x.hi)
+			continue
+		}
+		out = append(out, x)
+	}
+	return out
+}
+
+// usesRange says whether g uses any byte of [p, p+size).
+func (g *Graph) usesRange(p cuda.DevicePtr, size uint64) bool {
+	hi := p + cuda.DevicePtr(size)
+	i, _ := slices.BinarySearchFunc(g.uses, p, func(s span, t cuda.DevicePtr) int {
+		if s.hi <= t {
+			return -1
+		}
+		return 1
+	})
+	return i < len(g.uses) && g.uses[i].lo < hi
+}
+
+// afterDestroy runs fn once g is destroyed: now, if it is.
+func (g *Graph) afterDestroy(fn func()) {
+	g.mu.Lock()
+	if !g.gone {
+		g.deferred = append(g.deferred, fn)
+		g.mu.Unlock()
+		return
+	}
+	g.mu.Unlock()
+	fn()
+}

@@ -1,0 +1,51 @@
+package stream
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
+
+func TestGraphUsesRange(t *testing.T) {
+	g := &Graph{uses: mergeSpans([]span{{300, 400}, {100, 200}, {150, 250}, {400, 401}})}
+	assert.Equal(t, []span{{100, 250}, {300, 401}}, g.uses, "sorted and merged")
+	for _, tc := range []struct {
+		name string
+		p    cuda.DevicePtr
+		size uint64
+		want bool
+	}{
+		{"before all", 0, 100, false},
+		{"ends where a use starts", 50, 50, false},
+		{"overlaps the first byte", 50, 51, true},
+		{"inside", 120, 10, true},
+		{"covers a use", 0, 1000, true},
+		{"in the gap", 250, 50, false},
+		{"last byte of the last use", 400, 1, true},
+		{"after all", 401, 1 << 20, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, g.usesRange(tc.p, tc.size))
+		})
+	}
+	assert.False(t, (&Graph{}).usesRange(0, 1<<40), "a graph that uses nothing")
+}
+
+func FuzzUsesRange(f *testing.F) {
+	f.Add(uint64(10), uint64(5), uint64(12), uint64(1), uint64(0), uint64(100))
+	f.Fuzz(func(t *testing.T, a, an, b, bn, p, size uint64) {
+		an, bn, size = an%1000+1, bn%1000+1, size%1000+1
+		a, b, p = a%10000, b%10000, p%10000
+		spans := []span{{cuda.DevicePtr(a), cuda.DevicePtr(a + an)}, {cuda.DevicePtr(b), cuda.DevicePtr(b + bn)}}
+		g := &Graph{uses: mergeSpans(spans)}
+		want := false
+		for _, s := range spans {
+			if uint64(s.lo) < p+size && p < uint64(s.hi) {
+				want = true
+			}
+		}
+		assert.Equal(t, want, g.usesRange(cuda.DevicePtr(p), size), "spans %v, range [%d, +%d)", spans, p, size)
+	})
+}

@@ -1,0 +1,191 @@
+"""Graph memory and the memory graphs use (issue 11, items 6 and 8; docs/capture.md, "Memory during capture").
+
+An allocation made on a capturing stream is real only once its graph is launched. These tests follow its
+Buffer through each fate (aborted capture, graph destroyed before or after a launch, closed before the
+first launch, launched again) and check that nothing is lost or freed twice: the Buffer's state, the
+allocator's in-use bytes, and the device's free memory. They run on the simulator and on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import cudacore as cc
+
+N = 1 << 20
+
+
+@pytest.fixture
+def dev() -> Iterator[cc.Device]:
+    d = cc.Device(0)
+    if d.allocation_strategy != "pool":
+        pytest.skip("graph memory nodes need the pool strategy")
+    yield d
+
+
+def in_use(d: cc.Device) -> int:
+    return int(d.memory_stats()["in_use"])
+
+
+def settled_free(d: cc.Device) -> int:
+    d.synchronize()
+    d.release_cached_memory()
+    return d.memory_info()[0]
+
+
+def test_a_buffer_of_an_aborted_capture_is_closed_and_off_the_books(dev: cc.Device) -> None:
+    s = dev.create_stream()
+    before = in_use(dev)
+    with pytest.raises(RuntimeError, match="boom"), s.capture():
+        buf = dev.allocate(N, stream=s)
+        assert in_use(dev) == before + N
+        raise RuntimeError("boom")
+    assert buf.closed, "the driver never allocated it: its Buffer is closed"
+    assert in_use(dev) == before
+    buf.close()  # idempotent, and frees nothing
+    s.close()
+
+
+def test_a_graph_destroyed_before_any_launch_takes_its_memory_off_the_books(dev: cc.Device) -> None:
+    s = dev.create_stream()
+    before = in_use(dev)
+    with s.capture() as g:
+        buf = dev.allocate(N, stream=s)
+        tiles = dev.allocate_tiles(3, 4096, stream=s)
+    assert g.allocations == 4
+    assert not buf.closed
+    g.destroy()
+    assert buf.closed and all(t.closed for t in tiles)
+    assert in_use(dev) == before
+    dev.set_allocation_strategy("pool")  # nothing is left allocated to block a switch
+    s.close()
+
+
+def test_a_launched_allocation_outlives_its_graph_until_closed(dev: cc.Device) -> None:
+    s = dev.create_stream()
+    src = dev.allocate_pinned(N)
+    memoryview(src)[:] = bytes(range(256)) * (N // 256)
+    before, free_before = in_use(dev), settled_free(dev)
+    with s.capture() as g:
+        buf = dev.allocate(N, stream=s)
+        buf.copy_from(src, stream=s)
+    g.launch(s)
+    s.synchronize()
+    g.destroy()
+    assert not buf.closed, "launched graph memory is the Buffer's until it is closed"
+    out = bytearray(N)
+    buf.copy_to(out)
+    assert out == memoryview(src)
+    assert in_use(dev) == before + N
+    buf.close()
+    assert in_use(dev) == before
+    assert settled_free(dev) == free_before
+    src.close()
+    s.close()
+
+
+def test_launching_again_while_the_last_allocation_is_open_is_refused_clearly(dev: cc.Device) -> None:
+    s = dev.create_stream()
+    with s.capture() as g:
+        buf = dev.allocate(N, stream=s)
+    g.launch(s)
+    with pytest.raises(cc.IllegalStateError, match="still open"):
+        g.launch(s)
+    buf.close()
+    for _ in range(3):  # no owner now: each launch's allocation is freed after it
+        g.launch(s)
+    s.synchronize()
+    before = in_use(dev)
+    g.destroy()
+    assert in_use(dev) == before
+    s.close()
+
+
+def test_a_buffer_closed_before_the_first_launch_is_freed_after_every_launch(dev: cc.Device) -> None:
+    s = dev.create_stream()
+    before, free_before = in_use(dev), settled_free(dev)
+    with s.capture() as g:
+        buf = dev.allocate(N, stream=s)
+    buf.close()
+    assert in_use(dev) == before
+    for _ in range(3):  # each would fail if the last launch's allocation had not been freed
+        g.launch(s)
+    s.synchronize()
+    g.destroy()
+    assert in_use(dev) == before
+    assert settled_free(dev) == free_before
+    s.close()
+
+
+def test_memory_freed_inside_the_capture_is_a_free_node(dev: cc.Device) -> None:
+    s = dev.create_stream()
+    before, free_before = in_use(dev), settled_free(dev)
+    with s.capture() as g:
+        buf = dev.allocate(N, stream=s)
+        buf.close()
+    for _ in range(2):
+        g.launch(s)
+    s.synchronize()
+    g.destroy()
+    assert in_use(dev) == before
+    assert settled_free(dev) == free_before
+    s.close()
+
+
+def test_closing_a_stream_that_captures_voids_its_allocations(dev: cc.Device) -> None:
+    s = dev.create_stream()
+    before = in_use(dev)
+    s.begin_capture()
+    buf = dev.allocate(N, stream=s)
+    s.close()
+    assert buf.closed
+    assert in_use(dev) == before
+
+
+def test_a_graph_keeps_the_memory_its_copies_use_alive(dev: cc.Device) -> None:
+    """Item 6: closing a Buffer a live graph writes to must not let the graph write into its next owner."""
+    s = dev.create_stream()
+    src = dev.allocate_pinned(N)
+    memoryview(src)[:] = b"\x07" * N
+    target = dev.allocate(N, stream=s)
+    old_ptr = target.ptr
+    with s.capture() as g:
+        target.copy_from(src, stream=s)
+    before = in_use(dev)
+    target.close()
+    assert target.closed
+    assert in_use(dev) == before, "the memory stays allocated while the graph lives"
+    fresh = [dev.allocate(N, stream=s) for _ in range(4)]
+    assert old_ptr not in {b.ptr for b in fresh}, "the graph's memory was handed to a new owner"
+    for b in fresh:
+        b.copy_from(b"\x00" * N)
+    g.launch(s)
+    s.synchronize()
+    out = bytearray(N)
+    for b in fresh:
+        b.copy_to(out)
+        assert out == b"\x00" * N, "a launch wrote into another buffer"
+        b.close()
+    g.destroy()
+    assert in_use(dev) == before - N, "the deferred free ran when the graph was destroyed"
+    src.close()
+    s.close()
+
+
+def test_a_graph_keeps_a_garbage_collected_buffer_alive(dev: cc.Device) -> None:
+    s = dev.create_stream()
+    src = dev.allocate_pinned(4096)
+    before = in_use(dev)
+    target = dev.allocate(4096, stream=s)
+    with s.capture() as g:
+        target.copy_from(src, stream=s)
+    del target  # collected: its free waits for the graph
+    assert in_use(dev) == before + 4096
+    g.launch(s)
+    s.synchronize()
+    g.destroy()
+    assert in_use(dev) == before
+    src.close()
+    s.close()
