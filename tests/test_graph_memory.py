@@ -189,3 +189,33 @@ def test_a_graph_keeps_a_garbage_collected_buffer_alive(dev: cc.Device) -> None:
     assert in_use(dev) == before
     src.close()
     s.close()
+
+
+@pytest.mark.gpu
+def test_gpu_a_graph_keeps_the_memory_its_kernel_writes_alive(dev: cc.Device) -> None:
+    from pathlib import Path
+
+    import numpy as np
+
+    n = 1 << 16
+    s = dev.create_stream()
+    with dev.load_module(Path(__file__).parent / "kernels" / "fill.ptx") as mod:
+        fill = mod.function("fill")
+        target = dev.allocate(4 * n, stream=s)
+        old_ptr = target.ptr
+        with s.capture() as g:
+            fill.launch(grid=n // 256, block=256, args=(target, np.uint32(0xABCD), np.uint64(n)), stream=s)
+        target.close()  # the graph's kernel still writes there
+        fresh = [dev.allocate(4 * n, stream=s) for _ in range(4)]
+        assert old_ptr not in {b.ptr for b in fresh}
+        for b in fresh:
+            b.copy_from(b"\x00" * (4 * n))
+        g.launch(s)
+        s.synchronize()
+        out = bytearray(4 * n)
+        for b in fresh:
+            b.copy_to(out)
+            assert out == b"\x00" * (4 * n), "the kernel wrote into another buffer"
+            b.close()
+        g.destroy()
+    s.close()
