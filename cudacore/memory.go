@@ -27,6 +27,8 @@ type statsJSON struct {
 	Limit          uint64 `json:"limit"`
 	PinnedInUse    uint64 `json:"pinned_in_use"`
 	PinnedPeak     uint64 `json:"pinned_peak_in_use"`
+	ManagedInUse   uint64 `json:"managed_in_use"`
+	ManagedLive    int    `json:"managed_allocations"`
 	Strategy       string `json:"strategy"`
 	LiveTracked    int    `json:"live_tracked"`
 	TrackingActive bool   `json:"tracking"`
@@ -52,6 +54,7 @@ func MemoryStats(ordinal int) (string, error) {
 		if m.Tracking() {
 			out.LiveTracked = len(m.Live())
 		}
+		out.ManagedInUse, out.ManagedLive = d.ManagedInUse()
 		b, err := json.Marshal(out)
 		return string(b), err
 	})
@@ -217,4 +220,98 @@ func MemoryLive(ordinal int) (string, error) {
 		b, err := json.Marshal(out)
 		return string(b), err
 	})
+}
+
+// ManagedAllocate allocates size bytes of managed (unified) memory on the device (cuMemAllocManaged,
+// attached globally) and returns its address; Free frees it like any Buffer. It is synchronous, so it is
+// refused while a capture forbids synchronous allocation on this thread.
+//
+//cudacore:gil release
+func ManagedAllocate(ordinal, size int) (int, error) {
+	return guard("cudacore.allocate_managed", func() (int, error) {
+		if size <= 0 {
+			return 0, cuda.NewError("cudacore.allocate_managed", cuda.ErrorInvalidValue, "nbytes must be positive")
+		}
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		p, err := d.AllocateManaged(uint64(size))
+		return int(p), err
+	})
+}
+
+// ManagedPrefetch migrates managed memory [ptr, ptr+size) to device dst (-1: the host), ordered on the
+// stream with handle stream (0: the legacy stream). It returns 0.
+//
+//cudacore:gil hold
+func ManagedPrefetch(ordinal, ptr, size, dst, stream int) (int, error) {
+	return guard("cudacore.prefetch", func() (int, error) {
+		const op = "cudacore.prefetch"
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		if err := checkManaged(d, "prefetch", ptr, size); err != nil {
+			return 0, err
+		}
+		if err := checkLocation(op, "prefetch to", dst); err != nil {
+			return 0, err
+		}
+		h, streams := cuda.Stream(uintptr(stream)), d.Streams()
+		if err := streams.Use("prefetch", h); err != nil {
+			return 0, err // a destroyed stream's handle must never reach the driver
+		}
+		defer streams.Done(h)
+		return 0, streams.Enqueue("prefetch", h, func() error {
+			return d.Driver().MemPrefetchAsync(d.Context(), cuda.DevicePtr(uint64(ptr)), uint64(size), dst, h)
+		})
+	})
+}
+
+// ManagedAdvise gives the driver a hint (cuda.MemAdvice, 1 to 6) about managed memory [ptr, ptr+size)
+// for device dev (-1: the host). It returns 0.
+//
+//cudacore:gil hold
+func ManagedAdvise(ordinal, ptr, size, advice, dev int) (int, error) {
+	return guard("cudacore.advise", func() (int, error) {
+		const op = "cudacore.advise"
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		if err := checkManaged(d, "advise", ptr, size); err != nil {
+			return 0, err
+		}
+		if advice < int(cuda.AdviseSetReadMostly) || advice > int(cuda.AdviseUnsetAccessedBy) {
+			return 0, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf("unknown advice %d", advice))
+		}
+		if err := checkLocation(op, "advise for", dev); err != nil {
+			return 0, err
+		}
+		return 0, d.Driver().MemAdvise(d.Context(), cuda.DevicePtr(uint64(ptr)), uint64(size), cuda.MemAdvice(advice), dev)
+	})
+}
+
+func checkManaged(d *process.Device, op string, ptr, size int) error {
+	if size <= 0 {
+		return cuda.NewError("cudacore."+op, cuda.ErrorInvalidValue, "the size must be positive")
+	}
+	return d.ManagedRange(op, cuda.DevicePtr(uint64(ptr)), uint64(size))
+}
+
+// checkLocation checks a device number of the managed-memory calls: a device of this machine, or -1.
+func checkLocation(op, what string, dev int) error {
+	if dev == cuda.CPU {
+		return nil
+	}
+	n, err := process.DeviceCount()
+	if err != nil {
+		return err
+	}
+	if dev < 0 || dev >= n {
+		return cuda.NewError(op, cuda.ErrorInvalidDevice, fmt.Sprintf(
+			"cannot %s device %d: name one of the %d devices, or the host (\"cpu\")", what, dev, n))
+	}
+	return nil
 }

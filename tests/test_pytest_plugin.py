@@ -155,6 +155,29 @@ def test_leak_check_finds_a_leaked_pinned_buffer(runner, pytester: pytest.Pytest
     )
 
 
+def test_leak_check_finds_a_leaked_managed_buffer(runner, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_managed_leak="""
+        import pytest
+        import cudacore as cc
+
+        KEEP = []
+
+        @pytest.mark.cudacore_leak_check
+        def test_managed_leak():
+            KEEP.append(cc.Device(0).allocate_managed(5432))
+        """
+    )
+    result = runner("-v")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*1 cudacore ManagedBuffer(s) still allocated after the test (5432 bytes)*",
+            "*KEEP.append(cc.Device(0).allocate_managed(5432))*",
+        ]
+    )
+
+
 def test_leak_check_flag_checks_every_test(runner, pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_leaky=LEAKY)
     result = runner("--cudacore-leak-check")

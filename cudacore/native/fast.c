@@ -865,15 +865,16 @@ fast_allocate_pinned(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
     return (PyObject *)h;
 }
 
-PyDoc_STRVAR(wrap_doc, "wrap(device: int, ptr: int, size: int, stream: int) -> Buffer\n\n"
+PyDoc_STRVAR(wrap_doc, "wrap(device: int, ptr: int, size: int, stream: int[, type]) -> Buffer\n\n"
                        "A Buffer owning an allocation already made through the device's allocator (for "
-                       "example a tile of allocate_tiles). Used by cudacore itself.");
+                       "example a tile of allocate_tiles), of the configured Buffer class or of type, a "
+                       "subclass of it. Used by cudacore itself.");
 
 static PyObject *
 fast_wrap(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     int64_t device, size, ptr, stream;
-    if (door_enter("wrap", nargs, 4) < 0 || door_int(args[0], "wrap", "device", &device) < 0 ||
+    if (door_enter("wrap", nargs == 5 ? 4 : nargs, 4) < 0 || door_int(args[0], "wrap", "device", &device) < 0 ||
         door_int(args[1], "wrap", "ptr", &ptr) < 0 || door_int(args[2], "wrap", "size", &size) < 0 ||
         door_int(args[3], "wrap", "stream", &stream) < 0) {
         return NULL;
@@ -882,7 +883,15 @@ fast_wrap(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "cudacore._fast is not configured");
         return NULL;
     }
-    BufferObject *b = (BufferObject *)buffer_type->tp_alloc(buffer_type, 0);
+    PyTypeObject *type = buffer_type;
+    if (nargs == 5) {
+        if (!PyType_Check(args[4]) || !PyType_IsSubtype((PyTypeObject *)args[4], buffer_type)) {
+            PyErr_SetString(PyExc_TypeError, "wrap() needs a subclass of the configured Buffer class");
+            return NULL;
+        }
+        type = (PyTypeObject *)args[4];
+    }
+    BufferObject *b = (BufferObject *)type->tp_alloc(type, 0);
     if (b == NULL) {
         return NULL;
     }

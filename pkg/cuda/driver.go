@@ -42,6 +42,21 @@ const (
 	MemAttachGlobal        uint32 = 0x1
 )
 
+// CPU is the device number of the host in the managed-memory calls (CU_DEVICE_CPU).
+const CPU = -1
+
+// MemAdvice is a CUmem_advise: a hint about how managed memory is used.
+type MemAdvice int
+
+const (
+	AdviseSetReadMostly          MemAdvice = 1
+	AdviseUnsetReadMostly        MemAdvice = 2
+	AdviseSetPreferredLocation   MemAdvice = 3
+	AdviseUnsetPreferredLocation MemAdvice = 4
+	AdviseSetAccessedBy          MemAdvice = 5
+	AdviseUnsetAccessedBy        MemAdvice = 6
+)
+
 // DeviceAttribute is a CUdevice_attribute. Only the attributes cudacore reads are named here.
 type DeviceAttribute int32
 
@@ -173,6 +188,8 @@ type Driver interface {
 	MemAlloc(Context, uint64) (DevicePtr, error)                               // cuMemAlloc_v2
 	MemFree(Context, DevicePtr) error                                          // cuMemFree_v2
 	MemAllocManaged(Context, uint64, uint32) (DevicePtr, error)                // cuMemAllocManaged
+	MemPrefetchAsync(Context, DevicePtr, uint64, int, Stream) error            // cuMemPrefetchAsync (dst: ordinal or CPU)
+	MemAdvise(Context, DevicePtr, uint64, MemAdvice, int) error                // cuMemAdvise (device: ordinal or CPU)
 	MemAllocAsync(Context, uint64, Stream) (DevicePtr, error)                  // cuMemAllocAsync
 	MemAllocFromPoolAsync(Context, uint64, MemPool, Stream) (DevicePtr, error) // cuMemAllocFromPoolAsync
 	MemFreeAsync(Context, DevicePtr, Stream) error                             // cuMemFreeAsync

@@ -22,7 +22,7 @@ type PoolState struct {
 // LimitOp when a limit was hit). Fields: requested, free, total, device, in_use, cached, and limit when a
 // limit is set (with limit_in_use when it was the limit that was hit). The message gives these for a person
 // and ends with what to try, chosen by case:
-//   - the request is larger than the device's total memory: split it or use managed memory;
+//   - the request is larger than the device's total memory: split it or use managed memory (allocate_managed);
 //   - a limit was hit: raise or remove it;
 //   - cached memory was released and the retry still failed (cause went through Retry): say so;
 //   - memory is cached but was not released (no Retry below): release it and retry;
@@ -71,7 +71,7 @@ func OutOfMemory(d *device.Device, requested uint64, cause error, ps PoolState) 
 	b.WriteString(". ")
 	switch {
 	case total != 0 && requested > total:
-		b.WriteString("The request is larger than the device's total memory: split it (for example into tiles) or use managed memory.")
+		b.WriteString("The request is larger than the device's total memory: split it (for example into tiles with allocate_tiles), or use managed memory (allocate_managed), which the driver pages in and out of the device.")
 	case limitHit:
 		fmt.Fprintf(&b, "A memory limit was hit, not the device's capacity: %s of the %s limit is in use. "+
 			"Raise the limit (0 removes it) or free memory.", FormatBytes(limitInUse), FormatBytes(ps.Limit))

@@ -35,7 +35,7 @@ func TestOOMMessageAsUsersSeeIt(t *testing.T) {
 	assert.Equal(t, "cuMemAllocFromPoolAsync", e.Op)
 	assert.Equal(t, "out of memory allocating 2.0 TiB on device 0 (NVIDIA H100 80GB HBM3): 78.7 GiB of 79.2 GiB free; "+
 		"this process's pool holds 0 B in use and 0 B cached. The request is larger than the device's total memory: "+
-		"split it (for example into tiles) or use managed memory.", e.Msg)
+		"split it (for example into tiles with allocate_tiles), or use managed memory (allocate_managed), which the driver pages in and out of the device.", e.Msg)
 	want := map[string]string{"requested": "2199023255552", "free": "84465090560", "total": "85017493504",
 		"device": "0", "in_use": "0", "cached": "0"}
 	for k, v := range want {

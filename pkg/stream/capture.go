@@ -152,6 +152,16 @@ func unsafeMsg(what string, c *capture, fix string) string {
 
 const fixSync = "end the capture first (end_capture(), or leave the `with stream.capture()` block), then synchronize; to order work inside the capture use events and stream.wait(event)"
 
+// CheckUnsafe refuses, before the driver sees it, a potentially unsafe call (one that synchronizes or
+// allocates synchronously: what) while a capture forbids it on the calling thread (900, see
+// unsafeCapture); fix says what to do instead.
+func (m *Manager) CheckUnsafe(op, what, fix string) error {
+	if c := m.unsafeCapture(); c != nil {
+		return CaptureError(cuda.ErrorStreamCaptureUnsupported, op, unsafeMsg(what, c, fix))
+	}
+	return nil
+}
+
 // checkStreamWait is the rule for synchronizing or querying s.
 func (m *Manager) checkStreamWait(op string, s *Stream) error {
 	if m.reg.active.Load() == 0 {

@@ -26,7 +26,7 @@ from ._errors import (
     OutOfMemoryError,
 )
 from ._limits import LimitClampedWarning, Limits
-from ._memory import Buffer, PinnedBuffer
+from ._memory import Buffer, ManagedBuffer, PinnedBuffer
 from ._module import (
     Kernel,
     KernelArg,
@@ -71,6 +71,7 @@ __all__ = [
     "LaunchError",
     "LimitClampedWarning",
     "Limits",
+    "ManagedBuffer",
     "MemoryRecorder",
     "MemoryStats",
     "Module",

@@ -20,7 +20,7 @@ from ._stream import WAIT_SLICE_MS, Stream, capturing_streams, note_capture_buff
 
 if TYPE_CHECKING:
     from ._display import MemoryStats
-    from ._memory import Buffer, PinnedBuffer
+    from ._memory import Buffer, ManagedBuffer, PinnedBuffer
     from ._module import ImageLike
 
 __all__ = ["Device", "backend", "device_count", "devices", "driver_version"]
@@ -243,6 +243,19 @@ class Device:
         """A CuPy/PyTorch/Numba array (``__cuda_array_interface__`` or ``__dlpack__``) on this device as a
         :class:`cudacore.Buffer` without a copy: see :func:`cudacore.asbuffer`."""
         return asbuffer(array, device=self)
+
+    def allocate_managed(self, nbytes: int) -> ManagedBuffer:
+        """Allocate ``nbytes`` of managed (unified) memory: a :class:`ManagedBuffer`, valid on the host and
+        every device, which may be larger than this device's memory (the driver pages it).
+
+        Raises
+        ------
+        NotSupportedError
+            If the device has no managed memory (see :attr:`managed_memory`).
+        CaptureError
+            During a capture that forbids synchronous allocation on this thread.
+        """
+        return _memory.allocate_managed(self, nbytes)
 
     def allocate_pinned(self, nbytes: int) -> PinnedBuffer:
         """Allocate ``nbytes`` of page-locked host memory (a :class:`PinnedBuffer`, with the buffer protocol)."""

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 else:
     _CBuffer, _CPinnedBuffer = fast.Buffer, fast.PinnedBuffer
 
-__all__ = ["LEGACY_STREAM", "Buffer", "PinnedBuffer"]
+__all__ = ["ADVICE", "LEGACY_STREAM", "Buffer", "ManagedBuffer", "PinnedBuffer"]
 
 #: The driver's handle for the legacy default stream.
 LEGACY_STREAM = 1
@@ -101,6 +101,85 @@ class Buffer(_CBuffer):
         if self.closed:
             return f"<cudacore.Buffer closed, {self.size} bytes, device {self.device_id}>"
         return f"<cudacore.Buffer 0x{self.ptr:x}, {self.size} bytes, device {self.device_id}>"
+
+
+#: The hints :meth:`ManagedBuffer.advise` takes, and the driver's CUmem_advise values.
+ADVICE: dict[str, int] = {
+    "read_mostly": 1,
+    "unset_read_mostly": 2,
+    "preferred_location": 3,
+    "unset_preferred_location": 4,
+    "accessed_by": 5,
+    "unset_accessed_by": 6,
+}
+
+
+def _location(where: object, what: str) -> int:
+    """A device number of the managed-memory calls: a Device or ordinal, or ``"cpu"`` (the host: -1)."""
+    if isinstance(where, str):
+        if where.lower() in ("cpu", "host"):
+            return -1
+        raise error("CUDA_ERROR_INVALID_VALUE", f"{what} must be a Device, a device ordinal or \"cpu\", not {where!r}", op=f"cudacore.{what}")
+    if isinstance(where, bool) or not isinstance(where, int) and not hasattr(where, "device_id"):
+        raise TypeError(f"{what} must be a Device, a device ordinal or \"cpu\", not {type(where).__name__}")
+    ordinal = where if isinstance(where, int) else int(where.device_id)  # type: ignore[attr-defined]
+    if ordinal < 0:
+        raise error("CUDA_ERROR_INVALID_DEVICE", f"{what} must be a device ordinal >= 0 or \"cpu\", not {ordinal}", op=f"cudacore.{what}")
+    return ordinal
+
+
+class ManagedBuffer(Buffer):
+    """Managed (unified) memory: one address valid on the host and on every device, migrated by the driver
+    on demand. Made by :meth:`Device.allocate_managed`.
+
+    It is a :class:`Buffer` (copies, ``__cuda_array_interface__``, DLPack, ``close()``), and it can be larger
+    than the device's memory: the driver pages it in and out. :meth:`prefetch` moves it ahead of use, and
+    :meth:`advise` tells the driver how it will be used. On the simulator the calls check their arguments
+    and move nothing.
+    """
+
+    __slots__ = ()
+
+    def prefetch(self, to: object, stream: object = None) -> None:
+        """Migrate the memory to ``to`` (a :class:`Device`, an ordinal, or ``"cpu"``), ordered on ``stream``
+        (None: the legacy default stream). It does not wait.
+
+        Raises
+        ------
+        InvalidDeviceError
+            If ``to`` names no device of this machine.
+        """
+        call(core.ManagedPrefetch, self.device_id, self.ptr, self.size, _location(to, "prefetch"), stream_handle(stream))
+
+    def advise(self, advice: str, device: object) -> None:
+        """Tell the driver how the memory will be used by ``device`` (a :class:`Device`, an ordinal, or
+        ``"cpu"``).
+
+        Parameters
+        ----------
+        advice : str
+            One of :data:`ADVICE`: ``"read_mostly"`` (read-only copies on each reader),
+            ``"preferred_location"`` (keep it on ``device``), ``"accessed_by"`` (keep it mapped for
+            ``device``), or their ``"unset_..."`` forms.
+        """
+        code = ADVICE.get(advice) if isinstance(advice, str) else None
+        if code is None:
+            raise error("CUDA_ERROR_INVALID_VALUE", f"unknown advice {advice!r}: use one of {', '.join(ADVICE)}", op="cudacore.advise")
+        call(core.ManagedAdvise, self.device_id, self.ptr, self.size, code, _location(device, "advise"))
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"<cudacore.ManagedBuffer closed, {self.size} bytes, device {self.device_id}>"
+        return f"<cudacore.ManagedBuffer 0x{self.ptr:x}, {self.size} bytes, device {self.device_id}>"
+
+
+def allocate_managed(device: Device, nbytes: int) -> ManagedBuffer:
+    """Managed memory of ``nbytes``; see :meth:`Device.allocate_managed`."""
+    _positive("nbytes", nbytes)
+    ordinal = device.device_id
+    ptr = call(core.ManagedAllocate, ordinal, nbytes)
+    buf: ManagedBuffer = fast.wrap(ordinal, ptr, nbytes, 0, ManagedBuffer)
+    return buf
 
 
 class PinnedBuffer(_CPinnedBuffer):

@@ -216,13 +216,16 @@ class _LeakWatch:
             stats = dev.memory_stats()
             out[(ordinal, "Buffer")] = stats["in_use"]
             out[(ordinal, "PinnedBuffer")] = stats["pinned_in_use"]
+            out[(ordinal, "ManagedBuffer")] = stats["managed_in_use"]
         return out
 
     def start(self) -> None:
         gc.collect()
         self.baseline = self._in_use()
         allocate, allocate_tiles, allocate_pinned = Device.allocate, Device.allocate_tiles, Device.allocate_pinned
-        self._saved = {"allocate": allocate, "allocate_tiles": allocate_tiles, "allocate_pinned": allocate_pinned}
+        allocate_managed = Device.allocate_managed
+        self._saved = {"allocate": allocate, "allocate_tiles": allocate_tiles, "allocate_pinned": allocate_pinned,
+                       "allocate_managed": allocate_managed}
         watch = self
 
         def tracked_allocate(self: Device, nbytes: int, stream: object = None) -> Any:
@@ -241,7 +244,14 @@ class _LeakWatch:
             watch._record(buf, "PinnedBuffer")
             return buf
 
+        def tracked_managed(self: Device, nbytes: int) -> Any:
+            buf = allocate_managed(self, nbytes)
+            watch._record(buf, "ManagedBuffer")
+            return buf
+
         tracked_allocate.__doc__ = allocate.__doc__
+        tracked_managed.__doc__ = allocate_managed.__doc__
+        Device.allocate_managed = tracked_managed  # type: ignore[method-assign]
         tracked_tiles.__doc__ = allocate_tiles.__doc__
         tracked_pinned.__doc__ = allocate_pinned.__doc__
         Device.allocate = tracked_allocate  # type: ignore[method-assign]
@@ -266,7 +276,7 @@ class _LeakWatch:
         if not live and not grown:
             return None
         lines = []
-        for kind in ("Buffer", "PinnedBuffer"):
+        for kind in ("Buffer", "PinnedBuffer", "ManagedBuffer"):
             mine = [entry for entry in live if entry[1] == kind]
             if not mine:
                 continue
@@ -282,7 +292,7 @@ class _LeakWatch:
         for (ordinal, kind), delta in grown.items():
             tracked = sum(size for buf, k, size, _ in live if k == kind and buf.device_id == ordinal)
             if delta > tracked:
-                what = "device memory" if kind == "Buffer" else "pinned host memory"
+                what = {"Buffer": "device memory", "PinnedBuffer": "pinned host memory"}.get(kind, "managed memory")
                 lines.append(
                     f"device {ordinal}: {delta} bytes more {what} in use than before the test, {delta - tracked} of "
                     "them not through Device.allocate/allocate_pinned (an interop allocator, or C code)"

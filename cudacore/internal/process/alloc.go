@@ -81,6 +81,9 @@ func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress f
 // (stream.Manager.FreeGraphAware): a free of memory a live graph uses waits until that graph is
 // destroyed, so that no launch writes into memory handed to someone else.
 func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	if handled, err := d.freeManaged(p, size); handled {
+		return err
+	}
 	streams := d.Streams()
 	if Capturing() {
 		if streams.GraphMemory(h, p) {

@@ -57,6 +57,8 @@ type Device struct {
 	// allocator is replaced only between calls, so a block is always freed through the allocator that
 	// made it (a switch racing an allocation once freed a block through the new one).
 	inFlight sync.RWMutex
+	// managed holds the device's managed (unified) memory allocations (managed.go).
+	managed managedTable
 }
 
 // Memory returns the device's allocator.

@@ -119,6 +119,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) cuda.Driver) {
 	})
 	t.Run("CaptureReplay", func(t *testing.T) { testCaptureReplay(t, setup(t, newDriver)) })
 	t.Run("GraphMemoryLifetime", func(t *testing.T) { testGraphMemory(t, setup(t, newDriver)) })
+	t.Run("ManagedPrefetchAdvise", func(t *testing.T) { testManaged(t, setup(t, newDriver)) })
 	t.Run("Limits", func(t *testing.T) { testLimits(t, setup(t, newDriver)) })
 	t.Run("InvalidHandles", func(t *testing.T) { testInvalidHandles(t, setup(t, newDriver)) })
 }
@@ -495,6 +496,39 @@ func testGraphMemory(t *testing.T, e *env) {
 	require.NoError(t, d.MemFreeAsync(c, p, s))
 	require.NoError(t, d.StreamSynchronize(c, s))
 	assert.Error(t, d.MemFreeAsync(c, p, s), "a second free")
+}
+
+// testManaged checks managed memory: its bytes survive prefetches to the device and back to the host,
+// the hints are accepted, and both calls refuse memory that is not managed and unknown hints.
+func testManaged(t *testing.T, e *env) {
+	d, c := e.drv, e.ctx
+	if on, err := d.DeviceAttribute(e.dev, cuda.AttrManagedMemory); err != nil || on != 1 {
+		t.Skip("no managed memory")
+	}
+	const n = 1 << 20
+	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
+	p, err := d.MemAllocManaged(c, n, cuda.MemAttachGlobal)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFree(c, p)) }()
+	require.NoError(t, d.MemcpyHtoD(c, p, pattern(n, 0x21)))
+	assert.NoError(t, d.MemAdvise(c, p, n, cuda.AdviseSetReadMostly, int(e.dev)))
+	assert.NoError(t, d.MemAdvise(c, p, n, cuda.AdviseSetPreferredLocation, int(e.dev)))
+	assert.NoError(t, d.MemAdvise(c, p, n, cuda.AdviseSetAccessedBy, int(e.dev)))
+	assert.NoError(t, d.MemAdvise(c, p, n, cuda.AdviseUnsetReadMostly, int(e.dev)))
+	require.NoError(t, d.MemPrefetchAsync(c, p, n, int(e.dev), s))
+	require.NoError(t, d.MemPrefetchAsync(c, p, n, cuda.CPU, s))
+	require.NoError(t, d.StreamSynchronize(c, s))
+	back := make([]byte, n)
+	require.NoError(t, d.MemcpyDtoH(c, back, p))
+	assert.True(t, bytes.Equal(pattern(n, 0x21), back), "the bytes survive the migrations")
+	assertResult(t, cuda.ErrorInvalidValue, d.MemAdvise(c, p, n, cuda.MemAdvice(99), int(e.dev)), "an unknown hint")
+
+	plain, err := d.MemAlloc(c, n)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFree(c, plain)) }()
+	assertResult(t, cuda.ErrorInvalidValue, d.MemPrefetchAsync(c, plain, n, int(e.dev), s), "prefetch of memory that is not managed")
 }
 
 func testLimits(t *testing.T, e *env) {

@@ -48,6 +48,8 @@ package libcuda
 #cgo nocallback cc_deviceGetPCIBusId
 #cgo noescape cc_deviceGetUuid
 #cgo nocallback cc_deviceGetUuid
+#cgo noescape cc_deviceGraphMemTrim
+#cgo nocallback cc_deviceGraphMemTrim
 #cgo noescape cc_deviceTotalMem
 #cgo nocallback cc_deviceTotalMem
 #cgo noescape cc_driverGetVersion
@@ -86,6 +88,8 @@ package libcuda
 #cgo nocallback cc_init
 #cgo noescape cc_launchKernel
 #cgo nocallback cc_launchKernel
+#cgo noescape cc_memAdvise
+#cgo nocallback cc_memAdvise
 #cgo noescape cc_memAlloc
 #cgo nocallback cc_memAlloc
 #cgo noescape cc_memAllocAsync
@@ -114,6 +118,8 @@ package libcuda
 #cgo nocallback cc_memPoolSetAttribute
 #cgo noescape cc_memPoolTrimTo
 #cgo nocallback cc_memPoolTrimTo
+#cgo noescape cc_memPrefetchAsync
+#cgo nocallback cc_memPrefetchAsync
 #cgo noescape cc_memcpyDtoD
 #cgo nocallback cc_memcpyDtoD
 #cgo noescape cc_memcpyDtoDAsync

@@ -190,6 +190,30 @@ func (d *Driver) MemFree(ctx cuda.Context, p cuda.DevicePtr) error {
 	return nil
 }
 
+// MemPrefetchAsync migrates managed memory [p, p+n) to device dst (cuda.CPU: the host), ordered on s
+// (cuMemPrefetchAsync).
+func (d *Driver) MemPrefetchAsync(ctx cuda.Context, p cuda.DevicePtr, n uint64, dst int, s cuda.Stream) error {
+	if err := d.need(symMemPrefetchAsync); err != nil {
+		return err
+	}
+	if r := C.cc_memPrefetchAsync(d.tab, cctx(ctx), C.CUdeviceptr(p), C.ulonglong(n), C.int(dst), C.uintptr_t(s)); r != 0 {
+		return d.fail(symMemPrefetchAsync, r)
+	}
+	return nil
+}
+
+// MemAdvise gives the driver a hint about managed memory [p, p+n) for device dev (cuda.CPU: the host)
+// (cuMemAdvise).
+func (d *Driver) MemAdvise(ctx cuda.Context, p cuda.DevicePtr, n uint64, advice cuda.MemAdvice, dev int) error {
+	if err := d.need(symMemAdvise); err != nil {
+		return err
+	}
+	if r := C.cc_memAdvise(d.tab, cctx(ctx), C.CUdeviceptr(p), C.ulonglong(n), C.int(advice), C.int(dev)); r != 0 {
+		return d.fail(symMemAdvise, r)
+	}
+	return nil
+}
+
 // MemAllocManaged allocates n bytes of managed memory (cuMemAllocManaged); free it with MemFree.
 func (d *Driver) MemAllocManaged(ctx cuda.Context, n uint64, flags uint32) (cuda.DevicePtr, error) {
 	var p C.CUdeviceptr

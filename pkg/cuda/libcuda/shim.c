@@ -169,6 +169,16 @@ CUresult cc_memAllocManaged(const cc_table *t, uintptr_t ctx, unsigned long long
 	ENSURE;
 	return t->cuMemAllocManaged(p, (size_t)n, flags);
 }
+CUresult cc_memPrefetchAsync(const cc_table *t, uintptr_t ctx, CUdeviceptr p, unsigned long long n, int dst, uintptr_t s) {
+	NEED(cuMemPrefetchAsync);
+	ENSURE;
+	return t->cuMemPrefetchAsync(p, (size_t)n, (CUdevice)dst, (CUstream)s);
+}
+CUresult cc_memAdvise(const cc_table *t, uintptr_t ctx, CUdeviceptr p, unsigned long long n, int advice, int dev) {
+	NEED(cuMemAdvise);
+	ENSURE;
+	return t->cuMemAdvise(p, (size_t)n, advice, (CUdevice)dev);
+}
 CUresult cc_memAllocAsync(const cc_table *t, uintptr_t ctx, unsigned long long n, uintptr_t s, CUdeviceptr *p) {
 	ENSURE;
 	return t->cuMemAllocAsync(p, (size_t)n, (CUstream)s);

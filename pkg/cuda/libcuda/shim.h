@@ -74,6 +74,8 @@ typedef struct {
 	CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
 	CUresult (*cuMemFree)(CUdeviceptr);
 	CUresult (*cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned int);
+	CUresult (*cuMemPrefetchAsync)(CUdeviceptr, size_t, CUdevice, CUstream);
+	CUresult (*cuMemAdvise)(CUdeviceptr, size_t, int, CUdevice);
 	CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
 	CUresult (*cuMemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 	CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
@@ -165,6 +167,8 @@ CUresult cc_memAlloc(const cc_table *t, uintptr_t ctx, unsigned long long n, CUd
 CUresult cc_memFree(const cc_table *t, uintptr_t ctx, CUdeviceptr p);
 CUresult cc_memAllocManaged(const cc_table *t, uintptr_t ctx, unsigned long long n, unsigned int flags,
                             CUdeviceptr *p);
+CUresult cc_memPrefetchAsync(const cc_table *t, uintptr_t ctx, CUdeviceptr p, unsigned long long n, int dst, uintptr_t s);
+CUresult cc_memAdvise(const cc_table *t, uintptr_t ctx, CUdeviceptr p, unsigned long long n, int advice, int dev);
 CUresult cc_memAllocAsync(const cc_table *t, uintptr_t ctx, unsigned long long n, uintptr_t s, CUdeviceptr *p);
 CUresult cc_memAllocFromPoolAsync(const cc_table *t, uintptr_t ctx, unsigned long long n, uintptr_t pool,
                                   uintptr_t s, CUdeviceptr *p);
