@@ -283,3 +283,37 @@ def test_numba_workload_on_cudacore_allocator() -> None:
     assert r["in_use_during"] >= r["in_use_before"] + 3 * 4 * (1 << 20)
     assert r["in_use_after"] == r["in_use_before"]
     assert r["oom_type"] == "OutOfMemoryError"
+
+
+CUDNN_BENCHMARK = """
+import json, warnings
+import torch
+import cudacore as cc
+torch.backends.cudnn.benchmark = True
+with warnings.catch_warnings(record=True) as rec:
+    warnings.simplefilter("always")
+    cc.interop.use_torch_allocator()
+warned = [str(w.message) for w in rec if "cudnn.benchmark" in str(w.message)]
+conv = torch.nn.Conv2d(8, 8, 3).cuda()
+x = torch.randn(4, 8, 32, 32, device="cuda")
+try:
+    conv(x); torch.cuda.synchronize(); bench_error = None
+except RuntimeError as exc:
+    bench_error = str(exc)
+torch.backends.cudnn.benchmark = False
+y = conv(x); torch.cuda.synchronize()
+print("RESULT " + json.dumps({"warned": warned, "bench_error": bench_error, "plain_ok": bool(torch.isfinite(y).all())}))
+"""
+
+
+def test_torch_cudnn_benchmark_limit_is_warned_and_documented() -> None:
+    """Issue 12, item 6: PyTorch's pluggable allocators have no cacheInfo; benchmark mode off works."""
+    pytest.importorskip("torch")
+    proc = run_python(CUDNN_BENCHMARK, env={"CUDACORE_BACKEND": "cuda"}, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
+    print("cudnn benchmark on cudacore's allocator:", r)
+    assert r["warned"], "use_torch_allocator() warns when benchmark mode is on"
+    assert r["plain_ok"], "with benchmark mode off, cuDNN convolutions run on cudacore's allocator"
+    if r["bench_error"] is not None:  # a PyTorch that answers cacheInfo for pluggable allocators would pass
+        assert "cacheInfo" in r["bench_error"]

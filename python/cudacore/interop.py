@@ -18,6 +18,8 @@ Allocators drawing from cudacore's pools, statistics and out-of-memory handling
   ``torch.cuda.memory.change_current_allocator(cudacore.interop.torch_allocator())``.
 - Numba: ``NUMBA_CUDA_MEMORY_MANAGER=cudacore.interop`` in the environment, or
   ``numba.cuda.set_memory_manager(cudacore.interop.NumbaMemoryManager)``.
+- cuda.core: ``cudacore.interop.cuda_core_memory_resource(device)``, a ``cuda.core.MemoryResource``:
+  ``mr.allocate(n, stream=s)`` or ``device.memory_resource = mr``.
 
 Their memory shows in ``Device.memory_stats()`` and counts against ``Device.memory_limit``.
 """
@@ -26,14 +28,17 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from . import _external
 from ._api import call, core
 from ._device import Device
-from ._errors import from_wire
+from ._errors import error, from_wire
 from ._external import ExternalBuffer, asbuffer, from_dlpack
+from ._native import fast
+from ._stream import Event
 
 # Arrays in (zero-copy) live in _external, a layer below, because Device.from_array uses them too. Its
 # DLPack constants and ABI structures stay reachable here, where they were (tests build capsules with them).
@@ -47,6 +52,7 @@ __all__ = [
     "ExternalBuffer",
     "NumbaMemoryManager",
     "asbuffer",
+    "cuda_core_memory_resource",
     "cupy_allocator",
     "extension_path",
     "from_dlpack",
@@ -135,12 +141,115 @@ def use_torch_allocator() -> Any:
     """Make cudacore PyTorch's CUDA allocator (``change_current_allocator``); returns the allocator.
 
     PyTorch allows this only before its CUDA caching allocator has been used in the process.
+
+    ``torch.backends.cudnn.benchmark = True`` does not work with this (or any) pluggable allocator: cuDNN's
+    autotuner asks PyTorch's allocator for its largest cached block (``cacheInfo``), which PyTorch's
+    ``CUDAPluggableAllocator`` refuses, and PyTorch has no hook through which cudacore could answer. A
+    warning says so when benchmark mode is on here; leave it off (PyTorch's default, which picks
+    algorithms by heuristics).
     """
     import torch
 
+    if torch.backends.cudnn.benchmark:
+        warnings.warn(
+            "torch.backends.cudnn.benchmark is on: with cudacore's (or any pluggable) allocator, PyTorch's cuDNN "
+            "autotuner fails with 'CUDAPluggableAllocator does not yet support cacheInfo'; set it to False",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     alloc = torch_allocator()
     torch.cuda.memory.change_current_allocator(alloc)
     return alloc
+
+
+# -- cuda.core ------------------------------------------------------------------------------------------
+
+
+def _cuda_core_stream(stream: Any) -> int:
+    """The driver handle of a cuda.core Stream (or GraphBuilder, or anything with ``handle``); 0 for None."""
+    if stream is None:
+        return 0
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return stream
+    handle = getattr(stream, "handle", None)
+    if handle is None:
+        raise TypeError(f"stream must be a cuda.core Stream, a stream handle or None, not {type(stream).__name__}")
+    return int(handle)
+
+
+def _cuda_core_resource_class() -> type:
+    try:
+        from cuda.core import Buffer as CoreBuffer
+        from cuda.core import MemoryResource
+    except ImportError:  # cuda.core before 1.0
+        from cuda.core.experimental import Buffer as CoreBuffer
+        from cuda.core.experimental import MemoryResource
+
+    class CudacoreMemoryResource(MemoryResource):  # type: ignore[misc, valid-type]
+        """A ``cuda.core.MemoryResource`` that allocates from cudacore: its pools, statistics, memory limit
+        and :class:`~cudacore.OutOfMemoryError` (a ``MemoryError``) apply to cuda.core's buffers.
+
+        Each allocation is a :class:`cudacore.Buffer` on the allocating stream, kept by the resource until
+        cuda.core deallocates it. A deallocation on another stream first makes the buffer's stream wait for
+        that stream's work (an event; the host does not wait), so the memory is reused only after both.
+        """
+
+        def __init__(self, device: Device) -> None:
+            self._device = device
+            self._live: dict[int, Any] = {}  # address -> cudacore Buffer
+
+        def allocate(self, size: int, stream: Any = None) -> Any:
+            handle = _cuda_core_stream(stream)
+            buf = self._device.allocate(size, stream=handle or None)
+            self._live[buf.ptr] = buf
+            return CoreBuffer.from_handle(buf.ptr, size, mr=self)
+
+        def deallocate(self, ptr: Any, size: int, stream: Any = None) -> None:
+            addr = int(ptr)
+            buf = self._live.get(addr)
+            if buf is None or buf.size != size:
+                raise error("CUDA_ERROR_INVALID_VALUE", f"{addr:#x} ({size} bytes) was not allocated by this cudacore resource, or was deallocated already", op="cudacore.deallocate")
+            handle = _cuda_core_stream(stream)
+            if handle and handle != buf.stream_handle:
+                ev = Event(self._device, timing=False)
+                try:
+                    ev.record(handle)
+                    fast.stream_wait_event(self._device.device_id, buf.stream_handle or 1, ev._live())
+                finally:
+                    ev.close()
+            buf.close()
+            del self._live[addr]
+
+        @property
+        def device_id(self) -> int:
+            return self._device.device_id
+
+        @property
+        def is_device_accessible(self) -> bool:
+            return True
+
+        @property
+        def is_host_accessible(self) -> bool:
+            return False
+
+        def __repr__(self) -> str:
+            return f"<cudacore.interop.CudacoreMemoryResource device {self._device.device_id}, {len(self._live)} live>"
+
+    return CudacoreMemoryResource
+
+
+_cuda_core_class: type | None = None
+
+
+def cuda_core_memory_resource(device: Device | int | None = None) -> Any:
+    """A ``cuda.core.MemoryResource`` (cuda.core 0.3 or newer) backed by cudacore's allocator on ``device``
+    (default 0): ``mr.allocate(n, stream=s)``, or ``cuda.core.Device(i).memory_resource = mr`` so that
+    cuda.core allocates from cudacore. Its buffers show in ``Device.memory_stats()`` and count against
+    ``Device.memory_limit``; out of memory raises :class:`cudacore.OutOfMemoryError`."""
+    global _cuda_core_class
+    if _cuda_core_class is None:
+        _cuda_core_class = _cuda_core_resource_class()
+    return _cuda_core_class(_device(device))
 
 
 # -- Numba ------------------------------------------------------------------------------------------------
