@@ -327,3 +327,26 @@ def test_dlpack_for_a_stream_closed_on_another_device_is_a_closed_error() -> Non
     r = run_python(code, {"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": devices})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "CUDACORE_ERROR_CLOSED"
+
+
+@pytest.mark.parametrize("mode", ["thread_local", "global"])
+def test_reading_memory_statistics_during_a_capture_keeps_it_valid(mode: str) -> None:
+    """On the H100 a pool usage query during a capture succeeds and invalidates the capture; cudacore's
+    statistics must not query the pool then (they report the last values read)."""
+    d = cc.Device(0)
+    s = d.create_stream()
+    buf = d.allocate(4096, stream=s)
+    pinned = d.allocate_pinned(4096)
+    with s.capture(mode=mode) as g:
+        buf.copy_from(pinned, stream=s)
+        stats = d.memory_stats()
+        assert stats["in_use"] >= 4096
+        d.would_fit(1, 4096)
+        d.memory_info()
+        repr(d)
+    g.launch(s)
+    s.synchronize()
+    g.destroy()
+    buf.close()
+    pinned.close()
+    s.close()

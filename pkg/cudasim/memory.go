@@ -584,6 +584,9 @@ func (d *Driver) MemPoolGetAttribute(c cuda.Context, mp cuda.MemPool, attr cuda.
 	if err != nil {
 		return 0, err
 	}
+	if attr != cuda.PoolAttrReleaseThreshold {
+		d.quietUnsafe()
+	}
 	switch attr {
 	case cuda.PoolAttrReleaseThreshold:
 		return p.threshold, nil

@@ -23,6 +23,11 @@ type Pool struct {
 	ctx  cuda.Context
 	pool cuda.MemPool
 	own  bool
+
+	// quiet, when set and true, forbids querying the pool (a capture is running: a query of its usage
+	// succeeds but invalidates the capture); Reserved and Used then return the last values read.
+	quiet                  func() bool
+	lastReserved, lastUsed atomic.Uint64
 }
 
 // PoolOption configures NewPool.
@@ -31,7 +36,13 @@ type PoolOption func(*poolConfig)
 type poolConfig struct {
 	own       bool
 	threshold uint64
+	quiet     func() bool
 }
+
+// WithQuiet makes the pool answer Reserved and Used from the last values it read while quiet() is true:
+// cuMemPoolGetAttribute of the pool's usage invalidates a stream capture (docs/driver-facts.md), so a
+// caller that may be capturing passes a test for it.
+func WithQuiet(quiet func() bool) PoolOption { return func(c *poolConfig) { c.quiet = quiet } }
 
 // OwnPool makes NewPool create a pool of its own (cuMemPoolCreate) instead of using the device's default
 // pool; Close destroys it. Memory in an own pool is not shared with other users of the default pool
@@ -54,7 +65,7 @@ func NewPool(d *device.Device, opts ...PoolOption) (*Pool, error) {
 		return nil, cuda.NewError("cudacore.memory_pool", cuda.ErrorNotSupported,
 			d.String()+" does not support stream-ordered memory pools; use the synchronous allocator (strategy \"sync\")")
 	}
-	p := &Pool{d: d, drv: d.Driver(), ctx: d.Context(), own: cfg.own}
+	p := &Pool{d: d, drv: d.Driver(), ctx: d.Context(), own: cfg.own, quiet: cfg.quiet}
 	var err error
 	if cfg.own {
 		p.pool, err = p.drv.MemPoolCreate(p.ctx, d.Handle())
@@ -108,12 +119,23 @@ func (p *Pool) Trim(keep uint64) error { return p.drv.MemPoolTrimTo(p.ctx, p.poo
 
 // Reserved is the memory the pool holds from the device (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).
 func (p *Pool) Reserved() (uint64, error) {
-	return p.drv.MemPoolGetAttribute(p.ctx, p.pool, cuda.PoolAttrReservedMemCurrent)
+	return p.query(cuda.PoolAttrReservedMemCurrent, &p.lastReserved)
+}
+
+func (p *Pool) query(attr cuda.MemPoolAttribute, last *atomic.Uint64) (uint64, error) {
+	if p.quiet != nil && p.quiet() {
+		return last.Load(), nil
+	}
+	v, err := p.drv.MemPoolGetAttribute(p.ctx, p.pool, attr)
+	if err == nil {
+		last.Store(v)
+	}
+	return v, err
 }
 
 // Used is the memory of the pool handed out (CU_MEMPOOL_ATTR_USED_MEM_CURRENT).
 func (p *Pool) Used() (uint64, error) {
-	return p.drv.MemPoolGetAttribute(p.ctx, p.pool, cuda.PoolAttrUsedMemCurrent)
+	return p.query(cuda.PoolAttrUsedMemCurrent, &p.lastUsed)
 }
 
 // Cached is Reserved minus Used: what the pool holds for reuse. A failed query counts as 0.

@@ -17,6 +17,7 @@ type StackOptions struct {
 	OnOOM       func(requested uint64) bool // called by Retry before its one retry; false gives up
 	Track       bool                        // record live allocations (Live) and refuse unknown frees
 	TraceFrames int                         // with Track: stack frames captured per allocation
+	Quiet       func() bool                 // pool strategy: true while the pool must not be queried (WithQuiet)
 }
 
 // Stack is the per-device allocator the facade uses, composed bottom to top:
@@ -57,6 +58,9 @@ func NewStack(d *device.Device, opts StackOptions) (*Stack, error) {
 		var popts []PoolOption
 		if opts.OwnPool {
 			popts = append(popts, OwnPool())
+		}
+		if opts.Quiet != nil {
+			popts = append(popts, WithQuiet(opts.Quiet))
 		}
 		p, err := NewPool(d, popts...)
 		if err != nil {

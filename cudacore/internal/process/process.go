@@ -184,7 +184,7 @@ func GetDevice(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	stack, err := memory.NewStack(dd, memory.StackOptions{})
+	stack, err := memory.NewStack(dd, memory.StackOptions{Quiet: Capturing})
 	if err != nil {
 		_ = dd.Close()
 		return nil, err
@@ -215,6 +215,7 @@ func (d *Device) SetStrategy(requested string, opts memory.StackOptions) error {
 		return err
 	}
 	opts.Strategy = d.Strategy()
+	opts.Quiet = Capturing // the pool is not queried while a capture runs (memory.WithQuiet)
 	stack, err := memory.NewStack(d.Device, opts)
 	if err != nil {
 		return err

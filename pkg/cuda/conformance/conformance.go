@@ -120,6 +120,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) cuda.Driver) {
 	t.Run("CaptureReplay", func(t *testing.T) { testCaptureReplay(t, setup(t, newDriver)) })
 	t.Run("GraphMemoryLifetime", func(t *testing.T) { testGraphMemory(t, setup(t, newDriver)) })
 	t.Run("ManagedPrefetchAdvise", func(t *testing.T) { testManaged(t, setup(t, newDriver)) })
+	t.Run("CaptureQueries", func(t *testing.T) { testCaptureQueries(t, setup(t, newDriver)) })
 	t.Run("Limits", func(t *testing.T) { testLimits(t, setup(t, newDriver)) })
 	t.Run("InvalidHandles", func(t *testing.T) { testInvalidHandles(t, setup(t, newDriver)) })
 }
@@ -529,6 +530,42 @@ func testManaged(t *testing.T, e *env) {
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, d.MemFree(c, plain)) }()
 	assertResult(t, cuda.ErrorInvalidValue, d.MemPrefetchAsync(c, plain, n, int(e.dev), s), "prefetch of memory that is not managed")
+}
+
+// testCaptureQueries checks which read-only queries a THREAD_LOCAL capture on the calling thread survives:
+// cuMemGetInfo does; a pool's current usage (cuMemPoolGetAttribute) succeeds but invalidates the capture,
+// so cudacore does not query the pool while a capture runs.
+func testCaptureQueries(t *testing.T, e *env) {
+	if !e.pools {
+		t.Skip("no memory pools")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d, c := e.drv, e.ctx
+	pool, err := d.DeviceDefaultMemPool(e.dev)
+	require.NoError(t, err)
+	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
+	survives := func(query func() error) (callErr error, survived bool) {
+		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
+		callErr = query()
+		g, err := d.StreamEndCapture(c, s)
+		if err == nil {
+			assert.NoError(t, d.GraphDestroy(c, g))
+			return callErr, true
+		}
+		assertResult(t, cuda.ErrorStreamCaptureInvalidated, err, "end of an invalidated capture")
+		return callErr, false
+	}
+	err, ok := survives(func() error { _, _, err := d.MemGetInfo(c); return err })
+	assert.NoError(t, err)
+	assert.True(t, ok, "cuMemGetInfo leaves the capture valid")
+	for _, attr := range []cuda.MemPoolAttribute{cuda.PoolAttrReservedMemCurrent, cuda.PoolAttrUsedMemCurrent} {
+		err, ok := survives(func() error { _, err := d.MemPoolGetAttribute(c, pool, attr); return err })
+		assert.NoError(t, err, "attribute %d: the query itself succeeds", attr)
+		assert.False(t, ok, "attribute %d: the query invalidates the capture", attr)
+	}
 }
 
 func testLimits(t *testing.T, e *env) {
