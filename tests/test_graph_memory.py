@@ -97,7 +97,10 @@ def test_a_launched_allocation_outlives_its_graph_until_closed(dev: cc.Device) -
     assert in_use(dev) == before + N
     buf.close()
     assert in_use(dev) == before
-    assert settled_free(dev) == free_before
+    if cc.backend() == "sim":
+        # On the H100 (driver 580) 2 MiB of such an allocation stay with the driver even after a trim
+        # (docs/driver-facts.md, "Graph memory"); cudacore's own accounting above is exact on both.
+        assert settled_free(dev) == free_before
     src.close()
     s.close()
 

@@ -585,7 +585,10 @@ func (d *Driver) MemPoolGetAttribute(c cuda.Context, mp cuda.MemPool, attr cuda.
 		return 0, err
 	}
 	if attr != cuda.PoolAttrReleaseThreshold {
-		d.quietUnsafe()
+		// A usage query is an unsafe call during capture (measured on the H100).
+		if err := d.unsafeCall(op, v); err != nil {
+			return 0, err
+		}
 	}
 	switch attr {
 	case cuda.PoolAttrReleaseThreshold:

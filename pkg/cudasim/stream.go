@@ -159,20 +159,6 @@ func (d *Driver) unsafeCall(op string, _ *device) error {
 	return nil
 }
 
-// quietUnsafe is unsafeCall for the calls the real driver lets succeed while they invalidate the capture
-// (measured on the H100: cuMemPoolGetAttribute of the pool's current usage during a THREAD_LOCAL capture
-// on the same thread returns success, and cuStreamEndCapture then answers 901).
-func (d *Driver) quietUnsafe() {
-	d.capMu.Lock()
-	defer d.capMu.Unlock()
-	tid := gettid()
-	for c := range d.caps {
-		if c.mode == cuda.CaptureModeGlobal || (c.mode == cuda.CaptureModeThreadLocal && c.tid == tid) {
-			c.invalid = true
-		}
-	}
-}
-
 func (d *Driver) invalidate(c *capture) {
 	d.capMu.Lock()
 	c.invalid = true
