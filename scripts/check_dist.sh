@@ -9,7 +9,8 @@
 #  4. install it into a fresh virtual environment with no Go on PATH (timed), import it from outside the
 #     sources, run `cudacore doctor` and the quick start on the simulator;
 #  5. run SDIST_TESTS from the unpacked sdist against the installed wheel (pytest and numpy are installed
-#     into that environment from the package index first; SDIST_TESTS=tests runs the whole suite).
+#     into that environment from the package index first). Not the whole suite: the pytest plugin's and
+#     the notebook's tests run the source tree's python/ (docs/building.md says how to run it all).
 #
 # PKG_PYTHON is the packaging environment's Python (make pkg-venv); the wheel is for its base interpreter.
 set -euo pipefail
