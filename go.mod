@@ -2,10 +2,12 @@ module github.com/cudacore/cudacore
 
 go 1.26.0
 
-require github.com/stretchr/testify v1.12.1
+require (
+	github.com/go-python/gopy v0.4.8
+	github.com/stretchr/testify v1.12.1
+)
 
 require (
-	github.com/go-python/gopy v0.4.8 // indirect
 	github.com/gonuts/commander v0.1.0 // indirect
 	github.com/gonuts/flag v0.1.0 // indirect
 	github.com/pkg/errors v0.9.1 // indirect

@@ -2,8 +2,9 @@
 
 The extension is one Go c-shared library built by bindings/cmd/build for the Python running this build
 (sys.executable): gopy's module cudacore._gopy._core plus the fast path cudacore._fast in the same file. The
-build needs Go and C and C++ compilers (gcc, g++: the PyTorch allocator shim is C++); pybindgen comes
-from pyproject's build requirements.
+build needs Go 1.26 or newer and C and C++ compilers (gcc, g++: the PyTorch allocator shim is C++); the Go
+modules are vendored, and pybindgen comes from pyproject's build requirements. The wheel this builds links
+the build machine's C library (linux_x86_64); `make wheels` makes the manylinux ones (docs/building.md).
 """
 
 import os
@@ -37,7 +38,7 @@ class BuildGo(build_ext):
         try:
             subprocess.check_call(cmd, cwd=ROOT)
         except FileNotFoundError as e:
-            raise SystemExit("building cudacore needs the Go toolchain (go) on PATH") from e
+            raise SystemExit("building cudacore needs the Go toolchain (Go 1.26 or newer, go) on PATH") from e
         if getattr(self, "editable_mode", False):
             # pip install -e: the package is imported from python/, and setuptools copies only the extension
             # there (into a directory it expects to exist); gopy's Python files must be there too.

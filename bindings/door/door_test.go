@@ -106,7 +106,7 @@ func TestNoHandWrittenExports(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && (d.Name() == "build" || d.Name() == ".git" || d.Name() == ".venv" || d.Name() == "testdata") {
+		if d.IsDir() && (d.Name() == "build" || d.Name() == ".git" || d.Name() == ".venv" || d.Name() == "testdata" || d.Name() == "vendor") {
 			return filepath.SkipDir
 		}
 		if d.IsDir() || !strings.HasSuffix(path, ".go") {

@@ -213,11 +213,15 @@ func run(python, out, work string) error {
 	// gopy adds -Ofast, whose -ffast-math may also switch the process's FPU into flush-to-zero when the
 	// library loads; nothing here needs it, so -O2.
 	ext := "_" + name + py.ExtSuffix
+	// Flags already in CGO_CFLAGS and CGO_LDFLAGS come last, so that a cross toolchain (make wheels: zig
+	// cc for an old glibc, docs/building.md) can add its own. No -g: -ldflags=-s strips the symbol table
+	// and -w the DWARF, so the shipped library carries no debug information; -trimpath keeps the build
+	// machine's paths out of it.
 	buildEnv := append(env[:len(env):len(env)],
 		"CGO_ENABLED=1",
-		"CGO_CFLAGS="+strings.Join(append([]string{"-I" + py.IncDir}, "-fPIC", "-O2"), " "),
-		"CGO_LDFLAGS="+strings.Join(py.LdDynamicFlags, " "))
-	if err := cmd(work, buildEnv, "go", "build", "-buildmode=c-shared", "-o", ext, "."); err != nil {
+		"CGO_CFLAGS="+strings.Join(append([]string{"-I" + py.IncDir, "-fPIC", "-O2"}, strings.Fields(os.Getenv("CGO_CFLAGS"))...), " "),
+		"CGO_LDFLAGS="+strings.Join(append(py.LdDynamicFlags, strings.Fields(os.Getenv("CGO_LDFLAGS"))...), " "))
+	if err := cmd(work, buildEnv, "go", "build", "-buildmode=c-shared", "-trimpath", "-ldflags=-s -w", "-o", ext, "."); err != nil {
 		return err
 	}
 
