@@ -217,4 +217,3 @@ func TestParsePeerGroup(t *testing.T) {
 		requireResult(t, cuda.ErrorInvalidValue, cudasim.EnvDevices, err)
 	}
 }
-
