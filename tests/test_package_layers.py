@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     "_external": 2,  # ExternalBuffer: other libraries' device arrays as Buffers
     "_module": 2,  # Module, Kernel
     "_limits": 2,  # Limits
+    "_ipc": 2,  # SharedBuffer, ImportedBuffer, IpcHandle: memory shared between processes
     # 3: the device, which composes the handles
     "_device": 3,
     # 4: the tools
