@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._errors import CUDAError, error
 from ._api import call, core
+from ._errors import CUDAError, error
 from ._handles import stream_handle
 from ._native import fast
 from ._stream import Stream as _Stream

@@ -38,7 +38,7 @@ import struct
 import threading
 import weakref
 from multiprocessing import context, reduction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._api import call, core
 from ._errors import error
@@ -48,6 +48,8 @@ from ._native import fast
 from ._stream import Event
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ._device import Device
 
 __all__ = ["ImportedBuffer", "IpcHandle", "SharedBuffer", "allocate_shareable"]
@@ -210,11 +212,10 @@ def _reap() -> None:
     with _pending_lock:
         keep = []
         for share in _pending:
-            try:
+            # A failing free must not stop the others; that block is dropped.
+            with contextlib.suppress(Exception):
                 if share.free():
                     keep.append(share)
-            except Exception:  # noqa: BLE001 - a failing free must not stop the others; dropped
-                pass
         _pending[:] = keep
 
 
@@ -284,7 +285,7 @@ class SharedBuffer(Buffer):
             )
         super().close()
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
         return False
 
@@ -353,7 +354,7 @@ class ImportedBuffer(Buffer):
             owner.close()
         super().close()
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
         return False
 
@@ -453,7 +454,7 @@ class IpcHandle:
         with contextlib.suppress(Exception):
             self.close()
 
-    def __enter__(self) -> IpcHandle:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,406 @@
+"""Several devices and several processes on the simulator: peer access and copies, shareable memory sent to
+spawned processes, its lifetime rules, and events shared between processes.
+
+The simulator's devices are fixed per process, so the multi-device cases run in fresh interpreters with
+``CUDACORE_SIM_DEVICES`` (three devices: 0 and 1 are peers, 2 is in another peer group). Memory crosses
+processes for real: the simulator keeps shareable memory in shared memory (see docs/multi-gpu.md).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import textwrap
+
+import pytest
+
+import cudacore as cc
+
+from conftest import run_python
+
+pytestmark = pytest.mark.sim
+
+THREE = json.dumps(
+    [
+        {"name": "sim0", "total_memory": 1 << 30},
+        {"name": "sim1", "total_memory": 1 << 30},
+        {"name": "sim-far", "total_memory": 1 << 30, "peer_group": 1},
+    ]
+)
+
+
+def _run(code: str, **env: str) -> str:
+    r = run_python(textwrap.dedent(code), env={"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": THREE, **env}, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+# -- several devices ----------------------------------------------------------------------------------------
+
+
+def test_peer_matrix_and_enabling() -> None:
+    out = _run(
+        """
+        import cudacore as cc
+        d0, d1, d2 = cc.devices()
+        print([[a.can_access_peer(b) for b in (d0, d1, d2)] for a in (d0, d1, d2)])
+        d0.enable_peer_access(d1)
+        d0.enable_peer_access(1)  # idempotent, by ordinal too
+        for call in (lambda: d0.enable_peer_access(d2), lambda: d0.enable_peer_access(d0)):
+            try:
+                call()
+            except cc.CUDAError as e:
+                print(type(e).__name__, e.name)
+        try:
+            d0.can_access_peer("1")
+        except TypeError as e:
+            print("TypeError")
+        try:
+            d0.can_access_peer(7)
+        except cc.CUDAError as e:
+            print(type(e).__name__)
+        """
+    )
+    lines = out.splitlines()
+    assert lines[0] == "[[False, True, False], [True, False, False], [False, False, False]]"
+    assert lines[1] == "NotSupportedError CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"
+    assert lines[2] == "InvalidValueError CUDA_ERROR_INVALID_VALUE"
+    assert lines[3] == "TypeError"
+    assert lines[4] == "InvalidValueError"
+
+
+def test_peer_copies_sync_async_and_ordered_with_events() -> None:
+    out = _run(
+        """
+        import cudacore as cc
+        d0, d1, d2 = cc.devices()
+        n = 1 << 16
+        data = bytes(i % 251 for i in range(n))
+        a, b, c = d0.allocate(n), d1.allocate(n), d2.allocate(n)
+        a.copy_from(data)
+        cc.device_to_device(b, a)                      # synchronous, between peers
+        cc.device_to_device(c, b)                      # synchronous, without peer access (staged)
+        out = bytearray(n); c.copy_to(out); print(out == data)
+        s1, s2 = d1.create_stream(), d2.create_stream()
+        b.copy_from(b"\\x07" * n)
+        cc.device_to_device(a, b, s1)                  # on the source device's stream
+        ev = cc.Event(d1, timing=False).record(s1)
+        s2.wait_event(ev)                               # another device's stream waits on the event
+        cc.device_to_device(c, a, s2, nbytes=100)      # on the destination device's stream
+        s2.synchronize()
+        c.copy_to(out); print(out[:100] == b"\\x07" * 100, out[100:] == data[100:])
+        try:
+            cc.device_to_device(b, a, s2)
+        except cc.InvalidValueError as e:
+            print("other device's stream:", "either" in str(e))
+        try:
+            cc.device_to_device(b, a, s1.handle)
+        except TypeError:
+            print("int handle: TypeError")
+        try:
+            cc.device_to_device(b, a, nbytes=n + 1)
+        except cc.InvalidValueError:
+            print("too long: InvalidValueError")
+        a.close()
+        try:
+            cc.device_to_device(b, a)
+        except cc.CUDAError as e:
+            print("closed:", e.name)
+        """
+    )
+    assert out.splitlines() == [
+        "True",
+        "True True",
+        "other device's stream: True",
+        "int handle: TypeError",
+        "too long: InvalidValueError",
+        "closed: CUDACORE_ERROR_CLOSED",
+    ]
+
+
+def test_peer_copies_from_many_threads() -> None:
+    """Every operation runs in the right context from any thread: threads that never touched a device copy
+    between all pairs at once."""
+    out = _run(
+        """
+        import threading
+        import cudacore as cc
+        devs = cc.devices()
+        errors, done = [], []
+        def work(k):
+            try:
+                src = devs[k % 3].allocate(4096)
+                dst = devs[(k + 1) % 3].allocate(4096)
+                src.copy_from(bytes([k]) * 4096)
+                s = dst.device.create_stream()
+                for _ in range(20):
+                    cc.device_to_device(dst, src, s)
+                s.synchronize()
+                out = bytearray(4096); dst.copy_to(out)
+                done.append(out == bytes([k]) * 4096)
+            except Exception as e:
+                errors.append(repr(e))
+        ts = [threading.Thread(target=work, args=(k,)) for k in range(12)]
+        [t.start() for t in ts]; [t.join() for t in ts]
+        print(errors, done.count(True))
+        """
+    )
+    assert out.strip() == "[] 12"
+
+
+# -- several processes ---------------------------------------------------------------------------------------
+
+SPAWN = """
+import multiprocessing as mp, os, sys, time
+import cudacore as cc
+
+def reader(buf, q):
+    out = bytearray(buf.size); buf.copy_to(out)
+    buf.copy_from(b"\\xaa" * buf.size)
+    q.put((type(buf).__name__, bytes(out[:8])))
+    buf.close()
+
+def holder(handle, q, go):
+    buf = handle.open()
+    handle.close()
+    q.put(os.getpid())
+    go.wait(60)
+    out = bytearray(buf.size); buf.copy_to(out); q.put(bytes(out[:4]))
+    buf.close()
+    q.put("closed")
+
+def opener(handle, q):
+    try:
+        handle.open()
+        q.put("opened")
+    except cc.CUDAError as e:
+        q.put(type(e).__name__)
+
+def via_queue(qi, qo):
+    buf = qi.get()
+    out = bytearray(buf.size); buf.copy_to(out); qo.put(bytes(out[:4])); buf.close()
+
+def via_socket(sock, q):
+    h = cc.IpcHandle.receive(sock)
+    with h, h.open() as buf:
+        out = bytearray(buf.size); buf.copy_to(out); q.put(bytes(out[:4]))
+
+def event_waiter(eh, q):
+    ev = eh.open()
+    s = cc.Device(0).create_stream()
+    s.wait_event(ev)
+    ev.synchronize()
+    s.synchronize()
+    q.put(ev.interprocess)
+
+def event_object_waiter(ev, q):
+    cc.Device(0).create_stream().wait_event(ev)
+    q.put(type(ev).__name__)
+"""
+
+
+def _spawn_run(body: str, allocator: str) -> list[str]:
+    code = SPAWN + "\nif __name__ == '__main__':\n    ctx = mp.get_context('spawn')\n" + textwrap.indent(textwrap.dedent(body), "    ")
+    return _run(code, CUDACORE_ALLOCATOR=allocator).splitlines()
+
+
+@pytest.mark.parametrize(("allocator", "kind"), [("pool", "pool"), ("sync", "ipc")])
+def test_shared_buffer_into_spawn_workers(allocator: str, kind: str) -> None:
+    out = _spawn_run(
+        """
+        d = cc.Device(0)
+        sb = d.allocate_shareable(4096)
+        print(sb.kind)
+        sb.copy_from(bytes(range(8)) * 512)
+        q = ctx.Queue()
+        p = ctx.Process(target=reader, args=(sb, q)); p.start()       # pickled into the worker's arguments
+        print(q.get(timeout=60)); p.join(); print(p.exitcode)
+        out = bytearray(4096); sb.copy_to(out); print(out == b"\\xaa" * 4096)  # the worker's writes are here
+        sb.copy_from(b"\\x01\\x02\\x03\\x04" * 1024)
+        qi, qo = ctx.Queue(), ctx.Queue()
+        p = ctx.Process(target=via_queue, args=(qi, qo)); p.start()
+        qi.put(sb); print(qo.get(timeout=60)); p.join()                # through a Queue
+        import socket
+        a, b = socket.socketpair()
+        p = ctx.Process(target=via_socket, args=(b, qo)); p.start()
+        with sb.export() as h:
+            h.send(a)                                                   # SCM_RIGHTS over a socket of ours
+        print(qo.get(timeout=60)); p.join()
+        sb.close(); print(sb.closed)
+        """,
+        allocator,
+    )
+    assert out == [
+        kind,
+        "('ImportedBuffer', b'\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07')",
+        "0",
+        "True",
+        "b'\\x01\\x02\\x03\\x04'",
+        "b'\\x01\\x02\\x03\\x04'",
+        "True",
+    ]
+
+
+@pytest.mark.parametrize("allocator", ["pool", "sync"])
+def test_exporter_cannot_free_what_an_importer_holds(allocator: str) -> None:
+    out = _spawn_run(
+        """
+        d = cc.Device(0)
+        sb = d.allocate_shareable(1024)
+        sb.copy_from(b"\\x05" * 1024)
+        q, go = ctx.Queue(), ctx.Event()
+        p = ctx.Process(target=holder, args=(sb.export(), q, go)); p.start()
+        child = q.get(timeout=60)
+        try:
+            sb.close()
+        except cc.IllegalStateError as e:
+            print("refused:", str(child) in str(e), sb.closed)
+        go.set()
+        print(q.get(timeout=60), q.get(timeout=60))                   # the memory was still valid
+        p.join()
+        sb.close(); print("closed:", sb.closed)
+        # A handle of memory the exporter closed opens nothing.
+        sb2 = d.allocate_shareable(64)
+        h = sb2.export()
+        sb2.close()
+        p = ctx.Process(target=opener, args=(h, q)); p.start(); print(q.get(timeout=60)); p.join()
+        """,
+        allocator,
+    )
+    assert out == ["refused: True False", "b'\\x05\\x05\\x05\\x05' closed", "closed: True", "IllegalStateError"]
+
+
+def test_importer_that_exits_without_closing_releases_its_hold() -> None:
+    out = _spawn_run(
+        """
+        d = cc.Device(0)
+        sb = d.allocate_shareable(256)
+        q = ctx.Queue()
+        p = ctx.Process(target=opener, args=(sb.export(), q)); p.start()
+        print(q.get(timeout=60)); p.join()                            # it opened and exited holding it
+        sb.close(); print(sb.closed)
+        """,
+        "pool",
+    )
+    assert out == ["opened", "True"]
+
+
+def test_collected_shared_buffer_stays_valid_while_held() -> None:
+    out = _spawn_run(
+        """
+        import gc
+        d = cc.Device(0)
+        sb = d.allocate_shareable(1 << 20)
+        sb.copy_from(b"\\x09" * (1 << 20))
+        free_before = d.memory_info()[0]
+        q, go = ctx.Queue(), ctx.Event()
+        p = ctx.Process(target=holder, args=(sb.export(), q, go)); p.start()
+        q.get(timeout=60)
+        del sb; gc.collect()                                            # collected while the child holds it
+        print(d.memory_info()[0] < free_before + (1 << 20))            # not freed yet
+        go.set(); print(q.get(timeout=60), q.get(timeout=60)); p.join()
+        d.allocate_shareable(64).close()                                # a later shareable call frees it
+        print(d.memory_info()[0] >= free_before)
+        """,
+        "sync",
+    )
+    assert out == ["True", "b'\\t\\t\\t\\t' closed", "True"]
+
+
+def test_event_shared_between_processes() -> None:
+    out = _spawn_run(
+        """
+        ev = cc.Event(0, interprocess=True)
+        print(ev.timing, ev.interprocess)
+        ev.record()
+        q = ctx.Queue()
+        p = ctx.Process(target=event_waiter, args=(ev.ipc_handle(), q)); p.start()
+        print(q.get(timeout=60)); p.join()
+        p = ctx.Process(target=event_object_waiter, args=(ev, q)); p.start()    # the Event itself pickles
+        print(q.get(timeout=60)); p.join()
+        """,
+        "pool",
+    )
+    assert out == ["False True", "True", "Event"]
+
+
+# -- in this process ------------------------------------------------------------------------------------------
+
+
+def test_shared_buffer_here() -> None:
+    d = cc.Device(0)
+    sb = d.allocate_shareable(512)
+    assert isinstance(sb, cc.SharedBuffer)
+    assert isinstance(sb, cc.Buffer)
+    assert sb.kind == d.allocation_strategy.replace("sync", "ipc")
+    sb.copy_from(b"\x03" * 512)
+    with sb.export() as h:
+        assert len(h.fds()) == (2 if sb.kind == "pool" else 1)
+        view = h.open()  # in the exporting process: a view of the same memory
+        assert view.ptr == sb.ptr
+        out = bytearray(512)
+        view.copy_to(out)
+        assert out == b"\x03" * 512
+    assert "SharedBuffer" in repr(sb)
+    later = sb.export()
+    sb.close()
+    sb.close()  # idempotent
+    assert "closed" in repr(sb)
+    with pytest.raises(cc.CUDAError) as exc:
+        sb.export()
+    assert exc.value.name == "CUDACORE_ERROR_CLOSED"
+    with pytest.raises(cc.IllegalStateError):
+        later.open()  # its memory is closed
+    later.close()
+
+
+def test_closed_handle_and_bad_arguments() -> None:
+    d = cc.Device(0)
+    sb = d.allocate_shareable(64)
+    h = sb.export()
+    h.close()
+    h.close()
+    with pytest.raises(cc.CUDAError) as exc:
+        h.open()
+    assert exc.value.name == "CUDACORE_ERROR_CLOSED"
+    with pytest.raises(cc.CUDAError):
+        pickle.dumps(h)
+    sb.close()
+    with pytest.raises(TypeError):
+        d.allocate_shareable("64")  # type: ignore[arg-type]
+    with pytest.raises(cc.InvalidValueError):
+        d.allocate_shareable(0)
+    with pytest.raises(cc.InvalidValueError):
+        d.allocate_shareable(-1)
+
+
+def test_plain_buffer_refuses_pickling_with_the_fix() -> None:
+    with cc.Device(0).allocate(64) as buf, pytest.raises(TypeError, match="allocate_shareable"):
+        pickle.dumps(buf)
+
+
+def test_interprocess_event_rules() -> None:
+    ev = cc.Event(0, interprocess=True)
+    assert ev.interprocess and not ev.timing
+    h = ev.ipc_handle()
+    assert pickle.loads(pickle.dumps(h)).handle == h.handle
+    with pytest.raises(cc.CUDAError) as exc:
+        h.open()  # the driver refuses its own process's handle
+    assert exc.value.name == "CUDA_ERROR_INVALID_CONTEXT"
+    with pytest.raises(cc.InvalidValueError):
+        cc.Event(0, interprocess=True, timing=True)
+    plain = cc.Event(0)
+    assert plain.timing and not plain.interprocess
+    with pytest.raises(cc.InvalidValueError):
+        plain.ipc_handle()
+    with pytest.raises(TypeError, match="interprocess"):
+        pickle.dumps(plain)
+    ev.close()
+    plain.close()
+
+
+def test_peer_access_on_one_device() -> None:
+    d = cc.Device(0)
+    assert d.can_access_peer(d) is False
+    with pytest.raises(cc.InvalidValueError):
+        d.enable_peer_access(0)
