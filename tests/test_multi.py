@@ -29,8 +29,9 @@ THREE = json.dumps(
 )
 
 
-def _run(code: str, **env: str) -> str:
-    r = run_python(textwrap.dedent(code), env={"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": THREE, **env}, timeout=120)
+def _run(code: str, backend: str = "sim", **env: str) -> str:
+    base = {"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": THREE} if backend == "sim" else {"CUDACORE_BACKEND": backend}
+    r = run_python(textwrap.dedent(code), env={**base, **env}, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 
@@ -199,13 +200,12 @@ def event_object_waiter(ev, q):
 """
 
 
-def _spawn_run(body: str, allocator: str) -> list[str]:
+def _spawn_run(body: str, allocator: str, backend: str = "sim") -> list[str]:
     code = SPAWN + "\nif __name__ == '__main__':\n    ctx = mp.get_context('spawn')\n" + textwrap.indent(textwrap.dedent(body), "    ")
-    return _run(code, CUDACORE_ALLOCATOR=allocator).splitlines()
+    return _run(code, backend, CUDACORE_ALLOCATOR=allocator).splitlines()
 
 
-@pytest.mark.parametrize(("allocator", "kind"), [("pool", "pool"), ("sync", "ipc")])
-def test_shared_buffer_into_spawn_workers(allocator: str, kind: str) -> None:
+def check_shared_buffer_into_spawn_workers(allocator: str, kind: str, backend: str = "sim") -> None:
     out = _spawn_run(
         """
         d = cc.Device(0)
@@ -229,6 +229,7 @@ def test_shared_buffer_into_spawn_workers(allocator: str, kind: str) -> None:
         sb.close(); print(sb.closed)
         """,
         allocator,
+        backend,
     )
     assert out == [
         kind,
@@ -241,8 +242,7 @@ def test_shared_buffer_into_spawn_workers(allocator: str, kind: str) -> None:
     ]
 
 
-@pytest.mark.parametrize("allocator", ["pool", "sync"])
-def test_exporter_cannot_free_what_an_importer_holds(allocator: str) -> None:
+def check_exporter_cannot_free_what_an_importer_holds(allocator: str, backend: str = "sim") -> None:
     out = _spawn_run(
         """
         d = cc.Device(0)
@@ -266,11 +266,12 @@ def test_exporter_cannot_free_what_an_importer_holds(allocator: str) -> None:
         p = ctx.Process(target=opener, args=(h, q)); p.start(); print(q.get(timeout=60)); p.join()
         """,
         allocator,
+        backend,
     )
     assert out == ["refused: True False", "b'\\x05\\x05\\x05\\x05' closed", "closed: True", "IllegalStateError"]
 
 
-def test_importer_that_exits_without_closing_releases_its_hold() -> None:
+def check_importer_that_exits_without_closing_releases_its_hold(backend: str = "sim") -> None:
     out = _spawn_run(
         """
         d = cc.Device(0)
@@ -281,11 +282,12 @@ def test_importer_that_exits_without_closing_releases_its_hold() -> None:
         sb.close(); print(sb.closed)
         """,
         "pool",
+        backend,
     )
     assert out == ["opened", "True"]
 
 
-def test_collected_shared_buffer_stays_valid_while_held() -> None:
+def check_collected_shared_buffer_stays_valid_while_held(backend: str = "sim") -> None:
     out = _spawn_run(
         """
         import gc
@@ -303,11 +305,12 @@ def test_collected_shared_buffer_stays_valid_while_held() -> None:
         print(d.memory_info()[0] >= free_before)
         """,
         "sync",
+        backend,
     )
     assert out == ["True", "b'\\t\\t\\t\\t' closed", "True"]
 
 
-def test_event_shared_between_processes() -> None:
+def check_event_shared_between_processes(backend: str = "sim") -> None:
     out = _spawn_run(
         """
         ev = cc.Event(0, interprocess=True)
@@ -320,8 +323,36 @@ def test_event_shared_between_processes() -> None:
         print(q.get(timeout=60)); p.join()
         """,
         "pool",
+        backend,
     )
     assert out == ["False True", "True", "Event"]
+
+
+# The checks above run here on the simulator, and in tests/test_multi_gpu.py on the real driver.
+
+ALLOCATORS = [("pool", "pool"), ("sync", "ipc")]
+
+
+@pytest.mark.parametrize(("allocator", "kind"), ALLOCATORS)
+def test_shared_buffer_into_spawn_workers(allocator: str, kind: str) -> None:
+    check_shared_buffer_into_spawn_workers(allocator, kind)
+
+
+@pytest.mark.parametrize("allocator", ["pool", "sync"])
+def test_exporter_cannot_free_what_an_importer_holds(allocator: str) -> None:
+    check_exporter_cannot_free_what_an_importer_holds(allocator)
+
+
+def test_importer_that_exits_without_closing_releases_its_hold() -> None:
+    check_importer_that_exits_without_closing_releases_its_hold()
+
+
+def test_collected_shared_buffer_stays_valid_while_held() -> None:
+    check_collected_shared_buffer_stays_valid_while_held()
+
+
+def test_event_shared_between_processes() -> None:
+    check_event_shared_between_processes()
 
 
 # -- in this process ------------------------------------------------------------------------------------------
@@ -404,3 +435,58 @@ def test_peer_access_on_one_device() -> None:
     assert d.can_access_peer(d) is False
     with pytest.raises(cc.InvalidValueError):
         d.enable_peer_access(0)
+
+
+# -- doctor and the benchmark -----------------------------------------------------------------------------------
+
+
+def test_doctor_shows_peer_matrix_and_ipc_kinds() -> None:
+    from conftest import run_cli
+
+    devices = json.dumps([{"total_memory": 1 << 30}, {"total_memory": 1 << 30, "memory_pools_supported": False}, {"total_memory": 1 << 30, "peer_group": 3}])
+    env = {"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": devices}
+    r = run_cli(["doctor"], env=env)
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    assert "peer access (row can access column)" in text
+    assert "  dev 0      -  yes   no\n" in text
+    assert "  dev 2     no   no    -\n" in text
+    # device 1 has no pools: no exportable pool, cuIpc still works
+    dev1 = text.split("  device 1\n")[1].split("  device 2\n")[0]
+    assert dev1.splitlines()[0].split()[:2] == ["posix_fd", "no"]
+    assert "CUDA_ERROR_NOT_SUPPORTED" in dev1
+    assert dev1.splitlines()[2].split()[:2] == ["cuipc_mem", "works"]
+    r = run_cli(["doctor", "--json"], env=env)
+    topo = json.loads(r.stdout)["topology"]
+    assert topo["peer_access"] == [[False, True, False], [True, False, False], [False, False, False]]
+    assert topo["ipc"][0] == {"posix_fd": "ok", "cuipc_mem": "ok", "cuipc_event": "ok"}
+
+
+def test_topology_function_in_process() -> None:
+    from cudacore._topology import topology
+
+    topo = topology()
+    n = cc.device_count()
+    assert len(topo["peer_access"]) == n
+    assert all(not topo["peer_access"][i][i] for i in range(n))
+    assert set(topo["ipc"][0]) == {"posix_fd", "cuipc_mem", "cuipc_event"}
+
+
+def test_bench_runs_on_the_simulator() -> None:
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("CUDACORE_")}
+    env["PYTHONPATH"] = str(ROOT / "python")
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "multi_gpu.py"), "--sim", "--rounds", "2"],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("backend sim, 1 device(s), 2 interleaved rounds")
+    assert any(line.startswith("ipc round trip   64 KiB  cudacore (pool)") and line.rstrip().endswith("x     -") for line in lines)
+    assert any("peer copy" in line and "skipped" in line for line in lines)
+    assert any("all_reduce" in line and "skipped" in line for line in lines)

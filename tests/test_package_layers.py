@@ -47,6 +47,7 @@ LAYERS: dict[str, int] = {
     "_device": 3,
     # 4: the tools
     "_doctor": 4,
+    "_topology": 4,  # the peer-access matrix and the ways of sharing with other processes (doctor)
     "_notebook": 4,
     "testing": 4,
     "pytest_plugin": 4,

@@ -277,7 +277,7 @@ func ProbeIPC(d *Device) map[string]string {
 	out := map[string]string{}
 	say := func(key string, err error) {
 		if err != nil {
-			out[key] = cuda.Encode(err)
+			out[key] = err.Error()
 		} else {
 			out[key] = "ok"
 		}
