@@ -69,33 +69,52 @@ func EnablePeerAccess(ordinal, peer int) (int, error) {
 	})
 }
 
+func copyPeer(streamOrdinal, dstOrdinal, dst, srcOrdinal, src, n, stream int) (int, error) {
+	const op = "cudacore.copy_peer"
+	if n < 0 {
+		return 0, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf("the copy size must be >= 0 bytes, got %d", n))
+	}
+	dd, err := process.Lookup(dstOrdinal)
+	if err != nil {
+		return 0, err
+	}
+	sd, err := process.Lookup(srcOrdinal)
+	if err != nil {
+		return 0, err
+	}
+	m, s, err := copyStream(op, streamOrdinal, stream)
+	if err != nil {
+		return 0, err
+	}
+	dp, err := devPtr(op, dst)
+	if err != nil {
+		return 0, err
+	}
+	sp, err := devPtr(op, src)
+	if err != nil {
+		return 0, err
+	}
+	return n, m.CopyPeer(dp, dd, sp, sd, uint64(n), s)
+}
+
 // CopyPeer copies n bytes from src on device srcOrdinal to dst on device dstOrdinal, on a stream of device
 // streamOrdinal (one of the two), or synchronously with stream -1. It returns n.
 //
 //cudacore:gil release
+//cudacore:door hot
 func CopyPeer(streamOrdinal, dstOrdinal, dst, srcOrdinal, src, n, stream int) (int, error) {
 	return guard("cudacore.copy_peer", func() (int, error) {
-		const op = "cudacore.copy_peer"
-		if n < 0 {
-			return 0, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf("the copy size must be >= 0 bytes, got %d", n))
-		}
-		dd, sd, err := twoDevices(dstOrdinal, srcOrdinal)
-		if err != nil {
-			return 0, err
-		}
-		m, s, err := copyStream(op, streamOrdinal, stream)
-		if err != nil {
-			return 0, err
-		}
-		dp, err := devPtr(op, dst)
-		if err != nil {
-			return 0, err
-		}
-		sp, err := devPtr(op, src)
-		if err != nil {
-			return 0, err
-		}
-		return n, m.CopyPeer(dp, dd, sp, sd, uint64(n), s)
+		return copyPeer(streamOrdinal, dstOrdinal, dst, srcOrdinal, src, n, stream)
+	})
+}
+
+// CopyPeerHeld is CopyPeer keeping the GIL, for asynchronous copies (they only enqueue).
+//
+//cudacore:gil hold
+//cudacore:door hot
+func CopyPeerHeld(streamOrdinal, dstOrdinal, dst, srcOrdinal, src, n, stream int) (int, error) {
+	return guard("cudacore.copy_peer", func() (int, error) {
+		return copyPeer(streamOrdinal, dstOrdinal, dst, srcOrdinal, src, n, stream)
 	})
 }
 

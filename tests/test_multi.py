@@ -186,6 +186,11 @@ def via_socket(sock, q):
     with h, h.open() as buf:
         out = bytearray(buf.size); buf.copy_to(out); q.put(bytes(out[:4]))
 
+def exporter(q, go):
+    sb = cc.Device(0).allocate_shareable(64)
+    q.put(sb.export())
+    go.wait(60)          # the handle has arrived; exit without closing anything
+
 def event_waiter(eh, q):
     ev = eh.open()
     s = cc.Device(0).create_stream()
@@ -271,6 +276,24 @@ def check_exporter_cannot_free_what_an_importer_holds(allocator: str, backend: s
     assert out == ["refused: True False", "b'\\x05\\x05\\x05\\x05' closed", "closed: True", "IllegalStateError"]
 
 
+def check_handle_of_an_exited_exporter_is_refused(backend: str = "sim") -> None:
+    out = _spawn_run(
+        """
+        q, go = ctx.Queue(), ctx.Event()
+        p = ctx.Process(target=exporter, args=(q, go)); p.start()
+        h = q.get(timeout=60)
+        go.set(); p.join()
+        try:
+            h.open()
+        except cc.IllegalStateError as e:
+            print("IllegalStateError", "exited" in str(e) or "closed" in str(e))
+        """,
+        "pool",
+        backend,
+    )
+    assert out == ["IllegalStateError True"]
+
+
 def check_importer_that_exits_without_closing_releases_its_hold(backend: str = "sim") -> None:
     out = _spawn_run(
         """
@@ -341,6 +364,10 @@ def test_shared_buffer_into_spawn_workers(allocator: str, kind: str) -> None:
 @pytest.mark.parametrize("allocator", ["pool", "sync"])
 def test_exporter_cannot_free_what_an_importer_holds(allocator: str) -> None:
     check_exporter_cannot_free_what_an_importer_holds(allocator)
+
+
+def test_handle_of_an_exited_exporter_is_refused() -> None:
+    check_handle_of_an_exited_exporter_is_refused()
 
 
 def test_importer_that_exits_without_closing_releases_its_hold() -> None:
@@ -415,7 +442,7 @@ def test_interprocess_event_rules() -> None:
     assert ev.interprocess and not ev.timing
     h = ev.ipc_handle()
     assert pickle.loads(pickle.dumps(h)).handle == h.handle
-    with pytest.raises(cc.CUDAError) as exc:
+    with pytest.raises(cc.InvalidHandleError) as exc:
         h.open()  # the driver refuses its own process's handle
     assert exc.value.name == "CUDA_ERROR_INVALID_CONTEXT"
     with pytest.raises(cc.InvalidValueError):

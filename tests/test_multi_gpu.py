@@ -21,6 +21,7 @@ from test_multi import (
     check_collected_shared_buffer_stays_valid_while_held,
     check_event_shared_between_processes,
     check_exporter_cannot_free_what_an_importer_holds,
+    check_handle_of_an_exited_exporter_is_refused,
     check_importer_that_exits_without_closing_releases_its_hold,
     check_shared_buffer_into_spawn_workers,
 )
@@ -50,6 +51,10 @@ def test_shared_buffer_into_spawn_workers_gpu(allocator: str, kind: str) -> None
 @pytest.mark.parametrize("allocator", ["pool", "sync"])
 def test_exporter_cannot_free_what_an_importer_holds_gpu(allocator: str) -> None:
     check_exporter_cannot_free_what_an_importer_holds(allocator, backend="cuda")
+
+
+def test_handle_of_an_exited_exporter_is_refused_gpu() -> None:
+    check_handle_of_an_exited_exporter_is_refused(backend="cuda")
 
 
 def test_importer_that_exits_without_closing_releases_its_hold_gpu() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._api import call, core
 from ._errors import CUDAError, error
 from ._handles import stream_handle
 from ._native import fast
@@ -157,7 +156,7 @@ def _peer_copy(dst: Buffer, src: Buffer, stream: object, nbytes: int | None) -> 
     if n > src.size or n > dst.size:
         raise _invalid(f"{op}: the copy is {n} bytes but the source holds {src.size} and the destination {dst.size}", op)
     if stream is None:
-        call(core.CopyPeer, dst.device_id, dst.device_id, dst.ptr, src.device_id, src.ptr, n, SYNC)
+        fast.copy_peer(dst.device_id, dst.device_id, dst.ptr, src.device_id, src.ptr, n, SYNC)
         return
     if not isinstance(stream, _Stream):
         raise TypeError(
@@ -171,4 +170,4 @@ def _peer_copy(dst: Buffer, src: Buffer, stream: object, nbytes: int | None) -> 
             "use a stream of either",
             op,
         )
-    call(core.CopyPeer, ordinal, dst.device_id, dst.ptr, src.device_id, src.ptr, n, stream_handle(stream))
+    fast.copy_peer_held(ordinal, dst.device_id, dst.ptr, src.device_id, src.ptr, n, stream_handle(stream))
