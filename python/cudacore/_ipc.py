@@ -61,6 +61,7 @@ _LEASE_MAGIC = b"cclease1"
 _SLOTS = 256  # importing processes one export can have at once
 _HEAD = struct.Struct("<8siI")  # magic, exporter pid, closed flag
 _SLOT = struct.Struct("<i")
+_ALL_SLOTS = struct.Struct(f"<{_SLOTS}i")
 
 
 class _Lease:
@@ -100,8 +101,8 @@ class _Lease:
             finally:
                 fcntl.lockf(self._fd, fcntl.LOCK_UN)
 
-    def _slots(self) -> list[int]:
-        return [_SLOT.unpack_from(self._mm, _HEAD.size + 4 * i)[0] for i in range(_SLOTS)]
+    def _slots(self) -> tuple[int, ...]:
+        return _ALL_SLOTS.unpack_from(self._mm, _HEAD.size)
 
     def take(self, pid: int) -> None:
         with self._locked():
@@ -113,10 +114,14 @@ class _Lease:
                     op="cudacore.open_shared",
                 )
             slots = self._slots()
-            free = [i for i, p in enumerate(slots) if p == 0 or not _alive(p)]
-            if not free:
-                raise error("CUDA_ERROR_ILLEGAL_STATE", f"{_SLOTS} processes hold this memory already", op="cudacore.open_shared")
-            _SLOT.pack_into(self._mm, _HEAD.size + 4 * free[0], pid)
+            if 0 in slots:
+                free = slots.index(0)
+            else:  # every slot taken: reuse one of a process that has exited
+                dead = [i for i, p in enumerate(slots) if not _alive(p)]
+                if not dead:
+                    raise error("CUDA_ERROR_ILLEGAL_STATE", f"{_SLOTS} processes hold this memory already", op="cudacore.open_shared")
+                free = dead[0]
+            _SLOT.pack_into(self._mm, _HEAD.size + 4 * free, pid)
 
     def give_back(self, pid: int) -> None:
         with self._locked():
