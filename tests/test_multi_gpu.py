@@ -162,6 +162,31 @@ def test_peer_copies_both_ways(n: int) -> None:
     s1.close()
 
 
+@pytest.mark.parametrize("shareable", [False, True])
+def test_kernel_writes_peer_pool_memory_after_enable_peer_access(shareable: bool) -> None:
+    """enable_peer_access covers the peer's pools (cuMemPoolSetAccess): a kernel on device 0 writes a
+    buffer of device 1's allocator pool, and of its exportable pool."""
+    import struct
+
+    d0, d1 = two_gpus()
+    if not d0.can_access_peer(d1):
+        pytest.skip("the two GPUs have no peer access")
+    if d1.allocation_strategy != "pool":
+        pytest.skip("device 1 does not use the pool strategy")
+    d0.enable_peer_access(d1)
+    module = d0.load_module(ROOT / "tests" / "kernels" / "fill.ptx")
+    buf = d1.allocate_shareable(4096) if shareable else d1.allocate(4096)
+    buf.copy_from(bytes(4096))
+    s = d0.create_stream()
+    module.function("fill").launch(grid=4, block=256, args=(buf, 9, 1024), stream=s)
+    s.synchronize()
+    out = bytearray(4096)
+    buf.copy_to(out)
+    assert out == struct.pack("<I", 9) * 1024
+    buf.close()
+    s.close()
+
+
 def test_peer_copy_from_threads_without_context() -> None:
     d0, d1 = two_gpus()
     import threading
