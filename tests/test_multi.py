@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import pickle
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -517,3 +518,82 @@ def test_bench_runs_on_the_simulator() -> None:
     assert any(line.startswith("ipc round trip   64 KiB  cudacore (pool)") and line.rstrip().endswith("x     -") for line in lines)
     assert any("peer copy" in line and "skipped" in line for line in lines)
     assert any("all_reduce" in line and "skipped" in line for line in lines)
+
+
+# -- the Numba plug-in's get_ipc_handle, against a stand-in for Numba's API ----------------------------------
+
+FAKE_NUMBA = {
+    "numba/__init__.py": "",
+    "numba/cuda/cudadrv/__init__.py": "",
+    "numba/cuda/__init__.py": textwrap.dedent(
+        """
+        import collections
+        MemoryInfo = collections.namedtuple("MemoryInfo", "free total")
+
+        class HostOnlyCUDAMemoryManager:
+            def __init__(self, context):
+                self.context = context
+            def initialize(self):
+                pass
+            def reset(self):
+                pass
+
+        class MemoryPointer:
+            def __init__(self, context, pointer, size, owner=None, finalizer=None):
+                self.context, self.handle, self.size, self._owner, self.finalizer = context, pointer, size, owner, finalizer
+            @property
+            def owner(self):
+                return self if self._owner is None else self._owner
+        """
+    ),
+    "numba/cuda/cudadrv/driver.py": textwrap.dedent(
+        """
+        USE_NV_BINDING = False
+
+        class IpcHandle:
+            def __init__(self, base, handle, size, source_info=None, offset=0):
+                self.base, self.handle, self.size, self.source_info, self.offset = base, handle, size, source_info, offset
+            @classmethod
+            def _rebuild(cls, handle_ary, size, source_info, offset):
+                return cls(None, bytes(b & 0xFF for b in handle_ary), size, source_info, offset)
+        """
+    ),
+}
+
+NUMBA_PROBE = """
+import json, types
+import cudacore as cc
+from cudacore import interop
+from cudacore._api import call, core
+from numba import cuda
+
+dev = types.SimpleNamespace(id=0, get_device_identity=lambda: {"pci_bus_id": "sim"})
+emm = interop.NumbaMemoryManager(types.SimpleNamespace(device=dev))
+mem = emm.memalloc(4096)
+view = cuda.MemoryPointer(mem.context, type(mem.handle)(mem.handle.value + 256), 1024, owner=mem)
+try:
+    h = emm.get_ipc_handle(view)
+except cc.NotSupportedError as e:
+    print(json.dumps({"refused": str(e)}))
+else:
+    want = json.loads(call(core.ShareExport, 0, mem.handle.value, "ipc"))["handle"]
+    print(json.dumps({"same_handle": h.handle.hex() == want, "offset": h.offset, "size": h.size,
+                      "base_is_memory": h.base is view, "source": h.source_info}))
+"""
+
+
+@pytest.mark.parametrize("allocator", ["sync", "pool"])
+def test_numba_get_ipc_handle(tmp_path: Path, allocator: str) -> None:
+    for name, text in FAKE_NUMBA.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    from conftest import ROOT
+
+    env = {"CUDACORE_BACKEND": "sim", "CUDACORE_ALLOCATOR": allocator, "PYTHONPATH": f"{tmp_path}:{ROOT / 'python'}"}
+    r = run_python(NUMBA_PROBE, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    if allocator == "pool":
+        assert "CUDACORE_ALLOCATOR=sync" in out["refused"]
+    else:
+        assert out == {"same_handle": True, "offset": 256, "size": 1024, "base_is_memory": True, "source": {"pci_bus_id": "sim"}}
