@@ -216,8 +216,10 @@ def _reduce_worker(rank: int, port: int, sizes: list[int], rounds: int, out: Any
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     d = cc.Device(rank)
     results = []
+    buffers = []  # closed after the process group is gone: NCCL's bookkeeping may hold the DLPack views
     for n in sizes:
         buf = d.allocate(n)
+        buffers.append(buf)
         view = torch.from_dlpack(buf).view(torch.float32)  # the Buffer's memory, no copy
         view.fill_(1.0)
         tensor = torch.ones(n // 4, dtype=torch.float32, device=f"cuda:{rank}")
@@ -235,11 +237,15 @@ def _reduce_worker(rank: int, port: int, sizes: list[int], rounds: int, out: Any
 
         med = interleave({"cudacore buffer": lambda view=view: timed(view), "torch tensor": lambda tensor=tensor: timed(tensor)}, rounds)
         results.append((n, med))
-        del view
-        buf.close()
+        del view, tensor
     if rank == 0:
         out.put(results)
     dist.destroy_process_group()
+    import gc
+
+    gc.collect()
+    for buf in buffers:
+        buf.close()
 
 
 def reduce_rows(rounds: int) -> list[str]:

@@ -13,6 +13,7 @@ machine requires.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import socket
@@ -33,8 +34,8 @@ def with_torch(rank: int, port: int) -> list[float]:
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    buf = cc.Device(rank).allocate(4 * N)
     try:
-        buf = cc.Device(rank).allocate(4 * N)
         x = torch.from_dlpack(buf).view(torch.float32)  # no copy: x.data_ptr() == buf.ptr
         assert x.data_ptr() == buf.ptr
         x.fill_(rank + 1.0)
@@ -42,10 +43,13 @@ def with_torch(rank: int, port: int) -> list[float]:
         torch.cuda.synchronize()
         got = _read_floats(buf)
         del x
-        buf.close()
-        return got
     finally:
         dist.destroy_process_group()
+    # The Buffer refuses to close while a DLPack consumer still holds it; NCCL's bookkeeping may keep the
+    # tensor until its process group is gone, hence the close comes last.
+    gc.collect()
+    buf.close()
+    return got
 
 
 def with_cupy(rank: int, uid_queue: Any) -> list[float] | None:
