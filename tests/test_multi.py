@@ -597,3 +597,16 @@ def test_numba_get_ipc_handle(tmp_path: Path, allocator: str) -> None:
         assert "CUDACORE_ALLOCATOR=sync" in out["refused"]
     else:
         assert out == {"same_handle": True, "offset": 256, "size": 1024, "base_is_memory": True, "source": {"pci_bus_id": "sim"}}
+
+
+def test_shareable_memory_is_refused_during_a_capture() -> None:
+    d = cc.Device(0)
+    s = d.create_stream()
+    s.begin_capture()
+    try:
+        with pytest.raises(cc.CaptureError, match="before or after the capture"):
+            d.allocate_shareable(64)
+    finally:
+        s.abort_capture()
+        s.close()
+    d.allocate_shareable(64).close()  # and fine again after it

@@ -259,17 +259,25 @@ class Device:
         """Allocate ``nbytes`` of device memory that other processes can open (a :class:`SharedBuffer`).
 
         Export it with :meth:`SharedBuffer.export` or pickle it into a ``multiprocessing`` worker: see
-        :doc:`multi-gpu`. With the pool strategy the memory comes from an exportable pool, ordered on
+        docs/multi-gpu.md. With the pool strategy the memory comes from an exportable pool, ordered on
         ``stream``; with the synchronous one from cuMemAlloc. It is not drawn from this device's allocator
         (no cache: its memory must not be reused while another process maps it).
 
+        Parameters
+        ----------
+        nbytes : int
+            The size in bytes, positive.
+        stream : Stream, optional
+            The stream the allocation and its free are ordered on (pool strategy); None: the legacy stream.
+
         Raises
         ------
-        IllegalStateError
-            From :meth:`SharedBuffer.close` while other processes hold it open.
+        InvalidValueError
+            If ``nbytes`` is not positive.
+        CaptureError
+            While a stream captures (shareable memory is made before or after a capture).
         """
         return _ipc.allocate_shareable(self, nbytes, stream)
-
 
     def allocate(self, nbytes: int, stream: object = None) -> Buffer:
         """Allocate ``nbytes`` of device memory, ordered on ``stream`` (None: the legacy default stream).
