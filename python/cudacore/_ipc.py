@@ -172,11 +172,12 @@ def _alive(pid: int) -> bool:
 class _Share:
     """Owns one shareable allocation in the exporting process (the owner of its SharedBuffer)."""
 
-    __slots__ = ("__weakref__", "device_id", "freed", "kind", "lease", "ptr", "size", "stream")
+    __slots__ = ("__weakref__", "device_id", "exported", "freed", "kind", "lease", "ptr", "size", "stream")
 
     def __init__(self, device_id: int, ptr: int, size: int, kind: str, stream: int) -> None:
         self.device_id, self.ptr, self.size, self.kind, self.stream = device_id, ptr, size, kind, stream
         self.lease: _Lease | None = None
+        self.exported: tuple[str, str] | None = None  # (handle, pool id): the same for every export
         self.freed = False
 
     def free(self) -> list[int]:
@@ -208,6 +209,18 @@ class _Share:
 
 
 _exported: dict[tuple[int, int], weakref.ReferenceType[_Share]] = {}
+_pool_fds: dict[int, int] = {}  # device -> a descriptor of its exportable pool, duplicated for each export
+_sync_events: dict[int, Event] = {}
+_sync_lock = threading.Lock()
+
+
+def _wait_for_stream(device_id: int, stream: int) -> None:
+    """Wait for the work queued so far on a stream of the device (an event recorded there, synchronized)."""
+    with _sync_lock:
+        ev = _sync_events.get(device_id)
+        if ev is None:
+            ev = _sync_events[device_id] = Event(device_id, timing=False)
+        ev.record(stream).synchronize()
 _pending: list[_Share] = []  # collected while held by importers: freed when they let go
 _pending_lock = threading.Lock()
 
@@ -251,24 +264,29 @@ class SharedBuffer(Buffer):
         share: _Share = self.owner
         if self.closed or share.freed:
             raise error("CUDACORE_ERROR_CLOSED", "cannot export a closed SharedBuffer", op="cudacore.export")
-        _reap()
+        if _pending:
+            _reap()
         if share.kind == "pool":
-            ev = Event(self.device_id, timing=False)
-            try:
-                ev.record(share.stream).synchronize()
-            finally:
-                ev.close()
-        info = json.loads(call(core.ShareExport, self.device_id, share.ptr, share.kind))
+            _wait_for_stream(self.device_id, share.stream)
+        if share.exported is None:
+            # The handle of an allocation never changes, nor does its pool's descriptor: the driver is asked
+            # once, and later exports duplicate what it gave.
+            info = json.loads(call(core.ShareExport, self.device_id, share.ptr, share.kind))
+            if info["fd"] >= 0:
+                with _pending_lock:
+                    if _pool_fds.setdefault(self.device_id, info["fd"]) != info["fd"]:
+                        os.close(info["fd"])
+            share.exported = (info["handle"], info["pool_id"])
         if share.lease is None:
             share.lease = _Lease.create()
-        pool_fd = info["fd"] if info["fd"] >= 0 else None
+        handle, pool_id = share.exported
         return IpcHandle(
             kind=share.kind,
             device_id=self.device_id,
             size=share.size,
-            handle=info["handle"],
-            pool_id=info["pool_id"],
-            pool_fd=pool_fd,
+            handle=handle,
+            pool_id=pool_id,
+            pool_fd=os.dup(_pool_fds[self.device_id]) if share.kind == "pool" else None,
             lease_fd=os.dup(share.lease.fd),
             exporter=os.getpid(),
             ptr=share.ptr,
