@@ -401,6 +401,10 @@ def test_shared_buffer_here() -> None:
         view.copy_to(out)
         assert out == b"\x03" * 512
     assert "SharedBuffer" in repr(sb)
+    again = pickle.loads(pickle.dumps(sb))  # unpickled in the exporting process: a view, no import
+    assert type(again) is cc.Buffer
+    assert again.ptr == sb.ptr
+    again.close()
     later = sb.export()
     sb.close()
     sb.close()  # idempotent
