@@ -614,3 +614,15 @@ def test_shareable_memory_is_refused_during_a_capture() -> None:
         s.abort_capture()
         s.close()
     d.allocate_shareable(64).close()  # and fine again after it
+
+
+def test_shared_buffer_outlives_its_stream() -> None:
+    d = cc.Device(0)
+    s = d.create_stream()
+    sb = d.allocate_shareable(256, stream=s)
+    sb.copy_from(b"\x01" * 256, stream=s)
+    s.close()
+    with sb.export() as h:  # the stream is gone, and so is the work it had: nothing to wait for
+        assert h.size == 256
+    sb.close()
+    assert sb.closed

@@ -41,7 +41,7 @@ from multiprocessing import context, reduction
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._api import call, core
-from ._errors import error
+from ._errors import CUDAError, error
 from ._handles import as_device, stream_handle
 from ._memory import Buffer
 from ._native import fast
@@ -188,9 +188,9 @@ class _Share:
             holders = self.lease.close_if_free()
             if holders:
                 return holders
+        call(core.ShareFree, self.device_id, self.ptr, self.kind, self.stream)
         self.freed = True
         _exported.pop((self.device_id, self.ptr), None)
-        call(core.ShareFree, self.device_id, self.ptr, self.kind, self.stream)
         if self.lease is not None:
             self.lease.release()
         return []
@@ -204,6 +204,7 @@ class _Share:
                 later = _Share(self.device_id, self.ptr, self.size, self.kind, self.stream)
                 later.lease, self.lease = self.lease, None
                 self.freed = True
+                _exported.pop((self.device_id, self.ptr), None)
                 with _pending_lock:
                     _pending.append(later)
 
@@ -220,7 +221,15 @@ def _wait_for_stream(device_id: int, stream: int) -> None:
         ev = _sync_events.get(device_id)
         if ev is None:
             ev = _sync_events[device_id] = Event(device_id, timing=False)
-        ev.record(stream).synchronize()
+        try:
+            ev.record(stream)
+        except CUDAError as exc:
+            if exc.name != "CUDACORE_ERROR_CLOSED":
+                raise
+            return  # the stream was closed: its work finished then, there is nothing to wait for
+        ev.synchronize()
+
+
 _pending: list[_Share] = []  # collected while held by importers: freed when they let go
 _pending_lock = threading.Lock()
 
