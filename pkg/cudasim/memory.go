@@ -127,6 +127,7 @@ func (v *device) resetLocked() {
 		}
 	}
 	v.drv.capMu.Unlock()
+	v.releaseShared()
 	v.used = 0
 	v.next = ptrBase + uint64(v.index)*ptrWindow
 	v.live = nil
@@ -561,6 +562,7 @@ func (d *Driver) MemPoolDestroy(c cuda.Context, mp cuda.MemPool) error {
 	}
 	v.trimPool(p, 0)
 	delete(v.pools, mp)
+	p.shared.close() // blocks still allocated from it keep their mappings
 	// Blocks still allocated from it stay valid and are released when freed; their pool is gone, so
 	// they no longer return to a cache.
 	for _, a := range v.live {

@@ -601,3 +601,26 @@ func (d *Driver) waitForeignEvent(op string, c cuda.Context, sh cuda.Stream, own
 	}
 	return nil
 }
+
+func (f *shmFile) close() {
+	if f != nil && f.fd >= 0 {
+		_ = unix.Close(f.fd)
+		f.fd = -1
+	}
+}
+
+// releaseShared unmaps the shared memory of a context being destroyed: its allocations' mappings, its
+// pools' cached blocks and files.
+func (v *device) releaseShared() {
+	for _, a := range v.live {
+		a.shm.unmap()
+		a.shm = nil
+	}
+	for _, p := range v.pools {
+		for _, a := range p.cache {
+			a.shm.unmap()
+			a.shm = nil
+		}
+		p.shared.close()
+	}
+}

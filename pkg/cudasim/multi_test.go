@@ -217,3 +217,37 @@ func TestParsePeerGroup(t *testing.T) {
 		requireResult(t, cuda.ErrorInvalidValue, cudasim.EnvDevices, err)
 	}
 }
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(entries)
+}
+
+// Shared memory is given back: a destroyed pool's file, a freed allocation's file, a released context's.
+func TestSharedMemoryIsReleased(t *testing.T) {
+	e := start(t)
+	before := openFDs(t)
+	for range 20 {
+		pool, err := e.d.MemPoolCreateShareable(e.ctx, 0, cuda.HandlePosixFD)
+		require.NoError(t, err)
+		p, err := e.d.MemAllocFromPoolAsync(e.ctx, 4096, pool, cuda.StreamLegacy)
+		require.NoError(t, err)
+		require.NoError(t, e.d.MemFreeAsync(e.ctx, p, cuda.StreamLegacy))
+		require.NoError(t, e.d.MemPoolDestroy(e.ctx, pool))
+		q, err := e.d.MemAlloc(e.ctx, 4096)
+		require.NoError(t, err)
+		_, err = e.d.IpcGetMemHandle(e.ctx, q)
+		require.NoError(t, err)
+		require.NoError(t, e.d.MemFree(e.ctx, q))
+	}
+	_, err := e.d.MemPoolCreateShareable(e.ctx, 0, cuda.HandlePosixFD)
+	require.NoError(t, err)
+	q, err := e.d.MemAlloc(e.ctx, 4096)
+	require.NoError(t, err)
+	_, err = e.d.IpcGetMemHandle(e.ctx, q)
+	require.NoError(t, err)
+	require.NoError(t, e.d.PrimaryCtxRelease(0)) // the last release destroys the context and all of it
+	assert.Equal(t, before, openFDs(t))
+}
