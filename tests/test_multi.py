@@ -626,3 +626,16 @@ def test_shared_buffer_outlives_its_stream() -> None:
         assert h.size == 256
     sb.close()
     assert sb.closed
+
+
+def test_allreduce_example_says_what_it_needs_on_the_simulator() -> None:
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("CUDACORE_")}
+    env.update(CUDACORE_BACKEND="sim", PYTHONPATH=str(ROOT / "python"))
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "allreduce.py")], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "this example needs 2 GPUs (the CUDA backend)"
