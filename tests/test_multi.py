@@ -9,6 +9,7 @@ processes for real: the simulator keeps shareable memory in shared memory (see d
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import textwrap
 from pathlib import Path
@@ -510,7 +511,7 @@ def test_bench_runs_on_the_simulator() -> None:
 
     from conftest import ROOT
 
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("CUDACORE_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDACORE_")}
     env["PYTHONPATH"] = str(ROOT / "python")
     r = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "multi_gpu.py"), "--sim", "--rounds", "2"],
@@ -634,7 +635,7 @@ def test_allreduce_example_says_what_it_needs_on_the_simulator() -> None:
 
     from conftest import ROOT
 
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("CUDACORE_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDACORE_")}
     env.update(CUDACORE_BACKEND="sim", PYTHONPATH=str(ROOT / "python"))
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "allreduce.py")], env=env, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
