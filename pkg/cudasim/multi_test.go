@@ -205,6 +205,24 @@ func TestPeerGroups(t *testing.T) {
 	got := make([]byte, 64)
 	require.NoError(t, e.d.MemcpyDtoH(e.ctx, got, dst))
 	assert.Equal(t, pattern64(4), got)
+	requireResult(t, cuda.ErrorInvalidValue, "cuMemcpyPeerAsync", e.d.MemcpyPeerAsync(e.ctx, dst, e.ctx, src, c2, 65, cuda.StreamLegacy))
+	requireResult(t, cuda.ErrorInvalidContext, "cuMemcpyPeerAsync", e.d.MemcpyPeerAsync(e.ctx, dst, e.ctx, src, 0x1234, 64, cuda.StreamLegacy))
+
+	// Inside a capture the simulator refuses a peer copy (it does not record one).
+	s, err := e.d.StreamCreate(e.ctx, cuda.StreamNonBlocking, 0)
+	require.NoError(t, err)
+	require.NoError(t, e.d.StreamBeginCapture(e.ctx, s, cuda.CaptureModeRelaxed))
+	requireResult(t, cuda.ErrorNotSupported, "cuMemcpyPeerAsync", e.d.MemcpyPeerAsync(e.ctx, dst, e.ctx, src, c2, 64, s))
+	g, err := e.d.StreamEndCapture(e.ctx, s)
+	require.NoError(t, err)
+	require.NoError(t, e.d.GraphDestroy(e.ctx, g))
+
+	// The same IPC handle for the same allocation.
+	h1, err := e.d.IpcGetMemHandle(e.ctx, dst)
+	require.NoError(t, err)
+	h2, err := e.d.IpcGetMemHandle(e.ctx, dst)
+	require.NoError(t, err)
+	assert.Equal(t, h1, h2)
 }
 
 func TestParsePeerGroup(t *testing.T) {
