@@ -521,8 +521,16 @@ def test_bench_runs_on_the_simulator() -> None:
     lines = r.stdout.splitlines()
     assert lines[0].startswith("backend sim, 1 device(s), 2 interleaved rounds")
     assert any(line.startswith("ipc round trip   64 KiB  cudacore (pool)") and line.rstrip().endswith("x     -") for line in lines)
-    assert any("peer copy" in line and "skipped" in line for line in lines)
+    assert any("peer copy" in line and "skipped: needs 2 devices" in line for line in lines)
     assert any("all_reduce" in line and "skipped" in line for line in lines)
+    # With two simulated devices the peer rows run (cudacore alone: no cuda.bindings or CuPy here).
+    env["CUDACORE_SIM_DEVICES"] = json.dumps([{"total_memory": 1 << 30}, {"total_memory": 1 << 30}])
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "multi_gpu.py"), "--sim", "--rounds", "1"],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert any(line.startswith("peer copy    1 MiB  cudacore") and "GB/s" in line for line in r.stdout.splitlines()), r.stdout
 
 
 # -- the Numba plug-in's get_ipc_handle, against a stand-in for Numba's API ----------------------------------
