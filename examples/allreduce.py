@@ -70,6 +70,7 @@ def with_cupy(rank: int, uid_queue: Any) -> list[float] | None:
         dev = cc.Device(rank)
         buf = dev.allocate(4 * N)
         cupy.from_dlpack(buf).view(cupy.float32).fill(rank + 1.0)  # the same memory, through DLPack
+        cupy.cuda.get_current_stream().synchronize()  # CuPy's fill before NCCL's stream reads the buffer
         stream = dev.create_stream()
         # NCCL in place on the Buffer's address, ordered on a cudacore stream.
         comm.allReduce(buf.ptr, buf.ptr, N, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.handle)
