@@ -7,8 +7,9 @@ machine's speed drifts between runs: compare within one run), and the table give
   stream, against cuMemcpyPeerAsync through cuda.bindings and CuPy's ``memcpyPeerAsync``, on the same
   buffers and stream (ratio to cuda.bindings; target >= 0.95, and at least CuPy's);
 - IPC round trip: export in this process, open and close in a second process (spawned once, fed handles
-  through a pipe; the transport is not timed), against CuPy's ``ipcGetMemHandle`` / ``ipcOpenMemHandle`` /
-  ``ipcCloseMemHandle`` (target: no slower than CuPy);
+  through a pipe; the transport is not timed), for both kinds of shareable memory (an exportable pool's
+  block; cuMemAlloc memory with a cuIpcMemHandle), against CuPy's ``ipcGetMemHandle`` /
+  ``ipcOpenMemHandle`` / ``ipcCloseMemHandle`` (target: no slower than CuPy);
 - all_reduce across 2 GPUs in 2 processes (torch.distributed, NCCL): of a cudacore buffer through DLPack
   against a torch tensor of the same size (target: the same time).
 
@@ -161,17 +162,20 @@ def ipc_rows(rounds: int, size: int) -> list[str]:
     worker.start()
     try:
         d = cc.Device(0)
-        shared = d.allocate_shareable(size)
+        kinds = ["pool", "ipc"] if d.memory_pools_supported else ["ipc"]
+        shared = {kind: d.allocate_shareable(size, kind=kind) for kind in kinds}
 
-        def cudacore_trip() -> float:
+        def cudacore_trip(buf: Any) -> float:
             t = time.perf_counter()
-            h = shared.export()
+            h = buf.export()
             dt = time.perf_counter() - t
             parent.send(("cudacore", h))
             h.close()
             return dt + float(parent.recv())
 
-        contenders: dict[str, Callable[[], float]] = {f"cudacore ({shared.kind})": cudacore_trip}
+        contenders: dict[str, Callable[[], float]] = {
+            f"cudacore ({kind})": (lambda buf=buf: cudacore_trip(buf)) for kind, buf in shared.items()
+        }
         try:
             import cupy
 
@@ -196,7 +200,8 @@ def ipc_rows(rounds: int, size: int) -> list[str]:
         for name, secs in result.items():
             ratio = f"{secs / base:6.3f}" if base else "     -"
             rows.append(f"ipc round trip {fmt_size(size):>8}  {name:<18}{secs * 1e6:9.1f} us     x{ratio}")
-        shared.close()
+        for buf in shared.values():
+            buf.close()
         if cupy_mem is not None:
             cupy.cuda.runtime.free(cupy_mem)
         return rows

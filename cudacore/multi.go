@@ -133,10 +133,10 @@ func ShareKind(ordinal int) (string, error) {
 }
 
 // ShareAllocate allocates size bytes of memory another process can open, ordered on stream, and returns
-// its address; free it with ShareFree.
+// its address; free it with ShareFree. kind is "pool", "ipc", or "" for the device's (ShareKind).
 //
 //cudacore:gil release
-func ShareAllocate(ordinal, size, stream int) (int, error) {
+func ShareAllocate(ordinal, size, stream int, kind string) (int, error) {
 	return guard("cudacore.allocate_shareable", func() (int, error) {
 		const op = "cudacore.allocate_shareable"
 		if size <= 0 {
@@ -146,7 +146,7 @@ func ShareAllocate(ordinal, size, stream int) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		p, err := d.ShareAllocate(uint64(size), cuda.Stream(uint64(stream)))
+		p, err := d.ShareAllocate(uint64(size), cuda.Stream(uint64(stream)), kind)
 		return int(p), err
 	})
 }

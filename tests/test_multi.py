@@ -278,6 +278,24 @@ def check_exporter_cannot_free_what_an_importer_holds(allocator: str, backend: s
     assert out == ["refused: True False", "b'\\x05\\x05\\x05\\x05' closed", "closed: True", "IllegalStateError"]
 
 
+def check_kind_chosen_per_buffer(backend: str = "sim") -> None:
+    """On a pool device, kind="ipc" gives cuMemAlloc memory with a cuIpc handle: it crosses the same way."""
+    out = _spawn_run(
+        """
+        d = cc.Device(0)
+        sb = d.allocate_shareable(64, kind="ipc")
+        print(d.allocation_strategy, sb.kind)
+        sb.copy_from(bytes(range(64)))
+        q = ctx.Queue()
+        p = ctx.Process(target=reader, args=(sb, q)); p.start(); print(q.get(timeout=60)); p.join()
+        sb.close()
+        """,
+        "pool",
+        backend,
+    )
+    assert out == ["pool ipc", "('ImportedBuffer', b'\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07')"]
+
+
 def check_handle_of_an_exited_exporter_is_refused(backend: str = "sim") -> None:
     out = _spawn_run(
         """
@@ -366,6 +384,28 @@ def test_shared_buffer_into_spawn_workers(allocator: str, kind: str) -> None:
 @pytest.mark.parametrize("allocator", ["pool", "sync"])
 def test_exporter_cannot_free_what_an_importer_holds(allocator: str) -> None:
     check_exporter_cannot_free_what_an_importer_holds(allocator)
+
+
+def test_kind_chosen_per_buffer() -> None:
+    check_kind_chosen_per_buffer()
+
+
+def test_kind_pool_needs_memory_pools() -> None:
+    devices = json.dumps([{"total_memory": 1 << 30, "memory_pools_supported": False}])
+    out = _run(
+        """
+        import cudacore as cc
+        d = cc.Device(0)
+        print(d.allocate_shareable(64).kind)
+        for kind in ("pool", "bogus"):
+            try:
+                d.allocate_shareable(64, kind=kind)
+            except cc.CUDAError as e:
+                print(type(e).__name__)
+        """,
+        CUDACORE_SIM_DEVICES=devices,
+    )
+    assert out.splitlines() == ["ipc", "NotSupportedError", "InvalidValueError"]
 
 
 def test_handle_of_an_exited_exporter_is_refused() -> None:
@@ -520,7 +560,8 @@ def test_bench_runs_on_the_simulator() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("backend sim, 1 device(s), 2 interleaved rounds")
-    assert any(line.startswith("ipc round trip   64 KiB  cudacore (pool)") and line.rstrip().endswith("x     -") for line in lines)
+    for kind in ("pool", "ipc"):
+        assert any(line.startswith(f"ipc round trip   64 KiB  cudacore ({kind})") and line.rstrip().endswith("x     -") for line in lines)
     assert any("peer copy" in line and "skipped: needs 2 devices" in line for line in lines)
     assert any("all_reduce" in line and "skipped" in line for line in lines)
     # With two simulated devices the peer rows run (cudacore alone: no cuda.bindings or CuPy here).

@@ -23,6 +23,7 @@ from test_multi import (
     check_exporter_cannot_free_what_an_importer_holds,
     check_handle_of_an_exited_exporter_is_refused,
     check_importer_that_exits_without_closing_releases_its_hold,
+    check_kind_chosen_per_buffer,
     check_shared_buffer_into_spawn_workers,
 )
 
@@ -51,6 +52,43 @@ def test_shared_buffer_into_spawn_workers_gpu(allocator: str, kind: str) -> None
 @pytest.mark.parametrize("allocator", ["pool", "sync"])
 def test_exporter_cannot_free_what_an_importer_holds_gpu(allocator: str) -> None:
     check_exporter_cannot_free_what_an_importer_holds(allocator, backend="cuda")
+
+
+def test_kind_chosen_per_buffer_gpu() -> None:
+    check_kind_chosen_per_buffer(backend="cuda")
+
+
+def test_cupy_opens_an_ipc_kind_handle() -> None:
+    """kind="ipc" memory carries a real cuIpcMemHandle: CuPy opens it in another process without cudacore."""
+    pytest.importorskip("cupy")
+    code = textwrap.dedent(
+        """
+        import multiprocessing as mp
+
+        def child(raw, q):
+            import cupy
+            ptr = cupy.cuda.runtime.ipcOpenMemHandle(raw)
+            mem = cupy.cuda.UnownedMemory(ptr, 16, None)
+            arr = cupy.ndarray((16,), cupy.uint8, cupy.cuda.MemoryPointer(mem, 0))
+            q.put(bytes(arr.get().tobytes()))
+            cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+
+        if __name__ == "__main__":
+            import cudacore as cc
+            sb = cc.Device(0).allocate_shareable(16, kind="ipc")
+            sb.copy_from(bytes(range(16)))
+            with sb.export() as h:
+                raw = bytes.fromhex(h.handle)
+            ctx = mp.get_context("spawn")
+            q = ctx.Queue()
+            p = ctx.Process(target=child, args=(raw, q)); p.start()
+            print(q.get(timeout=120) == bytes(range(16))); p.join()
+            sb.close()
+        """
+    )
+    r = run_python(code, env={"CUDACORE_BACKEND": "cuda", **NO_MULTICAST}, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "True"
 
 
 def test_handle_of_an_exited_exporter_is_refused_gpu() -> None:

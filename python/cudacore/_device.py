@@ -255,12 +255,12 @@ class Device:
 
     # -- memory -----------------------------------------------------------------------------------------
 
-    def allocate_shareable(self, nbytes: int, stream: object = None) -> _ipc.SharedBuffer:
+    def allocate_shareable(self, nbytes: int, stream: object = None, *, kind: str | None = None) -> _ipc.SharedBuffer:
         """Allocate ``nbytes`` of device memory that other processes can open (a :class:`SharedBuffer`).
 
         Export it with :meth:`SharedBuffer.export` or pickle it into a ``multiprocessing`` worker: see
-        docs/multi-gpu.md. With the pool strategy the memory comes from an exportable pool, ordered on
-        ``stream``; with the synchronous one from cuMemAlloc. It is not drawn from this device's allocator
+        docs/multi-gpu.md. By default, with the pool strategy the memory comes from an exportable pool,
+        ordered on ``stream``, and with the synchronous one from cuMemAlloc (see ``kind``). It is not drawn from this device's allocator
         (no cache: its memory must not be reused while another process maps it).
 
         Parameters
@@ -268,16 +268,22 @@ class Device:
         nbytes : int
             The size in bytes, positive.
         stream : Stream, optional
-            The stream the allocation and its free are ordered on (pool strategy); None: the legacy stream.
+            The stream the allocation and its free are ordered on (pool kind); None: the legacy stream.
+        kind : {None, "pool", "ipc"}
+            How the memory is shared: None follows the allocation strategy; ``"ipc"`` asks for cuMemAlloc
+            memory with a cuIpcMemHandle (which other libraries, CuPy's ``ipcOpenMemHandle`` for one, can
+            open too), ``"pool"`` for an exportable pool's block (needs memory pools).
 
         Raises
         ------
         InvalidValueError
-            If ``nbytes`` is not positive.
+            If ``nbytes`` is not positive, or ``kind`` unknown.
+        NotSupportedError
+            For ``kind="pool"`` on a device without memory pools.
         CaptureError
             While a stream captures (shareable memory is made before or after a capture).
         """
-        return _ipc.allocate_shareable(self, nbytes, stream)
+        return _ipc.allocate_shareable(self, nbytes, stream, kind)
 
     def allocate(self, nbytes: int, stream: object = None) -> Buffer:
         """Allocate ``nbytes`` of device memory, ordered on ``stream`` (None: the legacy default stream).

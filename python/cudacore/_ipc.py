@@ -330,14 +330,17 @@ class SharedBuffer(Buffer):
         return f"<cudacore.SharedBuffer 0x{self.ptr:x}, {self.size} bytes, device {self.device_id}, {self.kind}>"
 
 
-def allocate_shareable(device: Device, nbytes: int, stream: object = None) -> SharedBuffer:
+def allocate_shareable(device: Device, nbytes: int, stream: object = None, kind: str | None = None) -> SharedBuffer:
     if isinstance(nbytes, bool) or not isinstance(nbytes, int):
         raise TypeError(f"nbytes must be an int, not {type(nbytes).__name__}")
-    _reap()
+    if kind is not None and kind not in ("pool", "ipc"):
+        raise error("CUDA_ERROR_INVALID_VALUE", f'unknown kind {kind!r}: use "pool", "ipc" or None (the device\'s)', op="cudacore.allocate_shareable")
+    if _pending:
+        _reap()
     handle = stream_handle(stream)
     ordinal = device.device_id
-    kind = call(core.ShareKind, ordinal)
-    ptr = call(core.ShareAllocate, ordinal, nbytes, handle)
+    kind = kind or call(core.ShareKind, ordinal)
+    ptr = call(core.ShareAllocate, ordinal, nbytes, handle, kind)
     share = _Share(ordinal, ptr, nbytes, kind, handle)
     _exported[(ordinal, ptr)] = weakref.ref(share)
     buf = fast.borrow(SharedBuffer, ordinal, ptr, nbytes, handle, share)

@@ -139,14 +139,26 @@ func refuseDuringCapture(op string) error {
 }
 
 // ShareAllocate allocates size bytes of shareable memory on d, ordered on h for the pool kind.
-func (d *Device) ShareAllocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
+// kind is KindPool, KindIPC, or "" for ShareKind's; KindPool needs a device with memory pools.
+func (d *Device) ShareAllocate(size uint64, h cuda.Stream, kind string) (cuda.DevicePtr, error) {
 	const op = "cudacore.allocate_shareable"
 	if err := refuseDuringCapture(op); err != nil {
 		return 0, err
 	}
+	if kind == "" {
+		kind = d.ShareKind()
+	}
 	drv, ctx := d.Driver(), d.Context()
-	if d.ShareKind() == KindIPC {
+	switch kind {
+	case KindIPC:
 		return drv.MemAlloc(ctx, size)
+	case KindPool:
+		if !d.Properties().MemoryPoolsSupported {
+			return 0, cuda.NewError(op, cuda.ErrorNotSupported, fmt.Sprintf(
+				"%s has no memory pools, so no exportable pool: use kind %q (cuIpc handles)", d, KindIPC))
+		}
+	default:
+		return 0, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf("unknown kind of shared memory %q: want %q or %q", kind, KindPool, KindIPC))
 	}
 	pool, err := d.sharePool()
 	if err != nil {

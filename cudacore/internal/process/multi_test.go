@@ -48,7 +48,7 @@ func TestPeersAndSharingOnTheSimulator(t *testing.T) {
 	assert.ErrorIs(t, d0.EnablePeerAccess(d0), cuda.ErrInvalidValue)
 
 	// d1's exportable pool, made after peer access was enabled, is opened to d0 as it is made.
-	p, err := d1.ShareAllocate(4096, 0)
+	p, err := d1.ShareAllocate(4096, 0, "")
 	require.NoError(t, err)
 	multiMu.Lock()
 	share1 := sharePools[1]
