@@ -333,3 +333,24 @@ func ProbeIPC(d *Device) map[string]string {
 	}())
 	return out
 }
+
+// regrantPeersLocked opens d's allocator pool, new after a strategy switch, to the devices that were
+// given access to d's memory (EnablePeerAccess). The caller holds devMu, so peers are read from devices.
+func (d *Device) regrantPeersLocked() error {
+	pool := d.Memory().Pool()
+	if pool == nil {
+		return nil
+	}
+	multiMu.Lock()
+	defer multiMu.Unlock()
+	for ordinal := range peersOf[d.Ordinal()] {
+		peer, ok := devices[ordinal]
+		if !ok {
+			continue
+		}
+		if err := d.Driver().MemPoolSetAccess(d.Context(), pool.Handle(), peer.Handle(), cuda.AccessReadWrite); err != nil {
+			return err
+		}
+	}
+	return nil
+}

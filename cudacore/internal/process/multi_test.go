@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/memory"
 )
 
 // This file sorts before process_test.go, so its test opens the process's simulator, with three devices:
@@ -78,6 +79,15 @@ func TestPeersAndSharingOnTheSimulator(t *testing.T) {
 	_, err = d1.ShareImport("bogus", e.Handle, -1, "")
 	assert.ErrorIs(t, err, cuda.ErrInvalidValue)
 	require.NoError(t, d1.ShareFree(p, KindPool, 0))
+
+	// A strategy switch makes a new allocator pool: the peers keep their access to it.
+	require.NoError(t, d1.SetStrategy("sync", memory.StackOptions{}))
+	require.NoError(t, d1.SetStrategy("pool", memory.StackOptions{OwnPool: true}))
+	newPool := d1.Memory().Pool().Handle()
+	require.NotEqual(t, pool1, newPool)
+	acc, err = drv.MemPoolGetAccess(d1.Context(), newPool, d0.Handle())
+	require.NoError(t, err)
+	assert.Equal(t, cuda.AccessReadWrite, acc, "the new pool is opened to the peer too")
 
 	probe := ProbeIPC(d2)
 	assert.Equal(t, map[string]string{"posix_fd": "ok", "cuipc_mem": "ok", "cuipc_event": "ok"}, probe)
