@@ -307,3 +307,18 @@ func IpcProbe(ordinal int) (string, error) {
 		return string(b), err
 	})
 }
+
+// ShareRelease gives the memory that the device's exportable pool keeps for reuse back to the device (call
+// it after a synchronize, as MemoryRelease does one: blocks whose free the stream has not reached stay). It
+// returns 0.
+//
+//cudacore:gil release
+func ShareRelease(ordinal int) (int, error) {
+	return guard("cudacore.release", func() (int, error) {
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		return 0, d.ShareRelease()
+	})
+}

@@ -22,6 +22,13 @@ from conftest import run_python
 
 pytestmark = pytest.mark.sim
 
+
+@pytest.fixture(autouse=True)
+def _give_back_shareable_memory() -> object:
+    """The in-process tests leave device 0 as they found it: freed shareable blocks back to the device."""
+    yield
+    cc.Device(0).release_cached_memory()
+
 THREE = json.dumps(
     [
         {"name": "sim0", "total_memory": 1 << 30},
@@ -689,3 +696,13 @@ def test_allreduce_example_says_what_it_needs_on_the_simulator() -> None:
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "allreduce.py")], env=env, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "this example needs 2 GPUs (the CUDA backend)"
+
+
+def test_release_cached_memory_gives_back_the_exportable_pool() -> None:
+    d = cc.Device(0)
+    d.release_cached_memory()
+    free = d.memory_info()[0]
+    d.allocate_shareable(1 << 20, kind="pool").close()
+    assert d.memory_info()[0] < free  # the freed block stays reserved for reuse
+    d.release_cached_memory()
+    assert d.memory_info()[0] == free

@@ -346,8 +346,11 @@ class Device:
         return call(core.MemoryResetPeak, self._ordinal)
 
     def release_cached_memory(self) -> int:
-        """Give the allocator's cached memory back to the device; returns the bytes still cached."""
-        return call(core.MemoryRelease, self._ordinal)
+        """Give the allocator's cached memory back to the device, and what the exportable pool of
+        :meth:`allocate_shareable` keeps for reuse; returns the bytes the allocator still caches."""
+        cached = call(core.MemoryRelease, self._ordinal)  # synchronizes the device first
+        call(core.ShareRelease, self._ordinal)
+        return cached
 
     @property
     def memory_limit(self) -> int | None:

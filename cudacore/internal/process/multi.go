@@ -354,3 +354,14 @@ func (d *Device) regrantPeersLocked() error {
 	}
 	return nil
 }
+
+// ShareRelease trims d's exportable pool to nothing (cuMemPoolTrimTo), if it has one.
+func (d *Device) ShareRelease() error {
+	multiMu.Lock()
+	pool, ok := sharePools[d.Ordinal()]
+	multiMu.Unlock()
+	if !ok {
+		return nil
+	}
+	return d.Driver().MemPoolTrimTo(d.Context(), pool, 0)
+}
