@@ -243,4 +243,6 @@ type Driver interface {
 	// LaunchKernel launches f (cuLaunchKernel). params holds each kernel argument's bytes in order; the
 	// driver copies them before returning.
 	LaunchKernel(ctx Context, f Function, grid, block Dim3, sharedMem uint32, s Stream, params [][]byte) error
+
+	MultiDriver // peer access, shared pools and IPC (multi.go)
 }

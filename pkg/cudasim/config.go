@@ -47,6 +47,10 @@ type DeviceConfig struct {
 	Integrated           bool     `json:"integrated"`
 	UUID                 [16]byte `json:"uuid"`
 	PCIBusID             string   `json:"pci_bus_id"`
+	// PeerGroup says which devices can access each other's memory (cuDeviceCanAccessPeer): those with
+	// the same group, 0 unless set. A device alone in its group has no peers, like GPUs of two PCIe root
+	// complexes without a switch between them.
+	PeerGroup int `json:"peer_group"`
 }
 
 // H100 returns the device measured in docs/driver-facts.md: NVIDIA H100 80GB HBM3, compute capability 9.0.
@@ -160,6 +164,8 @@ func validate(i int, c DeviceConfig) *cuda.Error {
 		return configError("device %d: multiprocessor_count %d must be between 1 and 4096", i, c.MultiprocessorCount)
 	case !pciBusIDRe.MatchString(c.PCIBusID):
 		return configError("device %d: pci_bus_id %q is not of the form 0000:18:00.0", i, c.PCIBusID)
+	case c.PeerGroup < 0 || c.PeerGroup > MaxDevices:
+		return configError("device %d: peer_group %d must be between 0 and %d", i, c.PeerGroup, MaxDevices)
 	}
 	return nil
 }
@@ -177,6 +183,7 @@ type jsonDevice struct {
 	Integrated           *bool            `json:"integrated"`
 	UUID                 *json.RawMessage `json:"uuid"`
 	PCIBusID             *string          `json:"pci_bus_id"`
+	PeerGroup            *json.Number     `json:"peer_group"`
 }
 
 // ParseDevices parses a CUDACORE_SIM_DEVICES value: a JSON list of device objects whose omitted fields
@@ -258,6 +265,13 @@ func ParseDevices(data []byte) ([]DeviceConfig, error) {
 		}
 		if r.PCIBusID != nil {
 			c.PCIBusID = *r.PCIBusID
+		}
+		if r.PeerGroup != nil {
+			v, err := strconv.ParseInt(r.PeerGroup.String(), 10, 32)
+			if err != nil {
+				return nil, configError("device %d: peer_group %q must be a whole number", i, r.PeerGroup.String())
+			}
+			c.PeerGroup = int(v)
 		}
 		// Explicit zeros were meant: validate them rather than letting normalize default them.
 		if c.UUID == [16]byte{} {

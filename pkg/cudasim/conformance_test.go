@@ -20,3 +20,14 @@ func TestConformanceSmallTCC(t *testing.T) {
 		}))
 	})
 }
+
+// Two peers and a third device that lacks peer access: the multi-device part of the suite runs in full.
+func TestConformanceThreeDevices(t *testing.T) {
+	conformance.Run(t, func(t *testing.T) cuda.Driver {
+		return cudasim.New(cudasim.WithDevices(
+			cudasim.DeviceConfig{Name: "sim0", TotalMemory: 1 << 30, MemoryPoolsSupported: true},
+			cudasim.DeviceConfig{Name: "sim1", TotalMemory: 1 << 30, MemoryPoolsSupported: true},
+			cudasim.DeviceConfig{Name: "sim-far", TotalMemory: 1 << 30, MemoryPoolsSupported: true, PeerGroup: 1},
+		))
+	})
+}

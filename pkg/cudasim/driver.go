@@ -208,7 +208,11 @@ func init() {
 	cuStreamIsCapturing cuCtxGetStreamPriorityRange cuEventCreate cuEventDestroy_v2 cuEventRecord
 	cuEventQuery cuEventSynchronize cuEventElapsedTime_v2 cuGraphInstantiateWithFlags cuGraphUpload
 	cuGraphLaunch cuGraphExecUpdate_v2 cuGraphExecDestroy cuGraphDestroy cuGraphGetNodes cuModuleLoadData
-	cuModuleUnload cuModuleGetFunction cuFuncGetAttribute cuLaunchKernel`) {
+	cuModuleUnload cuModuleGetFunction cuFuncGetAttribute cuLaunchKernel cuDeviceCanAccessPeer
+	cuCtxEnablePeerAccess cuMemcpyPeerAsync cuMemPoolSetAccess cuMemPoolGetAccess
+	cuMemPoolExportToShareableHandle cuMemPoolImportFromShareableHandle cuMemPoolExportPointer
+	cuMemPoolImportPointer cuIpcGetMemHandle cuIpcOpenMemHandle_v2 cuIpcCloseMemHandle cuIpcGetEventHandle
+	cuIpcOpenEventHandle`) {
 		entryPoints[n] = true
 	}
 }

@@ -37,6 +37,8 @@ const (
 	kindManaged
 	kindPool
 	kindGraph
+	kindImported  // cuMemPoolImportPointer: another process's pool block, freed with MemFree/MemFreeAsync
+	kindIpcOpened // cuIpcOpenMemHandle: another process's allocation, closed with IpcCloseMemHandle
 )
 
 // alloc is one device allocation. data is made on first touch, so a large allocation nobody writes costs
@@ -56,9 +58,15 @@ type alloc struct {
 	// before its first launch it is no allocation at all, and one still live when its graph is destroyed
 	// stays until it is freed (orphan: released then).
 	graphLive, orphan bool
+	// shm backs the bytes with shared memory instead of data: blocks of exportable pools, allocations
+	// whose IPC handle was taken, and imports of either (multi.go).
+	shm *shmMap
 }
 
 func (a *alloc) bytes() []byte {
+	if a.shm != nil {
+		return a.shm.mem[:a.size]
+	}
 	if a.data == nil {
 		a.data = make([]byte, a.size)
 	}
@@ -74,6 +82,11 @@ type pool struct {
 	reservedHigh uint64
 	usedHigh     uint64
 	cache        []*alloc // freed blocks kept reserved for reuse
+	// Exportable and imported pools (multi.go): shared backs every block of an exportable pool; an
+	// imported pool only maps blocks other processes allocated.
+	shared   *shmFile
+	imported bool
+	access   map[int]cuda.AccessFlags // granted to other devices with cuMemPoolSetAccess
 }
 
 type device struct {
@@ -100,6 +113,7 @@ type device struct {
 	modules     map[cuda.Module]*module
 	funcs       map[cuda.Function]*function
 	limits      map[cuda.Limit]uint64
+	peers       map[int]bool // devices this context may access (cuCtxEnablePeerAccess)
 }
 
 func newDevice(d *Driver, i int, cfg DeviceConfig) *device {
@@ -118,6 +132,7 @@ func (v *device) resetLocked() {
 		}
 	}
 	v.drv.capMu.Unlock()
+	v.releaseShared()
 	v.used = 0
 	v.next = ptrBase + uint64(v.index)*ptrWindow
 	v.live = nil
@@ -132,6 +147,7 @@ func (v *device) resetLocked() {
 	v.execs = map[cuda.GraphExec]*graphExec{}
 	v.modules = map[cuda.Module]*module{}
 	v.funcs = map[cuda.Function]*function{}
+	v.peers = map[int]bool{}
 	v.limits = map[cuda.Limit]uint64{
 		cuda.LimitStackSize:                    1024,
 		cuda.LimitPrintfFIFOSize:               8650752,
@@ -258,8 +274,12 @@ func (v *device) exact(p cuda.DevicePtr) *alloc {
 
 func (v *device) release(a *alloc) {
 	v.remove(a)
-	v.used -= a.block
+	if a.kind != kindImported && a.kind != kindIpcOpened {
+		v.used -= a.block
+	}
 	a.data = nil
+	a.shm.unmap()
+	a.shm = nil
 }
 
 func (d *Driver) MemGetInfo(c cuda.Context) (free, total uint64, err error) {
@@ -333,6 +353,8 @@ func (v *device) freePtr(op string, p cuda.DevicePtr) error {
 		a.pool.cache = append(a.pool.cache, a)
 	case kindGraph:
 		return v.freeGraphAlloc(op, a)
+	case kindIpcOpened:
+		return errf(op, cuda.ErrorInvalidValue, "%#x was opened from another process's IPC handle: close it with cuIpcCloseMemHandle", uint64(p))
 	default:
 		v.release(a)
 	}
@@ -408,9 +430,18 @@ func (d *Driver) poolAlloc(op string, v *device, p *pool, size uint64, sh cuda.S
 		if block > v.free() {
 			v.trimPool(p, 0) // the driver gives back this pool's unused blocks before it reports OOM
 		}
+		if p.imported {
+			return 0, errf(op, cuda.ErrorInvalidValue, "pool %#x was imported from another process: only its owner allocates from it", uint64(p.handle))
+		}
 		a, err = v.newAlloc(op, size, kindPool)
 		if err != nil {
 			return 0, err
+		}
+		if p.shared != nil {
+			if a.shm, err = p.shared.place(op, a.block); err != nil {
+				v.release(a)
+				return 0, err
+			}
 		}
 		a.pool = p
 		p.reserved += a.block
@@ -467,6 +498,8 @@ func (v *device) trimPool(p *pool, keep uint64) {
 		}
 		p.reserved -= a.block
 		v.used -= a.block
+		a.shm.unmap()
+		a.shm = nil
 	}
 	clear(p.cache[len(kept):])
 	p.cache = slices.Clip(kept)
@@ -533,6 +566,7 @@ func (d *Driver) MemPoolDestroy(c cuda.Context, mp cuda.MemPool) error {
 	}
 	v.trimPool(p, 0)
 	delete(v.pools, mp)
+	p.shared.close() // blocks still allocated from it keep their mappings
 	// Blocks still allocated from it stay valid and are released when freed; their pool is gone, so
 	// they no longer return to a cache.
 	for _, a := range v.live {

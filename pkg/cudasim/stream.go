@@ -286,6 +286,11 @@ func (d *Driver) CtxSynchronize(c cuda.Context) error {
 
 func (d *Driver) StreamWaitEvent(c cuda.Context, sh cuda.Stream, eh cuda.Event) error {
 	const op = "cuStreamWaitEvent"
+	if owner := d.handleDevice(uint64(eh), kindEventHandle); owner != nil {
+		if cv, err := d.ctxDevice(op, c); err == nil && cv != owner {
+			return d.waitForeignEvent(op, c, sh, owner, eh)
+		}
+	}
 	v, err := d.ctx(op, c)
 	if err != nil {
 		return err
@@ -417,8 +422,11 @@ func (d *Driver) EventCreate(c cuda.Context, flags uint32) (cuda.Event, error) {
 		return 0, err
 	}
 	defer v.mu.Unlock()
-	if flags&^(cuda.EventBlockingSync|cuda.EventDisableTiming|0x4) != 0 { // 0x4: CU_EVENT_INTERPROCESS
+	if flags&^(cuda.EventBlockingSync|cuda.EventDisableTiming|cuda.EventInterprocess) != 0 {
 		return 0, errf(op, cuda.ErrorInvalidValue, "unknown event flags %#x", flags)
+	}
+	if flags&cuda.EventInterprocess != 0 && flags&cuda.EventDisableTiming == 0 {
+		return 0, errf(op, cuda.ErrorInvalidValue, "CU_EVENT_INTERPROCESS needs CU_EVENT_DISABLE_TIMING too")
 	}
 	h := cuda.Event(v.handle(kindEventHandle))
 	v.events[h] = &event{flags: flags}

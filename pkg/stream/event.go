@@ -15,6 +15,8 @@ type Event struct {
 	h         cuda.Event
 	timing    bool
 	destroyed atomic.Bool
+	// interprocess: made with CU_EVENT_INTERPROCESS, or opened from another process (multi.go)
+	interprocess bool
 
 	waiter blocker      // the blocking synchronize of a Wait, if one is in flight (wait.go)
 	use    sync.RWMutex // as Stream.use: waiting driver calls on h against Destroy

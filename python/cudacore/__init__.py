@@ -25,6 +25,7 @@ from ._errors import (
     NotSupportedError,
     OutOfMemoryError,
 )
+from ._ipc import ImportedBuffer, IpcHandle, SharedBuffer
 from ._limits import LimitClampedWarning, Limits
 from ._memory import Buffer, ManagedBuffer, PinnedBuffer
 from ._module import (
@@ -46,7 +47,7 @@ from ._module import (
     uint64,
 )
 from ._notebook import MemoryRecorder, MemoryStats
-from ._stream import Event, Graph, Stream
+from ._stream import Event, EventHandle, Graph, Stream
 from .interop import ExternalBuffer, asbuffer
 
 __version__ = "0.1.0"
@@ -59,12 +60,15 @@ __all__ = [
     "DeviceFaultError",
     "DriverNotFoundError",
     "Event",
+    "EventHandle",
     "ExternalBuffer",
     "Graph",
     "IllegalStateError",
+    "ImportedBuffer",
     "InvalidHandleError",
     "InvalidImageError",
     "InvalidValueError",
+    "IpcHandle",
     "Kernel",
     "KernelArg",
     "KernelAttributes",
@@ -81,6 +85,7 @@ __all__ = [
     "NotSupportedError",
     "OutOfMemoryError",
     "PinnedBuffer",
+    "SharedBuffer",
     "Stream",
     "asbuffer",
     "backend",

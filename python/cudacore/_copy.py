@@ -127,12 +127,19 @@ def device_to_host(host: Any, buf: Buffer, stream: object = None, nbytes: int | 
 
 
 def device_to_device(dst: Buffer, src: Buffer, stream: object = None, nbytes: int | None = None) -> None:
-    """Copy device buffer ``src`` (all of it, or its first ``nbytes``) into ``dst``, of the same device."""
+    """Copy device buffer ``src`` (all of it, or its first ``nbytes``) into ``dst``.
+
+    The two may be on different devices (a peer copy, cuMemcpyPeerAsync): then ``stream`` is a
+    :class:`cudacore.Stream` of either device, or None for a copy that is done when the call returns. Peer
+    access is not needed (without it the driver stages the copy through the host); order work on the other
+    device after the copy with an event (``ev.record(stream)``, ``other_stream.wait_event(ev)``).
+    """
     op = "cudacore.copy"
     _check_buffer(dst, "destination", op)
     _check_buffer(src, "source", op)
     if dst.device_id != src.device_id:
-        raise _invalid(f"{op}: the buffers are on devices {src.device_id} and {dst.device_id}; copy within one device", op)
+        _peer_copy(dst, src, stream, nbytes)
+        return
     handle = _stream_arg(dst, stream, op)
     n = _size(nbytes, src.size, op)
     if n > src.size or n > dst.size:
@@ -141,3 +148,26 @@ def device_to_device(dst: Buffer, src: Buffer, stream: object = None, nbytes: in
         fast.copy_device_held(dst.device_id, dst.ptr, src.ptr, n, handle)
     else:
         fast.copy_device(dst.device_id, dst.ptr, src.ptr, n, handle)
+
+
+def _peer_copy(dst: Buffer, src: Buffer, stream: object, nbytes: int | None) -> None:
+    op = "cudacore.copy_peer"
+    n = _size(nbytes, src.size, op)
+    if n > src.size or n > dst.size:
+        raise _invalid(f"{op}: the copy is {n} bytes but the source holds {src.size} and the destination {dst.size}", op)
+    if stream is None:
+        fast.copy_peer(dst.device_id, dst.device_id, dst.ptr, src.device_id, src.ptr, n, SYNC)
+        return
+    if not isinstance(stream, _Stream):
+        raise TypeError(
+            f"{op}: a copy between devices {src.device_id} and {dst.device_id} takes a cudacore Stream of either device "
+            f"(or None), not {type(stream).__name__}"
+        )
+    ordinal = stream.device.device_id
+    if ordinal not in (dst.device_id, src.device_id):
+        raise _invalid(
+            f"{op}: the copy is from device {src.device_id} to device {dst.device_id} but the stream belongs to device {ordinal}; "
+            "use a stream of either",
+            op,
+        )
+    fast.copy_peer_held(ordinal, dst.device_id, dst.ptr, src.device_id, src.ptr, n, stream_handle(stream))

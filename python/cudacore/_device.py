@@ -7,7 +7,7 @@ import operator
 import threading
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from . import _memory
+from . import _ipc, _memory
 from ._api import call, core
 from ._display import device_html
 from ._errors import error
@@ -54,6 +54,15 @@ def _ordinal(value: Any) -> int:
         return operator.index(value)
     except TypeError:
         raise TypeError(f"device ordinal must be an int, not {type(value).__name__}") from None
+
+
+def _peer_ordinal(peer: Any) -> int:
+    if isinstance(peer, Device):
+        return peer._ordinal
+    ordinal = _ordinal(peer)
+    if ordinal < 0:
+        raise error("CUDA_ERROR_INVALID_VALUE", f"device ordinal must be >= 0, got {ordinal}", op="cudacore.can_access_peer")
+    return ordinal
 
 
 class Device:
@@ -219,7 +228,62 @@ class Device:
         while not call(core.DeviceSynchronize, self._ordinal, WAIT_SLICE_MS):
             pass
 
+    # -- several devices -------------------------------------------------------------------------------
+
+    def can_access_peer(self, peer: Device | int) -> bool:
+        """Whether this device can read and write ``peer``'s memory directly (NVLink or PCIe peer to peer).
+
+        False for the device itself. Copies between any two devices work either way
+        (:func:`cudacore.device_to_device`); without peer access the driver stages them through the host.
+        """
+        return bool(call(core.CanAccessPeer, self._ordinal, _peer_ordinal(peer)))
+
+    def enable_peer_access(self, peer: Device | int) -> None:
+        """Let this device access ``peer``'s memory: kernels here may then read and write ``peer``'s
+        buffers, those of its memory pools included (cuCtxEnablePeerAccess and cuMemPoolSetAccess).
+        Idempotent; one direction only (call it on ``peer`` too for the other).
+
+        Raises
+        ------
+        NotSupportedError
+            If the two cannot access each other (``can_access_peer`` is False), or ``peer`` is this device.
+        """
+        other = _peer_ordinal(peer)
+        if other == self._ordinal:
+            raise error("CUDA_ERROR_INVALID_VALUE", f"device {other} is this device; peer access is between two devices", op="cudacore.enable_peer_access")
+        call(core.EnablePeerAccess, self._ordinal, other)
+
     # -- memory -----------------------------------------------------------------------------------------
+
+    def allocate_shareable(self, nbytes: int, stream: object = None, *, kind: str | None = None) -> _ipc.SharedBuffer:
+        """Allocate ``nbytes`` of device memory that other processes can open (a :class:`SharedBuffer`).
+
+        Export it with :meth:`SharedBuffer.export` or pickle it into a ``multiprocessing`` worker: see
+        docs/multi-gpu.md. By default, with the pool strategy the memory comes from an exportable pool,
+        ordered on ``stream``, and with the synchronous one from cuMemAlloc (see ``kind``). It is not drawn from this device's allocator
+        (no cache: its memory must not be reused while another process maps it).
+
+        Parameters
+        ----------
+        nbytes : int
+            The size in bytes, positive.
+        stream : Stream, optional
+            The stream the allocation and its free are ordered on (pool kind); None: the legacy stream.
+        kind : {None, "pool", "ipc"}
+            How the memory is shared: None follows the allocation strategy; ``"ipc"`` asks for cuMemAlloc
+            memory with a cuIpcMemHandle (which other libraries, CuPy's ``ipcOpenMemHandle`` for one, can
+            open too), ``"pool"`` for an exportable pool's block (needs memory pools).
+
+        Raises
+        ------
+        InvalidValueError
+            If ``nbytes`` is not positive, or ``kind`` unknown.
+        NotSupportedError
+            For ``kind="pool"`` on a device without memory pools.
+        CaptureError
+            While a stream captures (shareable memory is made before or after a capture).
+        """
+        return _ipc.allocate_shareable(self, nbytes, stream, kind)
 
     def allocate(self, nbytes: int, stream: object = None) -> Buffer:
         """Allocate ``nbytes`` of device memory, ordered on ``stream`` (None: the legacy default stream).
@@ -298,8 +362,11 @@ class Device:
         return call(core.MemoryResetPeak, self._ordinal)
 
     def release_cached_memory(self) -> int:
-        """Give the allocator's cached memory back to the device; returns the bytes still cached."""
-        return call(core.MemoryRelease, self._ordinal)
+        """Give the allocator's cached memory back to the device, and what the exportable pool of
+        :meth:`allocate_shareable` keeps for reuse; returns the bytes the allocator still caches."""
+        cached = call(core.MemoryRelease, self._ordinal)  # synchronizes the device first
+        call(core.ShareRelease, self._ordinal)
+        return cached
 
     @property
     def memory_limit(self) -> int | None:

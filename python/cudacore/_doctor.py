@@ -10,6 +10,7 @@ from typing import Any, TextIO
 from ._device import Device, backend, device_count, driver_version
 from ._display import format_bytes
 from ._errors import CUDAError, DriverNotFoundError
+from ._topology import render_topology, topology
 
 
 def collect() -> dict[str, Any]:
@@ -32,6 +33,7 @@ def collect() -> dict[str, Any]:
         except CUDAError as exc:
             entry["limits"] = {"error": str(exc)}
         report["devices"].append(entry)
+    report["topology"] = topology()
     return report
 
 
@@ -64,6 +66,7 @@ def render(report: dict[str, Any], out: TextIO) -> None:
         ]
         out.writelines(f"  {key:<21}{value}\n" for key, value in rows)
         _render_limits(d.get("limits"), out)
+    render_topology(report.get("topology"), out)
 
 
 def _render_limits(limits: dict[str, Any] | None, out: TextIO) -> None:

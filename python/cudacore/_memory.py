@@ -94,6 +94,14 @@ class Buffer(_CBuffer):
         array or PinnedBuffer)."""
         _copy.device_to_host(host, self, stream)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Memory of the device's allocator may be cached and handed out again while another process maps
+        # it, so it is not shared: SharedBuffer (Device.allocate_shareable) is.
+        raise TypeError(
+            "a cudacore.Buffer cannot be sent to another process: allocate it with Device.allocate_shareable(nbytes) "
+            "(a SharedBuffer, which pickles as a handle the other process opens), or copy its bytes"
+        )
+
     def _repr_html_(self) -> str:
         return buffer_html(self)
 

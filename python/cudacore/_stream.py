@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from ._device import Device
 
-__all__ = ["CAPTURE_MODES", "Event", "Graph", "Stream"]
+__all__ = ["CAPTURE_MODES", "Event", "EventHandle", "Graph", "Stream"]
 
 # Graph memory and its Buffers. A Buffer allocated on a capturing stream is an allocation node of the
 # graph; the driver makes it real only at the graph's first launch. If the capture is aborted, or the graph
@@ -322,19 +322,61 @@ class Event:
     ----------
     device : Device or int, optional
         The device (default 0).
-    timing : bool
-        Whether the event can measure :meth:`elapsed_time` (True, the default); non-timing events are
-        cheaper.
+    timing : bool, optional
+        Whether the event can measure :meth:`elapsed_time` (default: True, except for interprocess
+        events, which cannot); non-timing events are cheaper.
+    interprocess : bool
+        Whether other processes can open the event (:meth:`ipc_handle`), to order their work after work of
+        this process.
     """
 
-    __slots__ = ("__weakref__", "_device", "_handle", "_timing")
+    __slots__ = ("__weakref__", "_device", "_handle", "_interprocess", "_timing")
 
-    def __init__(self, device: Device | int | None = None, *, timing: bool = True) -> None:
+    def __init__(self, device: Device | int | None = None, *, timing: bool | None = None, interprocess: bool = False) -> None:
         dev = _device(device)
         self._device = dev
-        self._timing = bool(timing)
+        self._interprocess = bool(interprocess)
+        self._timing = (not self._interprocess) if timing is None else bool(timing)
         self._handle = 0
-        self._handle = call(core.EventCreate, dev.device_id, self._timing)
+        if self._interprocess:
+            if self._timing:
+                raise error(
+                    "CUDA_ERROR_INVALID_VALUE",
+                    "an interprocess event cannot measure time (the driver forbids it): leave timing out or pass timing=False",
+                    op="cudacore.create_event",
+                )
+            self._handle = call(core.EventCreateInterprocess, dev.device_id)
+        else:
+            self._handle = call(core.EventCreate, dev.device_id, self._timing)
+
+    @classmethod
+    def _adopt(cls, device: Device, handle: int) -> Event:
+        """An Event object for an event Go already made and registered (an opened interprocess event)."""
+        e = object.__new__(cls)
+        e._device, e._timing, e._interprocess, e._handle = device, False, True, handle
+        return e
+
+    @property
+    def interprocess(self) -> bool:
+        """Whether other processes can open the event."""
+        return self._interprocess
+
+    def ipc_handle(self) -> EventHandle:
+        """An :class:`EventHandle` with which another process opens this event (``interprocess=True`` only).
+        Record the event here, send the handle, and there ``stream.wait_event(handle.open())``."""
+        if not self._interprocess:
+            raise error(
+                "CUDA_ERROR_INVALID_VALUE",
+                "this event was not created for other processes: create it with Event(device, interprocess=True)",
+                op="cudacore.ipc_event",
+            )
+        return EventHandle(self._device.device_id, call(core.EventIpcHandle, self._live()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Only an interprocess event means something in another process: it travels as its handle.
+        if not self._interprocess:
+            raise TypeError("only an interprocess Event (Event(device, interprocess=True)) can be pickled; it opens as the same event elsewhere")
+        return (_open_event_handle, (self.ipc_handle(),))
 
     @property
     def handle(self) -> int:
@@ -388,6 +430,33 @@ class Event:
         if not self._handle:
             return "<cudacore.Event closed>"
         return f"<cudacore.Event 0x{self._handle:x}, device {self._device.device_id}, timing={self._timing}>"
+
+
+class EventHandle:
+    """What another process needs to open an interprocess :class:`Event`: made by
+    :meth:`Event.ipc_handle`. Plain data (64 bytes as hex and a device ordinal): it pickles, and can be sent
+    any way."""
+
+    __slots__ = ("device_id", "handle")
+
+    def __init__(self, device_id: int, handle: str) -> None:
+        self.device_id, self.handle = device_id, handle
+
+    def open(self, device: Device | int | None = None) -> Event:
+        """The event in this process: streams here can wait on it (``stream.wait_event(ev)``) and the host
+        can synchronize it. Not in the process that made it (the driver refuses; use the event itself)."""
+        dev = _device(self.device_id if device is None else device)
+        return Event._adopt(dev, call(core.EventOpenIpc, dev.device_id, self.handle))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (EventHandle, (self.device_id, self.handle))
+
+    def __repr__(self) -> str:
+        return f"<cudacore.EventHandle device {self.device_id}>"
+
+
+def _open_event_handle(handle: EventHandle) -> Event:
+    return handle.open()
 
 
 class Graph:

@@ -27,6 +27,7 @@ Their memory shows in ``Device.memory_stats()`` and counts against ``Device.memo
 from __future__ import annotations
 
 import ctypes
+import json
 import sys
 import warnings
 from collections.abc import Callable
@@ -268,6 +269,10 @@ def _numba_manager_class() -> type:
                 return binding.CUdeviceptr(ptr)
         return ctypes.c_uint64(ptr)
 
+    def _pointer_value(p: Any) -> int:
+        value = getattr(p, "value", None)
+        return int(value) if value is not None else int(p)
+
     class NumbaMemoryManager(base):  # type: ignore[misc, valid-type]
         """A Numba External Memory Manager (EMM) drawing device memory from cudacore's allocator.
 
@@ -292,7 +297,29 @@ def _numba_manager_class() -> type:
             return cuda.MemoryInfo(free=free, total=total)
 
         def get_ipc_handle(self, memory: Any) -> Any:
-            raise NotImplementedError("cudacore's Numba memory manager does not export IPC handles")
+            """A Numba ``IpcHandle`` for ``memory`` (``DeviceNDArray.get_ipc_handle`` lands here).
+
+            It holds the allocation's cuIpcMemHandle, so the other process opens it with Numba alone
+            (``IpcArrayHandle.open``), cudacore or not. That needs cuMemAlloc memory: the device's allocation
+            strategy must be ``"sync"`` (``CUDACORE_ALLOCATOR=sync``); pool memory has no cuIpc handle.
+            """
+            dev = self._cudacore_device()
+            if dev.allocation_strategy != "sync":
+                raise error(
+                    "CUDA_ERROR_NOT_SUPPORTED",
+                    f"device {dev.device_id} allocates from a memory pool, whose blocks have no cuIpc handle: for Numba IPC "
+                    "set CUDACORE_ALLOCATOR=sync (or share a cudacore SharedBuffer, Device.allocate_shareable)",
+                    op="cudacore.numba_ipc",
+                )
+            base = _pointer_value(memory.owner.handle)
+            offset = _pointer_value(memory.handle) - base
+            info = json.loads(call(core.ShareExport, dev.device_id, base, "ipc"))
+            raw = bytes.fromhex(info["handle"])
+            # Numba's own rebuild makes the handle of its driver binding from these bytes (signed for ctypes).
+            ary: Any = raw if getattr(nbdriver, "USE_NV_BINDING", False) else tuple(b - 256 if b > 127 else b for b in raw)
+            handle = nbdriver.IpcHandle._rebuild(ary, memory.size, self.context.device.get_device_identity(), offset)
+            handle.base = memory  # as Numba does: the exporting process must not open it
+            return handle
 
         def reset(self) -> None:
             super().reset()

@@ -13,6 +13,9 @@ OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 CUDACORE_BACKEND=cuda
+# NVLink multicast stays off on the shared multi-GPU machine (docs/gpu-testing.md): every process started
+# here inherits these.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 rm -rf gpu-site
 "$PY" -m pip install -q --no-deps --no-index --target gpu-site dist/cudacore-*cp312*.whl || exit 1
@@ -33,7 +36,7 @@ echo "== benchmarks"
     "$PY" bench/gil_calls.py --rounds 7 --calls 100000
     echo
     "$PY" bench/alloc.py
-    for b in bench/copies.py bench/threads.py; do
+    for b in bench/copies.py bench/threads.py bench/multi_gpu.py; do
         [ -f "$b" ] && { echo; "$PY" "$b"; }
     done
 } 2>&1 | tee "$OUT/bench.txt"

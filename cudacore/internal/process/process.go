@@ -221,5 +221,9 @@ func (d *Device) SetStrategy(requested string, opts memory.StackOptions) error {
 		return err
 	}
 	d.memory.Store(stack)
+	if err := d.regrantPeersLocked(); err != nil {
+		_ = old.Close()
+		return err
+	}
 	return old.Close()
 }

@@ -123,6 +123,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) cuda.Driver) {
 	t.Run("CaptureQueries", func(t *testing.T) { testCaptureQueries(t, setup(t, newDriver)) })
 	t.Run("Limits", func(t *testing.T) { testLimits(t, setup(t, newDriver)) })
 	t.Run("InvalidHandles", func(t *testing.T) { testInvalidHandles(t, setup(t, newDriver)) })
+	runMulti(t, newDriver)
 }
 
 func testDevices(t *testing.T, e *env) {

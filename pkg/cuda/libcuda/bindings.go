@@ -83,6 +83,20 @@ const (
 	symFuncGetAttribute
 	symLaunchKernel
 	symGetErrorName
+	symDeviceCanAccessPeer
+	symCtxEnablePeerAccess
+	symMemcpyPeerAsync
+	symMemPoolSetAccess
+	symMemPoolGetAccess
+	symMemPoolExportToShareableHandle
+	symMemPoolImportFromShareableHandle
+	symMemPoolExportPointer
+	symMemPoolImportPointer
+	symIpcGetMemHandle
+	symIpcOpenMemHandle
+	symIpcCloseMemHandle
+	symIpcGetEventHandle
+	symIpcOpenEventHandle
 	numSyms
 )
 
@@ -175,4 +189,20 @@ var bindings = [numSyms]binding{
 	symFuncGetAttribute:   req("cuFuncGetAttribute", "cuFuncGetAttribute"),
 	symLaunchKernel:       req("cuLaunchKernel", "cuLaunchKernel"),
 	symGetErrorName:       opt("cuGetErrorName", "6.0", "cuGetErrorName"),
+	// Several devices and processes (multi.go). cuIpcOpenMemHandle_v2 (CUDA 11.0) has the plain name's
+	// prototype; the plain name is kept by drivers for old binaries only, so the _v2 is required.
+	symDeviceCanAccessPeer:              req("cuDeviceCanAccessPeer", "cuDeviceCanAccessPeer"),
+	symCtxEnablePeerAccess:              req("cuCtxEnablePeerAccess", "cuCtxEnablePeerAccess"),
+	symMemcpyPeerAsync:                  req("cuMemcpyPeerAsync", "cuMemcpyPeerAsync"),
+	symMemPoolSetAccess:                 req("cuMemPoolSetAccess", "cuMemPoolSetAccess"),
+	symMemPoolGetAccess:                 req("cuMemPoolGetAccess", "cuMemPoolGetAccess"),
+	symMemPoolExportToShareableHandle:   req("cuMemPoolExportToShareableHandle", "cuMemPoolExportToShareableHandle"),
+	symMemPoolImportFromShareableHandle: req("cuMemPoolImportFromShareableHandle", "cuMemPoolImportFromShareableHandle"),
+	symMemPoolExportPointer:             req("cuMemPoolExportPointer", "cuMemPoolExportPointer"),
+	symMemPoolImportPointer:             req("cuMemPoolImportPointer", "cuMemPoolImportPointer"),
+	symIpcGetMemHandle:                  req("cuIpcGetMemHandle", "cuIpcGetMemHandle"),
+	symIpcOpenMemHandle:                 req("cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2"),
+	symIpcCloseMemHandle:                req("cuIpcCloseMemHandle", "cuIpcCloseMemHandle"),
+	symIpcGetEventHandle:                req("cuIpcGetEventHandle", "cuIpcGetEventHandle"),
+	symIpcOpenEventHandle:               req("cuIpcOpenEventHandle", "cuIpcOpenEventHandle"),
 }

@@ -160,6 +160,36 @@ package libcuda
 #cgo nocallback cc_streamSynchronize
 #cgo noescape cc_streamWaitEvent
 #cgo nocallback cc_streamWaitEvent
+#cgo noescape cc_deviceCanAccessPeer
+#cgo nocallback cc_deviceCanAccessPeer
+#cgo noescape cc_ctxEnablePeerAccess
+#cgo nocallback cc_ctxEnablePeerAccess
+#cgo noescape cc_memcpyPeerAsync
+#cgo nocallback cc_memcpyPeerAsync
+#cgo noescape cc_memPoolSetAccess
+#cgo nocallback cc_memPoolSetAccess
+#cgo noescape cc_memPoolGetAccess
+#cgo nocallback cc_memPoolGetAccess
+#cgo noescape cc_memPoolCreateShareable
+#cgo nocallback cc_memPoolCreateShareable
+#cgo noescape cc_memPoolExportToShareableHandle
+#cgo nocallback cc_memPoolExportToShareableHandle
+#cgo noescape cc_memPoolImportFromShareableHandle
+#cgo nocallback cc_memPoolImportFromShareableHandle
+#cgo noescape cc_memPoolExportPointer
+#cgo nocallback cc_memPoolExportPointer
+#cgo noescape cc_memPoolImportPointer
+#cgo nocallback cc_memPoolImportPointer
+#cgo noescape cc_ipcGetMemHandle
+#cgo nocallback cc_ipcGetMemHandle
+#cgo noescape cc_ipcOpenMemHandle
+#cgo nocallback cc_ipcOpenMemHandle
+#cgo noescape cc_ipcCloseMemHandle
+#cgo nocallback cc_ipcCloseMemHandle
+#cgo noescape cc_ipcGetEventHandle
+#cgo nocallback cc_ipcGetEventHandle
+#cgo noescape cc_ipcOpenEventHandle
+#cgo nocallback cc_ipcOpenEventHandle
 #include <stdlib.h>
 #include "shim.h"
 */

@@ -182,12 +182,46 @@ var fakeBodies = map[string]string{
 		return p == (((uintptr_t)cur << 16) | (uintptr_t)s) ? 0 : 400; }`,
 	"cuMemAllocFromPoolAsync": `int cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, void *pool, void *s) {
 		*p = (uintptr_t)pool + n; return 0; }`,
+	// A pool with handle type 1 (POSIX file descriptors) is 0xB01, one without 0xB00.
 	"cuMemPoolCreate": `int cuMemPoolCreate(void **pool, const CUmemPoolProps *pp) {
 		static const unsigned char zero[54];
-		if (pp->allocType != 1 || pp->handleTypes != 0 || pp->location.type != 1 || pp->location.id != 1 ||
-		    pp->win32SecurityAttributes != NULL || pp->maxSize != 0 || pp->usage != 0 ||
+		if (pp->allocType != 1 || (pp->handleTypes != 0 && pp->handleTypes != 1) || pp->location.type != 1 ||
+		    pp->location.id != 1 || pp->win32SecurityAttributes != NULL || pp->maxSize != 0 || pp->usage != 0 ||
 		    memcmp(pp->reserved, zero, sizeof zero) != 0) return 1;
-		*pool = (void *)0xB00; return 0; }`,
+		*pool = (void *)(uintptr_t)(0xB00 + pp->handleTypes); return 0; }`,
+	// Several devices and processes: each canned body checks what arrived and answers in a recognizable way.
+	"cuDeviceCanAccessPeer": `int cuDeviceCanAccessPeer(int *c, int d, int p) {
+		if (d < 0 || d >= 2 || p < 0 || p >= 2) return 101; *c = d != p; return 0; }`,
+	"cuCtxEnablePeerAccess": `int cuCtxEnablePeerAccess(void *peer, unsigned f) {
+		return cur == (void *)0xC0 && peer == (void *)0xC1 && f == 0 ? 0 : 704; }`,
+	"cuMemcpyPeerAsync": `int cuMemcpyPeerAsync(CUdeviceptr d, void *dc, CUdeviceptr s, void *sc, size_t n, void *st) {
+		if (cur != (void *)0xC1 || dc != (void *)0xC1 || sc != (void *)0xC0 || st != (void *)0x55) return 1;
+		if (d < BASE || s < BASE || d + n > BASE + sizeof devmem || s + n > BASE + sizeof devmem) return 1;
+		memmove(devmem + (d - BASE), devmem + (s - BASE), n); return 0; }`,
+	"cuMemPoolSetAccess": `int cuMemPoolSetAccess(void *pool, const CUmemAccessDesc *a, size_t n) {
+		return pool == (void *)0xB00 && n == 1 && a->location.type == 1 && a->location.id == 1 && a->flags == 3 ? 0 : 1; }`,
+	"cuMemPoolGetAccess": `int cuMemPoolGetAccess(int *f, void *pool, void *loc) {
+		const int *l = loc; if (l[0] != 1) return 1; *f = l[1] == 1 ? 3 : 0; return 0; }`,
+	"cuMemPoolExportToShareableHandle": `int cuMemPoolExportToShareableHandle(void *h, void *pool, int t, unsigned long long f) {
+		if (pool != (void *)0xB01 || t != 1 || f != 0) return 1; *(int *)h = 42; return 0; }`,
+	"cuMemPoolImportFromShareableHandle": `int cuMemPoolImportFromShareableHandle(void **pool, void *h, int t, unsigned long long f) {
+		if ((intptr_t)h != 42 || t != 1 || f != 0) return 1; *pool = (void *)0xB02; return 0; }`,
+	"cuMemPoolExportPointer": `int cuMemPoolExportPointer(CUmemPoolPtrExportData *d, CUdeviceptr p) {
+		for (int i = 0; i < 64; i++) d->reserved[i] = (unsigned char)(p + i); return 0; }`,
+	"cuMemPoolImportPointer": `int cuMemPoolImportPointer(CUdeviceptr *p, void *pool, CUmemPoolPtrExportData *d) {
+		if (pool != (void *)0xB02) return 1;
+		for (int i = 0; i < 64; i++) if (d->reserved[i] != (unsigned char)(i * 3)) return 1;
+		*p = 0x1234; return 0; }`,
+	"cuIpcGetMemHandle": `int cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+		for (int i = 0; i < 64; i++) h->reserved[i] = (char)(i ^ (int)p); return 0; }`,
+	"cuIpcOpenMemHandle_v2": `int cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned f) {
+		if (f != 1) return 1; for (int i = 0; i < 64; i++) if (h.reserved[i] != (char)(i * 5)) return 1;
+		*p = 0x5678; return 0; }`,
+	"cuIpcCloseMemHandle": `int cuIpcCloseMemHandle(CUdeviceptr p) { return p == 0x5678 ? 0 : 1; }`,
+	"cuIpcGetEventHandle": `int cuIpcGetEventHandle(CUipcEventHandle *h, void *e) {
+		for (int i = 0; i < 64; i++) h->reserved[i] = (char)((uintptr_t)e + i); return 0; }`,
+	"cuIpcOpenEventHandle": `int cuIpcOpenEventHandle(void **e, CUipcEventHandle h) {
+		for (int i = 0; i < 64; i++) if (h.reserved[i] != (char)(100 - i)) return 1; *e = (void *)0xE0; return 0; }`,
 	"cuMemcpyHtoD_v2": `int cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) {
 		if (d < BASE || d + n > BASE + sizeof devmem) return 1; memcpy(devmem + (d - BASE), s, n); return 0; }`,
 	"cuMemcpyDtoH_v2": `int cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) {
@@ -543,4 +577,81 @@ func benchAllocFree(b *testing.B, d *Driver) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// The multi-device and IPC entry points through the C shim: the context each runs in, the 64-byte handles
+// in and out (by pointer and by value), the file descriptor as the handle's value, the access descriptor.
+func TestFakeMultiDriver(t *testing.T) {
+	d, ctx0 := openFake(t)
+	ctx1, err := d.PrimaryCtxRetain(1)
+	require.NoError(t, err)
+
+	can, err := d.DeviceCanAccessPeer(0, 1)
+	require.NoError(t, err)
+	assert.True(t, can)
+	can, err = d.DeviceCanAccessPeer(1, 1)
+	require.NoError(t, err)
+	assert.False(t, can)
+	_, err = d.DeviceCanAccessPeer(0, 5)
+	assert.Equal(t, cuda.ErrorInvalidDevice, cuda.ResultOf(err))
+	require.NoError(t, d.CtxEnablePeerAccess(ctx0, ctx1), "made in ctx0, for ctx1")
+	err = d.CtxEnablePeerAccess(ctx1, ctx0)
+	assert.Equal(t, cuda.ErrorPeerAccessAlreadyEnabled, cuda.ResultOf(err))
+
+	const base = cuda.DevicePtr(0x100000)
+	require.NoError(t, d.MemcpyHtoD(ctx0, base, []byte("peer bytes")))
+	require.NoError(t, d.MemcpyPeerAsync(ctx1, base+100, ctx1, base, ctx0, 10, 0x55))
+	got := make([]byte, 10)
+	require.NoError(t, d.MemcpyDtoH(ctx0, got, base+100))
+	assert.Equal(t, "peer bytes", string(got))
+
+	require.NoError(t, d.MemPoolSetAccess(ctx0, 0xB00, 1, cuda.AccessReadWrite))
+	assert.Error(t, d.MemPoolSetAccess(ctx0, 0xB00, 1, cuda.AccessRead))
+	acc, err := d.MemPoolGetAccess(ctx0, 0xB00, 1)
+	require.NoError(t, err)
+	assert.Equal(t, cuda.AccessReadWrite, acc)
+
+	pool, err := d.MemPoolCreateShareable(ctx0, 1, cuda.HandlePosixFD)
+	require.NoError(t, err)
+	assert.Equal(t, cuda.MemPool(0xB01), pool)
+	fd, err := d.MemPoolExportToShareableHandle(ctx0, pool, cuda.HandlePosixFD)
+	require.NoError(t, err)
+	assert.Equal(t, 42, fd)
+	_, err = d.MemPoolExportToShareableHandle(ctx0, pool, cuda.HandleFabric)
+	assert.ErrorIs(t, err, cuda.ErrNotSupported)
+	imported, err := d.MemPoolImportFromShareableHandle(ctx0, 42, cuda.HandlePosixFD)
+	require.NoError(t, err)
+	assert.Equal(t, cuda.MemPool(0xB02), imported)
+	data, err := d.MemPoolExportPointer(ctx0, 0x10)
+	require.NoError(t, err)
+	assert.Equal(t, byte(0x10+63), data[63])
+	var want cuda.IpcHandle
+	for i := range want {
+		want[i] = byte(i * 3)
+	}
+	p, err := d.MemPoolImportPointer(ctx0, imported, want)
+	require.NoError(t, err)
+	assert.Equal(t, cuda.DevicePtr(0x1234), p)
+
+	h, err := d.IpcGetMemHandle(ctx0, 0x7)
+	require.NoError(t, err)
+	assert.Equal(t, byte(5^7), h[5])
+	for i := range want {
+		want[i] = byte(i * 5)
+	}
+	p, err = d.IpcOpenMemHandle(ctx0, want)
+	require.NoError(t, err, "the handle arrives by value, with the lazy peer access flag")
+	assert.Equal(t, cuda.DevicePtr(0x5678), p)
+	require.NoError(t, d.IpcCloseMemHandle(ctx0, p))
+	assert.Error(t, d.IpcCloseMemHandle(ctx0, 0x1))
+
+	eh, err := d.IpcGetEventHandle(ctx0, 0x20)
+	require.NoError(t, err)
+	assert.Equal(t, byte(0x20+9), eh[9])
+	for i := range want {
+		want[i] = byte(100 - i)
+	}
+	e, err := d.IpcOpenEventHandle(ctx0, want)
+	require.NoError(t, err)
+	assert.Equal(t, cuda.Event(0xE0), e)
 }

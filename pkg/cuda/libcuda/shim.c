@@ -414,3 +414,124 @@ CUresult cc_launchKernel(const cc_table *t, uintptr_t ctx, uintptr_t fn, const u
 	return t->cuLaunchKernel((CUfunction)fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared,
 	                         (CUstream)s, params, NULL);
 }
+
+// ---- several devices and processes ------------------------------------------------------------------
+
+_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc must match cuda.h (12 bytes)");
+_Static_assert(sizeof(CUipcMemHandle) == 64, "CUipcMemHandle is 64 bytes");
+_Static_assert(sizeof(CUipcEventHandle) == 64, "CUipcEventHandle is 64 bytes");
+_Static_assert(sizeof(CUmemPoolPtrExportData) == 64, "CUmemPoolPtrExportData is 64 bytes");
+
+CUresult cc_deviceCanAccessPeer(const cc_table *t, int dev, int peer, int *can) {
+	return t->cuDeviceCanAccessPeer(can, dev, peer);
+}
+CUresult cc_ctxEnablePeerAccess(const cc_table *t, uintptr_t ctx, uintptr_t peer) {
+	ENSURE;
+	return t->cuCtxEnablePeerAccess((CUcontext)peer, 0);
+}
+CUresult cc_memcpyPeerAsync(const cc_table *t, uintptr_t ctx, CUdeviceptr dst, uintptr_t dstCtx, CUdeviceptr src,
+                            uintptr_t srcCtx, unsigned long long n, uintptr_t s) {
+	ENSURE;
+	return t->cuMemcpyPeerAsync(dst, (CUcontext)dstCtx, src, (CUcontext)srcCtx, (size_t)n, (CUstream)s);
+}
+CUresult cc_memPoolSetAccess(const cc_table *t, uintptr_t ctx, uintptr_t pool, int dev, int flags) {
+	CUmemAccessDesc d;
+	ENSURE;
+	memset(&d, 0, sizeof d);
+	d.location.type = 1; // CU_MEM_LOCATION_TYPE_DEVICE
+	d.location.id = dev;
+	d.flags = flags;
+	return t->cuMemPoolSetAccess((CUmemoryPool)pool, &d, 1);
+}
+CUresult cc_memPoolGetAccess(const cc_table *t, uintptr_t ctx, uintptr_t pool, int dev, int *flags) {
+	struct {
+		int type;
+		int id;
+	} loc = {1, dev};
+	ENSURE;
+	return t->cuMemPoolGetAccess(flags, (CUmemoryPool)pool, &loc);
+}
+CUresult cc_memPoolCreateShareable(const cc_table *t, uintptr_t ctx, int dev, int handleTypes, uintptr_t *pool) {
+	CUmemPoolProps props;
+	CUmemoryPool p = NULL;
+	CUresult r;
+	ENSURE;
+	memset(&props, 0, sizeof props);
+	props.allocType = 1; // CU_MEM_ALLOCATION_TYPE_PINNED
+	props.handleTypes = handleTypes;
+	props.location.type = 1;
+	props.location.id = dev;
+	r = t->cuMemPoolCreate(&p, &props);
+	*pool = (uintptr_t)p;
+	return r;
+}
+CUresult cc_memPoolExportToShareableHandle(const cc_table *t, uintptr_t ctx, uintptr_t pool, int handleType, int *fd) {
+	ENSURE;
+	// For CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the handle written is an int.
+	return t->cuMemPoolExportToShareableHandle(fd, (CUmemoryPool)pool, handleType, 0);
+}
+CUresult cc_memPoolImportFromShareableHandle(const cc_table *t, uintptr_t ctx, int fd, int handleType,
+                                             uintptr_t *pool) {
+	CUmemoryPool p = NULL;
+	CUresult r;
+	ENSURE;
+	// A POSIX file descriptor is passed as the handle's value, cast to a pointer (cuda.h documents this).
+	r = t->cuMemPoolImportFromShareableHandle(&p, (void *)(intptr_t)fd, handleType, 0);
+	*pool = (uintptr_t)p;
+	return r;
+}
+CUresult cc_memPoolExportPointer(const cc_table *t, uintptr_t ctx, CUdeviceptr p, unsigned char *out64) {
+	CUmemPoolPtrExportData d;
+	CUresult r;
+	ENSURE;
+	memset(&d, 0, sizeof d);
+	r = t->cuMemPoolExportPointer(&d, p);
+	memcpy(out64, &d, sizeof d);
+	return r;
+}
+CUresult cc_memPoolImportPointer(const cc_table *t, uintptr_t ctx, uintptr_t pool, const unsigned char *data64,
+                                 CUdeviceptr *p) {
+	CUmemPoolPtrExportData d;
+	ENSURE;
+	memcpy(&d, data64, sizeof d);
+	return t->cuMemPoolImportPointer(p, (CUmemoryPool)pool, &d);
+}
+CUresult cc_ipcGetMemHandle(const cc_table *t, uintptr_t ctx, CUdeviceptr p, unsigned char *out64) {
+	CUipcMemHandle h;
+	CUresult r;
+	ENSURE;
+	memset(&h, 0, sizeof h);
+	r = t->cuIpcGetMemHandle(&h, p);
+	memcpy(out64, &h, sizeof h);
+	return r;
+}
+CUresult cc_ipcOpenMemHandle(const cc_table *t, uintptr_t ctx, const unsigned char *h64, unsigned int flags,
+                             CUdeviceptr *p) {
+	CUipcMemHandle h;
+	ENSURE;
+	memcpy(&h, h64, sizeof h);
+	return t->cuIpcOpenMemHandle(p, h, flags);
+}
+CUresult cc_ipcCloseMemHandle(const cc_table *t, uintptr_t ctx, CUdeviceptr p) {
+	ENSURE;
+	return t->cuIpcCloseMemHandle(p);
+}
+CUresult cc_ipcGetEventHandle(const cc_table *t, uintptr_t ctx, uintptr_t e, unsigned char *out64) {
+	CUipcEventHandle h;
+	CUresult r;
+	ENSURE;
+	memset(&h, 0, sizeof h);
+	r = t->cuIpcGetEventHandle(&h, (CUevent)e);
+	memcpy(out64, &h, sizeof h);
+	return r;
+}
+CUresult cc_ipcOpenEventHandle(const cc_table *t, uintptr_t ctx, const unsigned char *h64, uintptr_t *e) {
+	CUipcEventHandle h;
+	CUevent ev = NULL;
+	CUresult r;
+	ENSURE;
+	memcpy(&h, h64, sizeof h);
+	r = t->cuIpcOpenEventHandle(&ev, h);
+	*e = (uintptr_t)ev;
+	return r;
+}

@@ -41,6 +41,27 @@ typedef struct {
 	unsigned char reserved[54];
 } CUmemPoolProps;
 
+// CUmemAccessDesc: a CUmemLocation and CUmemAccess_flags (12 bytes).
+typedef struct {
+	struct {
+		int type; // CU_MEM_LOCATION_TYPE_DEVICE = 1
+		int id;
+	} location;
+	int flags;
+} CUmemAccessDesc;
+
+// CUipcMemHandle, CUipcEventHandle and CUmemPoolPtrExportData: 64 opaque bytes each; the cuIpc ones are
+// passed by value.
+typedef struct {
+	char reserved[64];
+} CUipcMemHandle;
+typedef struct {
+	char reserved[64];
+} CUipcEventHandle;
+typedef struct {
+	unsigned char reserved[64];
+} CUmemPoolPtrExportData;
+
 // CUgraphExecUpdateResultInfo (cuGraphExecUpdate_v2's out parameter).
 typedef struct {
 	int result; // CUgraphExecUpdateResult
@@ -122,6 +143,20 @@ typedef struct {
 	CUresult (*cuLaunchKernel)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
 	                           unsigned int, unsigned int, CUstream, void **, void **);
 	CUresult (*cuGetErrorName)(CUresult, const char **);
+	CUresult (*cuDeviceCanAccessPeer)(int *, CUdevice, CUdevice);
+	CUresult (*cuCtxEnablePeerAccess)(CUcontext, unsigned int);
+	CUresult (*cuMemcpyPeerAsync)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream);
+	CUresult (*cuMemPoolSetAccess)(CUmemoryPool, const CUmemAccessDesc *, size_t);
+	CUresult (*cuMemPoolGetAccess)(int *, CUmemoryPool, void *);
+	CUresult (*cuMemPoolExportToShareableHandle)(void *, CUmemoryPool, int, unsigned long long);
+	CUresult (*cuMemPoolImportFromShareableHandle)(CUmemoryPool *, void *, int, unsigned long long);
+	CUresult (*cuMemPoolExportPointer)(CUmemPoolPtrExportData *, CUdeviceptr);
+	CUresult (*cuMemPoolImportPointer)(CUdeviceptr *, CUmemoryPool, CUmemPoolPtrExportData *);
+	CUresult (*cuIpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+	CUresult (*cuIpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+	CUresult (*cuIpcCloseMemHandle)(CUdeviceptr);
+	CUresult (*cuIpcGetEventHandle)(CUipcEventHandle *, CUevent);
+	CUresult (*cuIpcOpenEventHandle)(CUevent *, CUipcEventHandle);
 } cc_table;
 
 // Flags that a wrapper ORs into its result when the failure came from making the context current rather
@@ -219,5 +254,26 @@ CUresult cc_moduleGetFunction(const cc_table *t, uintptr_t ctx, uintptr_t mod, c
 CUresult cc_funcGetAttribute(const cc_table *t, uintptr_t ctx, uintptr_t fn, int attr, int *v);
 CUresult cc_launchKernel(const cc_table *t, uintptr_t ctx, uintptr_t fn, const unsigned int *grid,
                          const unsigned int *block, unsigned int shared, uintptr_t s, void **params);
+
+// Several devices and processes (multi.c). Handles of 64 bytes cross as unsigned char[64].
+CUresult cc_deviceCanAccessPeer(const cc_table *t, int dev, int peer, int *can);
+CUresult cc_ctxEnablePeerAccess(const cc_table *t, uintptr_t ctx, uintptr_t peer);
+CUresult cc_memcpyPeerAsync(const cc_table *t, uintptr_t ctx, CUdeviceptr dst, uintptr_t dstCtx, CUdeviceptr src,
+                            uintptr_t srcCtx, unsigned long long n, uintptr_t s);
+CUresult cc_memPoolSetAccess(const cc_table *t, uintptr_t ctx, uintptr_t pool, int dev, int flags);
+CUresult cc_memPoolGetAccess(const cc_table *t, uintptr_t ctx, uintptr_t pool, int dev, int *flags);
+CUresult cc_memPoolCreateShareable(const cc_table *t, uintptr_t ctx, int dev, int handleTypes, uintptr_t *pool);
+CUresult cc_memPoolExportToShareableHandle(const cc_table *t, uintptr_t ctx, uintptr_t pool, int handleType, int *fd);
+CUresult cc_memPoolImportFromShareableHandle(const cc_table *t, uintptr_t ctx, int fd, int handleType,
+                                             uintptr_t *pool);
+CUresult cc_memPoolExportPointer(const cc_table *t, uintptr_t ctx, CUdeviceptr p, unsigned char *out64);
+CUresult cc_memPoolImportPointer(const cc_table *t, uintptr_t ctx, uintptr_t pool, const unsigned char *data64,
+                                 CUdeviceptr *p);
+CUresult cc_ipcGetMemHandle(const cc_table *t, uintptr_t ctx, CUdeviceptr p, unsigned char *out64);
+CUresult cc_ipcOpenMemHandle(const cc_table *t, uintptr_t ctx, const unsigned char *h64, unsigned int flags,
+                             CUdeviceptr *p);
+CUresult cc_ipcCloseMemHandle(const cc_table *t, uintptr_t ctx, CUdeviceptr p);
+CUresult cc_ipcGetEventHandle(const cc_table *t, uintptr_t ctx, uintptr_t e, unsigned char *out64);
+CUresult cc_ipcOpenEventHandle(const cc_table *t, uintptr_t ctx, const unsigned char *h64, uintptr_t *e);
 
 #endif

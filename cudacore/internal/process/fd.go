@@ -1,0 +1,5 @@
+package process
+
+import "syscall"
+
+func closeFD(fd int) { _ = syscall.Close(fd) }

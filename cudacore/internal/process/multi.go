@@ -1,0 +1,367 @@
+package process
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"sync"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/device"
+)
+
+// Several devices and several processes: peer access, shareable memory and its import.
+//
+// Shareable memory is separate from the device's allocator (Memory): its blocks must never be cached for
+// reuse while another process maps them, so they come straight from the driver. On a device with the pool
+// strategy they come from a pool of their own created exportable (POSIX file descriptors), made on first
+// use; with the synchronous strategy from cuMemAlloc, whose blocks have cuIpc handles.
+
+// Kinds of shareable memory.
+const (
+	KindPool = "pool" // an exportable pool's block: a pool descriptor plus export data
+	KindIPC  = "ipc"  // a cuMemAlloc block: a cuIpcMemHandle
+)
+
+var (
+	multiMu    sync.Mutex
+	sharePools = map[int]cuda.MemPool{}    // ordinal -> the device's exportable pool
+	peersOf    = map[int]map[int]bool{}    // ordinal -> devices given access to its memory
+	imported   = map[string]cuda.MemPool{} // "ordinal/exporter pool id" -> the pool imported here
+)
+
+// CanAccessPeer says whether d can access peer's memory directly.
+func (d *Device) CanAccessPeer(peer *Device) (bool, error) {
+	return d.Driver().DeviceCanAccessPeer(d.Handle(), peer.Handle())
+}
+
+// EnablePeerAccess lets d access peer's memory: the context's peer access, and read-write access to
+// peer's memory pools (its allocator's and its exportable pool), which peer access does not cover. It is
+// idempotent; pools peer makes later are opened to d as they are made.
+func (d *Device) EnablePeerAccess(peer *Device) error {
+	const op = "cudacore.enable_peer_access"
+	if d == peer {
+		return cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf("%s is itself; peer access is between two devices", d))
+	}
+	can, err := d.CanAccessPeer(peer)
+	if err != nil {
+		return err
+	}
+	if !can {
+		return cuda.NewError(op, cuda.ErrorPeerAccessUnsupported, fmt.Sprintf(
+			"%s cannot access %s's memory directly (see Device.can_access_peer); copies between them still work, staged through the host", d, peer))
+	}
+	drv := d.Driver()
+	if err := drv.CtxEnablePeerAccess(d.Context(), peer.Context()); err != nil && cuda.ResultOf(err) != cuda.ErrorPeerAccessAlreadyEnabled {
+		return err
+	}
+	multiMu.Lock()
+	defer multiMu.Unlock()
+	if peersOf[peer.Ordinal()] == nil {
+		peersOf[peer.Ordinal()] = map[int]bool{}
+	}
+	peersOf[peer.Ordinal()][d.Ordinal()] = true
+	for _, pool := range peer.poolsLocked() {
+		if err := drv.MemPoolSetAccess(peer.Context(), pool, d.Handle(), cuda.AccessReadWrite); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// PeersWithAccess lists the devices given access to d's memory with EnablePeerAccess.
+func (d *Device) PeersWithAccess() []int {
+	multiMu.Lock()
+	defer multiMu.Unlock()
+	var out []int
+	for i := range peersOf[d.Ordinal()] {
+		out = append(out, i)
+	}
+	return out
+}
+
+// poolsLocked returns the pools of d that peers need access to (multiMu held).
+func (d *Device) poolsLocked() []cuda.MemPool {
+	var out []cuda.MemPool
+	if p := d.Memory().Pool(); p != nil {
+		out = append(out, p.Handle())
+	}
+	if p, ok := sharePools[d.Ordinal()]; ok {
+		out = append(out, p)
+	}
+	return out
+}
+
+// ShareKind is the kind of shareable memory d hands out: KindPool or KindIPC.
+func (d *Device) ShareKind() string {
+	if d.Strategy() == device.StrategyPool {
+		return KindPool
+	}
+	return KindIPC
+}
+
+func (d *Device) sharePool() (cuda.MemPool, error) {
+	multiMu.Lock()
+	defer multiMu.Unlock()
+	if p, ok := sharePools[d.Ordinal()]; ok {
+		return p, nil
+	}
+	drv, ctx := d.Driver(), d.Context()
+	p, err := drv.MemPoolCreateShareable(ctx, d.Handle(), cuda.HandlePosixFD)
+	if err != nil {
+		return 0, err
+	}
+	// As for the allocator's pool: keep freed memory reserved, so allocation after a synchronize is cheap.
+	if err := drv.MemPoolSetAttribute(ctx, p, cuda.PoolAttrReleaseThreshold, math.MaxUint64); err != nil {
+		_ = drv.MemPoolDestroy(ctx, p)
+		return 0, err
+	}
+	for peer := range peersOf[d.Ordinal()] {
+		pd, err := Lookup(peer)
+		if err != nil {
+			return 0, err
+		}
+		if err := drv.MemPoolSetAccess(ctx, p, pd.Handle(), cuda.AccessReadWrite); err != nil {
+			_ = drv.MemPoolDestroy(ctx, p)
+			return 0, err
+		}
+	}
+	sharePools[d.Ordinal()] = p
+	return p, nil
+}
+
+func refuseDuringCapture(op string) error {
+	if Capturing() {
+		return cuda.NewError(op, cuda.ErrorStreamCaptureUnsupported,
+			"shareable memory is not allocated, exported or imported while a stream captures; do it before or after the capture")
+	}
+	return nil
+}
+
+// ShareAllocate allocates size bytes of shareable memory on d, ordered on h for the pool kind.
+// kind is KindPool, KindIPC, or "" for ShareKind's; KindPool needs a device with memory pools.
+func (d *Device) ShareAllocate(size uint64, h cuda.Stream, kind string) (cuda.DevicePtr, error) {
+	const op = "cudacore.allocate_shareable"
+	if err := refuseDuringCapture(op); err != nil {
+		return 0, err
+	}
+	if kind == "" {
+		kind = d.ShareKind()
+	}
+	drv, ctx := d.Driver(), d.Context()
+	switch kind {
+	case KindIPC:
+		return drv.MemAlloc(ctx, size)
+	case KindPool:
+		if !d.Properties().MemoryPoolsSupported {
+			return 0, cuda.NewError(op, cuda.ErrorNotSupported, fmt.Sprintf(
+				"%s has no memory pools, so no exportable pool: use kind %q (cuIpc handles)", d, KindIPC))
+		}
+	default:
+		return 0, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf("unknown kind of shared memory %q: want %q or %q", kind, KindPool, KindIPC))
+	}
+	pool, err := d.sharePool()
+	if err != nil {
+		return 0, err
+	}
+	streams := d.Streams()
+	if err := streams.UseForAlloc(h); err != nil {
+		return 0, err
+	}
+	defer streams.Done(h)
+	return drv.MemAllocFromPoolAsync(ctx, size, pool, h)
+}
+
+// ShareFree frees what ShareAllocate returned, in order on h for the pool kind. While a stream captures
+// the free waits for the capture to end, as every free does.
+func (d *Device) ShareFree(p cuda.DevicePtr, kind string, h cuda.Stream) error {
+	free := func() error {
+		drv, ctx := d.Driver(), d.Context()
+		if kind == KindIPC {
+			return drv.MemFree(ctx, p)
+		}
+		streams := d.Streams()
+		use := streams.UseForFree(h)
+		defer streams.Done(h)
+		return drv.MemFreeAsync(ctx, p, use)
+	}
+	if Capturing() {
+		DeferUntilNoCapture(func() { _ = free() })
+		return nil
+	}
+	return free()
+}
+
+// Export is what another process needs to open shareable memory.
+type Export struct {
+	Kind   string         `json:"kind"`
+	Handle cuda.IpcHandle `json:"-"`
+	// FD is a new descriptor of the exportable pool (KindPool), owned by the caller: send it to the other
+	// process (SCM_RIGHTS) and close it here.
+	FD     int    `json:"fd"`
+	PoolID string `json:"pool_id"`
+}
+
+// ShareExport exports shareable memory at p of kind.
+func (d *Device) ShareExport(p cuda.DevicePtr, kind string) (Export, error) {
+	const op = "cudacore.export"
+	if err := refuseDuringCapture(op); err != nil {
+		return Export{}, err
+	}
+	drv, ctx := d.Driver(), d.Context()
+	if kind == KindIPC {
+		h, err := drv.IpcGetMemHandle(ctx, p)
+		return Export{Kind: KindIPC, Handle: h, FD: -1}, err
+	}
+	multiMu.Lock()
+	pool, ok := sharePools[d.Ordinal()]
+	multiMu.Unlock()
+	if !ok {
+		return Export{}, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf("%s has no exportable pool: the memory is not shareable", d))
+	}
+	data, err := drv.MemPoolExportPointer(ctx, p)
+	if err != nil {
+		return Export{}, err
+	}
+	fd, err := drv.MemPoolExportToShareableHandle(ctx, pool, cuda.HandlePosixFD)
+	if err != nil {
+		return Export{}, err
+	}
+	return Export{Kind: KindPool, Handle: data, FD: fd, PoolID: fmt.Sprintf("%d:%d:%#x", os.Getpid(), d.Ordinal(), uint64(pool))}, nil
+}
+
+// ShareImport opens memory another process exported: for KindPool, fd is the pool's descriptor (read
+// only when this process has not imported that pool yet; the caller keeps it and closes it).
+func (d *Device) ShareImport(kind string, h cuda.IpcHandle, fd int, poolID string) (cuda.DevicePtr, error) {
+	const op = "cudacore.open_shared"
+	if err := refuseDuringCapture(op); err != nil {
+		return 0, err
+	}
+	drv, ctx := d.Driver(), d.Context()
+	switch kind {
+	case KindIPC:
+		return drv.IpcOpenMemHandle(ctx, h)
+	case KindPool:
+	default:
+		return 0, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf("unknown kind of shared memory %q: want %q or %q", kind, KindPool, KindIPC))
+	}
+	key := fmt.Sprintf("%d/%s", d.Ordinal(), poolID)
+	multiMu.Lock()
+	pool, ok := imported[key]
+	if !ok {
+		if fd < 0 {
+			multiMu.Unlock()
+			return 0, cuda.NewError(op, cuda.ErrorInvalidValue, "the pool's file descriptor did not arrive with the handle")
+		}
+		var err error
+		if pool, err = drv.MemPoolImportFromShareableHandle(ctx, fd, cuda.HandlePosixFD); err != nil {
+			multiMu.Unlock()
+			return 0, err
+		}
+		imported[key] = pool
+	}
+	multiMu.Unlock()
+	return drv.MemPoolImportPointer(ctx, pool, h)
+}
+
+// ShareClose unmaps memory ShareImport opened.
+// While a stream captures, the unmapping waits for the capture to end (it could be an unsafe call).
+func (d *Device) ShareClose(p cuda.DevicePtr, kind string) error {
+	closeNow := func() error {
+		drv, ctx := d.Driver(), d.Context()
+		if kind == KindIPC {
+			return drv.IpcCloseMemHandle(ctx, p)
+		}
+		return drv.MemFree(ctx, p)
+	}
+	if Capturing() {
+		DeferUntilNoCapture(func() { _ = closeNow() })
+		return nil
+	}
+	return closeNow()
+}
+
+// ProbeIPC tries each way of sharing memory and events with another process on d, exporting only, and
+// says for each "ok" or why not. It makes and frees what it exports; the exportable pool it may create
+// stays, as it would for the first shareable allocation.
+func ProbeIPC(d *Device) map[string]string {
+	drv, ctx := d.Driver(), d.Context()
+	out := map[string]string{}
+	say := func(key string, err error) {
+		if err != nil {
+			out[key] = err.Error()
+		} else {
+			out[key] = "ok"
+		}
+	}
+	if d.Properties().MemoryPoolsSupported {
+		say("posix_fd", func() error {
+			pool, err := d.sharePool()
+			if err != nil {
+				return err
+			}
+			fd, err := drv.MemPoolExportToShareableHandle(ctx, pool, cuda.HandlePosixFD)
+			if err == nil {
+				closeFD(fd)
+			}
+			return err
+		}())
+	} else {
+		say("posix_fd", cuda.NewError("cuMemPoolCreate", cuda.ErrorNotSupported, d.String()+" has no memory pools"))
+	}
+	say("cuipc_mem", func() error {
+		p, err := drv.MemAlloc(ctx, 1)
+		if err != nil {
+			return err
+		}
+		_, err = drv.IpcGetMemHandle(ctx, p)
+		if ferr := drv.MemFree(ctx, p); err == nil {
+			err = ferr
+		}
+		return err
+	}())
+	say("cuipc_event", func() error {
+		e, err := drv.EventCreate(ctx, cuda.EventInterprocess|cuda.EventDisableTiming)
+		if err != nil {
+			return err
+		}
+		_, err = drv.IpcGetEventHandle(ctx, e)
+		if derr := drv.EventDestroy(ctx, e); err == nil {
+			err = derr
+		}
+		return err
+	}())
+	return out
+}
+
+// regrantPeersLocked opens d's allocator pool, new after a strategy switch, to the devices that were
+// given access to d's memory (EnablePeerAccess). The caller holds devMu, so peers are read from devices.
+func (d *Device) regrantPeersLocked() error {
+	pool := d.Memory().Pool()
+	if pool == nil {
+		return nil
+	}
+	multiMu.Lock()
+	defer multiMu.Unlock()
+	for ordinal := range peersOf[d.Ordinal()] {
+		peer, ok := devices[ordinal]
+		if !ok {
+			continue
+		}
+		if err := d.Driver().MemPoolSetAccess(d.Context(), pool.Handle(), peer.Handle(), cuda.AccessReadWrite); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ShareRelease trims d's exportable pool to nothing (cuMemPoolTrimTo), if it has one.
+func (d *Device) ShareRelease() error {
+	multiMu.Lock()
+	pool, ok := sharePools[d.Ordinal()]
+	multiMu.Unlock()
+	if !ok {
+		return nil
+	}
+	return d.Driver().MemPoolTrimTo(d.Context(), pool, 0)
+}

@@ -1,0 +1,94 @@
+package process
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/memory"
+)
+
+// This file sorts before process_test.go, so its test opens the process's simulator, with three devices:
+// 0 and 1 peers, 2 in a peer group of its own. The other tests of the package work on any shape.
+func TestPeersAndSharingOnTheSimulator(t *testing.T) {
+	t.Setenv("CUDACORE_BACKEND", "sim")
+	t.Setenv("CUDACORE_SIM_DEVICES", `[{}, {}, {"peer_group": 1}]`)
+	n, err := DeviceCount()
+	require.NoError(t, err)
+	if n < 3 {
+		t.Skip("the process's simulator was opened with fewer devices by an earlier test")
+	}
+	d0, err := GetDevice(0)
+	require.NoError(t, err)
+	d1, err := GetDevice(1)
+	require.NoError(t, err)
+	d2, err := GetDevice(2)
+	require.NoError(t, err)
+	drv := d0.Driver()
+
+	can, err := d0.CanAccessPeer(d1)
+	require.NoError(t, err)
+	assert.True(t, can)
+	can, err = d0.CanAccessPeer(d2)
+	require.NoError(t, err)
+	assert.False(t, can)
+
+	pool1 := d1.Memory().Pool().Handle()
+	before, err := drv.MemPoolGetAccess(d1.Context(), pool1, d0.Handle())
+	require.NoError(t, err)
+	assert.Equal(t, cuda.AccessNone, before)
+	require.NoError(t, d0.EnablePeerAccess(d1))
+	require.NoError(t, d0.EnablePeerAccess(d1), "idempotent")
+	after, err := drv.MemPoolGetAccess(d1.Context(), pool1, d0.Handle())
+	require.NoError(t, err)
+	assert.Equal(t, cuda.AccessReadWrite, after, "peer access covers the peer's allocator pool")
+	assert.Equal(t, []int{0}, d1.PeersWithAccess())
+	assert.ErrorIs(t, d0.EnablePeerAccess(d2), cuda.ErrNotSupported)
+	assert.ErrorIs(t, d0.EnablePeerAccess(d0), cuda.ErrInvalidValue)
+
+	// d1's exportable pool, made after peer access was enabled, is opened to d0 as it is made.
+	p, err := d1.ShareAllocate(4096, 0, "")
+	require.NoError(t, err)
+	multiMu.Lock()
+	share1 := sharePools[1]
+	multiMu.Unlock()
+	acc, err := drv.MemPoolGetAccess(d1.Context(), share1, d0.Handle())
+	require.NoError(t, err)
+	assert.Equal(t, cuda.AccessReadWrite, acc)
+
+	// Export and import (the simulator lets a process import its own pool; the bytes are shared).
+	require.NoError(t, drv.MemcpyHtoD(d1.Context(), p, []byte("shared bytes")))
+	e, err := d1.ShareExport(p, KindPool)
+	require.NoError(t, err)
+	defer closeFD(e.FD)
+	assert.Equal(t, KindPool, e.Kind)
+	q, err := d1.ShareImport(KindPool, e.Handle, e.FD, e.PoolID)
+	require.NoError(t, err)
+	assert.NotEqual(t, p, q)
+	got := make([]byte, 12)
+	require.NoError(t, drv.MemcpyDtoH(d1.Context(), got, q))
+	assert.Equal(t, "shared bytes", string(got))
+	again, err := d1.ShareImport(KindPool, e.Handle, -1, e.PoolID)
+	require.NoError(t, err, "the pool is imported once; later imports need no descriptor")
+	require.NoError(t, d1.ShareClose(again, KindPool))
+	require.NoError(t, d1.ShareClose(q, KindPool))
+	_, err = d1.ShareImport(KindPool, e.Handle, -1, "another pool")
+	assert.ErrorIs(t, err, cuda.ErrInvalidValue, "an unknown pool needs its descriptor")
+	_, err = d1.ShareImport("bogus", e.Handle, -1, "")
+	assert.ErrorIs(t, err, cuda.ErrInvalidValue)
+	require.NoError(t, d1.ShareFree(p, KindPool, 0))
+
+	// A strategy switch makes a new allocator pool: the peers keep their access to it.
+	require.NoError(t, d1.SetStrategy("sync", memory.StackOptions{}))
+	require.NoError(t, d1.SetStrategy("pool", memory.StackOptions{OwnPool: true}))
+	newPool := d1.Memory().Pool().Handle()
+	require.NotEqual(t, pool1, newPool)
+	acc, err = drv.MemPoolGetAccess(d1.Context(), newPool, d0.Handle())
+	require.NoError(t, err)
+	assert.Equal(t, cuda.AccessReadWrite, acc, "the new pool is opened to the peer too")
+
+	probe := ProbeIPC(d2)
+	assert.Equal(t, map[string]string{"posix_fd": "ok", "cuipc_mem": "ok", "cuipc_event": "ok"}, probe)
+}

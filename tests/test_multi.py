@@ -1,0 +1,708 @@
+"""Several devices and several processes on the simulator: peer access and copies, shareable memory sent to
+spawned processes, its lifetime rules, and events shared between processes.
+
+The simulator's devices are fixed per process, so the multi-device cases run in fresh interpreters with
+``CUDACORE_SIM_DEVICES`` (three devices: 0 and 1 are peers, 2 is in another peer group). Memory crosses
+processes for real: the simulator keeps shareable memory in shared memory (see docs/multi-gpu.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import cudacore as cc
+
+from conftest import run_python
+
+pytestmark = pytest.mark.sim
+
+
+@pytest.fixture(autouse=True)
+def _give_back_shareable_memory() -> object:
+    """The in-process tests leave device 0 as they found it: freed shareable blocks back to the device."""
+    yield
+    cc.Device(0).release_cached_memory()
+
+THREE = json.dumps(
+    [
+        {"name": "sim0", "total_memory": 1 << 30},
+        {"name": "sim1", "total_memory": 1 << 30},
+        {"name": "sim-far", "total_memory": 1 << 30, "peer_group": 1},
+    ]
+)
+
+
+def _run(code: str, backend: str = "sim", **env: str) -> str:
+    base = {"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": THREE} if backend == "sim" else {"CUDACORE_BACKEND": backend}
+    r = run_python(textwrap.dedent(code), env={**base, **env}, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+# -- several devices ----------------------------------------------------------------------------------------
+
+
+def test_peer_matrix_and_enabling() -> None:
+    out = _run(
+        """
+        import cudacore as cc
+        d0, d1, d2 = cc.devices()
+        print([[a.can_access_peer(b) for b in (d0, d1, d2)] for a in (d0, d1, d2)])
+        d0.enable_peer_access(d1)
+        d0.enable_peer_access(1)  # idempotent, by ordinal too
+        for call in (lambda: d0.enable_peer_access(d2), lambda: d0.enable_peer_access(d0)):
+            try:
+                call()
+            except cc.CUDAError as e:
+                print(type(e).__name__, e.name)
+        try:
+            d0.can_access_peer("1")
+        except TypeError as e:
+            print("TypeError")
+        try:
+            d0.can_access_peer(7)
+        except cc.CUDAError as e:
+            print(type(e).__name__)
+        """
+    )
+    lines = out.splitlines()
+    assert lines[0] == "[[False, True, False], [True, False, False], [False, False, False]]"
+    assert lines[1] == "NotSupportedError CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"
+    assert lines[2] == "InvalidValueError CUDA_ERROR_INVALID_VALUE"
+    assert lines[3] == "TypeError"
+    assert lines[4] == "InvalidValueError"
+
+
+def test_peer_copies_sync_async_and_ordered_with_events() -> None:
+    out = _run(
+        """
+        import cudacore as cc
+        d0, d1, d2 = cc.devices()
+        n = 1 << 16
+        data = bytes(i % 251 for i in range(n))
+        a, b, c = d0.allocate(n), d1.allocate(n), d2.allocate(n)
+        a.copy_from(data)
+        cc.device_to_device(b, a)                      # synchronous, between peers
+        cc.device_to_device(c, b)                      # synchronous, without peer access (staged)
+        out = bytearray(n); c.copy_to(out); print(out == data)
+        s1, s2 = d1.create_stream(), d2.create_stream()
+        b.copy_from(b"\\x07" * n)
+        cc.device_to_device(a, b, s1)                  # on the source device's stream
+        ev = cc.Event(d1, timing=False).record(s1)
+        s2.wait_event(ev)                               # another device's stream waits on the event
+        cc.device_to_device(c, a, s2, nbytes=100)      # on the destination device's stream
+        s2.synchronize()
+        c.copy_to(out); print(out[:100] == b"\\x07" * 100, out[100:] == data[100:])
+        try:
+            cc.device_to_device(b, a, s2)
+        except cc.InvalidValueError as e:
+            print("other device's stream:", "either" in str(e))
+        try:
+            cc.device_to_device(b, a, s1.handle)
+        except TypeError:
+            print("int handle: TypeError")
+        try:
+            cc.device_to_device(b, a, nbytes=n + 1)
+        except cc.InvalidValueError:
+            print("too long: InvalidValueError")
+        a.close()
+        try:
+            cc.device_to_device(b, a)
+        except cc.CUDAError as e:
+            print("closed:", e.name)
+        """
+    )
+    assert out.splitlines() == [
+        "True",
+        "True True",
+        "other device's stream: True",
+        "int handle: TypeError",
+        "too long: InvalidValueError",
+        "closed: CUDACORE_ERROR_CLOSED",
+    ]
+
+
+def test_peer_copies_from_many_threads() -> None:
+    """Every operation runs in the right context from any thread: threads that never touched a device copy
+    between all pairs at once."""
+    out = _run(
+        """
+        import threading
+        import cudacore as cc
+        devs = cc.devices()
+        errors, done = [], []
+        def work(k):
+            try:
+                src = devs[k % 3].allocate(4096)
+                dst = devs[(k + 1) % 3].allocate(4096)
+                src.copy_from(bytes([k]) * 4096)
+                s = dst.device.create_stream()
+                for _ in range(20):
+                    cc.device_to_device(dst, src, s)
+                s.synchronize()
+                out = bytearray(4096); dst.copy_to(out)
+                done.append(out == bytes([k]) * 4096)
+            except Exception as e:
+                errors.append(repr(e))
+        ts = [threading.Thread(target=work, args=(k,)) for k in range(12)]
+        [t.start() for t in ts]; [t.join() for t in ts]
+        print(errors, done.count(True))
+        """
+    )
+    assert out.strip() == "[] 12"
+
+
+# -- several processes ---------------------------------------------------------------------------------------
+
+SPAWN = """
+import multiprocessing as mp, os, sys, time
+import cudacore as cc
+
+def reader(buf, q):
+    out = bytearray(buf.size); buf.copy_to(out)
+    buf.copy_from(b"\\xaa" * buf.size)
+    q.put((type(buf).__name__, bytes(out[:8])))
+    buf.close()
+
+def holder(handle, q, go):
+    buf = handle.open()
+    handle.close()
+    q.put(os.getpid())
+    go.wait(60)
+    out = bytearray(buf.size); buf.copy_to(out); q.put(bytes(out[:4]))
+    buf.close()
+    q.put("closed")
+
+def opener(handle, q):
+    try:
+        handle.open()
+        q.put("opened")
+    except cc.CUDAError as e:
+        q.put(type(e).__name__)
+
+def via_queue(qi, qo):
+    buf = qi.get()
+    out = bytearray(buf.size); buf.copy_to(out); qo.put(bytes(out[:4])); buf.close()
+
+def via_socket(sock, q):
+    h = cc.IpcHandle.receive(sock)
+    with h, h.open() as buf:
+        out = bytearray(buf.size); buf.copy_to(out); q.put(bytes(out[:4]))
+
+def exporter(q, go):
+    sb = cc.Device(0).allocate_shareable(64)
+    q.put(sb.export())
+    go.wait(60)          # the handle has arrived; exit without closing anything
+
+def event_waiter(eh, q):
+    ev = eh.open()
+    s = cc.Device(0).create_stream()
+    s.wait_event(ev)
+    ev.synchronize()
+    s.synchronize()
+    q.put(ev.interprocess)
+
+def event_object_waiter(ev, q):
+    cc.Device(0).create_stream().wait_event(ev)
+    q.put(type(ev).__name__)
+"""
+
+
+def _spawn_run(body: str, allocator: str, backend: str = "sim") -> list[str]:
+    code = SPAWN + "\nif __name__ == '__main__':\n    ctx = mp.get_context('spawn')\n" + textwrap.indent(textwrap.dedent(body), "    ")
+    return _run(code, backend, CUDACORE_ALLOCATOR=allocator).splitlines()
+
+
+def check_shared_buffer_into_spawn_workers(allocator: str, kind: str, backend: str = "sim") -> None:
+    out = _spawn_run(
+        """
+        d = cc.Device(0)
+        sb = d.allocate_shareable(4096)
+        print(sb.kind)
+        sb.copy_from(bytes(range(8)) * 512)
+        q = ctx.Queue()
+        p = ctx.Process(target=reader, args=(sb, q)); p.start()       # pickled into the worker's arguments
+        print(q.get(timeout=60)); p.join(); print(p.exitcode)
+        out = bytearray(4096); sb.copy_to(out); print(out == b"\\xaa" * 4096)  # the worker's writes are here
+        sb.copy_from(b"\\x01\\x02\\x03\\x04" * 1024)
+        qi, qo = ctx.Queue(), ctx.Queue()
+        p = ctx.Process(target=via_queue, args=(qi, qo)); p.start()
+        qi.put(sb); print(qo.get(timeout=60)); p.join()                # through a Queue
+        import socket
+        a, b = socket.socketpair()
+        p = ctx.Process(target=via_socket, args=(b, qo)); p.start()
+        with sb.export() as h:
+            h.send(a)                                                   # SCM_RIGHTS over a socket of ours
+        print(qo.get(timeout=60)); p.join()
+        sb.close(); print(sb.closed)
+        """,
+        allocator,
+        backend,
+    )
+    assert out == [
+        kind,
+        "('ImportedBuffer', b'\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07')",
+        "0",
+        "True",
+        "b'\\x01\\x02\\x03\\x04'",
+        "b'\\x01\\x02\\x03\\x04'",
+        "True",
+    ]
+
+
+def check_exporter_cannot_free_what_an_importer_holds(allocator: str, backend: str = "sim") -> None:
+    out = _spawn_run(
+        """
+        d = cc.Device(0)
+        sb = d.allocate_shareable(1024)
+        sb.copy_from(b"\\x05" * 1024)
+        q, go = ctx.Queue(), ctx.Event()
+        p = ctx.Process(target=holder, args=(sb.export(), q, go)); p.start()
+        child = q.get(timeout=60)
+        try:
+            sb.close()
+        except cc.IllegalStateError as e:
+            print("refused:", str(child) in str(e), sb.closed)
+        go.set()
+        print(q.get(timeout=60), q.get(timeout=60))                   # the memory was still valid
+        p.join()
+        sb.close(); print("closed:", sb.closed)
+        # A handle of memory the exporter closed opens nothing.
+        sb2 = d.allocate_shareable(64)
+        h = sb2.export()
+        sb2.close()
+        p = ctx.Process(target=opener, args=(h, q)); p.start(); print(q.get(timeout=60)); p.join()
+        """,
+        allocator,
+        backend,
+    )
+    assert out == ["refused: True False", "b'\\x05\\x05\\x05\\x05' closed", "closed: True", "IllegalStateError"]
+
+
+def check_kind_chosen_per_buffer(backend: str = "sim") -> None:
+    """On a pool device, kind="ipc" gives cuMemAlloc memory with a cuIpc handle: it crosses the same way."""
+    out = _spawn_run(
+        """
+        d = cc.Device(0)
+        sb = d.allocate_shareable(64, kind="ipc")
+        print(d.allocation_strategy, sb.kind)
+        sb.copy_from(bytes(range(64)))
+        q = ctx.Queue()
+        p = ctx.Process(target=reader, args=(sb, q)); p.start(); print(q.get(timeout=60)); p.join()
+        sb.close()
+        """,
+        "pool",
+        backend,
+    )
+    assert out == ["pool ipc", "('ImportedBuffer', b'\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07')"]
+
+
+def check_handle_of_an_exited_exporter_is_refused(backend: str = "sim") -> None:
+    out = _spawn_run(
+        """
+        q, go = ctx.Queue(), ctx.Event()
+        p = ctx.Process(target=exporter, args=(q, go)); p.start()
+        h = q.get(timeout=60)
+        go.set(); p.join()
+        try:
+            h.open()
+        except cc.IllegalStateError as e:
+            print("IllegalStateError", "exited" in str(e) or "closed" in str(e))
+        """,
+        "pool",
+        backend,
+    )
+    assert out == ["IllegalStateError True"]
+
+
+def check_importer_that_exits_without_closing_releases_its_hold(backend: str = "sim") -> None:
+    out = _spawn_run(
+        """
+        d = cc.Device(0)
+        sb = d.allocate_shareable(256)
+        q = ctx.Queue()
+        p = ctx.Process(target=opener, args=(sb.export(), q)); p.start()
+        print(q.get(timeout=60)); p.join()                            # it opened and exited holding it
+        sb.close(); print(sb.closed)
+        """,
+        "pool",
+        backend,
+    )
+    assert out == ["opened", "True"]
+
+
+def check_collected_shared_buffer_stays_valid_while_held(backend: str = "sim") -> None:
+    out = _spawn_run(
+        """
+        import gc
+        d = cc.Device(0)
+        sb = d.allocate_shareable(1 << 20)
+        sb.copy_from(b"\\x09" * (1 << 20))
+        free_before = d.memory_info()[0]
+        q, go = ctx.Queue(), ctx.Event()
+        p = ctx.Process(target=holder, args=(sb.export(), q, go)); p.start()
+        q.get(timeout=60)
+        del sb; gc.collect()                                            # collected while the child holds it
+        print(d.memory_info()[0] < free_before + (1 << 20))            # not freed yet
+        go.set(); print(q.get(timeout=60), q.get(timeout=60)); p.join()
+        d.allocate_shareable(64).close()                                # a later shareable call frees it
+        print(d.memory_info()[0] >= free_before)
+        """,
+        "sync",
+        backend,
+    )
+    assert out == ["True", "b'\\t\\t\\t\\t' closed", "True"]
+
+
+def check_event_shared_between_processes(backend: str = "sim") -> None:
+    out = _spawn_run(
+        """
+        ev = cc.Event(0, interprocess=True)
+        print(ev.timing, ev.interprocess)
+        ev.record()
+        q = ctx.Queue()
+        p = ctx.Process(target=event_waiter, args=(ev.ipc_handle(), q)); p.start()
+        print(q.get(timeout=60)); p.join()
+        p = ctx.Process(target=event_object_waiter, args=(ev, q)); p.start()    # the Event itself pickles
+        print(q.get(timeout=60)); p.join()
+        """,
+        "pool",
+        backend,
+    )
+    assert out == ["False True", "True", "Event"]
+
+
+# The checks above run here on the simulator, and in tests/test_multi_gpu.py on the real driver.
+
+ALLOCATORS = [("pool", "pool"), ("sync", "ipc")]
+
+
+@pytest.mark.parametrize(("allocator", "kind"), ALLOCATORS)
+def test_shared_buffer_into_spawn_workers(allocator: str, kind: str) -> None:
+    check_shared_buffer_into_spawn_workers(allocator, kind)
+
+
+@pytest.mark.parametrize("allocator", ["pool", "sync"])
+def test_exporter_cannot_free_what_an_importer_holds(allocator: str) -> None:
+    check_exporter_cannot_free_what_an_importer_holds(allocator)
+
+
+def test_kind_chosen_per_buffer() -> None:
+    check_kind_chosen_per_buffer()
+
+
+def test_kind_pool_needs_memory_pools() -> None:
+    devices = json.dumps([{"total_memory": 1 << 30, "memory_pools_supported": False}])
+    out = _run(
+        """
+        import cudacore as cc
+        d = cc.Device(0)
+        print(d.allocate_shareable(64).kind)
+        for kind in ("pool", "bogus"):
+            try:
+                d.allocate_shareable(64, kind=kind)
+            except cc.CUDAError as e:
+                print(type(e).__name__)
+        """,
+        CUDACORE_SIM_DEVICES=devices,
+    )
+    assert out.splitlines() == ["ipc", "NotSupportedError", "InvalidValueError"]
+
+
+def test_handle_of_an_exited_exporter_is_refused() -> None:
+    check_handle_of_an_exited_exporter_is_refused()
+
+
+def test_importer_that_exits_without_closing_releases_its_hold() -> None:
+    check_importer_that_exits_without_closing_releases_its_hold()
+
+
+def test_collected_shared_buffer_stays_valid_while_held() -> None:
+    check_collected_shared_buffer_stays_valid_while_held()
+
+
+def test_event_shared_between_processes() -> None:
+    check_event_shared_between_processes()
+
+
+# -- in this process ------------------------------------------------------------------------------------------
+
+
+def test_shared_buffer_here() -> None:
+    d = cc.Device(0)
+    sb = d.allocate_shareable(512)
+    assert isinstance(sb, cc.SharedBuffer)
+    assert isinstance(sb, cc.Buffer)
+    assert sb.kind == d.allocation_strategy.replace("sync", "ipc")
+    sb.copy_from(b"\x03" * 512)
+    with sb.export() as h:
+        assert len(h.fds()) == (2 if sb.kind == "pool" else 1)
+        view = h.open()  # in the exporting process: a view of the same memory
+        assert view.ptr == sb.ptr
+        out = bytearray(512)
+        view.copy_to(out)
+        assert out == b"\x03" * 512
+    assert "SharedBuffer" in repr(sb)
+    again = pickle.loads(pickle.dumps(sb))  # unpickled in the exporting process: a view, no import
+    assert type(again) is cc.Buffer
+    assert again.ptr == sb.ptr
+    again.close()
+    later = sb.export()
+    sb.close()
+    sb.close()  # idempotent
+    assert "closed" in repr(sb)
+    with pytest.raises(cc.CUDAError) as exc:
+        sb.export()
+    assert exc.value.name == "CUDACORE_ERROR_CLOSED"
+    with pytest.raises(cc.IllegalStateError):
+        later.open()  # its memory is closed
+    later.close()
+
+
+def test_closed_handle_and_bad_arguments() -> None:
+    d = cc.Device(0)
+    sb = d.allocate_shareable(64)
+    h = sb.export()
+    h.close()
+    h.close()
+    with pytest.raises(cc.CUDAError) as exc:
+        h.open()
+    assert exc.value.name == "CUDACORE_ERROR_CLOSED"
+    with pytest.raises(cc.CUDAError):
+        pickle.dumps(h)
+    sb.close()
+    with pytest.raises(TypeError):
+        d.allocate_shareable("64")  # type: ignore[arg-type]
+    with pytest.raises(cc.InvalidValueError):
+        d.allocate_shareable(0)
+    with pytest.raises(cc.InvalidValueError):
+        d.allocate_shareable(-1)
+
+
+def test_plain_buffer_refuses_pickling_with_the_fix() -> None:
+    with cc.Device(0).allocate(64) as buf, pytest.raises(TypeError, match="allocate_shareable"):
+        pickle.dumps(buf)
+
+
+def test_interprocess_event_rules() -> None:
+    ev = cc.Event(0, interprocess=True)
+    assert ev.interprocess and not ev.timing
+    h = ev.ipc_handle()
+    assert pickle.loads(pickle.dumps(h)).handle == h.handle
+    with pytest.raises(cc.InvalidHandleError) as exc:
+        h.open()  # the driver refuses its own process's handle
+    assert exc.value.name == "CUDA_ERROR_INVALID_CONTEXT"
+    with pytest.raises(cc.InvalidValueError):
+        cc.Event(0, interprocess=True, timing=True)
+    plain = cc.Event(0)
+    assert plain.timing and not plain.interprocess
+    with pytest.raises(cc.InvalidValueError):
+        plain.ipc_handle()
+    with pytest.raises(TypeError, match="interprocess"):
+        pickle.dumps(plain)
+    ev.close()
+    plain.close()
+
+
+def test_peer_access_on_one_device() -> None:
+    d = cc.Device(0)
+    assert d.can_access_peer(d) is False
+    with pytest.raises(cc.InvalidValueError):
+        d.enable_peer_access(0)
+
+
+# -- doctor and the benchmark -----------------------------------------------------------------------------------
+
+
+def test_doctor_shows_peer_matrix_and_ipc_kinds() -> None:
+    from conftest import run_cli
+
+    devices = json.dumps([{"total_memory": 1 << 30}, {"total_memory": 1 << 30, "memory_pools_supported": False}, {"total_memory": 1 << 30, "peer_group": 3}])
+    env = {"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": devices}
+    r = run_cli(["doctor"], env=env)
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    assert "peer access (row can access column)" in text
+    assert "  dev 0      -  yes   no\n" in text
+    assert "  dev 2     no   no    -\n" in text
+    # device 1 has no pools: no exportable pool, cuIpc still works
+    dev1 = text.split("  device 1\n")[1].split("  device 2\n")[0]
+    assert dev1.splitlines()[0].split()[:2] == ["posix_fd", "no"]
+    assert "CUDA_ERROR_NOT_SUPPORTED" in dev1
+    assert dev1.splitlines()[2].split()[:2] == ["cuipc_mem", "works"]
+    r = run_cli(["doctor", "--json"], env=env)
+    topo = json.loads(r.stdout)["topology"]
+    assert topo["peer_access"] == [[False, True, False], [True, False, False], [False, False, False]]
+    assert topo["ipc"][0] == {"posix_fd": "ok", "cuipc_mem": "ok", "cuipc_event": "ok"}
+
+
+def test_topology_function_in_process() -> None:
+    from cudacore._topology import topology
+
+    topo = topology()
+    n = cc.device_count()
+    assert len(topo["peer_access"]) == n
+    assert all(not topo["peer_access"][i][i] for i in range(n))
+    assert set(topo["ipc"][0]) == {"posix_fd", "cuipc_mem", "cuipc_event"}
+
+
+def test_bench_runs_on_the_simulator() -> None:
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDACORE_")}
+    env["PYTHONPATH"] = str(ROOT / "python")
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "multi_gpu.py"), "--sim", "--rounds", "2"],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("backend sim, 1 device(s), 2 interleaved rounds")
+    for kind in ("pool", "ipc"):
+        assert any(line.startswith(f"ipc round trip   64 KiB  cudacore ({kind})") and line.rstrip().endswith("x     -") for line in lines)
+    assert any("peer copy" in line and "skipped: needs 2 devices" in line for line in lines)
+    assert any("all_reduce" in line and "skipped" in line for line in lines)
+    # With two simulated devices the peer rows run (cudacore alone: no cuda.bindings or CuPy here).
+    env["CUDACORE_SIM_DEVICES"] = json.dumps([{"total_memory": 1 << 30}, {"total_memory": 1 << 30}])
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "multi_gpu.py"), "--sim", "--rounds", "1"],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert any(line.startswith("peer copy    1 MiB  cudacore") and "GB/s" in line for line in r.stdout.splitlines()), r.stdout
+
+
+# -- the Numba plug-in's get_ipc_handle, against a stand-in for Numba's API ----------------------------------
+
+FAKE_NUMBA = {
+    "numba/__init__.py": "",
+    "numba/cuda/cudadrv/__init__.py": "",
+    "numba/cuda/__init__.py": textwrap.dedent(
+        """
+        import collections
+        MemoryInfo = collections.namedtuple("MemoryInfo", "free total")
+
+        class HostOnlyCUDAMemoryManager:
+            def __init__(self, context):
+                self.context = context
+            def initialize(self):
+                pass
+            def reset(self):
+                pass
+
+        class MemoryPointer:
+            def __init__(self, context, pointer, size, owner=None, finalizer=None):
+                self.context, self.handle, self.size, self._owner, self.finalizer = context, pointer, size, owner, finalizer
+            @property
+            def owner(self):
+                return self if self._owner is None else self._owner
+        """
+    ),
+    "numba/cuda/cudadrv/driver.py": textwrap.dedent(
+        """
+        USE_NV_BINDING = False
+
+        class IpcHandle:
+            def __init__(self, base, handle, size, source_info=None, offset=0):
+                self.base, self.handle, self.size, self.source_info, self.offset = base, handle, size, source_info, offset
+            @classmethod
+            def _rebuild(cls, handle_ary, size, source_info, offset):
+                return cls(None, bytes(b & 0xFF for b in handle_ary), size, source_info, offset)
+        """
+    ),
+}
+
+NUMBA_PROBE = """
+import json, types
+import cudacore as cc
+from cudacore import interop
+from cudacore._api import call, core
+from numba import cuda
+
+dev = types.SimpleNamespace(id=0, get_device_identity=lambda: {"pci_bus_id": "sim"})
+emm = interop.NumbaMemoryManager(types.SimpleNamespace(device=dev))
+mem = emm.memalloc(4096)
+view = cuda.MemoryPointer(mem.context, type(mem.handle)(mem.handle.value + 256), 1024, owner=mem)
+try:
+    h = emm.get_ipc_handle(view)
+except cc.NotSupportedError as e:
+    print(json.dumps({"refused": str(e)}))
+else:
+    want = json.loads(call(core.ShareExport, 0, mem.handle.value, "ipc"))["handle"]
+    print(json.dumps({"same_handle": h.handle.hex() == want, "offset": h.offset, "size": h.size,
+                      "base_is_memory": h.base is view, "source": h.source_info}))
+"""
+
+
+@pytest.mark.parametrize("allocator", ["sync", "pool"])
+def test_numba_get_ipc_handle(tmp_path: Path, allocator: str) -> None:
+    for name, text in FAKE_NUMBA.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    from conftest import ROOT
+
+    env = {"CUDACORE_BACKEND": "sim", "CUDACORE_ALLOCATOR": allocator, "PYTHONPATH": f"{tmp_path}:{ROOT / 'python'}"}
+    r = run_python(NUMBA_PROBE, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    if allocator == "pool":
+        assert "CUDACORE_ALLOCATOR=sync" in out["refused"]
+    else:
+        assert out == {"same_handle": True, "offset": 256, "size": 1024, "base_is_memory": True, "source": {"pci_bus_id": "sim"}}
+
+
+def test_shareable_memory_is_refused_during_a_capture() -> None:
+    d = cc.Device(0)
+    s = d.create_stream()
+    s.begin_capture()
+    try:
+        with pytest.raises(cc.CaptureError, match="before or after the capture"):
+            d.allocate_shareable(64)
+    finally:
+        s.abort_capture()
+        s.close()
+    d.allocate_shareable(64).close()  # and fine again after it
+
+
+def test_shared_buffer_outlives_its_stream() -> None:
+    d = cc.Device(0)
+    s = d.create_stream()
+    sb = d.allocate_shareable(256, stream=s)
+    sb.copy_from(b"\x01" * 256, stream=s)
+    s.close()
+    with sb.export() as h:  # the stream is gone, and so is the work it had: nothing to wait for
+        assert h.size == 256
+    sb.close()
+    assert sb.closed
+
+
+def test_allreduce_example_says_what_it_needs_on_the_simulator() -> None:
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDACORE_")}
+    env.update(CUDACORE_BACKEND="sim", PYTHONPATH=str(ROOT / "python"))
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "allreduce.py")], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "this example needs 2 GPUs (the CUDA backend)"
+
+
+def test_release_cached_memory_gives_back_the_exportable_pool() -> None:
+    d = cc.Device(0)
+    d.release_cached_memory()
+    free = d.memory_info()[0]
+    d.allocate_shareable(1 << 20, kind="pool").close()
+    assert d.memory_info()[0] < free  # the freed block stays reserved for reuse
+    d.release_cached_memory()
+    assert d.memory_info()[0] == free

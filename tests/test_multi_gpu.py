@@ -1,0 +1,282 @@
+"""Several GPUs and several processes on the real driver.
+
+The cross-process checks of tests/test_multi.py run here with ``CUDACORE_BACKEND=cuda`` (one GPU is
+enough: IPC between two processes on one device). Peer access, peer copies and the NCCL all_reduce need two
+GPUs and skip otherwise. Every process started here keeps NVLink multicast off.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import cudacore as cc
+from test_multi import (
+    ALLOCATORS,
+    check_collected_shared_buffer_stays_valid_while_held,
+    check_event_shared_between_processes,
+    check_exporter_cannot_free_what_an_importer_holds,
+    check_handle_of_an_exited_exporter_is_refused,
+    check_importer_that_exits_without_closing_releases_its_hold,
+    check_kind_chosen_per_buffer,
+    check_shared_buffer_into_spawn_workers,
+)
+
+from conftest import ROOT, run_python
+
+pytestmark = pytest.mark.gpu
+
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+os.environ.update(NO_MULTICAST)
+
+
+def two_gpus() -> tuple[cc.Device, cc.Device]:
+    if cc.backend() != "cuda" or cc.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    return cc.Device(0), cc.Device(1)
+
+
+# -- several processes, one GPU is enough ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("allocator", "kind"), ALLOCATORS)
+def test_shared_buffer_into_spawn_workers_gpu(allocator: str, kind: str) -> None:
+    check_shared_buffer_into_spawn_workers(allocator, kind, backend="cuda")
+
+
+@pytest.mark.parametrize("allocator", ["pool", "sync"])
+def test_exporter_cannot_free_what_an_importer_holds_gpu(allocator: str) -> None:
+    check_exporter_cannot_free_what_an_importer_holds(allocator, backend="cuda")
+
+
+def test_kind_chosen_per_buffer_gpu() -> None:
+    check_kind_chosen_per_buffer(backend="cuda")
+
+
+def test_cupy_opens_an_ipc_kind_handle() -> None:
+    """kind="ipc" memory carries a real cuIpcMemHandle: CuPy opens it in another process without cudacore."""
+    pytest.importorskip("cupy")
+    code = textwrap.dedent(
+        """
+        import multiprocessing as mp
+
+        def child(raw, q):
+            import cupy
+            ptr = cupy.cuda.runtime.ipcOpenMemHandle(raw)
+            mem = cupy.cuda.UnownedMemory(ptr, 16, None)
+            arr = cupy.ndarray((16,), cupy.uint8, cupy.cuda.MemoryPointer(mem, 0))
+            q.put(bytes(arr.get().tobytes()))
+            cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+
+        if __name__ == "__main__":
+            import cudacore as cc
+            sb = cc.Device(0).allocate_shareable(16, kind="ipc")
+            sb.copy_from(bytes(range(16)))
+            with sb.export() as h:
+                raw = bytes.fromhex(h.handle)
+            ctx = mp.get_context("spawn")
+            q = ctx.Queue()
+            p = ctx.Process(target=child, args=(raw, q)); p.start()
+            print(q.get(timeout=120) == bytes(range(16))); p.join()
+            sb.close()
+        """
+    )
+    r = run_python(code, env={"CUDACORE_BACKEND": "cuda", **NO_MULTICAST}, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "True"
+
+
+def test_handle_of_an_exited_exporter_is_refused_gpu() -> None:
+    check_handle_of_an_exited_exporter_is_refused(backend="cuda")
+
+
+def test_importer_that_exits_without_closing_releases_its_hold_gpu() -> None:
+    check_importer_that_exits_without_closing_releases_its_hold(backend="cuda")
+
+
+def test_collected_shared_buffer_stays_valid_while_held_gpu() -> None:
+    check_collected_shared_buffer_stays_valid_while_held(backend="cuda")
+
+
+def test_event_shared_between_processes_gpu() -> None:
+    check_event_shared_between_processes(backend="cuda")
+
+
+def test_numba_ipc_handle_opens_with_numba_alone() -> None:
+    """The Numba plug-in's get_ipc_handle: a Numba array allocated through cudacore (sync strategy) is
+    opened in a spawned process by Numba's own IpcArrayHandle.open."""
+    pytest.importorskip("numba.cuda")
+    code = textwrap.dedent(
+        """
+        import multiprocessing as mp
+        import numpy as np
+
+        def child(h, q):
+            from numba import cuda
+            arr = h.open()
+            q.put(arr.copy_to_host().tolist())
+            h.close()
+
+        if __name__ == "__main__":
+            from numba import cuda
+            a = cuda.to_device(np.arange(16, dtype=np.int32))
+            h = a.get_ipc_handle()
+            ctx = mp.get_context("spawn")
+            q = ctx.Queue()
+            p = ctx.Process(target=child, args=(h, q)); p.start()
+            print(q.get(timeout=120)); p.join(); print(p.exitcode)
+        """
+    )
+    env = {"CUDACORE_BACKEND": "cuda", "CUDACORE_ALLOCATOR": "sync", "NUMBA_CUDA_MEMORY_MANAGER": "cudacore.interop", **NO_MULTICAST}
+    r = run_python(code, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [str(list(range(16))), "0"]
+
+
+def test_numba_ipc_refused_on_pool_memory_with_the_fix() -> None:
+    pytest.importorskip("numba.cuda")
+    code = textwrap.dedent(
+        """
+        import numpy as np
+        from numba import cuda
+        import cudacore as cc
+        a = cuda.to_device(np.arange(4))
+        try:
+            a.get_ipc_handle()
+        except cc.NotSupportedError as e:
+            print("CUDACORE_ALLOCATOR=sync" in str(e))
+        """
+    )
+    env = {"CUDACORE_BACKEND": "cuda", "CUDACORE_ALLOCATOR": "pool", "NUMBA_CUDA_MEMORY_MANAGER": "cudacore.interop"}
+    r = run_python(code, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "True"
+
+
+# -- two GPUs -------------------------------------------------------------------------------------------------------
+
+
+def test_peer_matrix_matches_the_driver() -> None:
+    d0, d1 = two_gpus()
+    bindings = pytest.importorskip("cuda.bindings.driver")
+    err, can = bindings.cuDeviceCanAccessPeer(0, 1)
+    assert int(err) == 0
+    assert d0.can_access_peer(d1) == bool(can)
+    assert d0.can_access_peer(d0) is False
+
+
+@pytest.mark.parametrize("n", [1, 4096, 64 << 20])
+def test_peer_copies_both_ways(n: int) -> None:
+    d0, d1 = two_gpus()
+    if d0.can_access_peer(d1):
+        d0.enable_peer_access(d1)
+        d1.enable_peer_access(d0)
+        d0.enable_peer_access(d1)  # idempotent
+    data = bytes(i % 253 for i in range(n))
+    a, b = d0.allocate(n), d1.allocate(n)
+    a.copy_from(data)
+    cc.device_to_device(b, a)  # synchronous
+    out = bytearray(n)
+    b.copy_to(out)
+    assert out == data
+    s0, s1 = d0.create_stream(), d1.create_stream()
+    b.copy_from(b"\x11" * n, stream=s1)
+    ev = cc.Event(d1, timing=False).record(s1)
+    s0.wait_event(ev)  # device 0's stream waits for device 1's write
+    cc.device_to_device(a, b, s0)  # on the destination's stream
+    s0.synchronize()
+    a.copy_to(out)
+    assert out == b"\x11" * n
+    cc.device_to_device(b, a, s0, nbytes=n // 2)  # on the source's stream
+    s0.synchronize()
+    for buf in (a, b):
+        buf.close()
+    s0.close()
+    s1.close()
+
+
+@pytest.mark.parametrize("shareable", [False, True])
+def test_kernel_writes_peer_pool_memory_after_enable_peer_access(shareable: bool) -> None:
+    """enable_peer_access covers the peer's pools (cuMemPoolSetAccess): a kernel on device 0 writes a
+    buffer of device 1's allocator pool, and of its exportable pool."""
+    import struct
+
+    d0, d1 = two_gpus()
+    if not d0.can_access_peer(d1):
+        pytest.skip("the two GPUs have no peer access")
+    if d1.allocation_strategy != "pool":
+        pytest.skip("device 1 does not use the pool strategy")
+    d0.enable_peer_access(d1)
+    module = d0.load_module(ROOT / "tests" / "kernels" / "fill.ptx")
+    buf = d1.allocate_shareable(4096) if shareable else d1.allocate(4096)
+    buf.copy_from(bytes(4096))
+    s = d0.create_stream()
+    module.function("fill").launch(grid=4, block=256, args=(buf, 9, 1024), stream=s)
+    s.synchronize()
+    out = bytearray(4096)
+    buf.copy_to(out)
+    assert out == struct.pack("<I", 9) * 1024
+    buf.close()
+    s.close()
+
+
+def test_peer_copy_from_threads_without_context() -> None:
+    d0, d1 = two_gpus()
+    import threading
+
+    errors: list[str] = []
+
+    def work() -> None:
+        try:
+            a, b = d0.allocate(1 << 20), d1.allocate(1 << 20)
+            a.copy_from(b"\x05" * (1 << 20))
+            s = d1.create_stream()
+            cc.device_to_device(b, a, s)
+            s.synchronize()
+            out = bytearray(1 << 20)
+            b.copy_to(out)
+            assert out == b"\x05" * (1 << 20)
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_allreduce_example() -> None:
+    two_gpus()
+    pytest.importorskip("torch")
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "allreduce.py")],
+        env={**os.environ, "CUDACORE_BACKEND": "cuda", **NO_MULTICAST},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all_reduce OK" in r.stdout
+    assert "rank 0: torch.distributed all_reduce -> [3.0]" in r.stdout
+
+
+def test_bench_runs_on_two_gpus() -> None:
+    two_gpus()
+    r = subprocess.run(
+        [sys.executable, str(Path(ROOT) / "bench" / "multi_gpu.py"), "--rounds", "1"],
+        env={**os.environ, "CUDACORE_BACKEND": "cuda", **NO_MULTICAST},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "peer copy   64 MiB  cudacore" in r.stdout
