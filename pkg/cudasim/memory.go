@@ -95,6 +95,9 @@ type device struct {
 	modules     map[cuda.Module]*module
 	funcs       map[cuda.Function]*function
 	limits      map[cuda.Limit]uint64
+
+	conds  MemoryConditions // see SetMemoryConditions
+	others uint64           // the sum of conds.OtherProcesses
 }
 
 func newDevice(d *Driver, i int, cfg DeviceConfig) *device {
@@ -179,7 +182,7 @@ func (v *device) heapMax() uint64 {
 	return q
 }
 
-func (v *device) free() uint64 { return v.cfg.TotalMemory - v.reserve - v.used }
+func (v *device) free() uint64 { return v.cfg.TotalMemory - v.reserve - v.used - v.others }
 
 func (v *device) noPools(op string) error {
 	return errf(op, cuda.ErrorNotSupported, "device %d (%s) does not support memory pools", v.index, v.cfg.Name)
@@ -201,7 +204,7 @@ func roundUp(n uint64) (uint64, bool) {
 // newAlloc accounts and places a fresh allocation; the caller has checked size > 0.
 func (v *device) newAlloc(op string, size uint64, kind allocKind) (*alloc, error) {
 	block, ok := roundUp(size)
-	if !ok || block > v.free() {
+	if !ok || block > v.free() || v.conds.MaxBlock != 0 && block > v.conds.MaxBlock {
 		return nil, v.oom(op, size)
 	}
 	end := ptrBase + uint64(v.index+1)*ptrWindow
@@ -403,6 +406,12 @@ func (d *Driver) poolAlloc(op string, v *device, p *pool, size uint64, sh cuda.S
 	} else {
 		if block > v.free() {
 			v.trimPool(p, 0) // the driver gives back this pool's unused blocks before it reports OOM
+		}
+		if lim := v.conds.PoolReservationLimit; lim != 0 && (block > lim || p.reserved > lim-block) {
+			v.trimPool(p, 0)
+			if block > lim || p.reserved > lim-block {
+				return 0, v.oom(op, size)
+			}
 		}
 		a, err = v.newAlloc(op, size, kindPool)
 		if err != nil {

@@ -20,7 +20,16 @@ type Graph struct {
 	bytes  uint64
 	gone   bool // destroyed at the driver
 	dying  bool // Destroy was called (and may have failed): no more launches or updates
+	// escapes: work cudacore issued during the capture that is not in the graph (the capture's list, its
+	// first maxEscapes entries, and their total count).
+	escapes []string
+	escaped int
 }
+
+// Escapes returns the escape audit of the capture that made g: work cudacore issued while it ran that is
+// not in the graph (ran at once on another stream, or synchronously), the first 32 entries, and how many
+// there were in all.
+func (g *Graph) Escapes() ([]string, int) { return append([]string{}, g.escapes...), g.escaped }
 
 func (m *Manager) newGraph(g cuda.Graph, c *capture) (*Graph, error) {
 	n, err := m.drv.GraphNodeCount(m.ctx, g)
@@ -29,9 +38,9 @@ func (m *Manager) newGraph(g cuda.Graph, c *capture) (*Graph, error) {
 		return nil, err
 	}
 	m.reg.mu.Lock()
-	allocs, bytes := c.allocs, c.bytes
+	allocs, bytes, escapes, escaped := c.allocs, c.bytes, append([]string{}, c.escapes...), c.escaped
 	m.reg.mu.Unlock()
-	return &Graph{m: m, g: g, nodes: n, allocs: allocs, bytes: bytes}, nil
+	return &Graph{m: m, g: g, nodes: n, allocs: allocs, bytes: bytes, escapes: escapes, escaped: escaped}, nil
 }
 
 func (g *Graph) String() string {

@@ -9,6 +9,14 @@ from __future__ import annotations
 
 from ._copy import device_to_device
 from ._device import Device, backend, device_count, devices, driver_version
+from ._diagnostics import (
+    configure_flight_recorder,
+    flight_record,
+    format_flight_record,
+    log_allocations,
+    memory_summary,
+    plot_flight_record,
+)
 from ._errors import (
     CaptureError,
     CUDAError,
@@ -83,17 +91,23 @@ __all__ = [
     "Stream",
     "asbuffer",
     "backend",
+    "configure_flight_recorder",
     "device_count",
     "device_to_device",
     "devices",
     "driver_version",
+    "flight_record",
     "float16",
     "float32",
     "float64",
+    "format_flight_record",
     "int8",
     "int16",
     "int32",
     "int64",
+    "log_allocations",
+    "memory_summary",
+    "plot_flight_record",
     "pointer",
     "uint8",
     "uint16",

@@ -311,9 +311,14 @@ class Device:
                 op="cudacore.allocation_strategy",
             )
         self._set_props(json.loads(call(core.DeviceSetAllocationStrategy, self._ordinal, strategy, bool(track))))
+        if track:  # live allocations then name the Python line that made each
+            from ._diagnostics import track_python_stacks
+
+            track_python_stacks()
 
     def live_allocations(self) -> list[dict[str, Any]]:
-        """The allocations alive now (with ``track=True``; else empty): ptr, size, stream, where."""
+        """The allocations alive now (with ``track=True``; else empty): ptr, size, stream, where (the
+        innermost Python frames that made it, ``file:line in function``, innermost first)."""
         return json.loads(call(core.MemoryLive, self._ordinal))
 
     def _repr_html_(self) -> str:

@@ -182,7 +182,7 @@ func GetDevice(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	stack, err := memory.NewStack(dd, memory.StackOptions{})
+	stack, err := memory.NewStack(dd, withDiagnostics(dd, memory.StackOptions{}))
 	if err != nil {
 		_ = dd.Close()
 		return nil, err
@@ -213,7 +213,7 @@ func (d *Device) SetStrategy(requested string, opts memory.StackOptions) error {
 		return err
 	}
 	opts.Strategy = d.Strategy()
-	stack, err := memory.NewStack(d.Device, opts)
+	stack, err := memory.NewStack(d.Device, withDiagnostics(d.Device, opts))
 	if err != nil {
 		return err
 	}
