@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from ._capture_tools import CaptureDiagnosis, Graphed, graphed, rehearse
 from ._copy import device_to_device
 from ._device import Device, backend, device_count, devices, driver_version
 from ._diagnostics import (
@@ -62,6 +63,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Buffer",
     "CUDAError",
+    "CaptureDiagnosis",
     "CaptureError",
     "Device",
     "DeviceFaultError",
@@ -69,6 +71,7 @@ __all__ = [
     "Event",
     "ExternalBuffer",
     "Graph",
+    "Graphed",
     "IllegalStateError",
     "InvalidHandleError",
     "InvalidImageError",
@@ -101,6 +104,7 @@ __all__ = [
     "float32",
     "float64",
     "format_flight_record",
+    "graphed",
     "int8",
     "int16",
     "int32",
@@ -108,6 +112,7 @@ __all__ = [
     "log_allocations",
     "memory_summary",
     "plot_flight_record",
+    "rehearse",
     "pointer",
     "uint8",
     "uint16",

@@ -160,14 +160,14 @@ def format_flight_record(events: list[dict[str, Any]] | None = None, *, limit: i
 def plot_flight_record(events: list[dict[str, Any]] | None = None, *, ax: Any = None, device: int | None = None) -> Any:
     """A timeline of the events (default: all the recorder keeps): bytes in use over time per device, with
     out-of-memory failures marked. Needs matplotlib; returns the Axes."""
-    try:
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise ImportError("plot_flight_record needs matplotlib (pip install matplotlib)") from exc
+    if ax is None:
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError as exc:
+            raise ImportError("plot_flight_record needs matplotlib (pip install matplotlib)") from exc
+        _, ax = plt.subplots(figsize=(8, 3))
     if events is None:
         events = flight_record(device=device)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 3))
     if not events:
         ax.set_title("flight recorder: no events")
         return ax
@@ -190,8 +190,10 @@ def plot_flight_record(events: list[dict[str, Any]] | None = None, *, ax: Any = 
     return ax
 
 
-def _attach(exc: OutOfMemoryError) -> None:
+def _attach(exc: _errors.CUDAError) -> None:
     """The OutOfMemoryError hook: attach the events up to this failure, write them if configured."""
+    if not isinstance(exc, OutOfMemoryError) or exc.op == "fork":
+        return
     upto = exc._int_field("event")
     events = flight_record(OOM_EVENTS if upto is None else None, after=0 if upto is None else max(0, upto - OOM_EVENTS))
     if upto is not None:
@@ -204,7 +206,7 @@ def _attach(exc: OutOfMemoryError) -> None:
             f.write(f"=== cudacore out of memory, {stamp}, pid {os.getpid()}\n{exc}\n{format_flight_record(events)}\n\n")
 
 
-_errors.OOM_HOOKS.append(_attach)
+_errors.HOOKS.append(_attach)
 
 
 # -- memory_summary ------------------------------------------------------------------------------------

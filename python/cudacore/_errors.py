@@ -271,12 +271,24 @@ def error(name: str, message: str, op: str = "cudacore", **fields: object) -> CU
     class come from the table of results. Field values are kept as text, as they arrive from Go."""
     code = CODES[name]
     cls = _BY_CATEGORY.get(category(code), CUDAError)
-    return cls(message, code=code, name=name, op=op, fields={k: str(v) for k, v in fields.items()})
+    exc = cls(message, code=code, name=name, op=op, fields={k: str(v) for k, v in fields.items()})
+    if HOOKS:
+        _run_hooks(exc)
+    return exc
 
 
-#: Called with every OutOfMemoryError from_wire makes (cudacore's diagnostics attach the flight record,
-#: write it to a file and log it). A hook's own failure never replaces the error.
-OOM_HOOKS: list[Callable[[OutOfMemoryError], None]] = []
+#: Called with every typed error :func:`from_wire` and :func:`error` make, where it is made (cudacore's
+#: diagnostics attach the flight record to an OutOfMemoryError, and a capture rehearsal notes where each
+#: CaptureError arose). A hook's own failure never replaces the error.
+HOOKS: list[Callable[[CUDAError], None]] = []
+
+
+def _run_hooks(exc: CUDAError) -> None:
+    for hook in HOOKS:
+        try:
+            hook(exc)
+        except Exception:  # noqa: BLE001, S110 - a diagnostic must never hide the error it describes
+            pass
 
 
 def from_wire(text: str) -> CUDAError | None:
@@ -286,12 +298,8 @@ def from_wire(text: str) -> CUDAError | None:
         return None
     cls = _BY_CATEGORY.get(category(parts["code"]), CUDAError)
     exc = cls(parts["message"], code=parts["code"], name=parts["name"], op=parts["op"], fields=parts["fields"])
-    if isinstance(exc, OutOfMemoryError):
-        for hook in OOM_HOOKS:
-            try:
-                hook(exc)
-            except Exception:  # noqa: BLE001 - a diagnostic must never hide the error it describes
-                pass
+    if HOOKS:
+        _run_hooks(exc)
     return exc
 
 
