@@ -42,8 +42,10 @@ LAYERS: dict[str, int] = {
     "_external": 2,  # ExternalBuffer: other libraries' device arrays as Buffers
     "_module": 2,  # Module, Kernel
     "_limits": 2,  # Limits
+    "_diagnostics": 2,  # the flight recorder, memory_summary, allocation logging, out-of-memory reports
     # 3: the device, which composes the handles
     "_device": 3,
+    "_capture_tools": 3,  # rehearse, graphed: capture diagnostics over Stream and Graph
     # 4: the tools
     "_doctor": 4,
     "_notebook": 4,

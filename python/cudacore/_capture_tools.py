@@ -22,6 +22,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from . import _errors
 from ._errors import CaptureError, CUDAError
+from ._stream import Stream
 
 __all__ = ["CaptureDiagnosis", "Graphed", "graphed", "rehearse"]
 
@@ -119,8 +120,6 @@ def rehearse(body: Callable[[Any], object], stream: Any = None, *, mode: str = "
     -------
     CaptureDiagnosis
     """
-    from ._stream import Stream
-
     own = stream is None
     s = Stream() if own else stream
     seen: list[dict[str, Any]] = []

@@ -7,7 +7,7 @@ import operator
 import threading
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from . import _memory
+from . import _diagnostics, _memory
 from ._api import call, core
 from ._display import device_html
 from ._errors import error
@@ -312,9 +312,7 @@ class Device:
             )
         self._set_props(json.loads(call(core.DeviceSetAllocationStrategy, self._ordinal, strategy, bool(track))))
         if track:  # live allocations then name the Python line that made each
-            from ._diagnostics import track_python_stacks
-
-            track_python_stacks()
+            _diagnostics.track_python_stacks()
 
     def live_allocations(self) -> list[dict[str, Any]]:
         """The allocations alive now (with ``track=True``; else empty): ptr, size, stream, where (the

@@ -22,6 +22,7 @@ from . import _errors
 from ._api import call, core, fast
 from ._display import format_bytes
 from ._errors import OutOfMemoryError
+from ._handles import as_device
 
 __all__ = [
     "configure_flight_recorder",
@@ -226,9 +227,7 @@ def memory_summary(device: Any = None, *, events: int = 10, largest: int = 10) -
     largest : int
         How many of the largest live allocations to show.
     """
-    from ._device import Device
-
-    dev = device if isinstance(device, Device) else Device(0 if device is None else device)
+    dev = as_device(device)
     stats = dev.memory_stats()
     free, total = dev.memory_info()
     s = dict(stats)
