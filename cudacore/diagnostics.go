@@ -8,6 +8,7 @@ import (
 	"github.com/cudacore/cudacore/cudacore/internal/process"
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/cudasim"
+	"github.com/cudacore/cudacore/pkg/device"
 )
 
 // eventJSON is one flight-recorder event as Python reads it.
@@ -116,5 +117,22 @@ func SimSetMemoryConditions(ordinal int, spec string) (int, error) {
 			n += p.Used
 		}
 		return int(n), nil
+	})
+}
+
+// VerifyDevice runs tiny real probes on device ordinal (device.Verify: the memory pool, pinned, managed
+// and virtual memory, IPC handle types, peer access, the heap, stack and printf reservations, the module
+// loading mode) and returns them as a JSON list of {name, claimed, status, reason, value}. Probing
+// synchronizes the legacy stream, so the GIL is released.
+//
+//cudacore:gil release
+func VerifyDevice(ordinal int) (string, error) {
+	return guard("cudacore.verify", func() (string, error) {
+		d, err := process.GetDevice(ordinal)
+		if err != nil {
+			return "", err
+		}
+		b, err := json.Marshal(device.Verify(d.Device))
+		return string(b), err
 	})
 }

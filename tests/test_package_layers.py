@@ -48,6 +48,7 @@ LAYERS: dict[str, int] = {
     "_capture_tools": 3,  # rehearse, graphed: capture diagnostics over Stream and Graph
     # 4: the tools
     "_doctor": 4,
+    "_verify": 4,  # doctor --verify: the device probes and their report
     "_notebook": 4,
     "testing": 4,
     "pytest_plugin": 4,

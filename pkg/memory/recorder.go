@@ -2,6 +2,7 @@ package memory
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
@@ -47,15 +48,24 @@ type Event struct {
 const DefaultRecorderCapacity = 4096
 
 // Recorder is a bounded ring of allocator events: the newest Capacity events are kept, older ones are
-// overwritten. It is meant to stay on: recording an event costs one uncontended mutex and one monotonic
-// clock read (bench/recorder.py measures it against the alloc+free pair). A nil *Recorder records nothing,
-// so callers need no check. Safe for concurrent use.
+// overwritten. It is meant to stay on (bench/recorder.py measures it against the alloc+free pair), so an
+// event costs one uncontended mutex and no clock read while events come often: reading the clock costs
+// 50 ns on a virtualized host where it traps, more than the recorder's whole budget. Instead a ticker
+// goroutine refreshes a coarse clock every ClockTick while events keep coming and stops after one tick
+// without any; the first event after a pause reads the clock itself. So every event's Time is exact to
+// ClockTick, and events are ordered exactly by Seq. A nil *Recorder records nothing, so callers need no
+// check. Safe for concurrent use.
 type Recorder struct {
 	start time.Time
 
+	coarse  atomic.Int64 // nanoseconds since start, refreshed by the ticker
+	ticking atomic.Bool  // the ticker runs: coarse is at most ClockTick old
+	tickSeq atomic.Uint64
+
 	mu      sync.Mutex
 	ring    []Event
-	seq     uint64 // events recorded so far; the next one gets seq+1
+	seq     uint64        // events recorded so far; the next one gets seq+1
+	last    time.Duration // the newest event's Time
 	enabled bool
 }
 
@@ -67,17 +77,55 @@ func NewRecorder(capacity int) *Recorder {
 	return &Recorder{start: time.Now(), ring: make([]Event, capacity), enabled: true}
 }
 
+// ClockTick is the resolution of the recorder's timestamps while events come often.
+const ClockTick = time.Millisecond
+
+// now returns the time for an event: the coarse clock while the ticker runs, else a clock read that
+// starts the ticker. Called with r.mu held (the ticker stops under it).
+func (r *Recorder) now() time.Duration {
+	if r.ticking.Load() {
+		return time.Duration(r.coarse.Load())
+	}
+	t := time.Since(r.start)
+	r.coarse.Store(int64(t))
+	if r.ticking.CompareAndSwap(false, true) {
+		go r.tick()
+	}
+	return t
+}
+
+// tick refreshes the coarse clock every ClockTick until a tick passes with no event recorded.
+func (r *Recorder) tick() {
+	for {
+		seen := r.tickSeq.Load()
+		time.Sleep(ClockTick)
+		r.coarse.Store(int64(time.Since(r.start)))
+		r.mu.Lock()
+		idle := r.seq == seen
+		r.tickSeq.Store(r.seq)
+		if idle {
+			// Stopped under the lock: an event recorded after this sees ticking false and reads the clock.
+			r.ticking.Store(false)
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+	}
+}
+
 // Record appends e (its Seq and Time are set here) and returns its Seq; 0 when r is nil or disabled.
 func (r *Recorder) Record(e Event) uint64 {
 	if r == nil {
 		return 0
 	}
-	t := time.Since(r.start)
 	r.mu.Lock()
 	if !r.enabled {
 		r.mu.Unlock()
 		return 0
 	}
+	// Read under the lock, and never before the previous event's time: times follow Seq.
+	t := max(r.now(), r.last)
+	r.last = t
 	r.seq++
 	e.Seq, e.Time = r.seq, t
 	r.ring[r.seq%uint64(len(r.ring))] = e
