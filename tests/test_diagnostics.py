@@ -9,6 +9,7 @@ verdicts on the H100 are in test_diagnostics_gpu.py.
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import pickle
 import shutil
@@ -20,7 +21,7 @@ import pytest
 import cudacore as cc
 from cudacore import interop, testing
 
-from conftest import run_python
+from conftest import run_cli, run_python
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -584,3 +585,71 @@ def test_fork_without_driver_says_nothing_more():
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "0 False"
 
+
+
+# -- doctor --verify -------------------------------------------------------------------------------------
+
+
+def _probes(env: dict[str, str]) -> dict[str, dict]:
+    r = run_cli(["doctor", "--verify", "--json"], env)
+    assert r.returncode == 0, r.stderr
+    [dev] = json.loads(r.stdout)["devices"]
+    return {p["name"]: p for p in dev["probes"]}
+
+
+def test_doctor_verify_on_the_simulated_h100():
+    probes = _probes({"CUDACORE_BACKEND": "sim"})
+    assert list(probes) == [
+        "memory pool", "pinned host memory", "managed memory", "virtual memory", "IPC handle types", "peer access",
+        "malloc heap reservation", "stack reservation", "printf fifo reservation", "module loading",
+    ]
+    assert probes["memory pool"] | {"reason": ""} == {"name": "memory pool", "claimed": True, "status": "verified", "reason": ""}
+    assert probes["managed memory"]["status"] == "verified"
+    for name in ("virtual memory", "IPC handle types", "peer access"):
+        assert probes[name]["status"] == "not probed"
+    stack = probes["stack reservation"]["value"]
+    assert stack["resident_threads"] == 132 * 2048
+    assert stack["cost_bytes"] == stack["bytes"] * 132 * 2048
+    assert probes["module loading"]["value"]["mode"] == "LAZY"
+    assert probes["module loading"]["status"] == "claimed"
+
+
+def test_doctor_verify_text():
+    r = run_cli(["doctor", "--verify"], {"CUDACORE_BACKEND": "sim", "CUDA_MODULE_LOADING": "eager"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1].split() == ["device", "0:", "probe", "claimed", "status"]
+    assert any(ln.split()[:4] == ["memory", "pool", "yes", "verified"] for ln in lines)
+    assert "reserves up to" in r.stdout and "(264.0 MiB)" in r.stdout
+    assert "CUDA_MODULE_LOADING is set in the environment" in r.stdout
+
+
+def test_doctor_verify_pools_unsupported_and_lying():
+    tcc = [{"name": "sim-tcc", "total_memory": 1 << 30, "memory_pools_supported": False, "tcc_driver": True,
+            "managed_memory": False}]
+    probes = _probes({"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": json.dumps(tcc)})
+    assert probes["memory pool"]["claimed"] is False
+    assert probes["memory pool"]["status"] == "unsupported"
+    assert probes["managed memory"]["status"] == "unsupported"
+    # A device whose attribute claims pools that the driver refuses (vGPU): the probe finds out.
+    probes = _probes({"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_FAULTS": "cuMemAllocFromPoolAsync:1:801"})
+    pool = probes["memory pool"]
+    assert pool["claimed"] is True and pool["status"] == "fallback"
+    assert "CUDA_ERROR_NOT_SUPPORTED" in pool["reason"] and "synchronous allocator" in pool["reason"]
+
+
+def test_doctor_verify_python_api():
+    from cudacore import _verify
+
+    report = _verify.verify(0)
+    assert report["backend"] == cc.backend()
+    assert report["devices"][0]["ordinal"] == 0
+    assert "memory pool" in _verify.format_verify(report)
+    with pytest.raises(cc.InvalidValueError):
+        _verify.verify(7)
+
+
+def test_doctor_rejects_unknown_option():
+    r = run_cli(["doctor", "--verfy"], {"CUDACORE_BACKEND": "sim"})
+    assert r.returncode == 2
+    assert "--json and --verify" in r.stderr
