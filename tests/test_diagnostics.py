@@ -12,6 +12,7 @@ import ctypes
 import json
 import logging
 import pickle
+import re
 import shutil
 import subprocess
 import textwrap
@@ -21,7 +22,7 @@ import pytest
 import cudacore as cc
 from cudacore import interop, testing
 
-from conftest import run_cli, run_python
+from conftest import ROOT, run_cli, run_python
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -341,6 +342,12 @@ def test_plot_flight_record_draws_in_use_and_ooms(dev):
     assert list(step[0][1][1]) == [0.5, 0.5, 0.0], "in use (MiB) after each event"
     scatter = [c for c in ax.calls if c[0] == "scatter"]
     assert len(scatter) == 1 and list(scatter[0][1][1]) == [0.5]
+    assert not [c for c in ax.calls if c[0] == "axvline"], "no release among these events"
+    dev.memory_limit = None
+    dev.release_cached_memory()
+    ax = _FakeAxes()
+    cc.plot_flight_record(cc.flight_record(2), ax=ax)
+    assert len([c for c in ax.calls if c[0] == "axvline"]) == 2, "the release and the trim are marked"
 
 
 def test_plot_needs_matplotlib_only_without_an_axes():
@@ -653,3 +660,37 @@ def test_doctor_rejects_unknown_option():
     r = run_cli(["doctor", "--verfy"], {"CUDACORE_BACKEND": "sim"})
     assert r.returncode == 2
     assert "--json and --verify" in r.stderr
+
+
+def test_live_allocations_name_pytorch(dev):
+    lib = ctypes.CDLL(interop.extension_path())
+    lib.cudacore_torch_alloc.restype = ctypes.c_void_p
+    lib.cudacore_torch_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    lib.cudacore_torch_free.restype = None
+    lib.cudacore_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    dev.set_allocation_strategy("auto", track=True)
+    try:
+        p = lib.cudacore_torch_alloc(4096, 0, None)
+        [live] = dev.live_allocations()
+        lib.cudacore_torch_free(p, 4096, 0, None)
+    finally:
+        cc.configure_flight_recorder(python_stacks=False)
+        dev.set_allocation_strategy("auto")
+    assert live["ptr"] == p and live["where"] == "PyTorch (cudacore.interop.torch_allocator)"
+
+
+def test_docs_diagnostics_code_runs(capsys):
+    """Every Python block of docs/diagnostics.md runs, in order, in one namespace, on this backend."""
+    text = (ROOT / "docs" / "diagnostics.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    assert len(blocks) == 4
+    ns: dict = {}
+    for block in blocks:
+        if "set_memory_conditions" in block and cc.backend() != "sim":
+            continue
+        exec(compile(block, "docs/diagnostics.md", "exec"), ns)  # noqa: S102 - the documentation's own code
+    out = capsys.readouterr().out
+    assert "['alloc', 'free']" in out
+    assert "cudacore.copy_to" in out and "capture rehearsal: FAILED" in out
+    if cc.backend() == "sim":
+        assert out.rstrip().endswith("other_processes")
