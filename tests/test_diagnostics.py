@@ -253,11 +253,12 @@ def test_recorder_bad_input():
 def test_python_stacks_label_allocations(dev):
     cc.configure_flight_recorder(python_stacks=4)
     try:
-        b = dev.allocate(4096); line = _line()  # noqa: E702 - the label must name this line
+        line = _line() + 1
+        b = dev.allocate(4096)  # the label must name this line
         b.close()
     finally:
         cc.configure_flight_recorder(python_stacks=False)
-    alloc = [x for x in cc.flight_record(2) if x["kind"] == "alloc"][0]
+    alloc = next(x for x in cc.flight_record(2) if x["kind"] == "alloc")
     first = alloc["note"].splitlines()[0]
     assert first == f"{__file__}:{line} in test_python_stacks_label_allocations"
     assert "cudacore/_" not in alloc["note"], "cudacore's own frames are left out"
@@ -274,7 +275,8 @@ def _line() -> int:
 def test_live_allocations_name_the_python_line(dev):
     dev.set_allocation_strategy("auto", track=True)
     try:
-        b = dev.allocate(8192); line = _line()  # noqa: E702
+        line = _line() + 1
+        b = dev.allocate(8192)
         live = dev.live_allocations()
         assert len(live) == 1
         assert live[0]["where"].splitlines()[0] == f"{__file__}:{line} in test_live_allocations_name_the_python_line"
@@ -511,8 +513,8 @@ def test_graphed_falls_back_to_eager_and_says_why(dev):
 
     def step() -> None:
         calls.append(1)
-        buf.copy_from(bytes([len(calls)]) * 4096); line = _line()  # noqa: E702 - synchronous: illegal in capture
-        step.line = line  # type: ignore[attr-defined]
+        step.line = _line() + 1  # type: ignore[attr-defined]
+        buf.copy_from(bytes([len(calls)]) * 4096)  # synchronous: illegal in a capture
         buf.copy_to(out)
 
     g = cc.graphed(step, stream=s)
