@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/cudasim"
 )
 
 func TestRecorderRing(t *testing.T) {
@@ -142,4 +143,22 @@ func TestRecorderClock(t *testing.T) {
 	assert.GreaterOrEqual(t, evs[1].Time-evs[0].Time, 30*time.Millisecond)
 	assert.GreaterOrEqual(t, evs[1].Time, before-ClockTick)
 	assert.LessOrEqual(t, evs[1].Time, after)
+}
+
+// While a stream captures, the verdict makes no probe allocation: cuMemAlloc would invalidate the capture.
+func TestVerdictProbeSkippedDuringCapture(t *testing.T) {
+	drv, d := openSim(t, cudasim.H100())
+	require.NoError(t, drv.SetMemoryConditions(0, cudasim.MemoryConditions{PoolReservationLimit: GiB}))
+	s := newStack(t, d, StackOptions{})
+	_, err := s.Allocate(2*GiB, 0)
+	cause, _ := asCUDA(t, err).Field("cause")
+	require.Equal(t, CausePoolReservation, cause, "not capturing: the probe tells the pool's refusal apart")
+
+	s.SetCapturing(0x1234, true)
+	calls := drv.Calls("cuMemAlloc_v2")
+	_, err = s.Allocate(2*GiB, 0)
+	cause, _ = asCUDA(t, err).Field("cause")
+	assert.Equal(t, CauseFragmentation, cause)
+	assert.Equal(t, calls, drv.Calls("cuMemAlloc_v2"), "no probe while capturing")
+	s.SetCapturing(0x1234, false)
 }

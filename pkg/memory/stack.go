@@ -2,6 +2,7 @@ package memory
 
 import (
 	"errors"
+	"sync/atomic"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/device"
@@ -49,6 +50,9 @@ type Stack struct {
 	rec     *Recorder
 	ordinal int
 	others  func() ([]ProcessUsage, bool)
+	// capturing counts the streams marked by SetCapturing: while any is, the out-of-memory probe (a
+	// cuMemAlloc, an unsafe call that would invalidate a capture) is skipped.
+	capturing atomic.Int64
 }
 
 // NewStack builds the stack for d.
@@ -148,7 +152,12 @@ func (s *Stack) wrap(size uint64, st cuda.Stream, err error) error {
 }
 
 // probe allocates and frees one block of size outside the pool (cuMemAlloc): whether the device has it.
+// While a stream captures it answers false without calling the driver (the verdict is then
+// fragmentation): cuMemAlloc would invalidate the capture.
 func (s *Stack) probe(size uint64) bool {
+	if s.capturing.Load() > 0 {
+		return false
+	}
 	drv, ctx := s.d.Driver(), s.d.Context()
 	p, err := drv.MemAlloc(ctx, size)
 	if err != nil {
@@ -235,8 +244,13 @@ func (s *Stack) ReleaseStream(st cuda.Stream) error {
 }
 
 // SetCapturing marks st as being captured into a graph (or no longer), so that the cache keeps out of
-// the capture (see Cache.SetCapturing). Without a cache it does nothing.
+// the capture (see Cache.SetCapturing) and the out-of-memory verdict makes no probe allocation.
 func (s *Stack) SetCapturing(st cuda.Stream, on bool) {
+	if on {
+		s.capturing.Add(1)
+	} else {
+		s.capturing.Add(-1)
+	}
 	if s.cache != nil {
 		s.cache.SetCapturing(st, on)
 	}
