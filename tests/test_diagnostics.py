@@ -412,6 +412,22 @@ def test_allocation_logging_is_opt_in(dev, caplog):
     assert recs[2].levelno == logging.WARNING and "cause limit" in recs[2].getMessage()
 
 
+def test_allocation_logging_reports_lost_events(dev, caplog):
+    caplog.set_level(logging.DEBUG, logger="cudacore")
+    before = cc.configure_flight_recorder()["capacity"]
+    cc.configure_flight_recorder(capacity=4)
+    try:
+        cc.log_allocations(True, interval=60)  # no read until it is turned off
+        for _ in range(5):
+            dev.allocate(256).close()  # 10 events: 6 overwritten before the read
+        cc.log_allocations(False)
+    finally:
+        cc.configure_flight_recorder(capacity=before)
+    msgs = [r.getMessage() for r in caplog.records if r.name == "cudacore"]
+    assert msgs[0] == "6 allocator events were lost (the flight recorder's ring wrapped)"
+    assert len(msgs) == 5
+
+
 # -- capture diagnostics ---------------------------------------------------------------------------------
 
 
@@ -656,6 +672,13 @@ def test_doctor_verify_python_api():
     assert "memory pool" in _verify.format_verify(report)
     with pytest.raises(cc.InvalidValueError):
         _verify.verify(7)
+
+
+def test_doctor_verify_without_driver():
+    r = run_cli(["doctor", "--verify"], {"CUDACORE_LIBCUDA": "/nonexistent/libcuda.so.1"})
+    assert r.returncode == 1
+    assert r.stderr.startswith("cudacore doctor --verify: DriverNotFoundError")
+    assert "Traceback" not in r.stderr
 
 
 def test_doctor_rejects_unknown_option():
