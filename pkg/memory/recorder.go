@@ -66,7 +66,7 @@ type Recorder struct {
 	ring    []Event
 	seq     uint64        // events recorded so far; the next one gets seq+1
 	last    time.Duration // the newest event's Time
-	enabled bool
+	enabled atomic.Bool   // read before the lock: a disabled recorder costs one load
 }
 
 // NewRecorder returns an enabled recorder keeping the newest capacity events (0: the default).
@@ -74,7 +74,9 @@ func NewRecorder(capacity int) *Recorder {
 	if capacity <= 0 {
 		capacity = DefaultRecorderCapacity
 	}
-	return &Recorder{start: time.Now(), ring: make([]Event, capacity), enabled: true}
+	r := &Recorder{start: time.Now(), ring: make([]Event, capacity)}
+	r.enabled.Store(true)
+	return r
 }
 
 // ClockTick is the resolution of the recorder's timestamps while events come often.
@@ -115,14 +117,10 @@ func (r *Recorder) tick() {
 
 // Record appends e (its Seq and Time are set here) and returns its Seq; 0 when r is nil or disabled.
 func (r *Recorder) Record(e Event) uint64 {
-	if r == nil {
+	if r == nil || !r.enabled.Load() {
 		return 0
 	}
 	r.mu.Lock()
-	if !r.enabled {
-		r.mu.Unlock()
-		return 0
-	}
 	// Read under the lock, and never before the previous event's time: times follow Seq.
 	t := max(r.now(), r.last)
 	r.last = t
@@ -193,18 +191,12 @@ func (r *Recorder) Since(after uint64, limit int) ([]Event, uint64) {
 
 // SetEnabled turns recording on or off and returns the previous state. Events already kept stay.
 func (r *Recorder) SetEnabled(on bool) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	prev := r.enabled
-	r.enabled = on
-	return prev
+	return r.enabled.Swap(on)
 }
 
 // Enabled says whether events are recorded.
 func (r *Recorder) Enabled() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.enabled
+	return r.enabled.Load()
 }
 
 // Resize keeps the newest capacity events from now on (capacity > 0), keeping as many of the events held
