@@ -719,3 +719,26 @@ def test_docs_diagnostics_code_runs(capsys):
     assert "cudacore.copy_to" in out and "capture rehearsal: FAILED" in out
     if cc.backend() == "sim":
         assert out.rstrip().endswith("other_processes")
+
+
+def test_python_stacks_deep_recursion_is_cut_whole(dev):
+    """64 frames of a deep stack do not fit the label: whole frames are kept, none cut in the middle."""
+
+    def down(n: int) -> int:
+        if n == 0:
+            b = dev.allocate(256)
+            p = b.ptr
+            b.close()
+            return p
+        return down(n - 1)
+
+    cc.configure_flight_recorder(python_stacks=64)
+    try:
+        ptr = down(80)
+    finally:
+        cc.configure_flight_recorder(python_stacks=False)
+    [alloc] = [x for x in cc.flight_record(4) if x["kind"] == "alloc" and x["ptr"] == ptr]
+    lines = alloc["note"].splitlines()
+    assert 10 < len(lines) < 64, len(lines)
+    assert all(ln == f"{__file__}:{ln.split(':')[1].split()[0]} in down" for ln in lines)
+    assert len(alloc["note"]) < 2048

@@ -801,8 +801,8 @@ label_allocation(int64_t device, int64_t ptr)
             int n = snprintf(label + used, sizeof label - used, "%s%s:%d in %s", used ? "\n" : "", file,
                              PyFrame_GetLineNumber(f), name);
             if (n < 0 || (size_t)n >= sizeof label - used) {
+                label[used] = 0; /* the frame that does not fit is left out whole */
                 Py_DECREF(code);
-                Py_DECREF(f);
                 break;
             }
             used += (size_t)n;
@@ -813,9 +813,7 @@ label_allocation(int64_t device, int64_t ptr)
         Py_DECREF(f);
         f = back;
     }
-    if (f != NULL && taken >= stack_frames) {
-        Py_DECREF(f);
-    }
+    Py_XDECREF(f);
     label[used] = 0;
     int64_t ok = 0;
     char *err = cudacore_door_MemoryLabel(device, ptr, label, &ok);

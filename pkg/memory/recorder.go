@@ -69,12 +69,13 @@ type Recorder struct {
 	enabled atomic.Bool   // read before the lock: a disabled recorder costs one load
 }
 
-// NewRecorder returns an enabled recorder keeping the newest capacity events (0: the default).
+// NewRecorder returns an enabled recorder keeping the newest capacity events (0: the default), the
+// capacity rounded up to a power of two.
 func NewRecorder(capacity int) *Recorder {
 	if capacity <= 0 {
 		capacity = DefaultRecorderCapacity
 	}
-	r := &Recorder{start: time.Now(), ring: make([]Event, capacity)}
+	r := &Recorder{start: time.Now(), ring: make([]Event, pow2(capacity))}
 	r.enabled.Store(true)
 	return r
 }
@@ -126,7 +127,7 @@ func (r *Recorder) Record(e Event) uint64 {
 	r.last = t
 	r.seq++
 	e.Seq, e.Time = r.seq, t
-	r.ring[r.seq%uint64(len(r.ring))] = e
+	r.ring[r.seq&uint64(len(r.ring)-1)] = e // the capacity is a power of two: no division here
 	r.mu.Unlock()
 	return e.Seq
 }
@@ -199,12 +200,22 @@ func (r *Recorder) Enabled() bool {
 	return r.enabled.Load()
 }
 
-// Resize keeps the newest capacity events from now on (capacity > 0), keeping as many of the events held
-// as fit; sequence numbers go on.
+// pow2 is the least power of two >= n (n > 0).
+func pow2(n int) int {
+	p := 1
+	for p < n {
+		p <<= 1
+	}
+	return p
+}
+
+// Resize keeps the newest capacity events from now on (capacity > 0, rounded up to a power of two),
+// keeping as many of the events held as fit; sequence numbers go on.
 func (r *Recorder) Resize(capacity int) {
 	if capacity <= 0 {
 		return
 	}
+	capacity = pow2(capacity)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	old, n := r.ring, uint64(len(r.ring))

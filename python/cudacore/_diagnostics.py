@@ -65,7 +65,8 @@ def configure_flight_recorder(
     enabled : bool, optional
         Record events (the default) or not. Events already kept stay.
     capacity : int, optional
-        How many of the newest events the ring keeps (default 4096; at most 1,048,576).
+        How many of the newest events the ring keeps, rounded up to a power of two (default 4096; at
+        most 1,048,576).
     python_stacks : int or bool, optional
         Label each allocation made from Python with its innermost Python frames (``True``: 8 frames,
         ``False`` or 0: none, the default). It costs a few microseconds per allocation.
