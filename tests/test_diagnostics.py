@@ -742,3 +742,13 @@ def test_python_stacks_deep_recursion_is_cut_whole(dev):
     assert 10 < len(lines) < 64, len(lines)
     assert all(ln == f"{__file__}:{ln.split(':')[1].split()[0]} in down" for ln in lines)
     assert len(alloc["note"]) < 2048
+
+
+@pytest.mark.parametrize("progress", [None, True])
+def test_tiles_oom_leads_with_the_verdict(dev, progress):
+    dev.memory_limit = 10 * MiB
+    kwargs = {} if progress is None else {"progress": lambda done, total: True}
+    e = _oom(lambda: dev.allocate_tiles(20, 1 * MiB, **kwargs))
+    assert e.cause == "limit"
+    assert str(e).startswith("a cudacore memory limit was hit: allocated 10 of 20 tiles of 1.0 MiB"), str(e)
+    assert e.flight_record and e.flight_record[-1]["kind"] in ("oom", "free")
