@@ -108,17 +108,24 @@ func OutOfMemory(d *device.Device, requested uint64, cause error, ps PoolState) 
 
 	// What is held outside this allocator: other processes by NVML when it answers, else the gap.
 	ours := ps.InUse + ps.Cached
-	others, source, procs := uint64(0), "gap", []ProcessUsage(nil)
+	var gap uint64
+	if total > free+ours {
+		gap = total - free - ours
+	}
+	others, source, procs, nvmlSaw := gap, "gap", []ProcessUsage(nil), false
 	if ps.Others != nil {
 		if list, ok := ps.Others(); ok {
-			source, procs = "nvml", list
+			var sum uint64
 			for _, p := range list {
-				others += p.Used
+				sum += p.Used
+			}
+			// NVML cannot see processes of other containers (PID namespaces): when it explains much less
+			// than the gap, the gap is the better estimate.
+			nvmlSaw = true
+			if sum+gapSlack >= gap {
+				others, source, procs = sum, "nvml", list
 			}
 		}
-	}
-	if source == "gap" && total > free+ours {
-		others = total - free - ours
 	}
 
 	verdict := CauseExhausted
@@ -184,9 +191,13 @@ func OutOfMemory(d *device.Device, requested uint64, cause error, ps PoolState) 
 			}
 			b.WriteString("; stop them, or wait for them to finish.")
 		} else {
+			why := "NVML was not available to tell them apart"
+			if nvmlSaw {
+				why = "NVML sees less than that: processes in other containers are invisible to it"
+			}
 			fmt.Fprintf(&b, "%s of the device is used outside this process's allocator (other processes, or other "+
-				"libraries in this process; NVML was not available to tell them apart): nvidia-smi shows the processes.",
-				FormatBytes(others))
+				"libraries in this process; %s): nvidia-smi on the host shows the processes.",
+				FormatBytes(others), why)
 		}
 	default:
 		if retried && released > 0 {

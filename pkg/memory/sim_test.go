@@ -643,6 +643,19 @@ func TestOOMVerdicts(t *testing.T) {
 	assert.Equal(t, "1073741824", got)
 }
 
+// NVML that sees none of the memory used (processes in other containers) does not hide a large gap.
+func TestOOMVerdictNVMLBlind(t *testing.T) {
+	drv, d := openSim(t, cudasim.H100())
+	require.NoError(t, drv.SetMemoryConditions(0, cudasim.MemoryConditions{OtherProcesses: []cudasim.ProcessMemory{{PID: 9, Used: 40 * GiB}}}))
+	blind := func() ([]ProcessUsage, bool) { return []ProcessUsage{}, true }
+	e := OutOfMemory(d, 50*GiB, cuda.NewError("cuMemAlloc_v2", cuda.ErrorOutOfMemory, ""), PoolState{Others: blind})
+	got, _ := e.Field("cause")
+	assert.Equal(t, CauseOtherProcesses, got)
+	src, _ := e.Field("others_source")
+	assert.Equal(t, "gap", src)
+	assert.Contains(t, e.Msg, "NVML sees less than that: processes in other containers are invisible to it")
+}
+
 // The simulator's conditions produce each verdict through a whole Stack, and the recorder sees it.
 func TestStackVerdictsWithSimConditions(t *testing.T) {
 	for _, tc := range []struct {
