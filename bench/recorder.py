@@ -5,8 +5,9 @@
 
 The recorder is on by default and meant to stay on, so its budget is 5% of the pair. Each round times
 every variant once (recorder off, on, and on with Python stacks), in an order that rotates from round to
-round, so drift of a shared machine hits all alike; the table gives the median over rounds of the
-microseconds per pair, and the overhead of each against "off" from the same rounds.
+round, so drift of a shared machine hits all alike; the table gives the median and the minimum over rounds
+of the microseconds per pair, and the overhead of each against "off": the median of the per-round ratios,
+and the ratio of the minimums (on a noisy machine the minimum is the steadier estimate).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def main() -> None:
     names = ["off", "on", "on + python stacks"]
     d = cc.Device(0)
     print(f"# {cc.backend()} backend, device 0: {d.name}; {args.rounds} rounds of {args.pairs} pairs per variant")
-    print(f"{'size':>8}  {'variant':<20}{'us/pair':>9}{'overhead':>10}")
+    print(f"{'size':>8}  {'variant':<20}{'median us':>10}{'min us':>9}{'overhead':>10}{'of mins':>9}")
     for size in SIZES:
         run = pairs(size)
         for name in names:  # warm every path (cache, recorder, labels)
@@ -67,11 +68,12 @@ def main() -> None:
                 times[name].append((time.perf_counter() - t0) / args.pairs * 1e6)
         base = times["off"]
         for name in names:
-            med = statistics.median(times[name])
+            med, low = statistics.median(times[name]), min(times[name])
             # overhead per round against the same round's "off", then the median: rounds pair up
             ratio = statistics.median(t / b - 1 for t, b in zip(times[name], base, strict=True))
             shown = "" if name == "off" else f"{ratio * 100:+.1f}%"
-            print(f"{size:>8}  {name:<20}{med:>9.3f}{shown:>10}")
+            mins = "" if name == "off" else f"{(low / min(base) - 1) * 100:+.1f}%"
+            print(f"{size:>8}  {name:<20}{med:>10.3f}{low:>9.3f}{shown:>10}{mins:>9}")
     variant("on")
 
 
