@@ -206,7 +206,8 @@ func (s *Stack) Stats() StatsSnapshot {
 func (s *Stack) ResetPeak() { s.stats.ResetPeak() }
 
 // Release gives every cached block and the pool's unused reserve back to the device, and records a
-// release event (the bytes no longer cached) and a trim event (the bytes the pool's reserve shrank by).
+// release event (the bytes no longer cached) and a trim event (the bytes the pool's reserve shrank by),
+// each only when it is not 0.
 func (s *Stack) Release() error {
 	if s.rec == nil {
 		return Release(s.top)
@@ -214,11 +215,12 @@ func (s *Stack) Release() error {
 	cachedBefore, reservedBefore := Cached(s.top), s.reserved()
 	err := Release(s.top)
 	cachedAfter, reservedAfter := Cached(s.top), s.reserved()
-	s.rec.Record(Event{Kind: EventRelease, Device: s.ordinal, Size: cachedBefore - min(cachedBefore, cachedAfter),
-		InUse: s.stats.InUse(), Note: "release"})
-	if s.pool != nil {
-		s.rec.Record(Event{Kind: EventTrim, Device: s.ordinal, Size: reservedBefore - min(reservedBefore, reservedAfter),
-			InUse: s.stats.InUse()})
+	// A release that freed nothing is not an event worth a slot of the ring.
+	if released := cachedBefore - min(cachedBefore, cachedAfter); released > 0 {
+		s.rec.Record(Event{Kind: EventRelease, Device: s.ordinal, Size: released, InUse: s.stats.InUse(), Note: "release"})
+	}
+	if trimmed := reservedBefore - min(reservedBefore, reservedAfter); trimmed > 0 {
+		s.rec.Record(Event{Kind: EventTrim, Device: s.ordinal, Size: trimmed, InUse: s.stats.InUse()})
 	}
 	return err
 }

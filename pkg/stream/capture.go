@@ -68,26 +68,31 @@ const maxEscapes = 32
 // captures were in progress, for the escape audit: unless h itself captures, the work ran at once and is
 // in no graph, so every capture in progress lists it. One atomic load when nothing captures.
 func (m *Manager) NoteEscape(op string, h cuda.Stream) {
-	if m.reg.active.Load() == 0 {
+	if m.reg.active.Load() == 0 || m.lookup(h) != nil {
 		return
 	}
-	s := m.lookup(h)
-	if s == nil && (h == 0 || h == cuda.StreamLegacy) {
-		s = m.legacy
+	switch {
+	case h == 0 || h == cuda.StreamLegacy:
+		m.escape(op + " on " + m.legacy.String())
+	case h == cuda.StreamPerThread:
+		m.escape(op + " on " + m.perTh.String())
+	default:
+		m.escape(fmt.Sprintf("%s on stream %#x of device %d", op, uint64(h), m.dev.Ordinal()))
 	}
-	m.noteEscape(op, s)
 }
 
 // noteEscape is NoteEscape for a known stream; s nil means a synchronous call.
 func (m *Manager) noteEscape(op string, s *Stream) {
-	if s != nil && s.capturing() != nil {
-		return
+	switch {
+	case s == nil:
+		m.escape(op + " (synchronous) on device " + fmt.Sprint(m.dev.Ordinal()))
+	case s.capturing() == nil:
+		m.escape(op + " on " + s.String())
 	}
-	what := op + " (synchronous)"
-	if s != nil {
-		what = op + " on " + s.String()
-	}
-	what += " on device " + fmt.Sprint(m.dev.Ordinal())
+}
+
+// escape adds what to every capture in progress.
+func (m *Manager) escape(what string) {
 	m.reg.mu.Lock()
 	for c := range m.reg.caps {
 		c.escaped++
