@@ -756,3 +756,36 @@ def test_tiles_oom_leads_with_the_verdict(dev, progress):
     assert e.cause == "limit"
     assert str(e).startswith("a cudacore memory limit was hit: allocated 10 of 20 tiles of 1.0 MiB"), str(e)
     assert e.flight_record and e.flight_record[-1]["kind"] in ("oom", "free")
+
+
+def test_graphed_falls_back_when_work_escapes_or_an_error_is_swallowed(dev):
+    s = dev.create_stream(non_blocking=True)
+    buf = dev.allocate(4096, stream=s)
+    out = bytearray(4096)
+    n = []
+
+    def escaping() -> None:
+        n.append(1)
+        buf.copy_from(bytes([len(n)]) * 4096)  # synchronous in a relaxed capture: runs now, not in the graph
+        buf.copy_to(out)
+
+    g = cc.graphed(escaping, stream=s, mode="relaxed")
+    g()
+    assert g.eager and g.graph is None and g.error is None
+    assert g.fallback_reason.startswith("2 operation(s) escaped the capture and would not be replayed: copy_from (synchronous)")
+    g()
+    assert bytes(out) == bytes([3]) * 4096, "eager from then on: every call does the work"
+
+    blocking = dev.create_stream(non_blocking=False)
+
+    def swallowing() -> None:
+        try:
+            buf.copy_to(out)  # refused in the capture (906), and swallowed
+        except cc.CaptureError:
+            pass
+
+    g2 = cc.graphed(swallowing, stream=blocking)
+    g2()
+    assert g2.eager
+    assert g2.fallback_reason.startswith(f"an illegal operation was left out of the capture at {__file__}:")
+    buf.close()

@@ -215,6 +215,18 @@ class Graphed(Generic[P, R]):
             return self._fn(*args, **kwargs)
         finally:
             _watch.seen = prev
+        # A capture that ended cleanly can still be incomplete: an illegal operation whose error fn
+        # swallowed is not in the graph, and work that escaped it ran once and would never be replayed.
+        escapes = graph.escapes
+        if diag_seen or escapes:
+            graph.destroy()
+            if diag_seen:
+                first = diag_seen[0]
+                self.fallback_reason = f"an illegal operation was left out of the capture at {first['where']}: {first['message']}"
+            else:
+                self.fallback_reason = f"{len(escapes)} operation(s) escaped the capture and would not be replayed: {'; '.join(escapes)}"
+            # fn's work of this call ran as far as it was not captured; run it whole, eagerly.
+            return self._fn(*args, **kwargs)
         self.graph, self._result = graph, result
         graph.launch(self._stream)
         return result
@@ -239,7 +251,9 @@ def graphed(fn: Callable[P, R] | None = None, *, stream: Any, mode: str = "threa
     wait) and returns the first call's result: the arguments of later calls are not looked at, so the
     graph works on the buffers of the first call (refill them to change the input), as with every CUDA
     graph. If the capture fails, ``fn`` runs eagerly on that call and every later one; the wrapper keeps
-    working and records why (``.fallback_reason``, ``.error``).
+    working and records why (``.fallback_reason``, ``.error``). A capture that ends but is incomplete counts
+    as failed: when ``fn`` swallowed a capture error, or when work escaped the capture (it ran once, on
+    another stream or synchronously, and a replay would not repeat it).
 
     Use as ``step = cudacore.graphed(fn, stream=s)`` or as a decorator, ``@cudacore.graphed(stream=s)``.
     """
