@@ -117,7 +117,7 @@ def test_fork_after_another_library_initialised_the_driver(library: str) -> None
         pid = os.fork()
         if pid == 0:
             try:
-                cc.Device(0)
+                cc.Device(0).allocate(256)
             except cc.IllegalStateError as e:
                 print(e.fields["driver_at_fork"], str(e), flush=True)
             os._exit(0)
