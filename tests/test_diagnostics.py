@@ -789,3 +789,30 @@ def test_graphed_falls_back_when_work_escapes_or_an_error_is_swallowed(dev):
     assert g2.eager
     assert g2.fallback_reason.startswith(f"an illegal operation was left out of the capture at {__file__}:")
     buf.close()
+
+
+def test_recorder_and_logging_under_threads(dev, caplog):
+    """Threads allocating at once while the log reader drains: every event is logged once, in order."""
+    import threading
+
+    caplog.set_level(logging.DEBUG, logger="cudacore")
+    start = cc.flight_record(1)[-1]["seq"] if cc.flight_record(1) else 0
+    cc.log_allocations(True, interval=0.001)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(300):
+                dev.allocate(4096).close()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cc.log_allocations(False)
+    assert not errors
+    seqs = [r.cudacore_event["seq"] for r in caplog.records if r.name == "cudacore" and hasattr(r, "cudacore_event")]
+    assert seqs == list(range(start + 1, start + 1 + 2400)), "each of the 2,400 events logged once, in order"
