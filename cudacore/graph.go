@@ -157,8 +157,10 @@ func GraphInfo(id int) (string, error) {
 		if err != nil {
 			return "", err
 		}
+		escapes, escaped := g.Escapes()
 		b, err := json.Marshal(map[string]any{"device": g.Manager().Device().Ordinal(), "node_count": g.NodeCount(),
-			"allocations": g.Allocations(), "memory_held": g.MemoryHeld(), "instantiated": g.Instantiated()})
+			"allocations": g.Allocations(), "memory_held": g.MemoryHeld(), "instantiated": g.Instantiated(),
+			"escapes": escapes, "escaped": escaped})
 		return string(b), err
 	})
 }

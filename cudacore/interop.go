@@ -51,6 +51,9 @@ func TorchMalloc(size, device, stream int) (int, error) {
 			return 0, recordInterop(err)
 		}
 		process.TorchAllocations.Add(p, process.Allocation{Ordinal: device, Size: uint64(size), Stream: st})
+		if d.Memory().Tracking() {
+			d.Memory().Label(p, "PyTorch (cudacore.interop.torch_allocator)")
+		}
 		return int(p), nil
 	})
 }

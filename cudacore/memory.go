@@ -179,7 +179,8 @@ func AdmitTiles(ordinal, count, tileSize int) (string, error) {
 
 // DeviceSetAllocationStrategy rebuilds the device's allocator with strategy "auto", "pool" or "sync"
 // (refused while memory is allocated through the current one) and returns the properties as
-// DeviceProperties does. track turns on the recording of live allocations for leak reports.
+// DeviceProperties does. track turns on the recording of live allocations for leak reports; where each
+// was made is the Python stack the fast path labels it with (MemoryLabel), or the framework's name.
 //
 //cudacore:gil release
 func DeviceSetAllocationStrategy(ordinal int, strategy string, track bool) (string, error) {
@@ -188,7 +189,7 @@ func DeviceSetAllocationStrategy(ordinal int, strategy string, track bool) (stri
 		if err != nil {
 			return "", err
 		}
-		if err := d.SetStrategy(strategy, memory.StackOptions{Track: track, TraceFrames: 16}); err != nil {
+		if err := d.SetStrategy(strategy, memory.StackOptions{Track: track}); err != nil {
 			return "", err
 		}
 		return DeviceProperties(ordinal)

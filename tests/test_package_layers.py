@@ -42,12 +42,15 @@ LAYERS: dict[str, int] = {
     "_external": 2,  # ExternalBuffer: other libraries' device arrays as Buffers
     "_module": 2,  # Module, Kernel
     "_limits": 2,  # Limits
+    "_diagnostics": 2,  # the flight recorder, memory_summary, allocation logging, out-of-memory reports
     "_ipc": 2,  # SharedBuffer, ImportedBuffer, IpcHandle: memory shared between processes
     # 3: the device, which composes the handles
     "_device": 3,
+    "_capture_tools": 3,  # rehearse, graphed: capture diagnostics over Stream and Graph
     # 4: the tools
     "_doctor": 4,
     "_topology": 4,  # the peer-access matrix and the ways of sharing with other processes (doctor)
+    "_verify": 4,  # doctor --verify: the device probes and their report
     "_notebook": 4,
     "testing": 4,
     "pytest_plugin": 4,

@@ -1,10 +1,12 @@
 /* The C guard of the one door into Go: see door.h. */
 #include "door.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
 
 volatile int cudacore_forked;
+volatile int cudacore_fork_driver;
 
 #define DOOR_MAX_DEVICES 64
 static volatile unsigned char blocking_devices[DOOR_MAX_DEVICES];
@@ -29,6 +31,29 @@ static PyObject *forked_error; /* (op: str) -> IllegalStateError */
 static PyObject *closed_error; /* (what: str, op: str) -> CUDAError with CUDACORE_ERROR_CLOSED */
 static PyObject *invalid_argument; /* (op: str, arg: str, detail: str, value) -> InvalidValueError */
 
+/* Before a fork, in the parent: whether any library of the process loaded and initialised the CUDA
+ * driver (not only cudacore: PyTorch, CuPy or Numba may have called cuInit), so that the child's error
+ * can say so. RTLD_NOLOAD finds libcuda only if it is loaded already; cuDeviceGetCount answers
+ * CUDA_ERROR_NOT_INITIALIZED (3) until someone called cuInit. CUDACORE_LIBCUDA names the library as for
+ * the driver itself. */
+static void
+before_fork_in_parent(void)
+{
+    const char *name = getenv("CUDACORE_LIBCUDA");
+    int state = CUDACORE_FORK_DRIVER_ABSENT;
+    void *h = dlopen(name && *name ? name : "libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (h != NULL) {
+        state = CUDACORE_FORK_DRIVER_LOADED;
+        int (*count)(int *) = (int (*)(int *))dlsym(h, "cuDeviceGetCount");
+        int n = 0;
+        if (count != NULL && count(&n) == 0) {
+            state = CUDACORE_FORK_DRIVER_INITIALIZED;
+        }
+        dlclose(h);
+    }
+    cudacore_fork_driver = state;
+}
+
 static void
 after_fork_in_child(void)
 {
@@ -40,7 +65,7 @@ door_init(void)
 {
     static int registered;
     if (!registered) {
-        if (pthread_atfork(NULL, NULL, after_fork_in_child) != 0) {
+        if (pthread_atfork(before_fork_in_parent, NULL, after_fork_in_child) != 0) {
             PyErr_SetString(PyExc_ImportError, "cudacore: pthread_atfork failed");
             return -1;
         }
@@ -91,7 +116,7 @@ door_check_fork(const char *fn)
         PyErr_Format(PyExc_RuntimeError, "%s: this process was forked after cudacore was loaded; use spawn", fn);
         return -1;
     }
-    raise_instance(PyObject_CallFunction(forked_error, "s", fn));
+    raise_instance(PyObject_CallFunction(forked_error, "si", fn, (int)cudacore_fork_driver));
     return -1;
 }
 

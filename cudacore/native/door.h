@@ -24,6 +24,11 @@
 
 /* Set in a forked child (pthread_atfork), read before every entry into Go. */
 extern volatile int cudacore_forked;
+/* What the parent's CUDA driver was at the last fork (see door.c): one of the values below. */
+extern volatile int cudacore_fork_driver;
+#define CUDACORE_FORK_DRIVER_ABSENT 0      /* libcuda was not loaded */
+#define CUDACORE_FORK_DRIVER_LOADED 1      /* loaded, cuInit not yet called */
+#define CUDACORE_FORK_DRIVER_INITIALIZED 2 /* initialised (by cudacore or another library) */
 
 /* Register the fork handler; called once by the module's init. */
 int door_init(void);

@@ -114,6 +114,9 @@ type device struct {
 	funcs       map[cuda.Function]*function
 	limits      map[cuda.Limit]uint64
 	peers       map[int]bool // devices this context may access (cuCtxEnablePeerAccess)
+
+	conds  MemoryConditions // see SetMemoryConditions
+	others uint64           // the sum of conds.OtherProcesses
 }
 
 func newDevice(d *Driver, i int, cfg DeviceConfig) *device {
@@ -200,7 +203,7 @@ func (v *device) heapMax() uint64 {
 	return q
 }
 
-func (v *device) free() uint64 { return v.cfg.TotalMemory - v.reserve - v.used }
+func (v *device) free() uint64 { return v.cfg.TotalMemory - v.reserve - v.used - v.others }
 
 func (v *device) noPools(op string) error {
 	return errf(op, cuda.ErrorNotSupported, "device %d (%s) does not support memory pools", v.index, v.cfg.Name)
@@ -222,7 +225,7 @@ func roundUp(n uint64) (uint64, bool) {
 // newAlloc accounts and places a fresh allocation; the caller has checked size > 0.
 func (v *device) newAlloc(op string, size uint64, kind allocKind) (*alloc, error) {
 	block, ok := roundUp(size)
-	if !ok || block > v.free() {
+	if !ok || block > v.free() || v.conds.MaxBlock != 0 && block > v.conds.MaxBlock {
 		return nil, v.oom(op, size)
 	}
 	end := ptrBase + uint64(v.index+1)*ptrWindow
@@ -432,6 +435,12 @@ func (d *Driver) poolAlloc(op string, v *device, p *pool, size uint64, sh cuda.S
 		}
 		if p.imported {
 			return 0, errf(op, cuda.ErrorInvalidValue, "pool %#x was imported from another process: only its owner allocates from it", uint64(p.handle))
+		}
+		if lim := v.conds.PoolReservationLimit; lim != 0 && (block > lim || p.reserved > lim-block) {
+			v.trimPool(p, 0)
+			if block > lim || p.reserved > lim-block {
+				return 0, v.oom(op, size)
+			}
 		}
 		a, err = v.newAlloc(op, size, kindPool)
 		if err != nil {

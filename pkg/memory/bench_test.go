@@ -74,3 +74,21 @@ func BenchmarkStackHit1MiBParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkStackRecorder is the flight recorder's cost on the pair it records twice (alloc and free): the
+// 1 MiB cache hit through the whole Stack, recorder off and on. bench/recorder.py measures the same from
+// Python, where the pair costs more and the share is smaller.
+func BenchmarkStackRecorder(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		name := "off"
+		if on {
+			name = "on"
+		}
+		b.Run(name, func(b *testing.B) {
+			_, d := openSim(b)
+			rec := NewRecorder(0)
+			rec.SetEnabled(on)
+			benchPair(b, newStack(b, d, StackOptions{Recorder: rec}))
+		})
+	}
+}

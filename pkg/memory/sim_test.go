@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -33,7 +34,7 @@ func TestOOMMessageAsUsersSeeIt(t *testing.T) {
 	assert.Equal(t, cuda.ErrorOutOfMemory, e.Result)
 	assert.ErrorIs(t, err, cuda.ErrOutOfMemory)
 	assert.Equal(t, "cuMemAllocFromPoolAsync", e.Op)
-	assert.Equal(t, "out of memory allocating 2.0 TiB on device 0 (NVIDIA H100 80GB HBM3): 78.7 GiB of 79.2 GiB free; "+
+	assert.Equal(t, "the request is larger than the device: out of memory allocating 2.0 TiB on device 0 (NVIDIA H100 80GB HBM3): 78.7 GiB of 79.2 GiB free; "+
 		"this process's pool holds 0 B in use and 0 B cached. The request is larger than the device's total memory: "+
 		"split it (for example into tiles with allocate_tiles), or use managed memory (allocate_managed), which the driver pages in and out of the device.", e.Msg)
 	want := map[string]string{"requested": "2199023255552", "free": "84465090560", "total": "85017493504",
@@ -76,7 +77,9 @@ func TestAllocateUntilOOMThenAgain(t *testing.T) {
 			assert.Equal(t, cuda.ErrorOutOfMemory, e.Result)
 			assert.Contains(t, e.Msg, "out of memory allocating 100.0 MiB on device 0 (sim-1g): 60.0 MiB of 1.0 GiB free")
 			assert.Contains(t, e.Msg, "900.0 MiB in use")
-			assert.Contains(t, e.Msg, "nvidia-smi")
+			cause, _ := e.Field("cause")
+			assert.Equal(t, CauseExhausted, cause)
+			assert.True(t, strings.HasPrefix(e.Msg, "memory exhausted by this process: "), e.Msg)
 
 			before, st := freeMem(t, d), s.Stats()
 			_, err = s.Allocate(block, cuda.StreamLegacy)
@@ -590,22 +593,112 @@ func TestPoolThreshold(t *testing.T) {
 	require.NoError(t, p.Close())
 }
 
-func TestOOMMessageCases(t *testing.T) {
-	_, d := openSim(t, small("sim-1g"))
+func TestOOMVerdicts(t *testing.T) {
+	_, d := openSim(t, small("sim-1g")) // 960 MiB free
 	cause := cuda.NewError("cuMemAlloc_v2", cuda.ErrorOutOfMemory, "")
-	e := OutOfMemory(d, 2*GiB, cause, PoolState{})
-	assert.Contains(t, e.Msg, "larger than the device's total memory")
-	e = OutOfMemory(d, 500*MiB, cause, PoolState{InUse: 100 * MiB, Cached: 600 * MiB})
-	assert.Contains(t, e.Msg, "holds 100.0 MiB in use and 600.0 MiB cached. Release the cached memory and retry")
-	e = OutOfMemory(d, 1000*MiB, cause, PoolState{})
-	assert.True(t, strings.HasSuffix(e.Msg, "other processes may hold memory (nvidia-smi shows them)."), e.Msg)
-	e = OutOfMemory(d, 500*MiB, &retriedError{released: 300 * MiB, err: cause}, PoolState{})
-	assert.Contains(t, e.Msg, "cudacore already released 300.0 MiB of cached memory and retried")
-	assert.Equal(t, "cuMemAlloc_v2", e.Op)
-	e = OutOfMemory(d, 500*MiB, nil, PoolState{Limit: GiB})
+	limitCause := cuda.NewError(LimitOp, cuda.ErrorOutOfMemory, "", field("limit", 100*MiB), field("in_use", 60*MiB))
+	nvml := func(procs ...ProcessUsage) func() ([]ProcessUsage, bool) {
+		return func() ([]ProcessUsage, bool) { return procs, true }
+	}
+	probe := func(ok bool) func(uint64) bool { return func(uint64) bool { return ok } }
+	for _, tc := range []struct {
+		name      string
+		requested uint64
+		cause     error
+		ps        PoolState
+		verdict   string
+		lead      string
+		msg       string
+	}{
+		{"too large", 2 * GiB, cause, PoolState{}, CauseTooLarge, "the request is larger than the device: ",
+			"larger than the device's total memory"},
+		{"limit", 80 * MiB, limitCause, PoolState{}, CauseLimit, "a cudacore memory limit was hit: ",
+			"60.0 MiB of the 100.0 MiB limit is in use"},
+		{"free but pool refused", 500 * MiB, cause, PoolState{Pool: true, Probe: probe(true)}, CausePoolReservation,
+			"the driver refused the pool's reservation: ", "can be allocated outside the pool"},
+		{"free but no block", 500 * MiB, cause, PoolState{Pool: true, Probe: probe(false)}, CauseFragmentation,
+			"fragmentation or cache: ", "No free block of 500.0 MiB exists"},
+		{"free, retried", 500 * MiB, &retriedError{released: 300 * MiB, err: cause}, PoolState{}, CauseFragmentation,
+			"fragmentation or cache: ", "cudacore released 300.0 MiB of cached memory and retried, but no free block"},
+		{"others by nvml", 1000 * MiB, cause, PoolState{Others: nvml(ProcessUsage{PID: 7, Used: 500 * MiB})},
+			CauseOtherProcesses, "memory held by other processes: ", "Other processes hold 500.0 MiB on this device (NVML): pid 7 500.0 MiB"},
+		{"nvml sees nobody", 1000 * MiB, cause, PoolState{Others: nvml()}, CauseExhausted,
+			"memory exhausted by this process: ", "Free memory"},
+		{"ours exceed others", 1000 * MiB, cause, PoolState{InUse: 700 * MiB, Others: nvml(ProcessUsage{PID: 7, Used: 200 * MiB})},
+			CauseExhausted, "memory exhausted by this process: ", "Free memory"},
+		{"no nvml, small gap", 1000 * MiB, cause, PoolState{}, CauseExhausted, "memory exhausted by this process: ", "Free memory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := OutOfMemory(d, tc.requested, tc.cause, tc.ps)
+			got, _ := e.Field("cause")
+			assert.Equal(t, tc.verdict, got)
+			assert.True(t, strings.HasPrefix(e.Msg, tc.lead), e.Msg)
+			assert.Contains(t, e.Msg, tc.msg)
+			assert.Equal(t, cuda.ErrorOutOfMemory, e.Result)
+		})
+	}
+	e := OutOfMemory(d, 500*MiB, nil, PoolState{Limit: GiB})
 	assert.Equal(t, "cudacore.allocate", e.Op)
 	got, _ := e.Field("limit")
 	assert.Equal(t, "1073741824", got)
+}
+
+// NVML that sees none of the memory used (processes in other containers) does not hide a large gap.
+func TestOOMVerdictNVMLBlind(t *testing.T) {
+	drv, d := openSim(t, cudasim.H100())
+	require.NoError(t, drv.SetMemoryConditions(0, cudasim.MemoryConditions{OtherProcesses: []cudasim.ProcessMemory{{PID: 9, Used: 40 * GiB}}}))
+	blind := func() ([]ProcessUsage, bool) { return []ProcessUsage{}, true }
+	e := OutOfMemory(d, 50*GiB, cuda.NewError("cuMemAlloc_v2", cuda.ErrorOutOfMemory, ""), PoolState{Others: blind})
+	got, _ := e.Field("cause")
+	assert.Equal(t, CauseOtherProcesses, got)
+	src, _ := e.Field("others_source")
+	assert.Equal(t, "gap", src)
+	assert.Contains(t, e.Msg, "NVML sees less than that: processes in other containers are invisible to it")
+}
+
+// The simulator's conditions produce each verdict through a whole Stack, and the recorder sees it.
+func TestStackVerdictsWithSimConditions(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		conds   cudasim.MemoryConditions
+		size    uint64
+		verdict string
+		source  string
+	}{
+		{"other processes (nvml)", cudasim.MemoryConditions{OtherProcesses: []cudasim.ProcessMemory{{PID: 9, Used: 40 * GiB}}}, 50 * GiB, CauseOtherProcesses, "nvml"},
+		{"other processes (gap)", cudasim.MemoryConditions{OtherProcesses: []cudasim.ProcessMemory{{PID: 9, Used: 40 * GiB}}, NoNVML: true}, 50 * GiB, CauseOtherProcesses, "gap"},
+		{"fragmentation", cudasim.MemoryConditions{MaxBlock: GiB}, 2 * GiB, CauseFragmentation, "nvml"},
+		{"pool reservation", cudasim.MemoryConditions{PoolReservationLimit: GiB}, 2 * GiB, CausePoolReservation, "nvml"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			drv, d := openSim(t, cudasim.H100())
+			require.NoError(t, drv.SetMemoryConditions(0, tc.conds))
+			rec := NewRecorder(16)
+			others := func() ([]ProcessUsage, bool) {
+				list, ok := drv.ProcessList(0)
+				out := make([]ProcessUsage, len(list))
+				for i, p := range list {
+					out[i] = ProcessUsage{PID: p.PID, Used: p.Used}
+				}
+				return out, ok
+			}
+			s := newStack(t, d, StackOptions{Recorder: rec, Others: others})
+			_, err := s.Allocate(tc.size, 0)
+			e := asCUDA(t, err)
+			got, _ := e.Field("cause")
+			assert.Equal(t, tc.verdict, got, e.Msg)
+			src, _ := e.Field("others_source")
+			assert.Equal(t, tc.source, src)
+			evs, _ := rec.Since(0, 0)
+			require.NotEmpty(t, evs)
+			last := evs[len(evs)-1]
+			assert.Equal(t, EventOOM, last.Kind)
+			assert.Equal(t, tc.verdict, last.Note)
+			seq, _ := e.Field("event")
+			assert.Equal(t, fmt.Sprint(last.Seq), seq)
+			assert.Zero(t, s.Stats().InUse)
+		})
+	}
 }
 
 var _ = cudasim.New

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"errors"
+	"sync/atomic"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/device"
@@ -18,6 +19,10 @@ type StackOptions struct {
 	Track       bool                        // record live allocations (Live) and refuse unknown frees
 	TraceFrames int                         // with Track: stack frames captured per allocation
 	Quiet       func() bool                 // pool strategy: true while the pool must not be queried (WithQuiet)
+	// Recorder receives the stack's events (alloc, free, oom, release, trim); nil records nothing.
+	Recorder *Recorder
+	// Others lists other processes' memory on the device, for the out-of-memory verdict (PoolState.Others).
+	Others func() ([]ProcessUsage, bool)
 }
 
 // Stack is the per-device allocator the facade uses, composed bottom to top:
@@ -43,6 +48,12 @@ type Stack struct {
 	stats   *Stats
 	tracker *Tracker
 	top     Resource
+	rec     *Recorder
+	ordinal int
+	others  func() ([]ProcessUsage, bool)
+	// capturing counts the streams marked by SetCapturing: while any is, the out-of-memory probe (a
+	// cuMemAlloc, an unsafe call that would invalidate a capture) is skipped.
+	capturing atomic.Int64
 }
 
 // NewStack builds the stack for d.
@@ -51,7 +62,7 @@ func NewStack(d *device.Device, opts StackOptions) (*Stack, error) {
 	if strategy == "" {
 		strategy = d.Strategy()
 	}
-	s := &Stack{d: d}
+	s := &Stack{d: d, rec: opts.Recorder, ordinal: d.Properties().Ordinal, others: opts.Others}
 	var r Resource
 	switch strategy {
 	case device.StrategyPool:
@@ -94,8 +105,9 @@ func NewStack(d *device.Device, opts StackOptions) (*Stack, error) {
 func (s *Stack) Allocate(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 	p, err := s.top.Allocate(size, st)
 	if err != nil {
-		return 0, s.wrap(size, err)
+		return 0, s.wrap(size, st, err)
 	}
+	s.rec.Record(Event{Kind: EventAlloc, Device: s.ordinal, Ptr: p, Size: size, Stream: st, InUse: s.stats.InUse()})
 	return p, nil
 }
 
@@ -106,22 +118,67 @@ func (s *Stack) AllocateLabeled(size uint64, st cuda.Stream, label string) (cuda
 	}
 	p, err := s.tracker.AllocateLabeled(size, st, label)
 	if err != nil {
-		return 0, s.wrap(size, err)
+		return 0, s.wrap(size, st, err)
 	}
+	s.rec.Record(Event{Kind: EventAlloc, Device: s.ordinal, Ptr: p, Size: size, Stream: st, InUse: s.stats.InUse(), Note: label})
 	return p, nil
 }
 
-func (s *Stack) wrap(size uint64, err error) error {
+// Label records label as where the live allocation p was made: in the tracker (Live) and on p's newest
+// alloc event in the recorder. It says whether either knew p.
+func (s *Stack) Label(p cuda.DevicePtr, label string) bool {
+	ok := s.rec.Label(s.rec.LastAlloc(p), p, label)
+	if s.tracker != nil && s.tracker.SetLabel(p, label) {
+		ok = true
+	}
+	return ok
+}
+
+// wrap turns an out-of-memory failure into the user's error (OutOfMemory, with this stack's state and
+// the verdict) and records it: a release event for what Retry released first, then the oom event.
+func (s *Stack) wrap(size uint64, st cuda.Stream, err error) error {
 	if !errors.Is(err, cuda.ErrOutOfMemory) {
 		return err
 	}
-	return OutOfMemory(s.d, size, err, PoolState{InUse: s.stats.InUse(), Cached: Cached(s.top), Limit: s.limit.Limit()})
+	var rt *retriedError
+	if errors.As(err, &rt) && rt.released > 0 {
+		s.rec.Record(Event{Kind: EventRelease, Device: s.ordinal, Size: rt.released, InUse: s.stats.InUse(), Note: "oom-retry"})
+	}
+	ps := PoolState{InUse: s.stats.InUse(), Cached: Cached(s.top), Limit: s.limit.Limit(), Pool: s.pool != nil,
+		Others: s.others, Probe: s.probe}
+	oom := OutOfMemory(s.d, size, err, ps)
+	cause, _ := oom.Field("cause")
+	seq := s.rec.Record(Event{Kind: EventOOM, Device: s.ordinal, Size: size, Stream: st, InUse: ps.InUse, Note: cause})
+	if seq != 0 {
+		oom.Fields = append(oom.Fields, field("event", seq))
+	}
+	return oom
+}
+
+// probe allocates and frees one block of size outside the pool (cuMemAlloc): whether the device has it.
+// While a stream captures it answers false without calling the driver (the verdict is then
+// fragmentation): cuMemAlloc would invalidate the capture.
+func (s *Stack) probe(size uint64) bool {
+	if s.capturing.Load() > 0 {
+		return false
+	}
+	drv, ctx := s.d.Driver(), s.d.Context()
+	p, err := drv.MemAlloc(ctx, size)
+	if err != nil {
+		return false
+	}
+	_ = drv.MemFree(ctx, p)
+	return true
 }
 
 // Deallocate frees p (allocated with size, used last on st). With Track, an unknown pointer or a second
 // free is an InvalidValue error and reaches nothing below.
 func (s *Stack) Deallocate(p cuda.DevicePtr, size uint64, st cuda.Stream) error {
-	return s.top.Deallocate(p, size, st)
+	if err := s.top.Deallocate(p, size, st); err != nil {
+		return err
+	}
+	s.rec.Record(Event{Kind: EventFree, Device: s.ordinal, Ptr: p, Size: size, Stream: st, InUse: s.stats.InUse()})
+	return nil
 }
 
 // AllocateTiles is the package's AllocateTiles on this stack.
@@ -152,8 +209,37 @@ func (s *Stack) Stats() StatsSnapshot {
 // ResetPeak sets the peak to the bytes in use now.
 func (s *Stack) ResetPeak() { s.stats.ResetPeak() }
 
-// Release gives every cached block and the pool's unused reserve back to the device.
-func (s *Stack) Release() error { return Release(s.top) }
+// Release gives every cached block and the pool's unused reserve back to the device, and records a
+// release event (the bytes no longer cached) and a trim event (the bytes the pool's reserve shrank by),
+// each only when it is not 0.
+func (s *Stack) Release() error {
+	if s.rec == nil {
+		return Release(s.top)
+	}
+	cachedBefore, reservedBefore := Cached(s.top), s.reserved()
+	err := Release(s.top)
+	cachedAfter, reservedAfter := Cached(s.top), s.reserved()
+	// A release that freed nothing is not an event worth a slot of the ring.
+	if released := cachedBefore - min(cachedBefore, cachedAfter); released > 0 {
+		s.rec.Record(Event{Kind: EventRelease, Device: s.ordinal, Size: released, InUse: s.stats.InUse(), Note: "release"})
+	}
+	if trimmed := reservedBefore - min(reservedBefore, reservedAfter); trimmed > 0 {
+		s.rec.Record(Event{Kind: EventTrim, Device: s.ordinal, Size: trimmed, InUse: s.stats.InUse()})
+	}
+	return err
+}
+
+// reserved is the pool's reserved memory (0 for Sync, or when the query fails).
+func (s *Stack) reserved() uint64 {
+	if s.pool == nil {
+		return 0
+	}
+	r, _ := s.pool.Reserved()
+	return r
+}
+
+// Recorder is the stack's event recorder (nil: none).
+func (s *Stack) Recorder() *Recorder { return s.rec }
 
 // ReleaseStream frees the blocks cached for st; call it before destroying st.
 func (s *Stack) ReleaseStream(st cuda.Stream) error {
@@ -164,8 +250,13 @@ func (s *Stack) ReleaseStream(st cuda.Stream) error {
 }
 
 // SetCapturing marks st as being captured into a graph (or no longer), so that the cache keeps out of
-// the capture (see Cache.SetCapturing). Without a cache it does nothing.
+// the capture (see Cache.SetCapturing) and the out-of-memory verdict makes no probe allocation.
 func (s *Stack) SetCapturing(st cuda.Stream, on bool) {
+	if on {
+		s.capturing.Add(1)
+	} else {
+		s.capturing.Add(-1)
+	}
 	if s.cache != nil {
 		s.cache.SetCapturing(st, on)
 	}

@@ -115,6 +115,11 @@ func tileError(r Resource, k, count int, tileSize uint64, cause error) error {
 		cuda.Field{Key: "tiles_requested", Value: fmt.Sprint(count)},
 		cuda.Field{Key: "tiles_allocated", Value: fmt.Sprint(k)}, field("tile_size", tileSize))
 	text := fmt.Sprintf("allocated %d of %d tiles of %s before running out of memory (all released again)", k, count, FormatBytes(tileSize))
+	if ce != nil {
+		if c, ok := ce.Field("cause"); ok && causeLead[c] != "" {
+			text = causeLead[c] + ": " + text // every out-of-memory message leads with its verdict
+		}
+	}
 	if d := DeviceOf(r); d != nil {
 		if free, _, err := d.MemoryInfo(); err == nil {
 			cached := Cached(r)

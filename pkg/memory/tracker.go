@@ -102,6 +102,18 @@ func (t *Tracker) Deallocate(p cuda.DevicePtr, size uint64, s cuda.Stream) error
 	return nil
 }
 
+// SetLabel replaces where the live allocation p was made with label (its captured frames are dropped);
+// it says whether p is live.
+func (t *Tracker) SetLabel(p cuda.DevicePtr, label string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rec, ok := t.live[p]
+	if ok {
+		rec.label, rec.pcs = label, nil
+	}
+	return ok
+}
+
 // Live returns the live allocations, oldest first.
 func (t *Tracker) Live() []Allocation {
 	t.mu.Lock()

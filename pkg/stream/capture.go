@@ -56,6 +56,52 @@ type capture struct {
 	bytes  uint64
 	ptrs   map[cuda.DevicePtr]uint64 // the allocations made on the capturing stream (graph memory), by size
 	uses   []span                    // device memory the captured work uses (graphmem.go)
+	// escapes lists work cudacore issued while this capture ran that did not go into it (see
+	// NoteEscape); escaped counts all of it, escapes keeps the first maxEscapes.
+	escapes []string
+	escaped int
+}
+
+// maxEscapes bounds the escapes a capture lists (it counts all of them).
+const maxEscapes = 32
+
+// NoteEscape records that op ran on the stream with handle h (0 or legacy: the legacy stream) while
+// captures were in progress, for the escape audit: unless h itself captures, the work ran at once and is
+// in no graph, so every capture in progress lists it. One atomic load when nothing captures.
+func (m *Manager) NoteEscape(op string, h cuda.Stream) {
+	if m.reg.active.Load() == 0 || m.lookup(h) != nil {
+		return
+	}
+	switch {
+	case h == 0 || h == cuda.StreamLegacy:
+		m.escape(op + " on " + m.legacy.String())
+	case h == cuda.StreamPerThread:
+		m.escape(op + " on " + m.perTh.String())
+	default:
+		m.escape(fmt.Sprintf("%s on stream %#x of device %d", op, uint64(h), m.dev.Ordinal()))
+	}
+}
+
+// noteEscape is NoteEscape for a known stream; s nil means a synchronous call.
+func (m *Manager) noteEscape(op string, s *Stream) {
+	switch {
+	case s == nil:
+		m.escape(op + " (synchronous) on device " + fmt.Sprint(m.dev.Ordinal()))
+	case s.capturing() == nil:
+		m.escape(op + " on " + s.String())
+	}
+}
+
+// escape adds what to every capture in progress.
+func (m *Manager) escape(what string) {
+	m.reg.mu.Lock()
+	for c := range m.reg.caps {
+		c.escaped++
+		if len(c.escapes) < maxEscapes {
+			c.escapes = append(c.escapes, what)
+		}
+	}
+	m.reg.mu.Unlock()
 }
 
 // ParseMode maps "global", "thread_local" and "relaxed" to a CaptureMode.
@@ -508,6 +554,9 @@ func (s *Stream) AbortCapture() error {
 // CaptureError naming op. Other errors and nil pass through.
 func (m *Manager) after(op string, s *Stream, err error) error {
 	if err == nil {
+		if m.reg.active.Load() > 0 {
+			m.noteEscape(op, s)
+		}
 		return nil
 	}
 	r := cuda.ResultOf(err)

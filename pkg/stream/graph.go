@@ -24,7 +24,16 @@ type Graph struct {
 	allocPtrs []cuda.DevicePtr // the graph memory it allocates (graphmem.go); fixed at capture
 	uses      []span           // the device memory its work uses, merged and sorted; fixed at capture
 	deferred  []func()         // frees of memory it uses, run once it is destroyed
+	// escapes: work cudacore issued during the capture that is not in the graph (the capture's list, its
+	// first maxEscapes entries, and their total count).
+	escapes []string
+	escaped int
 }
+
+// Escapes returns the escape audit of the capture that made g: work cudacore issued while it ran that is
+// not in the graph (ran at once on another stream, or synchronously), the first 32 entries, and how many
+// there were in all.
+func (g *Graph) Escapes() ([]string, int) { return append([]string{}, g.escapes...), g.escaped }
 
 func (m *Manager) newGraph(g cuda.Graph, c *capture) (*Graph, error) {
 	n, err := m.drv.GraphNodeCount(m.ctx, g)
@@ -35,8 +44,9 @@ func (m *Manager) newGraph(g cuda.Graph, c *capture) (*Graph, error) {
 	}
 	m.reg.mu.Lock()
 	allocs, bytes, ptrs, uses := c.allocs, c.bytes, c.ptrs, c.uses
+	escapes, escaped := append([]string{}, c.escapes...), c.escaped
 	m.reg.mu.Unlock()
-	gr := &Graph{m: m, g: g, nodes: n, allocs: allocs, bytes: bytes}
+	gr := &Graph{m: m, g: g, nodes: n, allocs: allocs, bytes: bytes, escapes: escapes, escaped: escaped}
 	m.adopt(gr, ptrs, uses)
 	return gr, nil
 }

@@ -637,3 +637,32 @@ func TestWaitsRacingDestroyNeverUseADeadHandle(t *testing.T) {
 		wg.Wait()
 	}
 }
+
+// The escape audit: work cudacore runs at once while a capture is in progress (on another stream, or
+// synchronously) is listed by the graph; work on the capturing stream, and work after the capture, is not.
+func TestCaptureEscapes(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	e := newEnv(t)
+	const n = 4096
+	in := e.pinned(t, n)
+	a, b := e.alloc(t, n), e.alloc(t, n)
+	s, other := e.stream(t, true), e.stream(t, true)
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeRelaxed))
+	require.NoError(t, e.m.CopyHtoD(a, in, s))       // captured
+	require.NoError(t, e.m.CopyDtoD(b, a, n, nil))   // synchronous: runs now
+	require.NoError(t, e.m.CopyDtoD(b, a, n, other)) // another stream: runs now
+	e.m.NoteEscape("allocate", other.Handle())       // as the allocation path reports one
+	e.m.NoteEscape("allocate", s.Handle())           // on the capturing stream: in the graph
+	g, err := s.EndCapture()
+	require.NoError(t, err)
+	require.NoError(t, e.m.CopyDtoD(b, a, n, other)) // after the capture: no escape
+	list, count := g.Escapes()
+	assert.Equal(t, 3, count)
+	require.Len(t, list, 3)
+	assert.Equal(t, "copy (synchronous) on device 0", list[0])
+	assert.Equal(t, "copy on "+other.String(), list[1])
+	assert.Equal(t, "allocate on "+other.String(), list[2])
+	assert.Equal(t, 1, g.NodeCount())
+	require.NoError(t, g.Destroy())
+}

@@ -7,8 +7,17 @@
 
 from __future__ import annotations
 
+from ._capture_tools import CaptureDiagnosis, Graphed, graphed, rehearse
 from ._copy import device_to_device
 from ._device import Device, backend, device_count, devices, driver_version
+from ._diagnostics import (
+    configure_flight_recorder,
+    flight_record,
+    format_flight_record,
+    log_allocations,
+    memory_summary,
+    plot_flight_record,
+)
 from ._errors import (
     CaptureError,
     CUDAError,
@@ -55,6 +64,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Buffer",
     "CUDAError",
+    "CaptureDiagnosis",
     "CaptureError",
     "Device",
     "DeviceFaultError",
@@ -63,6 +73,7 @@ __all__ = [
     "EventHandle",
     "ExternalBuffer",
     "Graph",
+    "Graphed",
     "IllegalStateError",
     "ImportedBuffer",
     "InvalidHandleError",
@@ -89,18 +100,26 @@ __all__ = [
     "Stream",
     "asbuffer",
     "backend",
+    "configure_flight_recorder",
     "device_count",
     "device_to_device",
     "devices",
     "driver_version",
+    "flight_record",
     "float16",
     "float32",
     "float64",
+    "format_flight_record",
+    "graphed",
     "int8",
     "int16",
     "int32",
     "int64",
+    "log_allocations",
+    "memory_summary",
+    "plot_flight_record",
     "pointer",
+    "rehearse",
     "uint8",
     "uint16",
     "uint32",

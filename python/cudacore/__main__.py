@@ -10,6 +10,7 @@ USAGE = """usage: cudacore <command> [options]
 
 commands:
   doctor [--json]   report the CUDA driver and every device (CUDACORE_BACKEND=sim: the simulator)
+    --verify        run tiny real probes of what each device supports, instead of reading attributes
 """
 
 

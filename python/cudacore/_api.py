@@ -28,7 +28,7 @@ def forked() -> bool:
 def check_not_forked() -> None:
     """Raise :class:`IllegalStateError` if this process is a fork child of one that had loaded cudacore."""
     if fast.forked():
-        raise _errors.forked_error("cudacore")
+        raise _errors.forked_error("cudacore", fast.fork_driver())
 
 
 __all__ = ["call", "check_not_forked", "core", "fast", "forked"]

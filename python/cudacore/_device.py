@@ -7,7 +7,7 @@ import operator
 import threading
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from . import _ipc, _memory
+from . import _diagnostics, _ipc, _memory
 from ._api import call, core
 from ._display import device_html
 from ._errors import error
@@ -394,9 +394,12 @@ class Device:
                 op="cudacore.allocation_strategy",
             )
         self._set_props(json.loads(call(core.DeviceSetAllocationStrategy, self._ordinal, strategy, bool(track))))
+        if track:  # live allocations then name the Python line that made each
+            _diagnostics.track_python_stacks()
 
     def live_allocations(self) -> list[dict[str, Any]]:
-        """The allocations alive now (with ``track=True``; else empty): ptr, size, stream, where."""
+        """The allocations alive now (with ``track=True``; else empty): ptr, size, stream, where (the
+        innermost Python frames that made it, ``file:line in function``, innermost first)."""
         return json.loads(call(core.MemoryLive, self._ordinal))
 
     def _repr_html_(self) -> str:

@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Any, TextIO
 
+from . import _verify
 from ._device import Device, backend, device_count, driver_version
 from ._display import format_bytes
 from ._errors import CUDAError, DriverNotFoundError
@@ -88,10 +89,12 @@ def _render_limits(limits: dict[str, Any] | None, out: TextIO) -> None:
 
 def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     as_json = "--json" in argv
-    unknown = [a for a in argv if a != "--json"]
+    unknown = [a for a in argv if a not in ("--json", "--verify")]
     if unknown:
-        err.write(f"cudacore doctor: unknown argument {unknown[0]!r} (the only option is --json)\n")
+        err.write(f"cudacore doctor: unknown argument {unknown[0]!r} (the options are --json and --verify)\n")
         return 2
+    if "--verify" in argv:
+        return _verify.main(as_json, out, err)
     try:
         report = collect()
     except DriverNotFoundError as exc:

@@ -15,6 +15,7 @@ test the same examples (``pkg/cuda/testdata/wire_examples.json``).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ._results import RESULTS
@@ -153,7 +154,35 @@ class OutOfMemoryError(CUDAError, MemoryError):
         Bytes this process's pool had handed out, and held in reserve, at the time.
     limit : int or None
         The configured byte limit that was hit, if the failure is a limit's.
+    cause : str or None
+        The verdict, which the message leads with: ``"exhausted"`` (this process holds the memory),
+        ``"other_processes"``, ``"fragmentation"`` (enough free in total, not in one block),
+        ``"limit"`` (a cudacore memory limit), ``"pool_reservation"`` (the driver refused the pool's
+        reservation) or ``"too_large"`` (more than the device has). See docs/diagnostics.md.
+    flight_record : list of dict
+        The allocator events that led here (see :func:`cudacore.flight_record`), oldest first, ending
+        with this failure; empty when the recorder is off.
     """
+
+    flight_record: list[dict[str, Any]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.flight_record = []
+
+    @property
+    def cause(self) -> str | None:
+        return self.fields.get("cause")
+
+    @property
+    def others(self) -> int | None:
+        """Bytes held outside this process's allocator (other processes by NVML, else the gap)."""
+        return self._int_field("others")
+
+    @property
+    def released(self) -> int | None:
+        """Bytes of cached memory cudacore released and retried with before failing."""
+        return self._int_field("released")
 
     @property
     def requested(self) -> int | None:
@@ -242,7 +271,24 @@ def error(name: str, message: str, op: str = "cudacore", **fields: object) -> CU
     class come from the table of results. Field values are kept as text, as they arrive from Go."""
     code = CODES[name]
     cls = _BY_CATEGORY.get(category(code), CUDAError)
-    return cls(message, code=code, name=name, op=op, fields={k: str(v) for k, v in fields.items()})
+    exc = cls(message, code=code, name=name, op=op, fields={k: str(v) for k, v in fields.items()})
+    if HOOKS:
+        _run_hooks(exc)
+    return exc
+
+
+#: Called with every typed error :func:`from_wire` and :func:`error` make, where it is made (cudacore's
+#: diagnostics attach the flight record to an OutOfMemoryError, and a capture rehearsal notes where each
+#: CaptureError arose). A hook's own failure never replaces the error.
+HOOKS: list[Callable[[CUDAError], None]] = []
+
+
+def _run_hooks(exc: CUDAError) -> None:
+    for hook in HOOKS:
+        try:
+            hook(exc)
+        except Exception:  # noqa: BLE001, S110 - a diagnostic must never hide the error it describes
+            pass
 
 
 def from_wire(text: str) -> CUDAError | None:
@@ -251,7 +297,10 @@ def from_wire(text: str) -> CUDAError | None:
     if parts is None:
         return None
     cls = _BY_CATEGORY.get(category(parts["code"]), CUDAError)
-    return cls(parts["message"], code=parts["code"], name=parts["name"], op=parts["op"], fields=parts["fields"])
+    exc = cls(parts["message"], code=parts["code"], name=parts["name"], op=parts["op"], fields=parts["fields"])
+    if HOOKS:
+        _run_hooks(exc)
+    return exc
 
 
 def from_runtime_error(exc: BaseException) -> BaseException:
@@ -273,9 +322,22 @@ FORKED_MESSAGE = (
 )
 
 
-def forked_error(op: str) -> CUDAError:
-    """The error every door raises in a forked child, before Go is entered."""
-    return error("CUDACORE_ERROR_FORKED", f"{op}: {FORKED_MESSAGE}", op="fork")
+#: What the parent's CUDA driver was when it forked (``_fast.fork_driver()``), in the child's error.
+FORK_DRIVER_NOTES = {
+    1: " The CUDA driver library was loaded in the parent, but not initialised, when it forked.",
+    2: (
+        " The CUDA driver was already initialised in the parent when it forked (cuInit had been called, by "
+        "cudacore or by another library in the process such as PyTorch, CuPy or Numba): no library can use "
+        "CUDA in this child."
+    ),
+}
+
+
+def forked_error(op: str, driver: int = 0) -> CUDAError:
+    """The error every door raises in a forked child, before Go is entered. ``driver`` is what the parent's
+    CUDA driver was at the fork (0 not loaded, 1 loaded, 2 initialised by any library); the message says so."""
+    note = FORK_DRIVER_NOTES.get(driver, "")
+    return error("CUDACORE_ERROR_FORKED", f"{op}: {FORKED_MESSAGE}{note}", op="fork", driver_at_fork=driver)
 
 
 def closed_error(what: str, op: str) -> CUDAError:

@@ -300,7 +300,11 @@ def _tiles_oom(device: Device, exc: OutOfMemoryError, done: int, count: int, til
         f"allocated {done} of {count} tiles of {format_bytes(tile_size)} before running out of memory "
         f"(all released again); {fit} tiles of that size fit in the {format_bytes(free)} free now"
     )
-    return OutOfMemoryError(message, code=exc.code, name=exc.name, op=exc.op, fields=fields)
+    if exc.cause:  # the message leads with the verdict, as Go's does
+        message = str(exc.args[0]).split(": ", 1)[0] + ": " + message
+    out = OutOfMemoryError(message, code=exc.code, name=exc.name, op=exc.op, fields=fields)
+    out.flight_record = exc.flight_record
+    return out
 
 
 def _progress(progress: Any, count: int, tile_size: int) -> tuple[Callable[[int, int], object] | None, Any]:

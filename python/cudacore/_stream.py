@@ -522,6 +522,18 @@ class Graph:
         return self._info()["memory_held"]
 
     @property
+    def escapes(self) -> list[str]:
+        """The escape audit: work cudacore issued while the capture ran that is not in this graph (it ran
+        at once, on another stream or synchronously), such as ``"copy on stream 0x... on device 0"``; the
+        first 32. :attr:`escaped` counts them all."""
+        return list(self._info()["escapes"])
+
+    @property
+    def escaped(self) -> int:
+        """How many operations escaped the capture (see :attr:`escapes`)."""
+        return int(self._info()["escaped"])
+
+    @property
     def allocations(self) -> int:
         """How many allocations the capture made (graph memory nodes)."""
         return self._info()["allocations"]

@@ -8,10 +8,33 @@ fixture.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from ._api import call, core
 from ._device import Device
 
-__all__ = ["clear_faults", "fail_allocations", "inject_fault", "inject_faults"]
+__all__ = ["clear_faults", "fail_allocations", "inject_fault", "inject_faults", "set_memory_conditions"]
+
+
+def set_memory_conditions(device: int, conditions: dict[str, Any]) -> int:
+    """Model, on the simulator, what makes real allocations fail on ``device`` (replacing earlier
+    conditions; ``{}`` clears them), so that each out-of-memory verdict can be tested without a GPU.
+
+    Keys: ``other_processes``, a list of ``{"pid": int, "used": bytes}`` (their memory is not free, and
+    the simulated NVML lists them); ``max_block``, the largest block one fresh allocation can get
+    (fragmentation); ``pool_reservation_limit``, the most each memory pool may reserve (a refused
+    reservation, as on vGPU, while cuMemAlloc still works); ``no_nvml``, true to model a machine without
+    NVML (other processes are then estimated from the free memory). Returns the other processes' bytes.
+
+    Raises
+    ------
+    NotSupportedError
+        When the process does not run on the simulator.
+    InvalidValueError
+        For an unknown key, a pid that is not positive, memory that does not fit, or an unknown device.
+    """
+    return int(call(core.SimSetMemoryConditions, device, json.dumps(conditions)))
 
 
 def inject_faults(spec: str) -> int:

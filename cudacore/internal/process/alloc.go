@@ -37,6 +37,7 @@ func (d *Device) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
 	}
 	if capturing {
 		streams.NoteAllocate(h, p, size)
+		streams.NoteEscape("allocate", h)
 	}
 	return p, nil
 }

@@ -184,7 +184,7 @@ func GetDevice(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	stack, err := memory.NewStack(dd, memory.StackOptions{Quiet: Capturing})
+	stack, err := memory.NewStack(dd, withDiagnostics(dd, memory.StackOptions{Quiet: Capturing}))
 	if err != nil {
 		_ = dd.Close()
 		return nil, err
@@ -216,7 +216,7 @@ func (d *Device) SetStrategy(requested string, opts memory.StackOptions) error {
 	}
 	opts.Strategy = d.Strategy()
 	opts.Quiet = Capturing // the pool is not queried while a capture runs (memory.WithQuiet)
-	stack, err := memory.NewStack(d.Device, opts)
+	stack, err := memory.NewStack(d.Device, withDiagnostics(d.Device, opts))
 	if err != nil {
 		return err
 	}

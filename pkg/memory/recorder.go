@@ -1,0 +1,234 @@
+package memory
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
+
+// EventKind says what a recorded allocator event was.
+type EventKind uint8
+
+// The kinds of events a Recorder keeps.
+const (
+	EventAlloc   EventKind = iota + 1 // an allocation succeeded
+	EventFree                         // a free succeeded
+	EventOOM                          // an allocation failed for lack of memory (Size: what was asked)
+	EventRelease                      // cached memory was given back (Size: the bytes no longer cached)
+	EventTrim                         // the pool's reserve shrank (Size: the bytes returned to the device)
+)
+
+var eventNames = [...]string{"", "alloc", "free", "oom", "release", "trim"}
+
+// String is the kind's name as Python sees it: "alloc", "free", "oom", "release" or "trim".
+func (k EventKind) String() string {
+	if int(k) < len(eventNames) {
+		return eventNames[k]
+	}
+	return "unknown"
+}
+
+// Event is one allocator event. Seq numbers events from 1 in the order they were recorded; a gap in the
+// numbers of a snapshot means the ring overwrote the events between.
+type Event struct {
+	Seq    uint64
+	Time   time.Duration // since the recorder was made (monotonic)
+	Kind   EventKind
+	Device int
+	Ptr    cuda.DevicePtr
+	Size   uint64
+	Stream cuda.Stream
+	InUse  uint64 // the allocator's bytes in use after the event
+	Note   string // for OOM: the verdict's cause; for release: why; for alloc: a label (Python stack) when asked
+}
+
+// DefaultRecorderCapacity is the ring size of NewRecorder(0): about 400 KiB.
+const DefaultRecorderCapacity = 4096
+
+// Recorder is a bounded ring of allocator events: the newest Capacity events are kept, older ones are
+// overwritten. It is meant to stay on (bench/recorder.py measures it against the alloc+free pair), so an
+// event costs one uncontended mutex and no clock read while events come often: reading the clock costs
+// 50 ns on a virtualized host where it traps, more than the recorder's whole budget. Instead a ticker
+// goroutine refreshes a coarse clock every ClockTick while events keep coming and stops after one tick
+// without any; the first event after a pause reads the clock itself. So every event's Time is exact to
+// ClockTick, and events are ordered exactly by Seq. A nil *Recorder records nothing, so callers need no
+// check. Safe for concurrent use.
+type Recorder struct {
+	start time.Time
+
+	coarse  atomic.Int64 // nanoseconds since start, refreshed by the ticker
+	ticking atomic.Bool  // the ticker runs: coarse is at most ClockTick old
+	tickSeq atomic.Uint64
+
+	mu      sync.Mutex
+	ring    []Event
+	seq     uint64        // events recorded so far; the next one gets seq+1
+	last    time.Duration // the newest event's Time
+	enabled atomic.Bool   // read before the lock: a disabled recorder costs one load
+}
+
+// NewRecorder returns an enabled recorder keeping the newest capacity events (0: the default), the
+// capacity rounded up to a power of two.
+func NewRecorder(capacity int) *Recorder {
+	if capacity <= 0 {
+		capacity = DefaultRecorderCapacity
+	}
+	r := &Recorder{start: time.Now(), ring: make([]Event, pow2(capacity))}
+	r.enabled.Store(true)
+	return r
+}
+
+// ClockTick is the resolution of the recorder's timestamps while events come often.
+const ClockTick = time.Millisecond
+
+// now returns the time for an event: the coarse clock while the ticker runs, else a clock read that
+// starts the ticker. Called with r.mu held (the ticker stops under it).
+func (r *Recorder) now() time.Duration {
+	if r.ticking.Load() {
+		return time.Duration(r.coarse.Load())
+	}
+	t := time.Since(r.start)
+	r.coarse.Store(int64(t))
+	if r.ticking.CompareAndSwap(false, true) {
+		go r.tick()
+	}
+	return t
+}
+
+// tick refreshes the coarse clock every ClockTick until a tick passes with no event recorded.
+func (r *Recorder) tick() {
+	for {
+		seen := r.tickSeq.Load()
+		time.Sleep(ClockTick)
+		r.coarse.Store(int64(time.Since(r.start)))
+		r.mu.Lock()
+		idle := r.seq == seen
+		r.tickSeq.Store(r.seq)
+		if idle {
+			// Stopped under the lock: an event recorded after this sees ticking false and reads the clock.
+			r.ticking.Store(false)
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+	}
+}
+
+// Record appends e (its Seq and Time are set here) and returns its Seq; 0 when r is nil or disabled.
+func (r *Recorder) Record(e Event) uint64 {
+	if r == nil || !r.enabled.Load() {
+		return 0
+	}
+	r.mu.Lock()
+	// Read under the lock, and never before the previous event's time: times follow Seq.
+	t := max(r.now(), r.last)
+	r.last = t
+	r.seq++
+	e.Seq, e.Time = r.seq, t
+	r.ring[r.seq&uint64(len(r.ring)-1)] = e // the capacity is a power of two: no division here
+	r.mu.Unlock()
+	return e.Seq
+}
+
+// Label sets the note of the alloc event of ptr numbered seq, if the ring still holds it.
+func (r *Recorder) Label(seq uint64, ptr cuda.DevicePtr, note string) bool {
+	if r == nil || seq == 0 {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := &r.ring[seq%uint64(len(r.ring))]
+	if e.Seq != seq || e.Ptr != ptr {
+		return false
+	}
+	e.Note = note
+	return true
+}
+
+// LastAlloc returns the seq of the newest alloc event of ptr still in the ring (0: none).
+func (r *Recorder) LastAlloc(ptr cuda.DevicePtr) uint64 {
+	if r == nil {
+		return 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := uint64(len(r.ring))
+	for s := r.seq; s > 0 && r.seq-s < n; s-- {
+		e := &r.ring[s%n]
+		if e.Kind == EventAlloc && e.Ptr == ptr {
+			return s
+		}
+	}
+	return 0
+}
+
+// Since returns the events with Seq > after still in the ring, oldest first, at most limit of the newest
+// (limit <= 0: all), and the Seq of the newest event recorded so far.
+func (r *Recorder) Since(after uint64, limit int) ([]Event, uint64) {
+	if r == nil {
+		return nil, 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := uint64(len(r.ring))
+	first := after + 1
+	if r.seq >= n {
+		first = max(first, r.seq-n+1)
+	}
+	if limit > 0 && r.seq >= uint64(limit) {
+		first = max(first, r.seq-uint64(limit)+1)
+	}
+	if first > r.seq {
+		return []Event{}, r.seq
+	}
+	out := make([]Event, 0, r.seq-first+1)
+	for s := first; s <= r.seq; s++ {
+		out = append(out, r.ring[s%n])
+	}
+	return out, r.seq
+}
+
+// SetEnabled turns recording on or off and returns the previous state. Events already kept stay.
+func (r *Recorder) SetEnabled(on bool) bool {
+	return r.enabled.Swap(on)
+}
+
+// Enabled says whether events are recorded.
+func (r *Recorder) Enabled() bool {
+	return r.enabled.Load()
+}
+
+// pow2 is the least power of two >= n (n > 0).
+func pow2(n int) int {
+	p := 1
+	for p < n {
+		p <<= 1
+	}
+	return p
+}
+
+// Resize keeps the newest capacity events from now on (capacity > 0, rounded up to a power of two),
+// keeping as many of the events held as fit; sequence numbers go on.
+func (r *Recorder) Resize(capacity int) {
+	if capacity <= 0 {
+		return
+	}
+	capacity = pow2(capacity)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old, n := r.ring, uint64(len(r.ring))
+	r.ring = make([]Event, capacity)
+	m := uint64(capacity)
+	for s := r.seq; s > 0 && r.seq-s < min(n, m); s-- {
+		r.ring[s%m] = old[s%n]
+	}
+}
+
+// Capacity is the ring's size.
+func (r *Recorder) Capacity() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.ring)
+}

@@ -1,0 +1,164 @@
+package memory
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/cudasim"
+)
+
+func TestRecorderRing(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		capacity int
+		record   int
+		after    uint64
+		limit    int
+		want     []uint64 // seqs
+	}{
+		{"empty", 4, 0, 0, 0, nil},
+		{"fewer than capacity", 4, 3, 0, 0, []uint64{1, 2, 3}},
+		{"wrapped keeps newest", 4, 10, 0, 0, []uint64{7, 8, 9, 10}},
+		{"after", 4, 10, 8, 0, []uint64{9, 10}},
+		{"after older than the ring", 4, 10, 2, 0, []uint64{7, 8, 9, 10}},
+		{"limit", 4, 10, 0, 2, []uint64{9, 10}},
+		{"limit above what is kept", 4, 3, 0, 10, []uint64{1, 2, 3}},
+		{"after the newest", 4, 3, 3, 0, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := NewRecorder(tc.capacity)
+			for i := 0; i < tc.record; i++ {
+				r.Record(Event{Kind: EventAlloc, Ptr: cuda.DevicePtr(i + 1), Size: uint64(i)})
+			}
+			evs, last := r.Since(tc.after, tc.limit)
+			assert.Equal(t, uint64(tc.record), last)
+			var got []uint64
+			for _, e := range evs {
+				got = append(got, e.Seq)
+				assert.Equal(t, cuda.DevicePtr(e.Seq), e.Ptr, "the event is the one recorded under its seq")
+			}
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestRecorderLabelResizeDisable(t *testing.T) {
+	r := NewRecorder(8)
+	r.Record(Event{Kind: EventAlloc, Ptr: 0x100})
+	r.Record(Event{Kind: EventFree, Ptr: 0x100})
+	seq := r.LastAlloc(0x100)
+	require.Equal(t, uint64(1), seq)
+	assert.True(t, r.Label(seq, 0x100, "here"))
+	assert.False(t, r.Label(seq, 0x200, "wrong pointer"))
+	assert.Zero(t, r.LastAlloc(0x300))
+	r.Resize(2)
+	evs, _ := r.Since(0, 0)
+	require.Len(t, evs, 2)
+	assert.Equal(t, "here", evs[0].Note)
+	assert.True(t, r.SetEnabled(false), "it was on")
+	assert.Zero(t, r.Record(Event{Kind: EventAlloc}))
+	r.SetEnabled(true)
+	assert.Equal(t, uint64(3), r.Record(Event{Kind: EventAlloc}))
+	var nilRec *Recorder
+	assert.Zero(t, nilRec.Record(Event{}))
+	evs, _ = nilRec.Since(0, 0)
+	assert.Empty(t, evs)
+	assert.Equal(t, "trim", EventTrim.String())
+	assert.Equal(t, "unknown", EventKind(99).String())
+}
+
+func TestRecorderConcurrent(t *testing.T) {
+	r := NewRecorder(64)
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 1000; i++ {
+				r.Record(Event{Kind: EventAlloc})
+				if i%100 == 0 {
+					r.Since(0, 10)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	evs, last := r.Since(0, 0)
+	assert.Equal(t, uint64(8000), last)
+	require.Len(t, evs, 64)
+	for i := 1; i < len(evs); i++ {
+		assert.Equal(t, evs[i-1].Seq+1, evs[i].Seq)
+		assert.LessOrEqual(t, evs[i-1].Time, evs[i].Time, "in seq order, times never go back")
+	}
+}
+
+// The Stack records every kind of event, in order, with the bytes in use after each.
+func TestStackRecordsEvents(t *testing.T) {
+	_, d := openSim(t, small("sim-1g"))
+	rec := NewRecorder(32)
+	s := newStack(t, d, StackOptions{Recorder: rec, Limit: 200 * MiB})
+	p, err := s.Allocate(100*MiB, 0)
+	require.NoError(t, err)
+	require.NoError(t, s.Deallocate(p, 100*MiB, 0))
+	_, err = s.Allocate(300*MiB, 0)
+	require.ErrorIs(t, err, cuda.ErrOutOfMemory)
+	require.NoError(t, s.Release())
+	evs, _ := rec.Since(0, 0)
+	var kinds []EventKind
+	for _, e := range evs {
+		kinds = append(kinds, e.Kind)
+	}
+	assert.Equal(t, []EventKind{EventAlloc, EventFree, EventOOM, EventRelease, EventTrim}, kinds)
+	assert.Equal(t, 100*MiB, evs[0].InUse)
+	assert.Zero(t, evs[1].InUse)
+	assert.Equal(t, CauseLimit, evs[2].Note)
+	assert.Equal(t, 300*MiB, evs[2].Size)
+	assert.Equal(t, 100*MiB, evs[4].Size, "the pool returned the 100 MiB block")
+}
+
+// BenchmarkRecorderRecord is the cost of one event: a monotonic clock read and an uncontended lock.
+func BenchmarkRecorderRecord(b *testing.B) {
+	r := NewRecorder(0)
+	e := Event{Kind: EventAlloc, Ptr: 0x100, Size: 256}
+	for b.Loop() {
+		r.Record(e)
+	}
+}
+
+// Times are exact after a pause (the first event reads the clock) and within ClockTick while busy.
+func TestRecorderClock(t *testing.T) {
+	r := NewRecorder(8)
+	r.Record(Event{Kind: EventAlloc})
+	time.Sleep(30 * time.Millisecond)
+	before := time.Since(r.start)
+	r.Record(Event{Kind: EventFree})
+	after := time.Since(r.start)
+	evs, _ := r.Since(0, 0)
+	require.Len(t, evs, 2)
+	assert.GreaterOrEqual(t, evs[1].Time-evs[0].Time, 30*time.Millisecond)
+	assert.GreaterOrEqual(t, evs[1].Time, before-ClockTick)
+	assert.LessOrEqual(t, evs[1].Time, after)
+}
+
+// While a stream captures, the verdict makes no probe allocation: cuMemAlloc would invalidate the capture.
+func TestVerdictProbeSkippedDuringCapture(t *testing.T) {
+	drv, d := openSim(t, cudasim.H100())
+	require.NoError(t, drv.SetMemoryConditions(0, cudasim.MemoryConditions{PoolReservationLimit: GiB}))
+	s := newStack(t, d, StackOptions{})
+	_, err := s.Allocate(2*GiB, 0)
+	cause, _ := asCUDA(t, err).Field("cause")
+	require.Equal(t, CausePoolReservation, cause, "not capturing: the probe tells the pool's refusal apart")
+
+	s.SetCapturing(0x1234, true)
+	calls := drv.Calls("cuMemAlloc_v2")
+	_, err = s.Allocate(2*GiB, 0)
+	cause, _ = asCUDA(t, err).Field("cause")
+	assert.Equal(t, CauseFragmentation, cause)
+	assert.Equal(t, calls, drv.Calls("cuMemAlloc_v2"), "no probe while capturing")
+	s.SetCapturing(0x1234, false)
+}
