@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from ._copy import device_to_device
-from ._device import Device, backend, device_count, devices, driver_version
+from ._device import Device, backend, current_device, device_count, devices, driver_version
 from ._errors import (
     CaptureError,
     CUDAError,
@@ -46,10 +46,9 @@ from ._module import (
     uint64,
 )
 from ._notebook import MemoryRecorder, MemoryStats
-from ._stream import Event, Graph, Stream
+from ._stream import Event, Graph, Stream, current_stream
+from ._version import __version__ as __version__
 from .interop import ExternalBuffer, asbuffer
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Buffer",
@@ -83,6 +82,8 @@ __all__ = [
     "Stream",
     "asbuffer",
     "backend",
+    "current_device",
+    "current_stream",
     "device_count",
     "device_to_device",
     "devices",
