@@ -18,6 +18,7 @@ import random
 import sys
 import threading
 import time
+from contextlib import closing
 
 import numpy as np
 
@@ -30,7 +31,7 @@ _counts_lock = threading.Lock()  # guards the shared counts dict as threads add 
 def worker(dev: cc.Device, seed: int, deadline: float, counts: dict[str, int], oom_thread: bool) -> None:
     rng = random.Random(seed)
     ops = dict.fromkeys(("allocations", "copies", "captures", "replays", "checked_bytes", "ooms"), 0)
-    with dev.create_stream(non_blocking=True) as s:
+    with closing(dev.create_stream(non_blocking=True)) as s:
         while time.monotonic() < deadline:
             size = rng.choice((256, 4096, 65536, rng.randrange(1, 4 * MiB)))
             src_host = dev.allocate_pinned(size)
