@@ -6,6 +6,7 @@ import gc
 import json
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -277,3 +278,26 @@ def test_exports() -> None:
     assert cc.current_stream is cc._stream.current_stream
     assert cc.current_device is cc._device.current_device
     assert {"current_device", "current_stream"} <= set(cc.__all__)
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_launch_with_stream_none_goes_on_the_current_stream(dev: cc.Device) -> None:
+    """On a GPU: a kernel launched with stream=None inside `with s:` is captured by s's capture (so it went
+    on s), the graph launched with stream=None runs on s, and a stream=None copy there waits for it."""
+    k = dev.load_module(Path(__file__).parent / "kernels" / "fill.ptx").function("fill")
+    n = 1 << 16
+    s = dev.create_stream()
+    out = dev.allocate_pinned(4 * n)
+    with s, dev.allocate(4 * n) as buf:
+        with s.capture() as graph:
+            k.launch(grid=n // 256, block=256, args=(buf, 9, n))
+        assert graph.node_count == 1
+        graph.launch()
+        buf.copy_to(out)
+        assert out.numpy("uint32").tolist() == [9] * n
+        k.launch(grid=n // 256, block=256, args=(buf, 4, n))
+        buf.copy_to(out)
+        assert out.numpy("uint32").tolist() == [4] * n
+    graph.close()
+    out.close()
+    s.close()

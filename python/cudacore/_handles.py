@@ -119,8 +119,11 @@ def stream_handle(stream: object, device: int | None = None) -> int:
         ``stream`` is None and the current stream was closed (``CUDACORE_ERROR_CLOSED``).
     """
     if stream is None:
+        streams = _current.streams
+        if not streams:  # no `with stream:` block open on this thread: the common case, kept short
+            return 0
         ordinal = current_ordinal() if device is None else device
-        current = _current.streams.get(ordinal)
+        current = streams.get(ordinal)
         if current is None:
             return 0
         if current.closed:
