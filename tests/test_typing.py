@@ -109,6 +109,26 @@ def test_a_type_error_in_a_block_is_reported(tmp_path: Path) -> None:
     assert "bad_md.py:4: error: Incompatible types in assignment" in r.stdout
 
 
+def test_a_type_error_in_a_block_is_reported_by_pyright(tmp_path: Path) -> None:
+    pyright = _pyright()
+    if pyright is None:
+        pytest.skip("pyright is not installed")
+    (tmp_path / "bad_md.py").write_text("import cudacore as cc\n\nd = cc.Device(0)\nd.limits.malloc_heap_size = 'large'\n")
+    (tmp_path / "pyrightconfig.json").write_text(
+        json.dumps({"include": ["bad_md.py"], "extraPaths": [str(ROOT / "python")], "typeCheckingMode": "strict"})
+    )
+    r = subprocess.run(
+        [pyright, "-p", str(tmp_path / "pyrightconfig.json"), "--pythonpath", sys.executable],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert r.returncode == 1
+    assert "bad_md.py:4:" in r.stdout and "1 error" in r.stdout
+
+
 # -- the typing of Limits ----------------------------------------------------------------------------
 
 
