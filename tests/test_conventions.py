@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import cudacore as cc
-from cudacore import _copy, _handles
+from cudacore import _copy, _handles, _module, _stream
 
 from conftest import run_python
 
@@ -300,4 +300,81 @@ def test_gpu_kernel_launch_with_stream_none_goes_on_the_current_stream(dev: cc.D
         assert out.numpy("uint32").tolist() == [4] * n
     graph.close()
     out.close()
+    s.close()
+
+
+def test_launches_and_records_with_stream_none_use_the_current_stream(dev: cc.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Graph.launch, Event.record and Kernel.launch given stream=None pass the current stream's handle."""
+    seen: dict[str, int] = {}
+
+    def graph_launch(graph_id: int, ordinal: int, handle: int) -> None:
+        seen["graph"] = handle
+
+    def kernel_launch(fn: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shm: int, handle: int, *rest: object) -> None:
+        seen["kernel"] = handle
+
+    monkeypatch.setattr(_stream, "_graph_launch", graph_launch)
+    monkeypatch.setattr(_module, "_launch", kernel_launch)
+    kernel = dev.load_module(Path(__file__).parent / "kernels" / "fill.ptx").function("fill")
+    s = dev.create_stream()
+    with dev.allocate(256, stream=s) as buf:
+        with s.capture() as graph:  # an empty capture is a graph too
+            pass
+        with s:
+            graph.launch()
+            kernel.launch(grid=1, block=64, args=(buf, 1, 64))
+        assert seen == {"graph": s.handle, "kernel": s.handle}
+        graph.launch()
+        kernel.launch(grid=1, block=64, args=(buf, 1, 64))
+        assert seen == {"graph": 0, "kernel": 0}
+    graph.close()
+    s.close()
+
+
+def test_event_record_with_stream_none_uses_the_current_stream(dev: cc.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = _stream.fast
+    seen: list[int] = []
+
+    class Spy:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def event_record(self, event: int, ordinal: int, handle: int) -> None:
+            seen.append(handle)
+            real.event_record(event, ordinal, handle)
+
+    monkeypatch.setattr(_stream, "fast", Spy())
+    s = dev.create_stream()
+    e = cc.Event(timing=False)
+    with s:
+        e.record()
+        s.record(e)
+    e.record()
+    assert seen == [s.handle, s.handle, 0]
+    e.close()
+    s.close()
+
+
+def test_from_dlpack_passes_the_current_stream_to_the_producer(dev: cc.Device) -> None:
+    class Stop(Exception):
+        pass
+
+    class Producer:
+        stream: object = None
+
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return (2, 0)
+
+        def __dlpack__(self, stream: object = None, max_version: object = None) -> object:
+            self.stream = stream
+            raise Stop
+
+    p = Producer()
+    with pytest.raises(Stop):
+        cc.interop.from_dlpack(p)
+    assert p.stream == 1  # DLPack's legacy default stream
+    s = dev.create_stream()
+    with s, pytest.raises(Stop):
+        cc.interop.from_dlpack(p)
+    assert p.stream == s.handle
     s.close()
