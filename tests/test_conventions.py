@@ -27,6 +27,7 @@ def dev() -> Iterator[cc.Device]:
     assert d.memory_stats()["in_use"] == 0
     d.release_cached_memory()
     assert cc.current_stream() == cc.Stream.legacy(d) and cc.current_device() is d
+    assert _handles.open_stream_blocks == 0  # every block the test opened was left
 
 
 def test_defaults_are_device_0_and_its_legacy_stream(dev: cc.Device) -> None:
@@ -153,6 +154,7 @@ def test_per_thread(dev: cc.Device) -> None:
     t = threading.Thread(target=other)
     t.start()
     with s:
+        assert _handles.open_stream_blocks == 1  # so the other thread looks at its own state
         ready.set()
         done.wait(10)
     t.join(10)

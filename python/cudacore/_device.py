@@ -7,7 +7,7 @@ import operator
 import threading
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from . import _memory
+from . import _handles, _memory
 from ._api import call, core
 from ._display import device_html
 from ._errors import error
@@ -273,6 +273,8 @@ class Device:
         InvalidValueError
             If ``nbytes`` is not positive.
         """
+        if stream is None and not _handles.open_stream_blocks:  # the hot case: no `with stream:` block open
+            return fast.allocate(self._ordinal, nbytes, 0)
         return fast.allocate(self._ordinal, nbytes, stream_handle(stream, self._ordinal))
 
     def from_array(self, array: Any) -> Buffer:

@@ -55,6 +55,12 @@ class _Current(threading.local):
 
 _current = _Current()
 
+# How many `with stream:` blocks are open, on all threads together: while none is, stream=None is the legacy
+# default stream without a look at the thread's state (the hot paths check this one global). A thread's own
+# blocks always count here (the lock keeps every change), so a nonzero count is all it takes to be exact.
+open_stream_blocks = 0
+_open_lock = threading.Lock()
+
 
 def current_ordinal() -> int:
     """The ordinal of this thread's current device (0 unless ``with device:`` or ``Device.use()`` set it)."""
@@ -70,16 +76,21 @@ def set_current_ordinal(ordinal: int) -> None:
 
 def current_stream_of(ordinal: int) -> Stream | None:
     """This thread's current stream on device ``ordinal``, or None for the legacy default stream."""
+    if not open_stream_blocks:
+        return None
     return _current.streams.get(ordinal)
 
 
 def push_current(entered: object, ordinal: int, stream: Stream | None) -> None:
     """Enter a ``with device:`` (stream None) or ``with stream:`` block: make ``ordinal`` the current
     device and ``stream`` the current stream of that device, remembering what they replace."""
+    global open_stream_blocks
     cur = _current
     if stream is None:
         cur.saved.append((entered, cur.ordinal, -1, None))
     else:
+        with _open_lock:
+            open_stream_blocks += 1
         cur.saved.append((entered, cur.ordinal, ordinal, cur.streams.get(ordinal)))
         cur.streams[ordinal] = stream
     cur.ordinal = ordinal
@@ -100,6 +111,7 @@ def pop_current(entered: object) -> None:
             "leave the blocks in the reverse order of entering them, on the thread that entered them",
             op="cudacore.current",
         )
+    global open_stream_blocks
     _, ordinal, stream_ordinal, stream = cur.saved.pop()
     cur.ordinal = ordinal
     if stream_ordinal >= 0:
@@ -107,6 +119,8 @@ def pop_current(entered: object) -> None:
             cur.streams.pop(stream_ordinal, None)
         else:
             cur.streams[stream_ordinal] = stream
+        with _open_lock:
+            open_stream_blocks -= 1
 
 
 def stream_handle(stream: object, device: int | None = None) -> int:
@@ -119,11 +133,10 @@ def stream_handle(stream: object, device: int | None = None) -> int:
         ``stream`` is None and the current stream was closed (``CUDACORE_ERROR_CLOSED``).
     """
     if stream is None:
-        streams = _current.streams
-        if not streams:  # no `with stream:` block open on this thread: the common case, kept short
+        if not open_stream_blocks:  # no `with stream:` block open anywhere: the common case, kept short
             return 0
         ordinal = current_ordinal() if device is None else device
-        current = streams.get(ordinal)
+        current = _current.streams.get(ordinal)
         if current is None:
             return 0
         if current.closed:
