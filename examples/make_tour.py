@@ -27,8 +27,9 @@ CELLS: list[tuple[str, str]] = [
              "    for t in tiles[:4]:\n        t.close()\n    rec.sample(\"4 closed\")\n"
              "    for t in tiles[4:]:\n        t.close()\n    rec.sample(\"all closed\")\nrec")),
     ("code", "[(r[\"label\"], r[\"in_use\"]) for r in rec.to_rows()]"),
-    ("code", ("try:\n    import matplotlib\n\n    matplotlib.use(\"Agg\")\n    rec.plot()\n"
-             "except ImportError:\n    print(\"matplotlib is not installed: no plot\")")),
+    ("markdown", "`plot()` draws the counters with matplotlib; the notebook shows the figure below the cell."),
+    ("code", ("try:\n    rec.plot()\nexcept ImportError:\n"
+             "    print(\"matplotlib is not installed: no plot (pip install matplotlib)\")")),
     ("markdown", "## Out of memory\nAn `OutOfMemoryError` is also a `MemoryError`, and says what to try."),
     ("code", ("d.memory_limit = 64 << 20\ntry:\n    d.allocate(128 << 20)\nexcept MemoryError as exc:\n"
              "    print(type(exc).__name__, \"-\", exc)\nfinally:\n    d.memory_limit = None")),

@@ -18,6 +18,7 @@ import random
 import sys
 import threading
 import time
+from contextlib import closing
 
 import numpy as np
 
@@ -30,7 +31,7 @@ _counts_lock = threading.Lock()  # guards the shared counts dict as threads add 
 def worker(dev: cc.Device, seed: int, deadline: float, counts: dict[str, int], oom_thread: bool) -> None:
     rng = random.Random(seed)
     ops = dict.fromkeys(("allocations", "copies", "captures", "replays", "checked_bytes", "ooms"), 0)
-    with dev.create_stream(non_blocking=True) as s:
+    with closing(dev.create_stream(non_blocking=True)) as s:
         while time.monotonic() < deadline:
             size = rng.choice((256, 4096, 65536, rng.randrange(1, 4 * MiB)))
             src_host = dev.allocate_pinned(size)
@@ -73,7 +74,9 @@ def worker(dev: cc.Device, seed: int, deadline: float, counts: dict[str, int], o
                 del src, out  # the numpy views, before the memory they view is freed
                 src_host.close()
                 out_host.close()
-            if oom_thread and rng.random() < 0.05:
+            # The first pass always runs out of memory (so a slow, loaded machine still sees one), later
+            # passes at random.
+            if oom_thread and (ops["ooms"] == 0 or rng.random() < 0.05):
                 try:
                     dev.allocate(2 * dev.total_memory, stream=s)
                 except cc.OutOfMemoryError:

@@ -681,14 +681,17 @@ def test_doctor_verify_python_api():
 def test_doctor_verify_without_driver():
     r = run_cli(["doctor", "--verify"], {"CUDACORE_LIBCUDA": "/nonexistent/libcuda.so.1"})
     assert r.returncode == 1
-    assert r.stderr.startswith("cudacore doctor --verify: DriverNotFoundError")
+    assert r.stderr.startswith("cudacore doctor: no CUDA driver found.")
     assert "Traceback" not in r.stderr
+    j = run_cli(["doctor", "--verify", "--json"], {"CUDACORE_LIBCUDA": "/nonexistent/libcuda.so.1"})
+    assert j.returncode == 1
+    assert json.loads(j.stdout)["error"]["type"] == "DriverNotFoundError"
 
 
 def test_doctor_rejects_unknown_option():
     r = run_cli(["doctor", "--verfy"], {"CUDACORE_BACKEND": "sim"})
     assert r.returncode == 2
-    assert "--json and --verify" in r.stderr
+    assert "unrecognized arguments: --verfy" in r.stderr
 
 
 def test_live_allocations_name_pytorch(dev):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -95,7 +96,7 @@ def test_tour_notebook_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     # The kernel is a fresh process: give it the package by an absolute path, and the simulator.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("CUDACORE_BACKEND", "sim")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend shows the plot
     nb = nbformat.read(ROOT / "examples" / "tour.ipynb", as_version=4)
     client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}})
     client.execute()
@@ -107,3 +108,9 @@ def test_tour_notebook_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert any("samples" in h for h in html)
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "sim" in text and "OutOfMemoryError" in text
+    # The plot is shown as an image (matplotlib's inline backend), or the cell says why not.
+    images = [o for o in outputs if o.output_type == "display_data" and "image/png" in o.get("data", {})]
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert len(images) == 1
+    else:
+        assert not images and "matplotlib is not installed" in text

@@ -31,10 +31,11 @@ LAYERS: dict[str, int] = {
     "_results": 0,  # the generated table of CUresult codes
     "_errors": 0,  # the exceptions and the one parser of Go's wire-format errors
     "_display": 0,  # format_bytes, MemoryStats and the HTML reprs of devices and buffers
+    "_version": 0,  # __version__
     # 1: the extension and its door
     "_native": 1,  # loads the extension: core (gopy) and fast (the C fast path)
     "_api": 1,  # fork check and error translation around gopy calls
-    "_handles": 1,  # stream_handle, and the registry through which handles reach their Device
+    "_handles": 1,  # stream_handle, each thread's current device and streams, the registry to Device
     # 2: the handles
     "_stream": 2,  # Stream, Event, Graph
     "_copy": 2,  # host <-> device copies (below _memory: Buffer.copy_from/copy_to call it)

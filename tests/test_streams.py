@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -43,7 +44,7 @@ def rand(n: int, seed: int) -> np.ndarray:
 def test_stream_properties_and_priority_clamp(dev):
     least, greatest = cc.Stream.priority_range(dev)
     assert greatest <= least
-    with dev.create_stream(non_blocking=False, priority=greatest - 100) as s:
+    with closing(dev.create_stream(non_blocking=False, priority=greatest - 100)) as s:
         assert s.priority == greatest
         assert not s.non_blocking
         assert s.device == dev
@@ -51,8 +52,9 @@ def test_stream_properties_and_priority_clamp(dev):
         assert s.query() is True
         s.synchronize()
         assert not s.capturing and s.capture_mode is None
-    with dev.create_stream(priority=least + 100) as s:
+    with closing(dev.create_stream(priority=least + 100)) as s:
         assert s.priority == least and s.non_blocking
+    assert s.closed
     s.close()  # idempotent
     with pytest.raises(cc.InvalidHandleError):
         s.synchronize()

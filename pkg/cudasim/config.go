@@ -17,8 +17,10 @@ import (
 const EnvDevices = "CUDACORE_SIM_DEVICES"
 
 // EnvFaults is the variable FromEnv reads injected faults from: a comma list of entry:nth:code, such as
-// "cuMemAllocAsync:3:2" (the third cuMemAllocAsync from start fails with CUDA_ERROR_OUT_OF_MEMORY). The code
-// may also be a name, "cuMemAllocAsync:3:CUDA_ERROR_OUT_OF_MEMORY".
+// "cuMemAllocFromPoolAsync:3:2" (the third cuMemAllocFromPoolAsync from start, the pool allocator's call,
+// fails with CUDA_ERROR_OUT_OF_MEMORY). The code may also be a name,
+// "cuMemAllocFromPoolAsync:3:CUDA_ERROR_OUT_OF_MEMORY". Each fault is one call: cudacore's allocator retries
+// a failed allocation once, so failing an allocation takes two (docs/testing-without-a-gpu.md).
 const EnvFaults = "CUDACORE_SIM_FAULTS"
 
 // MaxDevices is the most devices one simulator offers; the driver API's own ordinals go no further in

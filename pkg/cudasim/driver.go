@@ -155,7 +155,7 @@ type Fault struct {
 func ParseFaults(s string) ([]Fault, error) {
 	bad := func(item, why string) error {
 		return cuda.NewError(EnvFaults, cuda.ErrorInvalidValue, fmt.Sprintf(
-			"%q: %s; a valid example: cuMemAllocAsync:3:2,cuMemAlloc_v2:1:CUDA_ERROR_OUT_OF_MEMORY", item, why))
+			"%q: %s; a valid example: cuMemAllocFromPoolAsync:3:2,cuMemAlloc_v2:1:CUDA_ERROR_OUT_OF_MEMORY", item, why))
 	}
 	var out []Fault
 	for _, item := range strings.Split(s, ",") {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ._capture_tools import CaptureDiagnosis, Graphed, graphed, rehearse
 from ._copy import device_to_device
-from ._device import Device, backend, device_count, devices, driver_version
+from ._device import Device, backend, current_device, device_count, devices, driver_version
 from ._diagnostics import (
     configure_flight_recorder,
     flight_record,
@@ -56,10 +56,9 @@ from ._module import (
     uint64,
 )
 from ._notebook import MemoryRecorder, MemoryStats
-from ._stream import Event, EventHandle, Graph, Stream
+from ._stream import Event, EventHandle, Graph, Stream, current_stream
+from ._version import __version__ as __version__
 from .interop import ExternalBuffer, asbuffer
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Buffer",
@@ -101,6 +100,8 @@ __all__ = [
     "asbuffer",
     "backend",
     "configure_flight_recorder",
+    "current_device",
+    "current_stream",
     "device_count",
     "device_to_device",
     "devices",

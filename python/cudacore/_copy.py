@@ -1,8 +1,11 @@
 """Copies between host memory and device buffers (``Buffer.copy_from`` / ``Buffer.copy_to`` land here).
 
 Host memory is anything with the buffer protocol (bytes, bytearray, memoryview, array.array, numpy
-arrays: C-contiguous) or a :class:`PinnedBuffer`. With ``stream=None`` a copy is synchronous; with a
-stream it is ordered on that stream:
+arrays: C-contiguous) or a :class:`PinnedBuffer`. With ``stream=None`` a copy is ordered on the current
+stream of the buffer's device (its legacy default stream unless a ``with stream:`` block is open) and is
+synchronous: it returns when the data has arrived, as in CuPy and PyTorch (inside a capture of the current
+stream it is recorded into the graph instead, and nothing waits). With a stream it is ordered on that
+stream:
 
 - pinned memory (a PinnedBuffer, or a numpy view of one) is copied by the GPU's DMA engines while the call
   returns at once: keep the host memory alive and unchanged until the stream has passed the copy;
@@ -16,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._errors import CUDAError, error
-from ._handles import stream_handle
+from ._handles import current_stream_of, stream_handle
 from ._native import fast
 from ._stream import Stream as _Stream
 
@@ -71,7 +74,8 @@ def _check_buffer(buf: Any, what: str, op: str) -> None:
 
 def _stream_arg(buf: Buffer, stream: object, op: str) -> int:
     if stream is None:
-        return SYNC
+        # The current stream; the legacy default stream is the synchronous copy itself.
+        return SYNC if current_stream_of(buf.device_id) is None else stream_handle(None, buf.device_id)
     # The common case, checked without the public properties: Python's share is most of a small copy's cost.
     if type(stream) is _Stream and stream._device._ordinal == buf.device_id:  # type: ignore[attr-defined]
         return stream._handle  # type: ignore[attr-defined]
@@ -83,6 +87,16 @@ def _stream_arg(buf: Buffer, stream: object, op: str) -> int:
             op,
         )
     return stream_handle(stream)
+
+
+def _finish(buf: Buffer, stream: object) -> None:
+    """After a copy given ``stream=None`` on a current stream other than the default: wait for it, so that
+    the copy is synchronous as with the default stream, unless that stream is capturing (the copy is then a
+    node of the graph, and waiting is illegal there)."""
+    if stream is None:
+        current = current_stream_of(buf.device_id)
+        if current is not None and not current.capturing:
+            current.synchronize()
 
 
 def _size(nbytes: int | None, default: int, op: str) -> int:
@@ -109,6 +123,7 @@ def host_to_device(buf: Buffer, host: Any, stream: object = None, nbytes: int | 
         fast.copy_to_device_held(buf.device_id, buf.ptr, host, n, handle)
     else:
         fast.copy_to_device(buf.device_id, buf.ptr, host, n, handle)
+    _finish(buf, stream)
 
 
 def device_to_host(host: Any, buf: Buffer, stream: object = None, nbytes: int | None = None) -> None:
@@ -124,6 +139,7 @@ def device_to_host(host: Any, buf: Buffer, stream: object = None, nbytes: int | 
         fast.copy_to_host_held(buf.device_id, host, buf.ptr, n, handle)
     else:
         fast.copy_to_host(buf.device_id, host, buf.ptr, n, handle)
+    _finish(buf, stream)
 
 
 def device_to_device(dst: Buffer, src: Buffer, stream: object = None, nbytes: int | None = None) -> None:
@@ -148,6 +164,7 @@ def device_to_device(dst: Buffer, src: Buffer, stream: object = None, nbytes: in
         fast.copy_device_held(dst.device_id, dst.ptr, src.ptr, n, handle)
     else:
         fast.copy_device(dst.device_id, dst.ptr, src.ptr, n, handle)
+    _finish(dst, stream)
 
 
 def _peer_copy(dst: Buffer, src: Buffer, stream: object, nbytes: int | None) -> None:

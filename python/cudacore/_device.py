@@ -7,23 +7,32 @@ import operator
 import threading
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from . import _diagnostics, _ipc, _memory
+from . import _diagnostics, _handles, _ipc, _memory
 from ._api import call, core
 from ._display import device_html
 from ._errors import error
 from ._external import asbuffer
-from ._handles import register_device_type
+from ._handles import (
+    current_ordinal,
+    pop_current,
+    push_current,
+    register_device_type,
+    set_current_ordinal,
+    stream_handle,
+)
 from ._limits import Limits, limits_for
 from ._module import Module, load_module
 from ._native import fast
 from ._stream import WAIT_SLICE_MS, Stream, capturing_streams, note_capture_buffers
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ._display import MemoryStats
     from ._memory import Buffer, ManagedBuffer, PinnedBuffer
     from ._module import ImageLike
 
-__all__ = ["Device", "backend", "device_count", "devices", "driver_version"]
+__all__ = ["Device", "backend", "current_device", "device_count", "devices", "driver_version"]
 
 
 def backend() -> str:
@@ -45,6 +54,12 @@ def device_count() -> int:
 def devices() -> list[Device]:
     """Every device, in ordinal order."""
     return [Device(i) for i in range(device_count())]
+
+
+def current_device() -> Device:
+    """This thread's current device: device 0, unless ``with device:``, ``with stream:`` or
+    :meth:`Device.use` made another one current. Every ``device=None`` argument means it."""
+    return Device(current_ordinal())
 
 
 def _ordinal(value: Any) -> int:
@@ -70,6 +85,10 @@ class Device:
 
     Opening a device retains its primary context and chooses how it allocates memory
     (:attr:`allocation_strategy`). Properties are read once; :meth:`memory_info` asks the driver each time.
+
+    ``with device:`` makes it this thread's current device for the block (nesting restores the previous
+    one); :meth:`use` makes it current until changed. Calls that take ``device=None`` use the current
+    device, and ``stream=None`` means the current stream of the device a call works on.
 
     Parameters
     ----------
@@ -203,6 +222,26 @@ class Device:
         """Load PTX, a cubin or a fatbin (bytes, PTX text or a path) into this device: a :class:`cudacore.Module`."""
         return load_module(self, image)
 
+    # -- current device -----------------------------------------------------------------------------------
+
+    def use(self) -> Device:
+        """Make this device current on this thread (see :func:`cudacore.current_device`); returns it.
+
+        It stays current until the next ``use()``, or until a ``with`` block of device or stream that was
+        open before the call ends (which restores what was current when it began).
+        """
+        set_current_ordinal(self._ordinal)
+        return self
+
+    def __enter__(self) -> Self:
+        """Make this device current on this thread until the block ends."""
+        push_current(self, self._ordinal, None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Make the device that was current before the block current again."""
+        pop_current(self)
+
     # -- streams ----------------------------------------------------------------------------------------
 
     def create_stream(self, non_blocking: bool = True, priority: int = 0) -> Stream:
@@ -286,7 +325,7 @@ class Device:
         return _ipc.allocate_shareable(self, nbytes, stream, kind)
 
     def allocate(self, nbytes: int, stream: object = None) -> Buffer:
-        """Allocate ``nbytes`` of device memory, ordered on ``stream`` (None: the legacy default stream).
+        """Allocate ``nbytes`` of device memory, ordered on ``stream`` (None: this device's current stream).
 
         Returns a :class:`Buffer`; use it in a ``with`` block or call ``close()``.
 
@@ -298,7 +337,10 @@ class Device:
         InvalidValueError
             If ``nbytes`` is not positive.
         """
-        buf = fast.allocate(self._ordinal, nbytes, 0 if stream is None else _memory.stream_handle(stream))
+        if stream is None and not _handles.open_stream_blocks:  # the hot case: no `with stream:` block open
+            buf = fast.allocate(self._ordinal, nbytes, 0)
+        else:
+            buf = fast.allocate(self._ordinal, nbytes, stream_handle(stream, self._ordinal))
         if capturing_streams:
             note_capture_buffers((buf,))
         return buf

@@ -1,10 +1,15 @@
-"""``cudacore doctor``: a report of the driver and every device, for people and for bug reports."""
+"""``cudacore doctor``: a report of the versions, the driver and every device, for people and for bug reports.
+
+The command's flags are declared in :func:`configure_parser` and acted on in :func:`run`; a new flag goes
+in both.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
+import platform
 from typing import Any, TextIO
 
 from . import _verify
@@ -12,12 +17,50 @@ from ._device import Device, backend, device_count, driver_version
 from ._display import format_bytes
 from ._errors import CUDAError, DriverNotFoundError
 from ._topology import render_topology, topology
+from ._version import __version__
+
+DESCRIPTION = (
+    "Report the cudacore, Python and driver versions, where cudacore is installed, and every device with "
+    "its memory, allocation strategy and limits. Exit status 1 when there is no driver or the driver fails."
+)
+
+NO_DRIVER_HINT = (
+    "Install the NVIDIA driver, or point CUDACORE_LIBCUDA at libcuda.so.1. "
+    "To run without a GPU, use the simulator: CUDACORE_BACKEND=sim cudacore doctor"
+)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """The doctor command's flags."""
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as one JSON object; a failure is a JSON object with an 'error' key (exit status 1)",
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="run tiny real probes of what each device supports (pools, pinned and managed memory, the heap, "
+        "stack and printf reservations) instead of reading attributes; each is claimed, verified or fallback",
+    )
+
+
+def versions() -> dict[str, Any]:
+    """What a bug report needs first, known without a driver: cudacore's version and install path, Python's."""
+    return {
+        "cudacore": __version__,
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "install_path": os.path.dirname(os.path.abspath(__file__)),
+    }
 
 
 def collect() -> dict[str, Any]:
     """Everything the report shows, as plain data (what ``--json`` prints)."""
     major, minor = driver_version()
     report: dict[str, Any] = {
+        "versions": versions(),
         "backend": backend(),
         "driver_version": f"{major}.{minor}",
         "libcuda": os.environ.get("CUDACORE_LIBCUDA") or "libcuda.so.1",
@@ -42,7 +85,15 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
+def _render_versions(v: dict[str, Any], out: TextIO) -> None:
+    out.write(f"cudacore             {v['cudacore']}\n")
+    out.write(f"python               {v['python']} ({v['python_implementation']}, {v['platform']})\n")
+    out.write(f"installed at         {v['install_path']}\n")
+
+
 def render(report: dict[str, Any], out: TextIO) -> None:
+    """The report for people."""
+    _render_versions(report["versions"], out)
     if report["backend"] == "sim":
         out.write("backend              simulator (CUDACORE_BACKEND=sim): no GPU is used\n")
     else:
@@ -87,30 +138,47 @@ def _render_limits(limits: dict[str, Any] | None, out: TextIO) -> None:
         out.write(f"    {name:<33}{shown}\n")
 
 
-def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    as_json = "--json" in argv
-    unknown = [a for a in argv if a not in ("--json", "--verify")]
-    if unknown:
-        err.write(f"cudacore doctor: unknown argument {unknown[0]!r} (the options are --json and --verify)\n")
-        return 2
-    if "--verify" in argv:
-        return _verify.main(as_json, out, err)
+def error_object(exc: CUDAError) -> dict[str, Any]:
+    """What ``--json`` prints when the report cannot be made: the error, with the versions known anyway."""
+    entry: dict[str, Any] = {
+        "type": type(exc).__name__,
+        "name": exc.name,
+        "code": exc.code,
+        "op": exc.op,
+        "message": str(exc),
+    }
+    if isinstance(exc, DriverNotFoundError):
+        entry["hint"] = NO_DRIVER_HINT
+    return {"error": entry, "versions": versions()}
+
+
+def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Run ``cudacore doctor`` with the parsed ``args``; returns the exit status."""
+    verify = bool(getattr(args, "verify", False))
     try:
-        report = collect()
-    except DriverNotFoundError as exc:
-        err.write(
-            "cudacore doctor: no CUDA driver found.\n"
-            f"  {exc}\n"
-            "  Install the NVIDIA driver, or point CUDACORE_LIBCUDA at libcuda.so.1.\n"
-            "  To run without a GPU, use the simulator:  CUDACORE_BACKEND=sim cudacore doctor\n"
-        )
-        return 1
+        report = _verify.verify() if verify else collect()
     except CUDAError as exc:
-        err.write(f"cudacore doctor: {type(exc).__name__} [{exc.name}]: {exc}\n")
+        if args.json:
+            json.dump(error_object(exc), out, indent=2)
+            out.write("\n")
+        elif isinstance(exc, DriverNotFoundError):
+            v = versions()
+            err.write(
+                "cudacore doctor: no CUDA driver found.\n"
+                f"  {exc}\n"
+                "  Install the NVIDIA driver, or point CUDACORE_LIBCUDA at libcuda.so.1.\n"
+                "  To run without a GPU, use the simulator:  CUDACORE_BACKEND=sim cudacore doctor\n"
+                f"  (cudacore {v['cudacore']}, Python {v['python']}, installed at {v['install_path']})\n"
+            )
+        else:
+            err.write(f"cudacore doctor: {type(exc).__name__} [{exc.name}]: {exc}\n")
         return 1
-    if as_json:
+    if args.json:
         json.dump(report, out, indent=2)
         out.write("\n")
+    elif verify:
+        out.write(_verify.format_verify(report) + "\n")
     else:
         render(report, out)
     return 0
+

@@ -9,6 +9,7 @@ import ctypes
 import operator
 from typing import TYPE_CHECKING, Any
 
+from ._handles import stream_handle
 from ._memory import Buffer
 from ._native import fast
 
@@ -190,18 +191,24 @@ def from_dlpack(obj: Any, *, stream: int | None = None) -> ExternalBuffer:
     """Take an object with ``__dlpack__`` (or a raw DLPack capsule) as an :class:`ExternalBuffer`.
 
     The tensor must be on a CUDA device and C-contiguous. ``stream`` is the stream cudacore will use it on
-    (None: the legacy default stream), passed to the producer so that it orders its work before.
+    (None: the current stream of the tensor's device, as ``__dlpack_device__`` names it; the current
+    device's when the producer has no ``__dlpack_device__``), passed to the producer so that it orders its
+    work before.
     """
     producer = obj
     if hasattr(obj, "__dlpack__"):
+        ordinal = None
         if hasattr(obj, "__dlpack_device__"):
-            kind, _ = obj.__dlpack_device__()
+            kind, ordinal = obj.__dlpack_device__()
             if int(kind) not in (kDLCUDA, kDLCUDAManaged):
                 raise ValueError(f"from_dlpack: the tensor is on DLPack device type {int(kind)}, not CUDA (2)")
+        if stream is None:
+            # DLPack names the legacy default stream 1 (its 0 is ambiguous).
+            stream = stream_handle(None, None if ordinal is None else int(ordinal)) or 1
         try:
-            capsule = obj.__dlpack__(stream=1 if stream is None else stream, max_version=(1, 0))
+            capsule = obj.__dlpack__(stream=stream, max_version=(1, 0))
         except TypeError:  # a producer older than the max_version keyword
-            capsule = obj.__dlpack__(stream=1 if stream is None else stream)
+            capsule = obj.__dlpack__(stream=stream)
     else:
         capsule, producer = obj, None
     t, addr, deleter, versioned = _parse_capsule(capsule)

@@ -1,5 +1,12 @@
-"""What every handle (``_memory``, ``_stream``, ``_copy``) needs below itself: the stream argument, and
-the way back from a device ordinal to its :class:`~cudacore.Device`.
+"""What every handle (``_memory``, ``_stream``, ``_copy``) needs below itself: the stream argument, the
+current device and streams of each thread, and the way back from a device ordinal to its
+:class:`~cudacore.Device`.
+
+The current state is per thread. The current device is device 0 until ``with device:`` or
+``Device.use()`` changes it; the current stream of each device is its legacy default stream until
+``with stream:`` makes a stream current (``with stream:`` also makes the stream's device current). Every
+``stream=None`` argument resolves through :func:`stream_handle` to the current stream of the device the
+call works on; the legacy default stream resolves to handle 0, the value the doors took for None before.
 
 Device is in the layer above the handles (it composes them: ``Device.allocate``, ``create_stream``...), so
 the handles cannot import ``_device``. Yet some must hand out a Device at run time: ``Buffer.device`` (the
@@ -14,20 +21,133 @@ else does. Every import of a cudacore module runs the package's ``__init__`` fir
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, cast
 
 from ._errors import error
 
 if TYPE_CHECKING:
     from ._device import Device  # annotations only: _device is the layer above
+    from ._stream import Stream  # annotations only: _stream is built on this module
 
-__all__ = ["as_device", "register_device_type", "stream_handle"]
+__all__ = [
+    "as_device",
+    "current_ordinal",
+    "current_stream_of",
+    "pop_current",
+    "push_current",
+    "register_device_type",
+    "set_current_ordinal",
+    "stream_handle",
+]
 
 
-def stream_handle(stream: object) -> int:
-    """The driver handle of a stream argument: None (the legacy default stream), a Stream, or an int."""
+class _Current(threading.local):
+    """One thread's current device and streams (a new thread starts with the defaults)."""
+
+    def __init__(self) -> None:
+        self.ordinal: int | None = None  # None: device 0
+        self.streams: dict[int, Stream] = {}  # by device ordinal; absent: the legacy default stream
+        # What each open `with device:` / `with stream:` block replaced: (the object that entered, the
+        # ordinal before, the stream ordinal it changed or -1, the stream before or None).
+        self.saved: list[tuple[object, int | None, int, Stream | None]] = []
+
+
+_current = _Current()
+
+# How many `with stream:` blocks are open, on all threads together: while none is, stream=None is the legacy
+# default stream without a look at the thread's state (the hot paths check this one global). A thread's own
+# blocks always count here (the lock keeps every change), so a nonzero count is all it takes to be exact.
+open_stream_blocks = 0
+_open_lock = threading.Lock()
+
+
+def current_ordinal() -> int:
+    """The ordinal of this thread's current device (0 unless ``with device:`` or ``Device.use()`` set it)."""
+    ordinal = _current.ordinal
+    return 0 if ordinal is None else ordinal
+
+
+def set_current_ordinal(ordinal: int) -> None:
+    """Make device ``ordinal`` current on this thread (``Device.use()``): until a ``with`` block that was
+    open before ends, or the next ``use()``."""
+    _current.ordinal = ordinal
+
+
+def current_stream_of(ordinal: int) -> Stream | None:
+    """This thread's current stream on device ``ordinal``, or None for the legacy default stream."""
+    if not open_stream_blocks:
+        return None
+    return _current.streams.get(ordinal)
+
+
+def push_current(entered: object, ordinal: int, stream: Stream | None) -> None:
+    """Enter a ``with device:`` (stream None) or ``with stream:`` block: make ``ordinal`` the current
+    device and ``stream`` the current stream of that device, remembering what they replace."""
+    global open_stream_blocks
+    cur = _current
     if stream is None:
-        return 0
+        cur.saved.append((entered, cur.ordinal, -1, None))
+    else:
+        with _open_lock:
+            open_stream_blocks += 1
+        cur.saved.append((entered, cur.ordinal, ordinal, cur.streams.get(ordinal)))
+        cur.streams[ordinal] = stream
+    cur.ordinal = ordinal
+
+
+def pop_current(entered: object) -> None:
+    """Leave the block ``entered`` opened: put back the device and stream it replaced.
+
+    Blocks end in the reverse order of their start on one thread (``with`` guarantees it); a block left
+    out of order (``__exit__`` called by hand on another object than the innermost) is an
+    IllegalStateError, and nothing changes.
+    """
+    cur = _current
+    if not cur.saved or cur.saved[-1][0] is not entered:
+        raise error(
+            "CUDA_ERROR_ILLEGAL_STATE",
+            f"{entered!r} is not the innermost `with` block of device or stream on this thread: "
+            "leave the blocks in the reverse order of entering them, on the thread that entered them",
+            op="cudacore.current",
+        )
+    global open_stream_blocks
+    _, ordinal, stream_ordinal, stream = cur.saved.pop()
+    cur.ordinal = ordinal
+    if stream_ordinal >= 0:
+        if stream is None:
+            cur.streams.pop(stream_ordinal, None)
+        else:
+            cur.streams[stream_ordinal] = stream
+        with _open_lock:
+            open_stream_blocks -= 1
+
+
+def stream_handle(stream: object, device: int | None = None) -> int:
+    """The driver handle of a stream argument: a Stream, an int handle, or None: this thread's current
+    stream of device ``device`` (None: the current device), 0 when that is the legacy default stream.
+
+    Raises
+    ------
+    InvalidHandleError
+        ``stream`` is None and the current stream was closed (``CUDACORE_ERROR_CLOSED``).
+    """
+    if stream is None:
+        if not open_stream_blocks:  # no `with stream:` block open anywhere: the common case, kept short
+            return 0
+        ordinal = current_ordinal() if device is None else device
+        current = _current.streams.get(ordinal)
+        if current is None:
+            return 0
+        if current.closed:
+            raise error(
+                "CUDACORE_ERROR_CLOSED",
+                f"the current stream of device {ordinal} on this thread was closed inside its `with stream:` "
+                "block, so stream=None has no stream to use: pass a stream, or leave the block (which makes "
+                "the previous stream current again)",
+                op="cudacore.current_stream",
+            )
+        return current.handle
     handle = getattr(stream, "handle", stream)
     if isinstance(handle, bool) or not isinstance(handle, int):
         raise TypeError(f"stream must be a cudacore Stream, an int handle or None, not {type(stream).__name__}")
@@ -48,12 +168,13 @@ def register_device_type(cls: type[Device]) -> None:
 
 
 def as_device(device: Device | int | None) -> Device:
-    """The Device for a device argument: a Device (itself), an ordinal, or None (device 0)."""
+    """The Device for a device argument: a Device (itself), an ordinal, or None (this thread's current
+    device)."""
     cls = _device_type
     if cls is None:
         raise ImportError("cudacore._device has not registered the Device class: import cudacore first")
     if device is None:
-        return cls(0)
+        return cls(current_ordinal())
     if isinstance(device, cls):
         return device
     return cls(cast("int", device))  # an ordinal, or something Device refuses with a TypeError

@@ -337,7 +337,7 @@ def allocate_shareable(device: Device, nbytes: int, stream: object = None, kind:
         raise error("CUDA_ERROR_INVALID_VALUE", f'unknown kind {kind!r}: use "pool", "ipc" or None (the device\'s)', op="cudacore.allocate_shareable")
     if _pending:
         _reap()
-    handle = stream_handle(stream)
+    handle = stream_handle(stream, device.device_id)
     ordinal = device.device_id
     kind = kind or call(core.ShareKind, ordinal)
     ptr = call(core.ShareAllocate, ordinal, nbytes, handle, kind)

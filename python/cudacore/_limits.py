@@ -154,14 +154,15 @@ class Limits:
         """
         return self._set(name, value, strict)
 
-    def _set(self, name: str, value: Any, strict: bool | None) -> int:
+    def _set(self, name: str, value: Any, strict: bool | None, stacklevel: int = 3) -> int:
         if not isinstance(name, str):
             raise TypeError(f"limit name must be a str, not {type(name).__name__}")
         v = _value(name, value)
         is_strict = self.strict if strict is None else bool(strict)
         result = json.loads(call(core.DeviceSetLimit, self._ordinal, name, v, is_strict))
         if result["clamped"]:
-            # Stack depth 3: this frame, set() or the property setter, the caller's line.
+            # The warning points at the caller's line: stacklevel counts this frame, set() or __setitem__
+            # (3), or the property setter and __setattr__ (4).
             warnings.warn(
                 LimitClampedWarning(
                     f"{result['message']} on device {self._ordinal}; the applied value is in effect "
@@ -171,7 +172,7 @@ class Limits:
                     applied=result["applied"],
                     device=self._ordinal,
                 ),
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
         return result["applied"]
 
@@ -262,10 +263,10 @@ class Limits:
     # -- attribute access ----------------------------------------------------------------------------
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in LIMIT_NAMES:
-            self._set(name, value, None)
-        elif name == "strict":
-            object.__setattr__(self, "_strict", bool(value))
+        # The limits and `strict` are properties with setters (so type checkers accept
+        # `d.limits.stack_size = 4096`); any other name is refused with the list of limits.
+        if name in LIMIT_NAMES or name == "strict":
+            object.__setattr__(self, name, value)
         else:
             raise AttributeError(f"Limits has no limit {name!r}: the limits are {', '.join(LIMIT_NAMES)}")
 
@@ -279,7 +280,8 @@ class Limits:
             values = f"<unavailable: {exc}>"
         return f"<cudacore.Limits of device {self._ordinal}: {values}>"
 
-    # Properties, for documentation and completion; __setattr__ routes writes through _set.
+    # One property per limit: reading asks the driver, setting is set(name, value) (a value the device
+    # does not support raises NotSupportedError either way; as_dict() shows it as None).
     @property
     def malloc_heap_size(self) -> int:
         """Bytes of the heap that device-side ``malloc``/``new`` allocate from (default 8 MiB).
@@ -288,35 +290,70 @@ class Limits:
         """
         return self.get("malloc_heap_size")
 
+    @malloc_heap_size.setter
+    def malloc_heap_size(self, value: int) -> None:
+        self._set("malloc_heap_size", value, None, 4)
+
     @property
     def stack_size(self) -> int:
         """Stack bytes of each GPU thread (default 1 KiB; at most 512 KiB)."""
         return self.get("stack_size")
+
+    @stack_size.setter
+    def stack_size(self, value: int) -> None:
+        self._set("stack_size", value, None, 4)
 
     @property
     def printf_fifo_size(self) -> int:
         """Bytes of the FIFO that device-side ``printf`` writes to."""
         return self.get("printf_fifo_size")
 
+    @printf_fifo_size.setter
+    def printf_fifo_size(self, value: int) -> None:
+        self._set("printf_fifo_size", value, None, 4)
+
     @property
     def dev_runtime_sync_depth(self) -> int:
-        """Deepest grid nesting at which a device-runtime kernel may synchronize on its children (<= 24)."""
+        """Deepest grid nesting at which a device-runtime kernel may synchronize on its children (<= 24).
+
+        Raises
+        ------
+        NotSupportedError
+            On devices and drivers without it: CUDA 12 and later report it unsupported (the H100 under
+            CUDA 13 does; ``as_dict()`` shows it as None).
+        """
         return self.get("dev_runtime_sync_depth")
+
+    @dev_runtime_sync_depth.setter
+    def dev_runtime_sync_depth(self, value: int) -> None:
+        self._set("dev_runtime_sync_depth", value, None, 4)
 
     @property
     def dev_runtime_pending_launch_count(self) -> int:
         """Device-runtime launches that may be outstanding at once."""
         return self.get("dev_runtime_pending_launch_count")
 
+    @dev_runtime_pending_launch_count.setter
+    def dev_runtime_pending_launch_count(self, value: int) -> None:
+        self._set("dev_runtime_pending_launch_count", value, None, 4)
+
     @property
     def max_l2_fetch_granularity(self) -> int:
         """L2 fetch granularity hint in bytes: 0, 32, 64 or 128."""
         return self.get("max_l2_fetch_granularity")
 
+    @max_l2_fetch_granularity.setter
+    def max_l2_fetch_granularity(self, value: int) -> None:
+        self._set("max_l2_fetch_granularity", value, None, 4)
+
     @property
     def persisting_l2_cache_size(self) -> int:
         """Bytes of L2 cache set aside for persisting accesses (compute capability 8.0 and later)."""
         return self.get("persisting_l2_cache_size")
+
+    @persisting_l2_cache_size.setter
+    def persisting_l2_cache_size(self, value: int) -> None:
+        self._set("persisting_l2_cache_size", value, None, 4)
 
 
 _cache: dict[int, Limits] = {}

@@ -86,7 +86,8 @@ class Buffer(_CBuffer):
 
     def _copy_from(self, host: Any, stream: object = None) -> None:
         """The general case of :meth:`copy_from`: ``host`` (bytes-like, numpy array or
-        :class:`PinnedBuffer`) into this buffer; with ``stream=None`` synchronous, else ordered on it."""
+        :class:`PinnedBuffer`) into this buffer; with ``stream=None`` on the current stream and synchronous,
+        else ordered on ``stream``."""
         _copy.host_to_device(self, host, stream)
 
     def _copy_to(self, host: Any, stream: object = None) -> None:
@@ -157,7 +158,7 @@ class ManagedBuffer(Buffer):
         InvalidDeviceError
             If ``to`` names no device of this machine.
         """
-        call(core.ManagedPrefetch, self.device_id, self.ptr, self.size, _location(to, "prefetch"), stream_handle(stream))
+        call(core.ManagedPrefetch, self.device_id, self.ptr, self.size, _location(to, "prefetch"), stream_handle(stream, self.device_id))
 
     def advise(self, advice: str, device: object) -> None:
         """Tell the driver how the memory will be used by ``device`` (a :class:`Device`, an ordinal, or
@@ -223,7 +224,7 @@ fast.configure(Buffer, PinnedBuffer, _errors, Stream, _copy.HELD_MAX)
 
 
 def allocate(device: Device, nbytes: int, stream: object = None) -> Buffer:
-    return fast.allocate(device.device_id, nbytes, 0 if stream is None else stream_handle(stream))
+    return fast.allocate(device.device_id, nbytes, stream_handle(stream, device.device_id))
 
 
 def allocate_pinned(device: Device, nbytes: int) -> PinnedBuffer:
@@ -249,7 +250,7 @@ def allocate_tiles(
     """All-or-nothing allocation of ``count`` tiles; see :meth:`Device.allocate_tiles`."""
     _positive("count", count)
     _positive("tile_size", tile_size)
-    handle = stream_handle(stream)
+    handle = stream_handle(stream, device.device_id)
     ordinal = device.device_id
     callback, bar = _progress(progress, count, tile_size)
     if callback is None:

@@ -415,7 +415,7 @@ class Kernel:
         shared_mem: int = 0,
         stream: Any = None,
     ) -> None:
-        """Launch the kernel asynchronously on ``stream`` (None: the default stream).
+        """Launch the kernel asynchronously on ``stream`` (None: the current stream of the kernel's device).
 
         ``grid`` and ``block`` are an int or a tuple of up to three ints. ``args`` are ints, floats, device
         buffers (objects with ``.ptr`` or ``__cuda_array_interface__``), bytes (a struct by value) or typed
@@ -453,7 +453,7 @@ class Kernel:
                 raise TypeError(f"shared_mem must be an int, not {type(shared_mem).__name__}") from None
             if shm < 0:
                 raise _invalid(f"shared_mem is {shm}; it must be at least 0 bytes")
-        h = stream._handle if type(stream) is _Stream else stream_handle(stream)
+        h = stream._handle if type(stream) is _Stream else stream_handle(stream, self._module._device._ordinal)
         # Packed and launched in C; NotImplemented (nothing done) sends the arguments to the general path.
         if self._spec is not None and _launch(self._handle, *g, *b, shm, h, args, self._spec) is not NotImplemented:
             return

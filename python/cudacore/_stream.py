@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._api import call, core
 from ._errors import closed_error, error
-from ._handles import as_device, stream_handle
+from ._handles import as_device, current_stream_of, pop_current, push_current, stream_handle
 from ._native import fast
 
 # The hot entries: METH_FASTCALL functions generated from the facade's declarations (no gopy wrapper).
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from ._device import Device
 
-__all__ = ["CAPTURE_MODES", "Event", "EventHandle", "Graph", "Stream"]
+__all__ = ["CAPTURE_MODES", "Event", "EventHandle", "Graph", "Stream", "current_stream"]
 
 # Graph memory and its Buffers. A Buffer allocated on a capturing stream is an allocation node of the
 # graph; the driver makes it real only at the graph's first launch. If the capture is aborted, or the graph
@@ -72,8 +72,22 @@ WAIT_SLICE_MS = 50
 
 
 def _device(device: Device | int | None) -> Device:
-    # Device is the layer above: _handles maps an ordinal (or None) to it (see the contract there).
+    # Device is the layer above: _handles maps an ordinal (or None: the current device) to it (see the
+    # contract there).
     return as_device(device)
+
+
+def current_stream(device: Device | int | None = None) -> Stream:
+    """This thread's current stream on ``device`` (None: the current device).
+
+    It is the stream of the innermost ``with stream:`` block of that device open on this thread, else the
+    device's legacy default stream (:meth:`Stream.legacy`). Every ``stream=None`` argument means it.
+    Inside a ``with stream:`` block whose stream was closed, it is that closed stream (``closed`` is
+    True), and calls with ``stream=None`` raise :class:`InvalidHandleError` until the block ends.
+    """
+    dev = _device(device)
+    stream = current_stream_of(dev.device_id)
+    return Stream.legacy(dev) if stream is None else stream
 
 
 def _wait(fn: Any, *args: Any) -> None:
@@ -89,10 +103,17 @@ class Stream:
     Create one with :meth:`Device.create_stream` (or ``Stream(device)``). ``Stream.legacy(d)`` and
     ``Stream.per_thread(d)`` are the device's default streams.
 
+    ``with stream:`` makes it this thread's current stream (and its device the current device) for the
+    block, as in CuPy and PyTorch: calls given ``stream=None`` use it. Blocks nest, each thread has its
+    own, and leaving one restores what was current before. Leaving does not close the stream; call
+    :meth:`close` (or let it be garbage collected) for that. A stream closed inside its own ``with``
+    block stays current until the block ends, and calls with ``stream=None`` there raise
+    :class:`InvalidHandleError` (``CUDACORE_ERROR_CLOSED``) rather than fall back to another stream.
+
     Parameters
     ----------
     device : Device or int, optional
-        The device (default 0).
+        The device (default: the current device, see :func:`cudacore.current_device`).
     non_blocking : bool
         True (the default) makes a stream that does not synchronize with the legacy default stream, which
         keeps synchronous work elsewhere legal while it captures.
@@ -100,13 +121,14 @@ class Stream:
         Lower is greater; clamped to the device's range (``Stream.priority_range(d)``).
     """
 
-    __slots__ = ("__weakref__", "_device", "_handle", "_non_blocking", "_owned", "_priority")
+    __slots__ = ("__weakref__", "_closed", "_device", "_handle", "_non_blocking", "_owned", "_priority")
 
     def __init__(self, device: Device | int | None = None, *, non_blocking: bool = True, priority: int = 0) -> None:
         dev = _device(device)
         self._device = dev
         self._handle = 0
         self._owned = False
+        self._closed = False
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"create_stream(): priority must be an int, not {type(priority).__name__}")
         self._handle = call(core.StreamCreate, dev.device_id, bool(non_blocking), priority)
@@ -121,6 +143,7 @@ class Stream:
         s._device = _device(device)
         s._handle = handle
         s._owned = False
+        s._closed = False
         s._non_blocking = False
         s._priority = 0
         return s
@@ -145,6 +168,11 @@ class Stream:
     def handle(self) -> int:
         """The driver's stream handle (what ``allocate(n, stream=...)`` and other libraries take)."""
         return self._handle
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` destroyed the stream (never for the default streams)."""
+        return self._closed
 
     @property
     def device(self) -> Device:
@@ -280,9 +308,11 @@ class Stream:
         graph.instantiate()
 
     def close(self) -> None:
-        """Destroy the stream (ending and discarding a capture in progress). Idempotent."""
+        """Destroy the stream (ending and discarding a capture in progress). Idempotent; the default
+        streams are not closed. See the class notes for closing a stream that is current."""
         if self._owned:
             self._owned = False
+            self._closed = True
             call(core.StreamDestroy, self._device.device_id, self._handle)
             if (self._device.device_id, self._handle) in capturing_streams:
                 self._capture_over()  # destroying a capturing stream discards its capture
@@ -290,10 +320,21 @@ class Stream:
     destroy = close
 
     def __enter__(self) -> Self:
+        """Make this stream current on this thread, and its device the current device, until the block ends.
+
+        Raises
+        ------
+        InvalidHandleError
+            If the stream is closed (``CUDACORE_ERROR_CLOSED``).
+        """
+        if self._closed:
+            raise closed_error("Stream", "cudacore.stream_enter")
+        push_current(self, self._device._ordinal, self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        """Make the stream and device that were current before the block current again (no close)."""
+        pop_current(self)
 
     def __del__(self) -> None:
         if getattr(self, "_owned", False):
@@ -308,9 +349,9 @@ class Stream:
 
     def __repr__(self) -> str:
         kind = {1: "legacy", 2: "per-thread"}.get(self._handle)
-        if kind:
+        if kind and not self._owned and not self._closed:
             return f"<cudacore.Stream {kind} default stream, device {self._device.device_id}>"
-        state = "" if self._owned else " destroyed"
+        state = " destroyed" if self._closed else ""
         flags = "non-blocking" if self._non_blocking else "blocking"
         return f"<cudacore.Stream 0x{self._handle:x}{state}, {flags}, priority {self._priority}, device {self._device.device_id}>"
 
@@ -321,7 +362,7 @@ class Event:
     Parameters
     ----------
     device : Device or int, optional
-        The device (default 0).
+        The device (default: the current device).
     timing : bool, optional
         Whether the event can measure :meth:`elapsed_time` (default: True, except for interprocess
         events, which cannot); non-timing events are cheaper.
@@ -397,8 +438,8 @@ class Event:
         return self._handle
 
     def record(self, stream: Stream | int | None = None) -> Event:
-        """Record the event on ``stream`` (None: the legacy default stream); returns self."""
-        fast.event_record(self._live(), self._device.device_id, stream_handle(stream))
+        """Record the event on ``stream`` (None: the current stream of the event's device); returns self."""
+        fast.event_record(self._live(), self._device.device_id, stream_handle(stream, self._device.device_id))
         return self
 
     def query(self) -> bool:
@@ -546,10 +587,10 @@ class Graph:
     def _stream_args(self, stream: Stream | int | None) -> tuple[int, int]:
         if isinstance(stream, Stream) and stream.device != self._device:
             raise error("CUDA_ERROR_INVALID_VALUE", f"the graph belongs to device {self._device.device_id} but the stream to device {stream.device.device_id}", op="cudacore.graph_launch")
-        return self._device.device_id, stream_handle(stream)
+        return self._device.device_id, stream_handle(stream, self._device.device_id)
 
     def launch(self, stream: Stream | int | None = None) -> None:
-        """Launch the graph on ``stream`` (None: the legacy default stream). It does not wait."""
+        """Launch the graph on ``stream`` (None: the current stream of the graph's device). It does not wait."""
         # A hot entry: a launch is the inner call of a replay loop, so the common case skips the checks that
         # Go makes again anyway.
         if type(stream) is Stream and stream._device is self._device and self._id:

@@ -10,14 +10,13 @@ the capability with a few KiB (``pkg/device/verify.go``) and reports it as ``ver
 from __future__ import annotations
 
 import json
-from typing import Any, TextIO
+from typing import Any
 
 from ._api import call, core
 from ._device import backend, device_count
 from ._display import format_bytes
-from ._errors import CUDAError
 
-__all__ = ["format_verify", "main", "verify"]
+__all__ = ["format_verify", "verify"]
 
 
 def verify(device: int | None = None) -> dict[str, Any]:
@@ -51,16 +50,3 @@ def format_verify(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(as_json: bool, out: TextIO, err: TextIO) -> int:
-    """The ``--verify`` part of ``cudacore doctor``: print the report (as JSON with ``--json``)."""
-    try:
-        report = verify()
-    except CUDAError as exc:
-        err.write(f"cudacore doctor --verify: {type(exc).__name__} [{exc.name}]: {exc}\n")
-        return 1
-    if as_json:
-        json.dump(report, out, indent=2)
-        out.write("\n")
-    else:
-        out.write(format_verify(report) + "\n")
-    return 0

@@ -101,7 +101,7 @@ def cupy_allocator(device: Device | int | None = None) -> Callable[[int], Any]:
         if size == 0:
             return memory.MemoryPointer(memory.UnownedMemory(0, 0, None, dev.device_id), 0)
         stream = cupy.cuda.get_current_stream().ptr
-        buf = dev.allocate(size, stream=stream or None)
+        buf = dev.allocate(size, stream=stream)  # CuPy's current stream; 0 is its legacy default stream
         return memory.MemoryPointer(memory.UnownedMemory(buf.ptr, size, buf, dev.device_id), 0)
 
     return allocate
