@@ -10,6 +10,8 @@ An HTML comment on the line before a block qualifies it:
   ``CUDACORE_BACKEND=cuda`` and a device. A later block of the same file must not need its names.
 - ``<!-- docs-test: requires cupy torch -->``: needs those modules; skipped (and left out of type
   checking) where one is missing.
+- ``<!-- docs-test: devices N -->``: needs N devices: on the simulator the file's blocks run with N
+  simulated devices (``CUDACORE_SIM_DEVICES``); on a GPU machine with fewer, the block is skipped.
 - ``<!-- docs-test: skip REASON -->``: a shell block that is not run by the test (for example one that
   runs the test suite itself); the reason is required.
 """
@@ -39,6 +41,7 @@ class Block:
     gpu: bool = False
     requires: list[str] = field(default_factory=list)
     skip: str | None = None
+    devices: int = 1  # how many devices the block needs (``<!-- docs-test: devices N -->``)
 
     @property
     def where(self) -> str:
@@ -78,6 +81,8 @@ def blocks(path: Path) -> list[Block]:
                 block.requires = rest.split()
             elif kind == "skip":
                 block.skip = rest
+            elif kind == "devices":
+                block.devices = int(rest)
             else:
                 raise AssertionError(f"{block.where}: unknown docs-test marker {kind!r}")
         out.append(block)

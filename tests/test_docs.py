@@ -8,6 +8,7 @@ skipped; with ``CUDACORE_BACKEND=cuda`` and a device they run too.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -41,12 +42,20 @@ def _env(tmp: Path) -> dict[str, str]:
     return env
 
 
+def _gpu_count() -> int:
+    import cudacore as cc
+
+    return cc.device_count()
+
+
 def _runs_here(b: Block) -> str | None:
     """Why the block does not run here, or None."""
     if b.skip is not None:
         return f"not run by this test: {b.skip}"
     if b.gpu and not ON_GPU:
         return "needs a GPU (CUDACORE_BACKEND=cuda)"
+    if b.devices > 1 and ON_GPU and _gpu_count() < b.devices:
+        return f"needs {b.devices} GPUs"
     missing = b.missing()
     if missing:
         return f"needs {', '.join(missing)}"
@@ -84,8 +93,12 @@ def test_python_blocks_run(path: Path, tmp_path: Path) -> None:
         pytest.skip("; ".join(f"{b.where} {_runs_here(b)}" for b in todo))
     script = tmp_path / (path.stem.replace("-", "_") + "_md.py")
     script.write_text(python_source(path, run))
+    env = _env(tmp_path)
+    devices = max(b.devices for b in run)
+    if devices > 1 and not ON_GPU:
+        env["CUDACORE_SIM_DEVICES"] = json.dumps([{"name": f"sim-{i}"} for i in range(devices)])
     r = subprocess.run(
-        [sys.executable, str(script)], cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
     )
     # The script's line numbers are the markdown file's.
     stderr = r.stderr.replace(str(script), str(path.relative_to(ROOT)))
