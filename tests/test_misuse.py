@@ -327,3 +327,21 @@ def test_dlpack_for_a_stream_closed_on_another_device_is_a_closed_error() -> Non
     r = run_python(code, {"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": devices})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "CUDACORE_ERROR_CLOSED"
+
+
+def test_release_cached_memory_while_a_blocking_stream_captures_loses_nothing() -> None:
+    """Found by tests/fuzz.py: a release during the capture of a blocking stream freed the legacy stream's
+    cached blocks there (the driver refuses that, 906, and ends the capture); the blocks were dropped from
+    the cache unfreed, and the device's free memory never came back. Now they stay cached until the capture
+    ends, the capture survives, and a later release frees them."""
+    d = cc.Device(0)
+    d.release_cached_memory()
+    free = d.memory_info()[0]
+    d.allocate(47096).close()  # cached on the legacy stream
+    s = d.create_stream(non_blocking=False)
+    s.begin_capture("relaxed")
+    d.release_cached_memory()
+    s.end_capture().destroy()  # the capture was not invalidated
+    d.release_cached_memory()
+    assert d.memory_info()[0] == free
+    s.close()
