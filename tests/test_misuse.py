@@ -345,3 +345,23 @@ def test_release_cached_memory_while_a_blocking_stream_captures_loses_nothing() 
     d.release_cached_memory()
     assert d.memory_info()[0] == free
     s.close()
+
+
+@pytest.mark.parametrize("mode", ["thread_local", "global", "relaxed"])
+def test_strategy_switch_during_a_capture_is_refused(mode: str) -> None:
+    """Found by tests/fuzz.py: a switch while a stream captured closed the old allocator under the capture;
+    its cached blocks were never given back to the device (free memory stayed low for good), and the new
+    allocator did not know the stream captured. Now the switch is a CaptureError and changes nothing."""
+    d = cc.Device(0)
+    d.release_cached_memory()
+    free = d.memory_info()[0]
+    d.allocate(200_000).close()  # cached by the current allocator
+    s = d.create_stream()
+    s.begin_capture(mode)
+    with pytest.raises(cc.CaptureError, match="end or abort"):
+        d.set_allocation_strategy("sync")
+    s.abort_capture()
+    assert d.allocation_strategy == "pool"
+    d.release_cached_memory()
+    assert d.memory_info()[0] == free
+    s.close()
