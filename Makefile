@@ -9,7 +9,7 @@ PYTHON ?= $(VENV)/bin/python
 PY312 ?= $(lastword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12))
 GO ?= go
 
-.PHONY: venv run build test gotest pytest wheel312 lint typecheck clean
+.PHONY: venv run build test gotest pytest wheel312 lint typecheck clean fuzz fault-sweep
 
 venv: $(VENV)/.ready
 
@@ -43,6 +43,18 @@ gotest:
 
 pytest: build
 	PYTHONPATH=python $(PYTHON) -m pytest -q tests
+
+# The random-program fuzzer (tests/fuzz.py) beyond the CI budget: `make fuzz FUZZ_PROGRAMS=10000`. It runs on
+# the simulator unless CUDACORE_BACKEND=cuda is set; FUZZ_SEED picks the first seed, FUZZ_JOBS the workers.
+FUZZ_PROGRAMS ?= 2000
+FUZZ_SEED ?= 0
+FUZZ_JOBS ?= 1
+fuzz: build
+	PYTHONPATH=python $(PYTHON) tests/fuzz.py --programs $(FUZZ_PROGRAMS) --seed $(FUZZ_SEED) --jobs $(FUZZ_JOBS) --progress
+
+# Every simulated driver entry point x failure positions x codes (tests/fault_sweep.py); CI runs a sample.
+fault-sweep: build
+	PYTHONPATH=python $(PYTHON) tests/fault_sweep.py --full --progress
 
 # A cp312 wheel for the GPU machine, into dist/.
 wheel312:

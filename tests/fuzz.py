@@ -59,8 +59,8 @@ TOP_OPS: dict[str, int] = {
     "h2d": 8, "d2h": 6, "d2d": 6, "verify": 5,
     "stream": 4, "close_stream": 2, "sync_stream": 3, "query_stream": 1,
     "event": 2, "record": 3, "wait_event": 2, "sync_event": 1, "query_event": 1, "elapsed": 1, "close_event": 1,
-    "capture": 5, "begin_capture": 3, "end_capture": 3, "abort_capture": 1,
-    "instantiate": 1, "launch": 6, "upload": 1, "update": 2, "destroy_graph": 2, "graph_info": 1,
+    "capture": 8, "begin_capture": 3, "end_capture": 3, "abort_capture": 1,
+    "instantiate": 1, "launch": 6, "graph_reuse": 3, "upload": 1, "update": 2, "destroy_graph": 2, "graph_info": 1,
     "dlpack": 2, "dlpack_capsule": 1, "cai": 2, "close_view": 1,
     "strategy": 1, "limit": 2, "gc": 2, "release_cache": 1, "stats": 1, "sync_device": 2,
     "bad_input": 3, "threads": 2,
@@ -132,6 +132,9 @@ class Cap:
     owner: int
     bufs: list[Any] = field(default_factory=list)  # buffers the captured work writes, pinned buffers it uses
     dead: bool = False  # aborted, failed, or its graph destroyed
+    # A buffer of this capture was closed while a capture was in progress: its free waits for the captures
+    # to end, and may then come after the graph is destroyed (the known bug #8 again).
+    deferred_free: bool = False
 
 
 @dataclass(eq=False)
@@ -174,6 +177,14 @@ class State:
     def pick(self, seq: list[Any], r: int) -> Any:
         with self.lock:
             return seq[r % len(seq)] if seq else None
+
+    def pick_data(self, r: int, stream: Any) -> Buf | None:
+        """A buffer to copy into or out of on ``stream``. On a GPU, graph memory only inside its own
+        capture: outside the graph's launches its address is not backed (an illegal address there)."""
+        buf = self.pick(self.bufs, r)
+        if buf is not None and self.gpu and buf.graph_memory and (buf.cap is None or self.caps.get(stream) is not buf.cap):
+            return None
+        return buf
 
     def stream_arg(self, r: int) -> Any:
         """None (the legacy stream), a stream of the program, or the per-thread default stream."""
@@ -314,7 +325,9 @@ class Ops:
     @staticmethod
     def op_close_buf(st: State, a: int, *_: Any) -> None:
         buf = st.pick(st.bufs, a)
-        if buf is None or st.threaded and buf.dirty - {buf.stream}:
+        # With threads, work on other streams may be issued on it after the check below: on a GPU that
+        # would be the program's own use-after-free.
+        if buf is None or st.threaded and (st.gpu or buf.dirty - {buf.stream}):
             return
         if not Ops._settle(st, buf) or not Ops._forget(st, buf):
             return
@@ -324,6 +337,8 @@ class Ops:
     def _close(st: State, buf: Buf) -> None:
         if buf.cap is not None and buf.cap.dead:
             st.known.add("#8")
+        if buf.cap is not None and st.any_capture():
+            buf.cap.deferred_free = True
         buf.obj.close()
 
     @staticmethod
@@ -333,6 +348,8 @@ class Ops:
             return
         if buf.cap is not None and buf.cap.dead:
             st.known.add("#8")
+        if buf.cap is not None and st.any_capture():
+            buf.cap.deferred_free = True
         buf.obj = None  # collected now (a reference count of zero) or at the next gc
 
     @staticmethod
@@ -361,8 +378,8 @@ class Ops:
             return
         in_graph = any(p in g.reads_pinned for g in st.graphs) or any(
             p in c.bufs for c in st.caps.values())  # fmt: skip
-        if in_graph:
-            return  # a graph reads it at each launch; freeing it under the graph is the caller's bug
+        if in_graph and st.gpu:
+            return  # a graph reads it at each launch: on a GPU a launch would then read freed memory
         for k in list(p.dirty):
             try:
                 if k == LEGACY:
@@ -384,10 +401,10 @@ class Ops:
 
     @staticmethod
     def op_h2d(st: State, a: int, b: int, c: int, d: int, e: int, f: int, stream: Any = None) -> None:
-        buf = st.pick(st.bufs, a)
+        s = stream if stream is not None else (st.stream_arg(b) if c % 2 else None)
+        buf = st.pick_data(a, s)
         if buf is None:
             return
-        s = stream if stream is not None else (st.stream_arg(b) if c % 2 else None)
         cap = st.capturing(s)
         kind = d % 3
         n = buf.size if e % 4 else 1 + e % buf.size
@@ -429,10 +446,10 @@ class Ops:
     def op_d2h(st: State, a: int, b: int, c: int, d: int, e: int, f: int, stream: Any = None) -> None:
         import numpy as np
 
-        buf = st.pick(st.bufs, a)
+        s = stream if stream is not None else (st.stream_arg(b) if c % 2 else None)
+        buf = st.pick_data(a, s)
         if buf is None:
             return
-        s = stream if stream is not None else (st.stream_arg(b) if c % 2 else None)
         cap = st.capturing(s)
         sink: Any
         if d % 3 == 0:
@@ -462,10 +479,10 @@ class Ops:
 
     @staticmethod
     def op_d2d(st: State, a: int, b: int, c: int, d: int, e: int, f: int, stream: Any = None) -> None:
-        dst, src = st.pick(st.bufs, a), st.pick(st.bufs, b)
+        s = stream if stream is not None else (st.stream_arg(c) if d % 2 else None)
+        dst, src = st.pick_data(a, s), st.pick_data(b, s)
         if dst is None or src is None:
             return
-        s = stream if stream is not None else (st.stream_arg(c) if d % 2 else None)
         n = min(dst.size, src.size)
         if e % 3 == 0:
             n = 1 + e % n
@@ -540,7 +557,7 @@ class Ops:
             cap = st.caps.pop(s, None)
         s.close()
         if cap is not None:
-            cap.dead = True
+            Ops._dead(st, cap)
             for b in cap.bufs:
                 if isinstance(b, Buf):
                     b.shadow = None
@@ -631,7 +648,7 @@ class Ops:
                 if c % 11 == 0:
                     raise InterruptedError("the capture block raised")  # the block's exception discards it
         except BaseException:
-            cap.dead = True
+            Ops._dead(st, cap)
             if sys.exc_info()[0] is InterruptedError:
                 return
             raise
@@ -646,6 +663,12 @@ class Ops:
         reads = [p for p in cap.bufs if isinstance(p, Pinned)]
         with st.lock:
             st.graphs.append(G(graph, writes, reads, cap))
+
+    @staticmethod
+    def _dead(st: State, cap: Cap) -> None:
+        cap.dead = True
+        if cap.deferred_free:
+            st.known.add("#8")
 
     @staticmethod
     def op_begin_capture(st: State, a: int, b: int, *_: Any) -> None:
@@ -666,13 +689,13 @@ class Ops:
         cap = caps[a % len(caps)]
         try:
             if abort:
-                cap.dead = True
+                Ops._dead(st, cap)
                 cap.stream.abort_capture()
             else:
                 try:
                     graph = cap.stream.end_capture()
                 except BaseException:
-                    cap.dead = True
+                    Ops._dead(st, cap)
                     raise
                 Ops._adopt_graph(st, graph, cap)
         finally:
@@ -716,6 +739,39 @@ class Ops:
             g.graph.launch(s)
 
     @staticmethod
+    def op_graph_reuse(st: State, a: int, b: int, c: int, *_: Any) -> None:
+        """Close a buffer that a graph writes, let a new buffer of the same size take its place, fill it,
+        launch the graph and read the new buffer back: the graph must not write into its new owner (it
+        keeps the old buffer alive or refuses the launch)."""
+        with st.lock:
+            cands = [(g, w) for g in st.graphs for w in g.writes if w in st.bufs and not w.graph_memory]
+        if not cands or st.threaded or st.gpu:  # on a GPU the bug would corrupt memory: the sanitizer's job
+            return
+        g, old = cands[a % len(cands)]
+        stream = old.stream if old.stream != LEGACY else None
+        if st.capturing(stream) is not None or not Ops._settle(st, old) or not Ops._forget(st, old):
+            return
+        old_ptr = old.obj.ptr
+        Ops._close(st, old)
+        new = Buf(st.dev.allocate(old.size, stream=stream), old.size, old.stream, None, {old.stream})
+        with st.lock:
+            st.bufs.append(new)
+        data = st.host(new.size, b)
+        new.obj.copy_from(data, stream=stream)
+        st.dev.synchronize()
+        st.synced_all()
+        new.shadow = data
+        if new.obj.ptr != old_ptr:
+            return  # another address: nothing to see
+        st.known.add("#6")
+        g.graph.launch(stream)
+        st.dev.synchronize()
+        out = bytearray(new.size)
+        new.obj.copy_to(out)
+        if bytes(out) != data:
+            raise Violation(f"a graph launch wrote into a {new.size}-byte buffer that took the place of one it had captured (the new buffer holds other bytes than the program wrote)")
+
+    @staticmethod
     def op_upload(st: State, a: int, b: int, *_: Any) -> None:
         g = st.pick(st.graphs, a)
         if g is not None:
@@ -739,7 +795,7 @@ class Ops:
         if g is None or st.threaded:
             return
         g.graph.destroy()
-        g.cap.dead = True
+        Ops._dead(st, g.cap)
         with st.lock:
             if g in st.graphs:
                 st.graphs.remove(g)
@@ -1038,12 +1094,12 @@ def cleanup(st: State) -> list[str]:
                 st.note(exc)
 
     for cap in list(st.caps.values()):
-        cap.dead = True
+        Ops._dead(st, cap)
         attempt("abort capture", cap.stream.abort_capture)
     st.caps.clear()
     attempt("synchronize", st.dev.synchronize)
     for g in st.graphs:
-        g.cap.dead = True
+        Ops._dead(st, g.cap)
         attempt("destroy graph", g.graph.destroy)
     st.graphs.clear()
     attempt("synchronize", st.dev.synchronize)
