@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import fuzz  # noqa: E402 - the fuzzer's notion of a typed error and of the baseline
+import fuzz
 
 #: Positions: the Nth call of the entry point after the fault is injected.
 POSITIONS = (1, 2, 3)
@@ -88,7 +88,7 @@ class Workload:
     def step(self, name: str, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
-        except BaseException as exc:  # noqa: BLE001 - sorted here
+        except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             if fuzz.typed(self.cc, exc):

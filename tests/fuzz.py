@@ -171,6 +171,7 @@ class State:
         self.rng = rng
         # Known bugs whose trigger the program met (see KNOWN_BUGS): a violation then carries their name.
         self.known: set[str] = set()
+        self.verbose = False  # print each operation and error (--replay)
 
     # -- helpers ----------------------------------------------------------------------------------------
 
@@ -235,6 +236,36 @@ class State:
         with self.lock:
             for b in [*self.bufs, *self.pinned]:
                 b.dirty.clear()
+
+    def note(self, exc: BaseException) -> None:
+        name = getattr(exc, "name", None) or type(exc).__name__
+        with self.lock:
+            self.errors[name] = self.errors.get(name, 0) + 1
+            if self.verbose:
+                print(f"  -> {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
+    def run(self, op: list[Any], stream: Any = None) -> None:
+        """Run one operation: a typed error is counted (the program goes on), anything else is a violation."""
+        name, *args = op
+        fn = getattr(Ops, "op_" + name)
+        with self.lock:
+            self.ops += 1
+            if self.verbose:
+                self.trace.append(f"{threading.current_thread().name}: {name} {args[:6]}")
+                print(self.trace[-1], file=sys.stderr, flush=True)
+        try:
+            if stream is not None and name.endswith("_on"):
+                fn(self, *args, stream=stream)
+            else:
+                fn(self, *args)
+        except Violation:
+            raise
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            if not typed(self.cc, exc):
+                raise Violation(f"{name}: untyped {type(exc).__name__}: {exc}\n{''.join(traceback.format_exception(exc))}") from exc
+            self.note(exc)
 
     def capturing(self, stream: Any) -> Cap | None:
         with self.lock:
@@ -341,7 +372,7 @@ class Ops:
             buf.cap.deferred_free = True
         try:
             buf.obj.close()
-        except Exception as exc:  # noqa: BLE001 - the close of a live buffer has nothing to refuse
+        except Exception as exc:
             raise Violation(f"closing a live {buf.size}-byte buffer raised {type(exc).__name__}: {exc}") from exc
 
     @staticmethod
@@ -474,9 +505,8 @@ class Ops:
             st.touch(s, [buf], [pin])
             buf.obj.copy_to(sink, stream=s)
             return
-        if cap is not None:
-            if s is not None:
-                return  # a pageable copy ordered on a capturing stream would be a host node of a dead buffer
+        if cap is not None and s is not None:
+            return  # a pageable copy ordered on a capturing stream would be a host node of a dead buffer
         st.touch(s, [buf])
         buf.obj.copy_to(sink, stream=s)
 
@@ -1020,41 +1050,6 @@ class _CAI:
         self.owner = owner
 
 
-def _note(self: State, exc: BaseException) -> None:
-    name = getattr(exc, "name", None) or type(exc).__name__
-    with self.lock:
-        self.errors[name] = self.errors.get(name, 0) + 1
-        if self.verbose:  # type: ignore[attr-defined]
-            print(f"  -> {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-
-
-def _run(self: State, op: list[Any], stream: Any = None) -> None:
-    """Run one operation: a typed error is counted (the program goes on), anything else is a violation."""
-    name, *args = op
-    fn = getattr(Ops, "op_" + name)
-    with self.lock:
-        self.ops += 1
-        if self.verbose:
-            self.trace.append(f"{threading.current_thread().name}: {name} {args[:6]}")
-            print(self.trace[-1], file=sys.stderr, flush=True)
-    try:
-        if stream is not None and name.endswith("_on"):
-            fn(self, *args, stream=stream)
-        else:
-            fn(self, *args)
-    except Violation:
-        raise
-    except BaseException as exc:
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        if not typed(self.cc, exc):
-            raise Violation(f"{name}: untyped {type(exc).__name__}: {exc}\n{''.join(traceback.format_exception(exc))}") from exc
-        self.note(exc)
-
-
-State.note = _note  # type: ignore[attr-defined]
-State.run = _run  # type: ignore[attr-defined]
-State.verbose = False  # type: ignore[attr-defined]
 
 
 # -- one program, and the checks after it ----------------------------------------------------------------
@@ -1148,10 +1143,10 @@ GPU_FREE_SLACK = 32 << 20
 
 def _compare(before: dict[str, Any], after: dict[str, Any], slack: int = 0) -> list[str]:
     out = [f"after the program: {after['error']}"] if "error" in after and "error" not in before else []
-    for k in before:
-        if k == "error" or after[k] == before[k] or k == "free" and 0 <= before[k] - after[k] <= slack:
+    for k, was in before.items():
+        if k == "error" or after[k] == was or k == "free" and 0 <= was - after[k] <= slack:
             continue
-        out.append(f"{k} is {after[k]} after the program, {before[k]} before")
+        out.append(f"{k} is {after[k]} after the program, {was} before")
     return out
 
 
@@ -1160,12 +1155,12 @@ def run_program(cc: Any, seed: int, program: list[list[Any]] | None = None, verb
     gpu = cc.backend() == "cuda"
     before = snapshot(cc)
     st = State(cc, random.Random(seed), gpu)
-    st.verbose = verbose  # type: ignore[attr-defined]
+    st.verbose = verbose
     ops = program if program is not None else generate(seed)
     violations: list[str] = []
     for i, op in enumerate(ops):
         try:
-            st.run(op)  # type: ignore[attr-defined]
+            st.run(op)
         except Violation as v:
             violations.append(f"op {i} {op[0]}: {v}")
             break
@@ -1283,7 +1278,7 @@ def run_many(seeds: list[int], *, jobs: int = 1, batch: int = 100, program_timeo
             if chunk:
                 todo.insert(0, chunk)
         now = time.monotonic()
-        for p, chunk, info in list(running):
+        for p, _chunk, info in running:
             if info["current"] is not None and now - info["since"] > limit:
                 p.kill()  # the loop above sees its end of output and records the hang
     summary: dict[str, Any] = {"programs": len(results), "ops": sum(r["ops"] for r in results), "errors": {}}
