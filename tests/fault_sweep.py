@@ -372,6 +372,10 @@ def _start_case_proc(spec: str, timeout: float) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
+def _entry(case: str) -> str:
+    return case.removeprefix("start ").split(":")[0]
+
+
 def sweep(inflight: list[str], start: list[str], timeout: float = 120, progress: bool = False) -> dict[str, Any]:
     """Run the cases; returns counts and the failures."""
     t0 = time.monotonic()
@@ -393,6 +397,8 @@ def sweep(inflight: list[str], start: list[str], timeout: float = 120, progress:
         "entry_points": len(entry_points()),
         "fired": sum(r["fired"] for r in results),
         "not_reached": sum(not r["fired"] for r in results),
+        # Entry points whose fault no case reached: the workload (or the start) does not call them.
+        "never_reached": sorted({_entry(r["case"]) for r in results} - {_entry(r["case"]) for r in results if r["fired"]}),
         "typed_errors": sum(r["errors"] for r in results),
         "known": known,
         "failed": failed,
