@@ -56,7 +56,7 @@ def test_a_case_whose_fault_fires_is_checked() -> None:
     rec = fault_sweep.run_case(cc, "cuMemcpyDtoH_v2:1:CUDA_ERROR_ILLEGAL_ADDRESS", verbose=True)
     assert rec["fired"] and rec["violations"] == [], rec
     assert any(re.search(r"DeviceFaultError: .*cuMemcpyDtoH_v2", e) for e in rec["error_list"]), rec
-    rec = fault_sweep.run_case(cc, "cuInit:1:CUDA_ERROR_UNKNOWN")  # only called at start: never reached here
+    rec = fault_sweep.run_case(cc, "cuMemAllocFromPoolAsync:100000:CUDA_ERROR_UNKNOWN")  # far beyond the workload
     assert not rec["fired"] and rec["violations"] == []
 
 
@@ -69,3 +69,21 @@ def test_sample() -> None:
     assert summary["fired"] > summary["cases"] // 4, f"too few faults were reached: {summary}"
     if summary["known"]:
         warnings.warn(f"cases that met the known bug #8: {summary['known']}", stacklevel=1)
+
+
+def test_a_leak_or_an_untyped_error_fails_the_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks can fail: a buffer the workload forgets, and an error cudacore should never raise."""
+    kept = []
+    original = fault_sweep.Workload.run
+
+    def leaky(self: fault_sweep.Workload) -> None:
+        original(self)
+        kept.append(self.cc.Device(0).allocate(4096))
+        self.step("a bug", lambda: {}["missing"])
+
+    monkeypatch.setattr(fault_sweep.Workload, "run", leaky)
+    rec = fault_sweep.run_case(cc, "cuEventQuery:1:CUDA_ERROR_UNKNOWN")
+    for b in kept:
+        b.close()
+    assert any("untyped KeyError" in v for v in rec["violations"]), rec
+    assert any("in_use is" in v for v in rec["violations"]), rec
