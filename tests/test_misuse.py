@@ -365,3 +365,23 @@ def test_strategy_switch_during_a_capture_is_refused(mode: str) -> None:
     d.release_cached_memory()
     assert d.memory_info()[0] == free
     s.close()
+
+
+@pytest.mark.sim
+def test_a_failed_pinned_free_can_be_retried() -> None:
+    """Found by tests/fault_sweep.py: when cuMemFreeHost failed, cudacore had already forgotten the memory,
+    so closing again said "not pinned memory ... or it was freed already" and pinned_in_use never came
+    back down. Now the memory stays live and a second close frees it."""
+    from cudacore import testing
+
+    d = cc.Device(0)
+    before = d.memory_stats()["pinned_in_use"]
+    p = d.allocate_pinned(65536)
+    testing.inject_fault("cuMemFreeHost", 1, "CUDA_ERROR_UNKNOWN")
+    with pytest.raises(cc.CUDAError, match="cuMemFreeHost"):
+        p.close()
+    testing.clear_faults()
+    assert not p.closed
+    p.close()
+    assert p.closed
+    assert d.memory_stats()["pinned_in_use"] == before
