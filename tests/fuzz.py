@@ -80,7 +80,7 @@ def _pick(rng: random.Random, table: dict[str, int]) -> str:
 
 def _op(rng: random.Random, name: str, depth: int) -> list[Any]:
     """One operation: its name and the random numbers it uses (objects are chosen by index, modulo)."""
-    args = [rng.randrange(1 << 30) for _ in range(6)]
+    args: list[Any] = [rng.randrange(1 << 30) for _ in range(6)]
     if name == "capture":
         args.append([_op(rng, _pick(rng, CAPTURE_OPS), depth + 1) for _ in range(rng.randrange(0, 7))])
     elif name == "threads":
@@ -201,17 +201,18 @@ class State:
     def host(self, size: int, r: int) -> bytes:
         return random.Random(r).randbytes(size)
 
-    def touch(self, stream: Any, bufs: list[Buf], pins: list[Pinned] = ()) -> bool:  # type: ignore[assignment]
+    def touch(self, stream: Any, bufs: list[Buf], pins: list[Pinned] | None = None) -> bool:
         """Record work on ``stream`` over ``bufs``; returns whether the program still knows their bytes.
 
         Work on one stream is ordered; work on another stream that is not synchronized yet may run before or
         after, so then every buffer involved, and every buffer with work pending there, becomes unknown.
         """
         k = self.key(stream)
+        touched: list[Buf | Pinned] = [*bufs, *(pins or [])]
         with self.lock:
             others = set()
-            for b in [*bufs, *pins]:
-                others |= b.dirty - {k}
+            for t in touched:
+                others |= t.dirty - {k}
             # The legacy stream and a blocking stream are different keys here although the legacy stream
             # waits for blocking streams: counting them as unordered only loses certainty, never gains it.
             certain = not others and not self.threaded
@@ -219,20 +220,22 @@ class State:
                 for b in self.bufs:
                     if b in bufs or b.dirty & others:
                         b.shadow = None
-            for b in [*bufs, *pins]:
-                b.dirty.add(k)
+            for t in touched:
+                t.dirty.add(k)
             return certain
 
     def synced(self, stream: Any) -> None:
         k = self.key(stream)
         with self.lock:
-            for b in [*self.bufs, *self.pinned]:
-                b.dirty.discard(k)
+            every: list[Buf | Pinned] = [*self.bufs, *self.pinned]
+            for t in every:
+                t.dirty.discard(k)
 
     def synced_all(self) -> None:
         with self.lock:
-            for b in [*self.bufs, *self.pinned]:
-                b.dirty.clear()
+            every: list[Buf | Pinned] = [*self.bufs, *self.pinned]
+            for t in every:
+                t.dirty.clear()
 
     def note(self, exc: BaseException) -> None:
         name = getattr(exc, "name", None) or type(exc).__name__
@@ -760,7 +763,7 @@ class Ops:
                 if w not in st.bufs:
                     st.known.add("#6")  # it writes a buffer the program closed
         st.touch(s, g.writes, g.reads_pinned)
-        for _ in range(1 + c % 3):
+        for _launch in range(1 + c % 3):
             g.graph.launch(s)
 
     @staticmethod
