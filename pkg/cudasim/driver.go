@@ -228,11 +228,17 @@ func (d *Driver) InjectFault(entryPoint string, nth int, code cuda.Result) {
 	d.faultMu.Unlock()
 }
 
-// ClearFaults drops every pending injected fault.
-func (d *Driver) ClearFaults() {
+// ClearFaults drops every pending injected fault and returns how many there were: faults injected
+// and not yet reached by a call (a fault sweep uses it to tell a fault that fired from one that did not).
+func (d *Driver) ClearFaults() int {
 	d.faultMu.Lock()
+	n := 0
+	for _, fs := range d.faults {
+		n += len(fs)
+	}
 	d.faults = map[string][]fault{}
 	d.faultMu.Unlock()
+	return n
 }
 
 // Calls returns how many times entryPoint has been called, failed calls included.

@@ -231,7 +231,8 @@ func TestFaultInjection(t *testing.T) {
 	assert.Equal(t, before+3, e.d.Calls("cuMemAllocAsync"))
 	requireResult(t, cuda.ErrorLaunchFailed, "cuStreamSynchronize", e.d.StreamSynchronize(e.ctx, cuda.StreamPerThread))
 	e.d.InjectFault("cuMemFreeAsync", 1, cuda.ErrorInvalidValue)
-	e.d.ClearFaults()
+	assert.Equal(t, 1, e.d.ClearFaults(), "the fault injected and not reached")
+	assert.Equal(t, 0, e.d.ClearFaults())
 	require.NoError(t, e.d.MemFreeAsync(e.ctx, p, cuda.StreamPerThread))
 }
 

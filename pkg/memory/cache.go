@@ -157,6 +157,10 @@ func (c *Cache) detach(s cuda.Stream, all bool) []*streamBins {
 	if t == nil {
 		return nil
 	}
+	// While any stream captures, the legacy stream's blocks stay too: a free on the legacy stream waits
+	// for every blocking stream, so the driver refuses it while one captures (906) and invalidates the
+	// capture, and the block, taken out of the cache, would be lost for good.
+	anyCapture := c.capturing.Load() > 0
 	var keep, out []*streamBins
 	for _, b := range *t {
 		b.mu.Lock()
@@ -164,7 +168,7 @@ func (c *Cache) detach(s cuda.Stream, all bool) []*streamBins {
 		b.mu.Unlock()
 		// A stream being captured keeps its entry, blocks and mark: freeing on it now would put free
 		// nodes into the graph, and on another stream could break the capture.
-		if all && !capturing || !all && b.s == s {
+		if all && !capturing && !(anyCapture && b.s == cuda.StreamLegacy) || !all && b.s == s {
 			out = append(out, b)
 		} else {
 			keep = append(keep, b)
@@ -351,8 +355,8 @@ func (c *Cache) free(s cuda.Stream, blocks []cachedBlock) error {
 }
 
 // Release frees every cached block below, each on the stream it was freed on, then releases what the
-// resource below caches (a pool's reserve). Blocks cached on a stream being captured stay until the
-// capture ends. It returns the first error and goes on past it.
+// resource below caches (a pool's reserve). Blocks cached on a stream being captured, and while any
+// stream captures those cached on the legacy stream, stay until the capture ends. It returns the first error and goes on past it.
 func (c *Cache) Release() error {
 	var first error
 	var blocks []cachedBlock

@@ -747,3 +747,31 @@ func TestCacheKeepsOutOfCapture(t *testing.T) {
 	assert.Equal(t, n, drv.Calls("cuMemAllocFromPoolAsync"))
 	require.NoError(t, s.Deallocate(q, MiB, a))
 }
+
+// A release while a blocking stream captures keeps the legacy stream's cached blocks: freeing one there
+// would wait on the capture (the driver's 906, which invalidates it), and the block would be lost to the
+// cache and the device alike. The fuzzer of tests/fuzz.py found it.
+func TestCacheReleaseKeepsLegacyBlocksDuringCapture(t *testing.T) {
+	drv, d := openSim(t)
+	s := newStack(t, d, StackOptions{})
+	free := freeMem(t, d)
+	p, err := s.Allocate(MiB, cuda.StreamLegacy)
+	require.NoError(t, err)
+	require.NoError(t, s.Deallocate(p, MiB, cuda.StreamLegacy)) // cached on the legacy stream
+
+	blocking, err := drv.StreamCreate(d.Context(), 0, 0)
+	require.NoError(t, err)
+	require.NoError(t, drv.StreamBeginCapture(d.Context(), blocking, cuda.CaptureModeRelaxed))
+	s.SetCapturing(blocking, true)
+	require.NoError(t, s.Release())
+	assert.Equal(t, 1, s.Cache().Stats().Blocks, "the legacy block stays cached during the capture")
+	graph, err := drv.StreamEndCapture(d.Context(), blocking)
+	require.NoError(t, err, "the capture was not invalidated")
+	s.SetCapturing(blocking, false)
+	require.NoError(t, drv.GraphDestroy(d.Context(), graph))
+
+	require.NoError(t, s.Release())
+	assert.Equal(t, 0, s.Cache().Stats().Blocks)
+	assert.Equal(t, free, freeMem(t, d), "the block went back to the device")
+	require.NoError(t, drv.StreamDestroy(d.Context(), blocking))
+}

@@ -424,8 +424,9 @@ class Device:
     def set_allocation_strategy(self, strategy: str = "auto", *, track: bool = False) -> None:
         """Rebuild this device's allocator: ``"auto"``, ``"pool"`` or ``"sync"``.
 
-        Refused while memory is allocated through the current allocator. ``track=True`` records every
-        live allocation (see :meth:`live_allocations`), at some cost per call.
+        Refused while memory is allocated through the current allocator (:class:`IllegalStateError`) and
+        while a stream captures (:class:`CaptureError`). ``track=True`` records every live allocation (see
+        :meth:`live_allocations`), at some cost per call.
         """
         if not isinstance(strategy, str):
             raise TypeError(f"strategy must be a str, not {type(strategy).__name__}")

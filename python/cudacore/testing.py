@@ -57,9 +57,9 @@ def inject_fault(entry: str, nth: int = 1, code: int | str = "CUDA_ERROR_OUT_OF_
     inject_faults(f"{entry}:{nth}:{code}")
 
 
-def clear_faults() -> None:
-    """Remove every pending simulator fault."""
-    call(core.SimClearFaults)
+def clear_faults() -> int:
+    """Remove every pending simulator fault; returns how many were pending (injected, never reached)."""
+    return call(core.SimClearFaults)
 
 
 def fail_allocations(device: int = 0, nth: int = 1, code: int | str = "CUDA_ERROR_OUT_OF_MEMORY") -> None:

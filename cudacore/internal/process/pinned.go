@@ -47,7 +47,8 @@ func (d *Device) AllocPinned(size int64) (uintptr, error) {
 	return addr, nil
 }
 
-// FreePinned frees pinned memory that AllocPinned returned.
+// FreePinned frees pinned memory that AllocPinned returned. If the driver refuses, the memory stays
+// allocated and can be freed again.
 func (d *Device) FreePinned(addr uintptr) error {
 	t := d.pinnedTable()
 	t.mu.Lock()
@@ -65,7 +66,15 @@ func (d *Device) FreePinned(addr uintptr) error {
 		captures.Defer(func() { _ = t.res.FreeHost(b) })
 		return nil
 	}
-	return t.res.FreeHost(b)
+	if err := t.res.FreeHost(b); err != nil {
+		// Still allocated: it stays live, so that the caller can free it again (and pinned_in_use, which
+		// still counts it, can come back down).
+		t.mu.Lock()
+		t.live[addr] = b
+		t.mu.Unlock()
+		return err
+	}
+	return nil
 }
 
 // PinnedStats returns the pinned resource's counters.

@@ -199,13 +199,21 @@ func GetDevice(ordinal int) (*Device, error) {
 }
 
 // SetStrategy rebuilds the device's allocator with another strategy ("auto", "pool" or "sync"). It
-// refuses while the current allocator has memory handed out: those pointers belong to it.
+// refuses while the current allocator has memory handed out (those pointers belong to it) and while any
+// stream of the process captures.
 func (d *Device) SetStrategy(requested string, opts memory.StackOptions) error {
 	devMu.Lock()
 	defer devMu.Unlock()
 	d.inFlight.Lock()
 	defer d.inFlight.Unlock()
 	old := d.Memory()
+	// A capture marks the allocator's cache (memory.Cache.SetCapturing): a new allocator would not know
+	// it, would bake cached blocks into the graph, and closing the old one would free or strand blocks
+	// that the capture forbids freeing.
+	if n := ActiveCaptures(); n > 0 {
+		return cuda.NewError("cudacore.allocation_strategy", cuda.ErrorStreamCaptureUnsupported,
+			fmt.Sprintf("cannot change the allocation strategy of %s while %d stream capture(s) are in progress; end or abort them first", d, n))
+	}
 	if inUse := old.Stats().InUse; inUse > 0 {
 		return cuda.NewError("cudacore.allocation_strategy", cuda.ErrorIllegalState,
 			fmt.Sprintf("%s still has %s allocated through the current allocator; close those buffers before changing the strategy",
