@@ -118,3 +118,31 @@ def test_gpu_cuda_core_allocates_from_cudacore() -> None:
     s.sync()
     assert d.memory_stats()["in_use"] == before
     s.close()
+
+
+FOREIGN_STREAM = """
+import cudacore as cc
+from cuda import core
+from cudacore import interop
+dev = core.Device(0)
+dev.set_current()
+s = dev.create_stream()
+mr = interop.cuda_core_memory_resource(0)
+for _ in range(3):
+    mr.allocate(4096, stream=s).close(s)
+s.sync()
+s.close()                            # cuda.core destroys its stream; cudacore is not told
+print(cc.Device(0).release_cached_memory() >= 0)   # must not hand the dead stream to the driver
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_memory_freed_on_a_stream_cudacore_does_not_own_is_not_cached() -> None:
+    """On the H100 this crashed the process: blocks freed on cuda.core's stream waited in the cache, and
+    releasing them after cuda.core destroyed the stream handed the dead handle to the driver."""
+    pytest.importorskip("cuda.core")
+    from conftest import run_python
+
+    proc = run_python(FOREIGN_STREAM, env={"CUDACORE_BACKEND": "cuda"}, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().endswith("True")

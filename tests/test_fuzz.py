@@ -131,6 +131,17 @@ KNOWN_PROGRAMS = {
     # A buffer allocated in a capture that is aborted, then closed.
     "#8": [["stream", 1, 0, 0, 0, 0, 0], ["begin_capture", 0, 0, 0, 0, 0, 0], ["alloc_on", 4, 1, 0, 0, 0, 0],
            ["abort_capture", 0, 0, 0, 0, 0, 0], ["close_buf", 0, 0, 0, 0, 0, 0]],
+    # Seed 102852, shrunk: a graph that allocates and copies from pinned memory is launched after the
+    # pinned memory was closed; the refused launch must not make the graph's allocation real (the
+    # simulator ran the alloc node before it found the freed copy source, and the memory leaked).
+    "failed-launch": [
+        ["stream", 884401139, 499957522, 330277541, 1073162059, 274719572, 724614804],
+        ["pinned", 692303269, 1053846249, 344334763, 360223784, 84741598, 670098187],
+        ["capture", 466720544, 226323430, 358564775, 111332360, 209791491, 317013776,
+         [["alloc_on", 513503716, 139892680, 431601184, 16249664, 333093727, 149373717],
+          ["h2d_on", 827682202, 1011015861, 831798579, 208805813, 88095984, 909176668]]],
+        ["close_pinned", 644977312, 138304416, 1060459905, 656400656, 466834792, 475587220],
+        ["launch", 576438577, 260970314, 894456767, 751132654, 1019713505, 572311170]],
 }  # fmt: skip
 
 

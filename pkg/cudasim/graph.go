@@ -119,9 +119,14 @@ func (d *Driver) GraphLaunch(c cuda.Context, eh cuda.GraphExec, sh cuda.Stream) 
 		s.cap.nodes = append(s.cap.nodes, e.nodes...)
 		return nil
 	}
-	for _, n := range e.nodes { // the driver refuses the launch before any node runs
+	// What the simulator refuses, it refuses before any node runs, so a failed launch has no effect (no
+	// graph allocation made live, no bytes moved): the driver refuses a live allocation's relaunch up front.
+	for _, n := range e.nodes {
 		if a := v.exact(n.dst); n.kind == nodeAlloc && a != nil && a.kind == kindGraph && a.graphLive {
 			return errf(op, cuda.ErrorInvalidValue, "the graph's allocation at %#x from an earlier launch was not freed: free it before launching the graph again", uint64(n.dst))
+		}
+		if (n.kind == nodeHtoD || n.kind == nodeDtoH) && n.pinned && !d.stillPinned(n.pinBase) {
+			return errf(op, cuda.ErrorInvalidValue, "the pinned host memory of a copy was freed")
 		}
 	}
 	for i := range e.nodes {

@@ -18,6 +18,12 @@ const (
 type CacheOptions struct {
 	MaxBlock  uint64 // largest request served from size classes (default 64 MiB)
 	MaxCached uint64 // most bytes held in the free lists at once (default 1 GiB)
+	// Keep says whether blocks freed on stream s may be kept: a kept block is freed on s later (Release),
+	// so s must stay valid until the cache hears of its destruction (ReleaseStream). A stream another
+	// library owns (CuPy's, PyTorch's, cuda.core's) may be destroyed without a word, and handing its
+	// handle to the driver then crashes the process: its blocks go straight back to the pool. nil keeps
+	// blocks of every stream; the default streams are always kept.
+	Keep func(s cuda.Stream) bool
 }
 
 // Cache is the hot path in front of a stream-ordered Pool: a freed block of up to MaxBlock bytes is kept
@@ -44,6 +50,7 @@ type Cache struct {
 	maxBlock  uint64
 	maxCached uint64
 	nClasses  int
+	keep      func(cuda.Stream) bool
 
 	// streams is copy-on-write: readers load it with one atomic and scan it (programs use a handful of
 	// streams, so a scan beats hashing); writers, rare, hold tabMu and publish a new slice.
@@ -89,7 +96,7 @@ func NewCache(inner Resource, opts CacheOptions) *Cache {
 	}
 	opts.MaxBlock = min(opts.MaxBlock, 1<<62) // keeps class arithmetic far from overflow
 	idx, _ := classOf(opts.MaxBlock)
-	return &Cache{inner: inner, maxBlock: opts.MaxBlock, maxCached: opts.MaxCached, nClasses: idx + 1}
+	return &Cache{inner: inner, maxBlock: opts.MaxBlock, maxCached: opts.MaxCached, nClasses: idx + 1, keep: opts.Keep}
 }
 
 // classOf returns the size class of n > 0: its index and its size.
@@ -226,7 +233,7 @@ func (c *Cache) Deallocate(p cuda.DevicePtr, size uint64, s cuda.Stream) error {
 	if c.graphLive.Load() > 0 && c.forgetCaptured(p) {
 		return c.inner.Deallocate(p, cs, s)
 	}
-	if s = normStream(s); s == cuda.StreamPerThread || !c.reserve(cs) {
+	if s = normStream(s); s == cuda.StreamPerThread || c.keep != nil && s != cuda.StreamLegacy && !c.keep(s) || !c.reserve(cs) {
 		return c.inner.Deallocate(p, cs, s)
 	}
 	for {

@@ -134,3 +134,34 @@ func TestTilesBeyondTheDeviceFailAtOnce(t *testing.T) {
 		assert.Zero(t, s.Stats().InUse)
 	}
 }
+
+func TestCacheKeepsOnlyStreamsItMayOutlive(t *testing.T) {
+	const own, foreign = cuda.Stream(0x1000), cuda.Stream(0x2000)
+	f := newFake()
+	f.oomEvery, f.badEvery = 0, 0
+	c := NewCache(f, CacheOptions{Keep: func(s cuda.Stream) bool { return s == own }})
+	for _, tc := range []struct {
+		name string
+		s    cuda.Stream
+		kept bool
+	}{
+		{"the legacy stream is always kept", cuda.StreamLegacy, true},
+		{"a stream Keep vouches for", own, true},
+		{"a stream another library owns goes straight back", foreign, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := f.liveBytes()
+			p, err := c.Allocate(4096, tc.s)
+			require.NoError(t, err)
+			require.NoError(t, c.Deallocate(p, 4096, tc.s))
+			if tc.kept {
+				assert.Equal(t, before+4096, f.liveBytes(), "the block waits in the cache")
+			} else {
+				assert.Equal(t, before, f.liveBytes(), "the block was freed at once on its stream")
+			}
+		})
+	}
+	require.NoError(t, c.Release())
+	assert.Zero(t, f.liveBytes())
+	assert.Empty(t, f.errs)
+}

@@ -184,7 +184,7 @@ func GetDevice(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	stack, err := memory.NewStack(dd, withDiagnostics(dd, memory.StackOptions{Quiet: Capturing}))
+	stack, err := memory.NewStack(dd, stackOptions(dd, memory.StackOptions{}))
 	if err != nil {
 		_ = dd.Close()
 		return nil, err
@@ -223,8 +223,7 @@ func (d *Device) SetStrategy(requested string, opts memory.StackOptions) error {
 		return err
 	}
 	opts.Strategy = d.Strategy()
-	opts.Quiet = Capturing // the pool is not queried while a capture runs (memory.WithQuiet)
-	stack, err := memory.NewStack(d.Device, withDiagnostics(d.Device, opts))
+	stack, err := memory.NewStack(d.Device, stackOptions(d.Device, opts))
 	if err != nil {
 		return err
 	}
@@ -234,4 +233,20 @@ func (d *Device) SetStrategy(requested string, opts memory.StackOptions) error {
 		return err
 	}
 	return old.Close()
+}
+
+// stackOptions completes the options of a device's allocator with what the process knows: the pool is
+// not queried while a capture runs (memory.WithQuiet), the cache keeps only blocks of streams whose
+// destruction cudacore hears of (memory.CacheOptions.Keep: the default streams and its own), and the
+// diagnostics (the flight recorder, other processes' memory).
+func stackOptions(d *device.Device, opts memory.StackOptions) memory.StackOptions {
+	opts.Quiet = Capturing
+	opts.Cache.Keep = func(h cuda.Stream) bool {
+		if stream.IsDefault(h) {
+			return true
+		}
+		_, ok := Streams.Get(int(uint64(h)))
+		return ok
+	}
+	return withDiagnostics(d, opts)
 }
