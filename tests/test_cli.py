@@ -143,7 +143,7 @@ def test_main_in_process_broken_pipe() -> None:
 def test_main_in_process_writes_to_the_given_streams() -> None:
     out, err = io.StringIO(), io.StringIO()
     assert main(["doctor", "--json"], out=out, err=err) == 0
-    assert json.loads(out.getvalue())["backend"] == "sim"
+    assert json.loads(out.getvalue())["backend"] == cc.backend()
     assert err.getvalue() == ""
 
 

@@ -37,7 +37,9 @@ def _env(tmp: Path) -> dict[str, str]:
     cli.chmod(0o755)
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(bin_dir), env.get("PATH", "")])
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), env.get("PYTHONPATH", "")])
+    # The cudacore this interpreter imports comes first (an installed wheel on the GPU machine, where the
+    # sources hold no built extension); the sources are the fallback.
+    env["PYTHONPATH"] = os.pathsep.join([p for p in (env.get("PYTHONPATH", ""), str(ROOT / "python")) if p])
     env["MPLBACKEND"] = "Agg"
     return env
 

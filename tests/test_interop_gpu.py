@@ -202,7 +202,8 @@ def test_torch_workload_on_cudacore_allocator() -> None:
     # torch keeps one allocation for the process: cuBLAS's workspace (32 MiB on the H100, seen live_after 1).
     assert r["live_after"] <= 1 and r["in_use_after"] <= r["in_use_before"] + (64 << 20)
     assert r["oom_type"] == "RuntimeError", "torch must raise for a 64 TiB tensor on cudacore's allocator"
-    assert r["oom_message"].startswith("cudacore: out of memory allocating 64.0 TiB")
+    assert r["oom_message"].startswith("cudacore: ")
+    assert "out of memory allocating 64.0 TiB" in r["oom_message"]
     assert r["last_error"] == "OutOfMemoryError"
 
 

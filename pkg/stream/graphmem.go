@@ -181,6 +181,19 @@ func (m *Manager) reissued(p cuda.DevicePtr) {
 	}
 }
 
+// ForgetVoid says whether p is void (see graphMemory) and, if so, forgets it: its owner has let go.
+func (m *Manager) ForgetVoid(p cuda.DevicePtr) bool {
+	gm := &m.gm
+	gm.mu.Lock()
+	defer gm.mu.Unlock()
+	if _, ok := gm.void[p]; !ok {
+		return false
+	}
+	delete(gm.void, p)
+	gm.count()
+	return true
+}
+
 // TakeVoided returns the pointers made void since the last call (see graphMemory) and forgets the list.
 func (m *Manager) TakeVoided() []cuda.DevicePtr {
 	gm := &m.gm

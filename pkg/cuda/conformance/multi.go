@@ -145,6 +145,7 @@ func testExportablePool(t *testing.T, e *env) {
 	defer func() { assert.NoError(t, d.MemPoolDestroy(c, pool)) }()
 	p, err := d.MemAllocFromPoolAsync(c, 1000, pool, cuda.StreamLegacy)
 	require.NoError(t, err)
+	require.NoError(t, d.StreamSynchronize(c, cuda.StreamLegacy)) // the allocation exists once its stream reached it
 	data, err := d.MemPoolExportPointer(c, p)
 	require.NoError(t, err)
 	assert.NotEqual(t, cuda.IpcHandle{}, data)
