@@ -128,9 +128,21 @@ func (d *Driver) GraphLaunch(c cuda.Context, eh cuda.GraphExec, sh cuda.Stream) 
 		if (n.kind == nodeHtoD || n.kind == nodeDtoH) && n.pinned && !d.stillPinned(n.pinBase) {
 			return errf(op, cuda.ErrorInvalidValue, "the pinned host memory of a copy was freed")
 		}
+		if err := v.check(op, &n); err != nil {
+			return err
+		}
 	}
 	for i := range e.nodes {
 		if err := d.run(op, v, &e.nodes[i]); err != nil {
+			// A node that fails after the checks (memory a node of this launch freed) ends the launch; the
+			// allocations this launch made are taken back, so that nothing stays allocated for no owner.
+			for j := range i {
+				if n := e.nodes[j]; n.kind == nodeAlloc {
+					if a := v.exact(n.dst); a != nil && a.kind == kindGraph && a.graphLive {
+						a.graphLive = false
+					}
+				}
+			}
 			return err
 		}
 	}

@@ -34,6 +34,22 @@ func (r *Registry) Defer(fn func()) {
 	fn()
 }
 
+// RunOrDefer runs fn now if no capture is in progress, holding the registry so that no capture can
+// begin while it runs, else when the last capture ends (as Defer). It is for calls that a capture
+// forbids (a synchronous free): with Defer a capture begun on another thread between the check and the
+// call would be invalidated by it. fn must not begin or end a capture. It returns fn's error when fn
+// ran now; a deferred fn's error is dropped (no caller is left to take it).
+func (r *Registry) RunOrDefer(fn func() error) error {
+	r.mu.Lock()
+	if r.active.Load() > 0 {
+		r.deferred = append(r.deferred, func() { _ = fn() })
+		r.mu.Unlock()
+		return nil
+	}
+	defer r.mu.Unlock()
+	return fn()
+}
+
 // Deferred returns how many deferred calls wait for the captures to end.
 func (r *Registry) Deferred() int {
 	r.mu.Lock()
@@ -578,6 +594,13 @@ func (m *Manager) after(op string, s *Stream, err error) error {
 		sm := c.stream.m
 		st, qerr := sm.drv.StreamIsCapturing(sm.ctx, c.stream.h)
 		if c.stream != s && qerr == nil && st == cuda.CaptureStatusActive {
+			continue
+		}
+		if c.mode != cuda.CaptureModeRelaxed && c.tid != gettid() {
+			// The driver ends a GLOBAL or THREAD_LOCAL capture only on the thread that began it: ended
+			// here it would stay at the driver while cudacore forgot it, and the next unsafe call would
+			// meet a capture cudacore no longer guards. It stays registered (its rules still apply), and
+			// its own end_capture reports the invalidation.
 			continue
 		}
 		ended = append(ended, c.stream.String())

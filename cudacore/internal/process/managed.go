@@ -77,11 +77,8 @@ func (d *Device) freeManaged(p cuda.DevicePtr, size uint64) (handled bool, err e
 		t.mu.Unlock()
 		return nil
 	}
-	if Capturing() {
-		DeferUntilNoCapture(func() { _ = free() })
-		return true, nil
-	}
-	return true, free()
+	// cuMemFree synchronizes: it runs now only while no capture can begin, else once the captures end.
+	return true, captures.RunOrDefer(free)
 }
 
 // ManagedRange checks that [p, p+n) lies inside one live managed allocation of d.

@@ -59,14 +59,10 @@ func (d *Device) FreePinned(addr uintptr) error {
 		return cuda.NewError("cudacore.free_pinned", cuda.ErrorInvalidValue,
 			fmt.Sprintf("0x%x is not pinned memory allocated by cudacore on %s, or it was freed already", addr, d))
 	}
-	if Capturing() {
-		// cuMemFreeHost during a GLOBAL (or this thread's THREAD_LOCAL) capture fails with 900 and
-		// invalidates it; a PinnedBuffer collected by the GC can be freed at any moment. Free it once the
-		// captures end.
-		captures.Defer(func() { _ = t.res.FreeHost(b) })
-		return nil
-	}
-	if err := t.res.FreeHost(b); err != nil {
+	// cuMemFreeHost during a GLOBAL (or this thread's THREAD_LOCAL) capture fails with 900 and
+	// invalidates it, and a PinnedBuffer collected by the GC can be freed at any moment: the free runs now
+	// only while no capture can begin, else once the captures end.
+	if err := captures.RunOrDefer(func() error { return t.res.FreeHost(b) }); err != nil {
 		// Still allocated: it stays live, so that the caller can free it again (and pinned_in_use, which
 		// still counts it, can come back down).
 		t.mu.Lock()
