@@ -10,6 +10,7 @@ An HTML comment on the line before a block qualifies it:
   ``CUDACORE_BACKEND=cuda`` and a device. A later block of the same file must not need its names.
 - ``<!-- docs-test: requires cupy torch -->``: needs those modules; skipped (and left out of type
   checking) where one is missing.
+- ``<!-- docs-test: sim -->``: needs the simulator (its test hooks); skipped on a GPU machine.
 - ``<!-- docs-test: devices N -->``: needs N devices: on the simulator the file's blocks run with N
   simulated devices (``CUDACORE_SIM_DEVICES``); on a GPU machine with fewer, the block is skipped.
 - ``<!-- docs-test: skip REASON -->``: a shell block that is not run by the test (for example one that
@@ -42,6 +43,7 @@ class Block:
     requires: list[str] = field(default_factory=list)
     skip: str | None = None
     devices: int = 1  # how many devices the block needs (``<!-- docs-test: devices N -->``)
+    sim: bool = False  # the block needs the simulator (``<!-- docs-test: sim -->``)
 
     @property
     def where(self) -> str:
@@ -81,6 +83,8 @@ def blocks(path: Path) -> list[Block]:
                 block.requires = rest.split()
             elif kind == "skip":
                 block.skip = rest
+            elif kind == "sim":
+                block.sim = True
             elif kind == "devices":
                 block.devices = int(rest)
             else:

@@ -56,6 +56,8 @@ def _runs_here(b: Block) -> str | None:
         return f"not run by this test: {b.skip}"
     if b.gpu and not ON_GPU:
         return "needs a GPU (CUDACORE_BACKEND=cuda)"
+    if b.sim and ON_GPU:
+        return "needs the simulator (its test hooks)"
     if b.devices > 1 and ON_GPU and _gpu_count() < b.devices:
         return f"needs {b.devices} GPUs"
     missing = b.missing()

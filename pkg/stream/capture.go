@@ -214,6 +214,13 @@ func unsafeMsg(what string, c *capture, fix string) string {
 
 const fixSync = "end the capture first (end_capture(), or leave the `with stream.capture()` block), then synchronize; to order work inside the capture use events and stream.wait(event)"
 
+// Failed handles err, the failure of an operation op that cudacore made on stream h outside the
+// Manager (a free through the allocator): a capture error ends the captures it invalidated that this
+// thread may end, as for the Manager's own operations (see after). It returns the error to report.
+func (m *Manager) Failed(op string, h cuda.Stream, err error) error {
+	return m.after(op, m.lookup(h), err)
+}
+
 // CheckUnsafe refuses, before the driver sees it, a potentially unsafe call (one that synchronizes or
 // allocates synchronously: what) while a capture forbids it on the calling thread (900, see
 // unsafeCapture); fix says what to do instead.

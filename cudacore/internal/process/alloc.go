@@ -90,8 +90,9 @@ func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 		if streams.GraphMemory(h, p) {
 			// A free node of h's capture.
 			if err := d.freeNow(p, size, h); err != nil {
-				// The driver had invalidated the capture: cudacore ended it (stream.Manager.after), which
-				// discarded its graph memory, p with it. Nothing is left to free.
+				// The driver had invalidated the capture: ending it (Manager.Failed) discards its graph
+				// memory, p with it, so nothing is left to free.
+				err = streams.Failed("free", h, err)
 				if stream.IsCaptureResult(cuda.ResultOf(err)) && streams.ForgetVoid(p) {
 					return nil
 				}

@@ -35,6 +35,13 @@ func (d *Device) AllocPinned(size int64) (uintptr, error) {
 		return 0, cuda.NewError("cudacore.allocate_pinned", cuda.ErrorInvalidValue,
 			fmt.Sprintf("size must be positive, got %d", size))
 	}
+	if Capturing() {
+		// cuMemHostAlloc is an unsafe call during capture: the driver answers 900 and invalidates it.
+		if err := d.Streams().CheckUnsafe("allocate_pinned", "allocating pinned host memory (cuMemHostAlloc)",
+			"allocate pinned memory before the capture and reuse it inside"); err != nil {
+			return 0, err
+		}
+	}
 	t := d.pinnedTable()
 	b, err := t.res.AllocateHost(uint64(size))
 	if err != nil {
