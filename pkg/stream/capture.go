@@ -42,7 +42,8 @@ func (r *Registry) Defer(fn func()) {
 func (r *Registry) RunOrDefer(fn func() error) error {
 	r.mu.Lock()
 	if r.active.Load() > 0 {
-		r.deferred = append(r.deferred, func() { _ = fn() })
+		// Run later under the same rule: a capture may begin between the last one ending and this call.
+		r.deferred = append(r.deferred, func() { _ = r.RunOrDefer(fn) })
 		r.mu.Unlock()
 		return nil
 	}

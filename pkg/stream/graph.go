@@ -144,24 +144,26 @@ func (g *Graph) onStream(op string, s *Stream, call func(cuda.Context, cuda.Grap
 		return err
 	}
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	x, err := g.exec(op)
 	if err != nil {
+		g.mu.Unlock()
 		return err
 	}
 	launch := op == "graph_launch"
 	if launch {
 		if err := g.m.checkLaunch(op, g); err != nil {
+			g.mu.Unlock()
 			return err
 		}
 	}
-	if err := g.m.after(op, s, call(g.m.ctx, x, s.h)); err != nil {
-		return err
-	}
-	if launch {
+	err = call(g.m.ctx, x, s.h)
+	if err == nil && launch {
 		g.m.launched(g, s)
 	}
-	return nil
+	g.mu.Unlock()
+	// after may end captures, which runs the frees deferred until then; one of memory this graph uses
+	// waits for the graph (afterDestroy takes g.mu), so g.mu is not held here.
+	return g.m.after(op, s, err)
 }
 
 // Update takes the parameters of other, a graph of the same topology (cuGraphExecUpdate), into g's

@@ -38,9 +38,9 @@ type graphMemory struct {
 
 	mu     sync.Mutex
 	allocs map[cuda.DevicePtr]*graphAlloc
-	void   map[cuda.DevicePtr]struct{} // void pointers whose owner has not freed them yet
-	voided []cuda.DevicePtr            // void pointers not yet reported by TakeVoided
-	users  map[*Graph]struct{}         // live graphs that use memory they did not allocate
+	void   map[cuda.DevicePtr]uint64 // void pointers (by size) whose owner has not let go yet
+	voided []cuda.DevicePtr          // void pointers not yet reported by TakeVoided
+	users  map[*Graph]struct{}       // live graphs that use memory they did not allocate
 }
 
 type graphAllocState uint8
@@ -61,7 +61,7 @@ type graphAlloc struct {
 type span struct{ lo, hi cuda.DevicePtr }
 
 func (gm *graphMemory) count() {
-	gm.active.Store(int32(len(gm.allocs) + len(gm.void) + len(gm.users)))
+	gm.active.Store(int32(len(gm.allocs) + len(gm.void) + len(gm.voided) + len(gm.users)))
 }
 
 // noteUse records that the capture on s uses [p, p+n) (n may be 1 for a pointer whose extent is unknown).
@@ -147,10 +147,22 @@ func (m *Manager) voidLocked(p cuda.DevicePtr, size uint64) {
 		_ = st.Forget(p, size) // an unknown p was never on the books
 	}
 	if gm.void == nil {
-		gm.void = map[cuda.DevicePtr]struct{}{}
+		gm.void = map[cuda.DevicePtr]uint64{}
 	}
-	gm.void[p] = struct{}{}
+	gm.void[p] = size
 	gm.voided = append(gm.voided, p)
+	gm.count()
+}
+
+// unvoidLocked forgets void pointer p everywhere: its owner let go, or the driver handed p out again (a
+// stale entry must neither swallow the new owner's free nor make the Python layer close its Buffer).
+// Caller holds gm.mu.
+func (m *Manager) unvoidLocked(p cuda.DevicePtr) {
+	gm := &m.gm
+	delete(gm.void, p)
+	if i := slices.Index(gm.voided, p); i >= 0 {
+		gm.voided = slices.Delete(gm.voided, i, i+1)
+	}
 	gm.count()
 }
 
@@ -176,8 +188,7 @@ func (m *Manager) reissued(p cuda.DevicePtr) {
 	gm.mu.Lock()
 	defer gm.mu.Unlock()
 	if _, ok := gm.void[p]; ok {
-		delete(gm.void, p)
-		gm.count()
+		m.unvoidLocked(p)
 	}
 }
 
@@ -189,12 +200,12 @@ func (m *Manager) ForgetVoid(p cuda.DevicePtr) bool {
 	if _, ok := gm.void[p]; !ok {
 		return false
 	}
-	delete(gm.void, p)
-	gm.count()
+	m.unvoidLocked(p)
 	return true
 }
 
-// TakeVoided returns the pointers made void since the last call (see graphMemory) and forgets the list.
+// TakeVoided returns the pointers made void since the last call (see graphMemory) and forgets them:
+// the caller (the Python layer) marks their Buffers closed, so no free of them is to come.
 func (m *Manager) TakeVoided() []cuda.DevicePtr {
 	gm := &m.gm
 	if gm.active.Load() == 0 {
@@ -204,6 +215,10 @@ func (m *Manager) TakeVoided() []cuda.DevicePtr {
 	defer gm.mu.Unlock()
 	out := gm.voided
 	gm.voided = nil
+	for _, p := range out {
+		delete(gm.void, p)
+	}
+	gm.count()
 	return out
 }
 
@@ -219,9 +234,8 @@ func (m *Manager) FreeGraphAware(p cuda.DevicePtr, size uint64, free func() erro
 		return false, nil
 	}
 	gm.mu.Lock()
-	if _, ok := gm.void[p]; ok {
-		delete(gm.void, p)
-		gm.count()
+	if vs, ok := gm.void[p]; ok && vs == size {
+		m.unvoidLocked(p)
 		gm.mu.Unlock()
 		return true, nil
 	}

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 )
@@ -47,5 +48,48 @@ func FuzzUsesRange(f *testing.F) {
 			}
 		}
 		assert.Equal(t, want, g.usesRange(cuda.DevicePtr(p), size), "spans %v, range [%d, +%d)", spans, p, size)
+	})
+}
+
+// The void pointers (graph memory whose graph was destroyed before a launch) must never outlive their
+// owner's letting go: a stale entry would swallow a later owner's free, or make the Python layer close a
+// later owner's Buffer.
+func TestVoidPointersDoNotOutliveTheirOwner(t *testing.T) {
+	const p, q = cuda.DevicePtr(0x1000), cuda.DevicePtr(0x9000)
+	destroyedBeforeLaunch := func(m *Manager) {
+		g := &Graph{m: m}
+		m.adopt(g, map[cuda.DevicePtr]uint64{p: 256}, nil)
+		m.graphGone(g)
+	}
+	t.Run("reissued before the Python layer took the list", func(t *testing.T) {
+		m := &Manager{}
+		m.adopt(&Graph{m: m}, map[cuda.DevicePtr]uint64{q: 256}, nil) // other graph memory alive
+		destroyedBeforeLaunch(m)
+		m.reissued(p)
+		assert.Empty(t, m.TakeVoided(), "the new owner's Buffer must not be closed")
+	})
+	t.Run("forgotten, then the address is a new graph's", func(t *testing.T) {
+		m := &Manager{}
+		destroyedBeforeLaunch(m)
+		require.True(t, m.ForgetVoid(p))
+		m.adopt(&Graph{m: m}, map[cuda.DevicePtr]uint64{p: 256}, nil)
+		assert.Empty(t, m.TakeVoided(), "no stale report")
+	})
+	t.Run("taken by the Python layer, then an ordinary allocation at p is freed", func(t *testing.T) {
+		m := &Manager{}
+		destroyedBeforeLaunch(m)
+		assert.Equal(t, []cuda.DevicePtr{p}, m.TakeVoided())
+		assert.Zero(t, m.gm.active.Load(), "nothing left to slow frees down")
+		freed := false
+		handled, err := m.FreeGraphAware(p, 4096, func() error { freed = true; return nil }, func() {})
+		require.NoError(t, err)
+		assert.False(t, handled || freed, "an ordinary free is the caller's to make")
+	})
+	t.Run("a void pointer freed with another size is not swallowed", func(t *testing.T) {
+		m := &Manager{}
+		destroyedBeforeLaunch(m)
+		handled, err := m.FreeGraphAware(p, 4096, func() error { return nil }, func() {})
+		require.NoError(t, err)
+		assert.False(t, handled)
 	})
 }

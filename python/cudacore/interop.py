@@ -38,8 +38,6 @@ from ._api import call, core
 from ._device import Device
 from ._errors import error, from_wire
 from ._external import ExternalBuffer, asbuffer, from_dlpack
-from ._native import fast
-from ._stream import Event
 
 # Arrays in (zero-copy) live in _external, a layer below, because Device.from_array uses them too. Its
 # DLPack constants and ABI structures stay reachable here, where they were (tests build capsules with them).
@@ -191,8 +189,8 @@ def _cuda_core_resource_class() -> type:
         and :class:`~cudacore.OutOfMemoryError` (a ``MemoryError``) apply to cuda.core's buffers.
 
         Each allocation is a :class:`cudacore.Buffer` on the allocating stream, kept by the resource until
-        cuda.core deallocates it. A deallocation on another stream first makes the buffer's stream wait for
-        that stream's work (an event; the host does not wait), so the memory is reused only after both.
+        cuda.core deallocates it. A deallocation on another stream is ordered on that stream (the
+        allocating stream may be gone by then), as cuda.core's own resources do.
         """
 
         def __init__(self, device: Device) -> None:
@@ -212,13 +210,12 @@ def _cuda_core_resource_class() -> type:
                 raise error("CUDA_ERROR_INVALID_VALUE", f"{addr:#x} ({size} bytes) was not allocated by this cudacore resource, or was deallocated already", op="cudacore.deallocate")
             handle = _cuda_core_stream(stream)
             if handle and handle != buf.stream_handle:
-                ev = Event(self._device, timing=False)
-                try:
-                    ev.record(handle)
-                    fast.stream_wait_event(self._device.device_id, buf.stream_handle or 1, ev._live())
-                finally:
-                    ev.close()
-            buf.close()
+                # Freed in the order of the stream cuda.core names, which is alive now; the allocating stream
+                # may be gone already (cuda.core does not tell), and its handle must not reach the driver.
+                call(core.Free, self._device.device_id, addr, size, handle)
+                buf._void()
+            else:
+                buf.close()
             del self._live[addr]
 
         @property

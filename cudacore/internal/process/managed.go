@@ -12,10 +12,18 @@ import (
 // that the driver migrates on demand. They are kept apart from the device's allocator (they are neither
 // pool memory nor cacheable) and freed through Free like every Buffer, which finds them here first.
 type managedTable struct {
-	n     atomic.Int32 // live allocations: Free skips the table when zero
-	mu    sync.Mutex
-	live  map[cuda.DevicePtr]uint64
-	inUse uint64
+	n       atomic.Int32 // live allocations: Free skips the table when zero
+	mu      sync.Mutex
+	live    map[cuda.DevicePtr]uint64
+	pending map[cuda.DevicePtr]struct{} // out of live, their free waiting for the captures to end
+	inUse   uint64
+}
+
+func (t *managedTable) freeing(p cuda.DevicePtr) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.pending[p]
+	return ok
 }
 
 // AllocateManaged allocates size bytes of managed memory, attached globally (every stream may use it).
@@ -42,7 +50,7 @@ func (d *Device) AllocateManaged(size uint64) (cuda.DevicePtr, error) {
 	}
 	t.live[p] = size
 	t.inUse += size
-	t.n.Store(int32(len(t.live)))
+	t.n.Store(int32(len(t.live) + len(t.pending)))
 	t.mu.Unlock()
 	return p, nil
 }
@@ -56,26 +64,41 @@ func (d *Device) freeManaged(p cuda.DevicePtr, size uint64) (handled bool, err e
 	}
 	t.mu.Lock()
 	have, ok := t.live[p]
+	if ok && have == size {
+		// Out of the table before the free, which may wait for the captures to end: a second free of p
+		// meanwhile is refused below rather than queued (it could free a later allocation at p).
+		delete(t.live, p)
+	}
 	t.mu.Unlock()
 	if !ok {
+		if t.freeing(p) {
+			return true, cuda.NewError("cudacore.free", cuda.ErrorInvalidValue, fmt.Sprintf(
+				"managed memory %#x is being freed already", uint64(p)))
+		}
 		return false, nil
 	}
 	if have != size {
 		return true, cuda.NewError("cudacore.free", cuda.ErrorInvalidValue, fmt.Sprintf(
 			"managed memory %#x was allocated with %d bytes, not %d", uint64(p), have, size))
 	}
+	t.mu.Lock()
+	if t.pending == nil {
+		t.pending = map[cuda.DevicePtr]struct{}{}
+	}
+	t.pending[p] = struct{}{}
+	t.mu.Unlock()
 	free := func() error {
-		if err := d.Driver().MemFree(d.Context(), p); err != nil {
-			return err
-		}
+		err := d.Driver().MemFree(d.Context(), p)
 		t.mu.Lock()
-		if _, ok := t.live[p]; ok {
-			delete(t.live, p)
+		delete(t.pending, p)
+		if err != nil {
+			t.live[p] = size // still allocated: it can be freed again
+		} else {
 			t.inUse -= size
-			t.n.Store(int32(len(t.live)))
 		}
+		t.n.Store(int32(len(t.live) + len(t.pending)))
 		t.mu.Unlock()
-		return nil
+		return err
 	}
 	// cuMemFree synchronizes: it runs now only while no capture can begin, else once the captures end.
 	return true, captures.RunOrDefer(free)
