@@ -204,8 +204,10 @@ func (m *Manager) ForgetVoid(p cuda.DevicePtr) bool {
 	return true
 }
 
-// TakeVoided returns the pointers made void since the last call (see graphMemory) and forgets them:
-// the caller (the Python layer) marks their Buffers closed, so no free of them is to come.
+// TakeVoided returns the pointers made void since the last call (see graphMemory). They stay void until
+// their owner's free (a no-op) or until the driver hands the address out again: the Python layer marks
+// the Buffers it knows of closed, but an owner it does not know of (a collected Buffer, a framework's
+// allocation) may still free one, and that free must not take the bytes off the books a second time.
 func (m *Manager) TakeVoided() []cuda.DevicePtr {
 	gm := &m.gm
 	if gm.active.Load() == 0 {
@@ -215,9 +217,6 @@ func (m *Manager) TakeVoided() []cuda.DevicePtr {
 	defer gm.mu.Unlock()
 	out := gm.voided
 	gm.voided = nil
-	for _, p := range out {
-		delete(gm.void, p)
-	}
 	gm.count()
 	return out
 }
