@@ -7,7 +7,8 @@
 #     coming from the packaging environment);
 #  3. check the wheel: auditwheel's policy, a stripped extension, `twine check --strict` of both files;
 #  4. install it into a fresh virtual environment with no Go on PATH (timed), import it from outside the
-#     sources, run `cudacore doctor` and the quick start on the simulator;
+#     sources, run `cudacore doctor` and the quick start on the simulator, and check that the PyTorch
+#     shim's C++ exception reaches a program built with the system's libstdc++ (scripts/shim_probe.cc);
 #  5. run SDIST_TESTS from the unpacked sdist against the installed wheel (pytest and numpy are installed
 #     into that environment from the package index first). Not the whole suite: the pytest plugin's and
 #     the notebook's tests run the source tree's python/ (docs/building.md says how to run it all).
@@ -72,6 +73,11 @@ cd "$tmp"
 run python -c 'import cudacore, sys; assert cudacore.__file__.startswith(sys.prefix), cudacore.__file__; print(cudacore.__file__)'
 run cudacore doctor
 run python "$src/examples/quickstart.py" >"$tmp/quickstart.log" || { cat "$tmp/quickstart.log"; fail "the quick start failed"; }
+# The PyTorch shim's C++ exception reaches a program built with the system's libstdc++ (scripts/shim_probe.cc).
+[ -x "$base-config" ] || fail "no $base-config (the Python development files)"
+# shellcheck disable=SC2046  # the config's flags are words
+g++ -O1 -o "$tmp/shim_probe" "$src/scripts/shim_probe.cc" $("$base-config" --includes) $("$base-config" --embed --ldflags)
+run env PYTHONPATH="$(run python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" "$tmp/shim_probe"
 
 echo "== 5. tests from the unpacked sdist against the installed wheel: $SDIST_TESTS"
 run pip install --quiet --disable-pip-version-check pytest numpy

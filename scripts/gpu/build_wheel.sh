@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the cp312 wheel that the GPU machine installs (it has Python 3.12 and no Go): run here, on the
+# Build the cp312 manylinux wheel that the GPU machine installs (it has Python 3.12 and no Go): run here, on the
 # development machine, from anywhere. The wheel lands in dist/; scripts/gpu/run.sh installs it there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
