@@ -98,7 +98,7 @@ func Verify(d *Device) []Probe {
 	out = append(out, vmm)
 
 	ipc := Probe{Name: "IPC handle types", Status: NotProbed,
-		Reason: "cudacore cannot export or import pool memory yet; the memory pools' supported handle types are shown"}
+		Reason: "the memory pools' supported handle types are shown; `cudacore doctor` (without --verify) tries each way of sharing memory with another process"}
 	if v, err := drv.DeviceAttribute(d.Handle(), attrPoolHandleTypes); err == nil {
 		ipc.Claimed = claim(v != 0)
 		var types []string
