@@ -88,6 +88,42 @@ def test_stream_none_means_the_current_stream(dev: cc.Device) -> None:
     s.close()
 
 
+class _MyStream(cc.Stream):
+    """A subclass: not the exact type the C door reads directly, so it takes the Python path."""
+
+    __slots__ = ()
+
+
+def test_allocate_takes_every_stream_form(dev: cc.Device) -> None:
+    """Device.allocate resolves its stream in C for the common forms and in Python for the rest: each form
+    orders the buffer on the stream it names, and a bad one is refused with the argument named."""
+    s = dev.create_stream()
+    sub = object.__new__(_MyStream)
+    for slot in ("_device", "_handle", "_owned", "_closed", "_non_blocking", "_priority"):
+        setattr(sub, slot, getattr(s, slot))
+    sub._owned = False  # s owns the driver stream; the subclass only views it
+    cases = [(None, 0), (s, s.handle), (s.handle, s.handle), (0, 0), (cc.Stream.legacy(dev), 1), (sub, s.handle)]
+    for stream, want in cases:
+        with dev.allocate(64, stream=stream) as buf:
+            assert buf.stream_handle == want, stream
+    with s:
+        with dev.allocate(64) as buf:
+            assert buf.stream_handle == s.handle
+        with dev.allocate(64, stream=0) as buf:  # an explicit handle is not the current stream
+            assert buf.stream_handle == 0
+    with pytest.raises(cc.InvalidValueError, match="stream"):
+        dev.allocate(64, stream=-1)
+    with pytest.raises(cc.InvalidValueError, match="stream"):
+        dev.allocate(64, stream=2**64)
+    for bad in ("s", 1.5, True, object()):
+        with pytest.raises(TypeError, match="stream"):
+            dev.allocate(64, stream=bad)
+    with pytest.raises(cc.InvalidValueError, match="size"):
+        dev.allocate(0, stream=s)
+    assert dev.memory_stats()["in_use"] == 0
+    s.close()
+
+
 def test_stream_none_inside_a_capture_is_captured(dev: cc.Device) -> None:
     """Work given stream=None inside `with s:` goes into s's capture: the graph holds it."""
     s = dev.create_stream()

@@ -869,17 +869,92 @@ fast_set_stack_frames(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssi
 /* ---------------------------------------------------------------------------------------------------- */
 /* Module functions                                                                                     */
 
-PyDoc_STRVAR(allocate_doc, "allocate(device: int, size: int, stream: int) -> Buffer\n\n"
-                           "Allocate size bytes on device, ordered on the stream handle (0: legacy).");
+/* The stream arguments of the Python layer's hot methods, resolved here rather than in Python frames. Set
+ * by configure_streams(); until then every stream object takes the Python path. */
+static PyObject *handles_dict;     /* cudacore._handles' module dict: its open_stream_blocks count */
+static PyObject *stream_resolver;  /* cudacore._handles.stream_handle(stream, device) -> int */
+static PyObject *capturing_set;    /* cudacore._stream.capturing_streams: nonempty while any stream captures */
+static PyObject *capture_noter;    /* cudacore._stream.note_capture_buffers(buffers) */
+static PyObject *str_open_blocks, *str_handle_attr;
 
-static PyObject *
-fast_allocate(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+/* The handle of a stream argument (a Stream, an int handle, or None: the current stream of device), as
+ * cudacore._handles.stream_handle gives it. The common cases (no `with stream:` block open, a Stream, a
+ * non-negative int) cost no Python frame; everything else, errors included, is stream_handle's. 0, or -1
+ * with an exception set. */
+static int
+resolve_stream(PyObject *stream, int64_t device, const char *fn, int64_t *out)
 {
-    int64_t device, size, stream, ptr = 0;
-    if (door_enter("allocate", nargs, 3) < 0 || door_int(args[0], "allocate", "device", &device) < 0 ||
-        door_int(args[1], "allocate", "size", &size) < 0 || door_int(args[2], "allocate", "stream", &stream) < 0) {
-        return NULL;
+    if (stream == Py_None && handles_dict != NULL) {
+        PyObject *n = PyDict_GetItemWithError(handles_dict, str_open_blocks); /* borrowed */
+        if (n == NULL && PyErr_Occurred()) {
+            return -1;
+        }
+        if (n == NULL || (PyLong_CheckExact(n) && PyLong_AsLong(n) == 0)) {
+            *out = 0;
+            return 0;
+        }
+    } else if (stream_type != NULL && Py_TYPE(stream) == stream_type) {
+        PyObject *h = PyObject_GetAttr(stream, str_handle_attr);
+        if (h == NULL) {
+            return -1;
+        }
+        int r = door_int(h, fn, "stream", out);
+        Py_DECREF(h);
+        return r;
+    } else if (PyLong_CheckExact(stream)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(stream, &overflow);
+        if (overflow == 0 && v >= 0) {
+            *out = v;
+            return 0;
+        }
+        PyErr_Clear(); /* the resolver names the argument and its range */
     }
+    if (stream_resolver == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cudacore._fast is not configured");
+        return -1;
+    }
+    PyObject *args[2] = {stream, NULL};
+    args[1] = PyLong_FromLongLong(device);
+    if (args[1] == NULL) {
+        return -1;
+    }
+    PyObject *h = PyObject_Vectorcall(stream_resolver, args, 2, NULL);
+    Py_DECREF(args[1]);
+    if (h == NULL) {
+        return -1;
+    }
+    int r = door_int(h, fn, "stream", out);
+    Py_DECREF(h);
+    return r;
+}
+
+/* Hand new device buffers to the capture bookkeeping of the Python layer while any stream captures (a
+ * buffer allocated on a capturing stream is graph memory, which the graph's end may void). 0, or -1. */
+static int
+note_if_capturing(PyObject *buf)
+{
+    if (capturing_set == NULL || PySet_GET_SIZE(capturing_set) == 0) {
+        return 0;
+    }
+    PyObject *tuple = PyTuple_Pack(1, buf);
+    if (tuple == NULL) {
+        return -1;
+    }
+    PyObject *r = PyObject_CallOneArg(capture_noter, tuple);
+    Py_DECREF(tuple);
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Allocate through the Allocate door into a new Buffer of the configured class. */
+static PyObject *
+allocate_buffer(int64_t device, int64_t size, int64_t stream)
+{
+    int64_t ptr = 0;
     if (buffer_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "cudacore._fast is not configured");
         return NULL;
@@ -911,6 +986,71 @@ fast_allocate(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
         label_allocation(device, ptr);
     }
     return (PyObject *)b;
+}
+
+PyDoc_STRVAR(allocate_doc, "allocate(device: int, size: int, stream: int) -> Buffer\n\n"
+                           "Allocate size bytes on device, ordered on the stream handle (0: legacy).");
+
+static PyObject *
+fast_allocate(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t device, size, stream;
+    if (door_enter("allocate", nargs, 3) < 0 || door_int(args[0], "allocate", "device", &device) < 0 ||
+        door_int(args[1], "allocate", "size", &size) < 0 || door_int(args[2], "allocate", "stream", &stream) < 0) {
+        return NULL;
+    }
+    return allocate_buffer(device, size, stream);
+}
+
+PyDoc_STRVAR(device_allocate_doc, "device_allocate(device: int, size: int, stream) -> Buffer\n\n"
+                                  "Device.allocate: the stream argument as the Python layer takes it (a Stream, "
+                                  "an int handle, or None for the current stream), and a buffer allocated while "
+                                  "a stream captures handed to the capture bookkeeping.");
+
+static PyObject *
+fast_device_allocate(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t device, size, stream;
+    if (door_enter("allocate", nargs, 3) < 0 || door_int(args[0], "allocate", "device", &device) < 0 ||
+        door_int(args[1], "allocate", "size", &size) < 0 || resolve_stream(args[2], device, "allocate", &stream) < 0) {
+        return NULL;
+    }
+    PyObject *b = allocate_buffer(device, size, stream);
+    if (b != NULL && note_if_capturing(b) < 0) {
+        Py_DECREF(b); /* the allocation is freed with the object */
+        return NULL;
+    }
+    return b;
+}
+
+PyDoc_STRVAR(configure_streams_doc,
+             "configure_streams(handles_dict, stream_handle, capturing_streams, note_capture_buffers) -> None\n\n"
+             "Register what the hot methods resolve stream arguments with: cudacore._handles' module dict (its "
+             "open_stream_blocks count), its stream_handle function (every case but the common ones), and "
+             "cudacore._stream's set of capturing streams and the function new buffers go to while it is not "
+             "empty.");
+
+static PyObject *
+fast_configure_streams(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyDict_Check(args[0]) || !PyCallable_Check(args[1]) || !PySet_Check(args[2]) ||
+        !PyCallable_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "configure_streams(handles_dict: dict, stream_handle, capturing_streams: set, note)");
+        return NULL;
+    }
+    if (str_open_blocks == NULL) {
+        str_open_blocks = PyUnicode_InternFromString("open_stream_blocks");
+        str_handle_attr = PyUnicode_InternFromString("_handle");
+        if (str_open_blocks == NULL || str_handle_attr == NULL) {
+            return NULL;
+        }
+    }
+    Py_XSETREF(handles_dict, Py_NewRef(args[0]));
+    Py_XSETREF(stream_resolver, Py_NewRef(args[1]));
+    Py_XSETREF(capturing_set, Py_NewRef(args[2]));
+    Py_XSETREF(capture_noter, Py_NewRef(args[3]));
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(allocate_pinned_doc, "allocate_pinned(device: int, size: int) -> PinnedBuffer\n\n"
@@ -1321,6 +1461,9 @@ fast_fork_driver(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 
 static PyMethodDef fast_methods[] = {
     {"allocate", (PyCFunction)(void (*)(void))fast_allocate, METH_FASTCALL, allocate_doc},
+    {"device_allocate", (PyCFunction)(void (*)(void))fast_device_allocate, METH_FASTCALL, device_allocate_doc},
+    {"configure_streams", (PyCFunction)(void (*)(void))fast_configure_streams, METH_FASTCALL,
+     configure_streams_doc},
     {"allocate_pinned", (PyCFunction)(void (*)(void))fast_allocate_pinned, METH_FASTCALL, allocate_pinned_doc},
     {"wrap", (PyCFunction)(void (*)(void))fast_wrap, METH_FASTCALL, wrap_doc},
     {"borrow", (PyCFunction)(void (*)(void))fast_borrow, METH_FASTCALL, borrow_doc},

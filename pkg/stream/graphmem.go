@@ -221,6 +221,10 @@ func (m *Manager) TakeVoided() []cuda.DevicePtr {
 	return out
 }
 
+// GraphMemoryInUse says whether any graph memory or memory a live graph uses is on the books: while not,
+// FreeGraphAware has nothing to do, and a caller can free without building its callbacks.
+func (m *Manager) GraphMemoryInUse() bool { return m.gm.active.Load() != 0 }
+
 // Free is the graph-aware part of freeing p (size bytes): it returns handled=false when p is ordinary
 // memory that no live graph uses, and the caller frees it itself. Otherwise:
 //   - void graph memory: nothing to free;

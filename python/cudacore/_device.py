@@ -7,7 +7,7 @@ import operator
 import threading
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from . import _diagnostics, _handles, _ipc, _memory
+from . import _diagnostics, _ipc, _memory
 from ._api import call, core
 from ._display import device_html
 from ._errors import error
@@ -18,12 +18,11 @@ from ._handles import (
     push_current,
     register_device_type,
     set_current_ordinal,
-    stream_handle,
 )
 from ._limits import Limits, limits_for
 from ._module import Module, load_module
 from ._native import fast
-from ._stream import WAIT_SLICE_MS, Stream, capturing_streams, note_capture_buffers
+from ._stream import WAIT_SLICE_MS, Stream
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -31,6 +30,8 @@ if TYPE_CHECKING:
     from ._display import MemoryStats
     from ._memory import Buffer, ManagedBuffer, PinnedBuffer
     from ._module import ImageLike
+
+_device_allocate = fast.device_allocate
 
 __all__ = ["Device", "backend", "current_device", "device_count", "devices", "driver_version"]
 
@@ -337,13 +338,9 @@ class Device:
         InvalidValueError
             If ``nbytes`` is not positive.
         """
-        if stream is None and not _handles.open_stream_blocks:  # the hot case: no `with stream:` block open
-            buf = fast.allocate(self._ordinal, nbytes, 0)
-        else:
-            buf = fast.allocate(self._ordinal, nbytes, stream_handle(stream, self._ordinal))
-        if capturing_streams:
-            note_capture_buffers((buf,))
-        return buf
+        # C resolves the stream (the current one for None) and hands a buffer allocated while a stream
+        # captures to the capture bookkeeping (_stream.note_capture_buffers).
+        return _device_allocate(self._ordinal, nbytes, stream)
 
     def from_array(self, array: Any) -> Buffer:
         """A CuPy/PyTorch/Numba array (``__cuda_array_interface__`` or ``__dlpack__``) on this device as a

@@ -223,10 +223,6 @@ class PinnedBuffer(_CPinnedBuffer):
 fast.configure(Buffer, PinnedBuffer, _errors, Stream, _copy.HELD_MAX)
 
 
-def allocate(device: Device, nbytes: int, stream: object = None) -> Buffer:
-    return fast.allocate(device.device_id, nbytes, stream_handle(stream, device.device_id))
-
-
 def allocate_pinned(device: Device, nbytes: int) -> PinnedBuffer:
     return fast.allocate_pinned(device.device_id, nbytes)
 

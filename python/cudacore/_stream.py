@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
+from . import _handles
 from ._api import call, core
 from ._errors import closed_error, error
 from ._handles import as_device, current_stream_of, pop_current, push_current, stream_handle
@@ -52,6 +53,10 @@ def note_capture_buffers(buffers: Iterable[Any]) -> None:
         if old is not None and old is not b:
             old._void()  # the driver handed out its address again: its memory was void
         _capture_buffers[key] = b
+
+
+# Device.allocate resolves its stream argument and notes capture buffers in C, with these.
+fast.configure_streams(_handles.__dict__, stream_handle, capturing_streams, note_capture_buffers)
 
 
 def void_buffers(device_id: int) -> None:

@@ -106,6 +106,9 @@ func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 		DeferUntilNoCapture(func() { _ = d.Free(p, size, h) })
 		return nil
 	}
+	if !streams.GraphMemoryInUse() {
+		return d.freeNow(p, size, h) // the common case, without the callbacks' allocation
+	}
 	handled, err := streams.FreeGraphAware(p, size,
 		func() error { return d.freeNow(p, size, h) },
 		func() { _ = d.Free(p, size, h) })
