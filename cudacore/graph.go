@@ -68,26 +68,27 @@ func GraphUpload(id, ordinal, streamHandle int) (int, error) {
 	})
 }
 
-// GraphLaunch launches the graph on a stream; it returns 0.
+// GraphLaunch launches the graph on a stream. It returns the executable graph's handle for the direct
+// path (cudacore/native/direct.c) to launch from then on, or 0 when every launch must come here
+// (stream.Graph.DirectExec).
 //
 //cudacore:gil hold
 //cudacore:door hot
 func GraphLaunch(id, ordinal, streamHandle int) (int, error) {
 	return guard("cudacore.graph_launch", func() (int, error) {
-		return 0, launchGraph(id, ordinal, streamHandle)
+		g, err := graphOf("cudacore.graph_launch", id)
+		if err != nil {
+			return 0, err
+		}
+		s, err := graphStream("cudacore.graph_launch", g, ordinal, streamHandle)
+		if err != nil {
+			return 0, err
+		}
+		if err := g.Launch(s); err != nil {
+			return 0, err
+		}
+		return int(g.DirectExec()), nil
 	})
-}
-
-func launchGraph(id, ordinal, streamHandle int) error {
-	g, err := graphOf("cudacore.graph_launch", id)
-	if err != nil {
-		return err
-	}
-	s, err := graphStream("cudacore.graph_launch", g, ordinal, streamHandle)
-	if err != nil {
-		return err
-	}
-	return g.Launch(s)
 }
 
 // GraphUpdate updates graph id's executable graph with the parameters of graph other, of the same

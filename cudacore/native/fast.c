@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "direct.h"
 #include "door.h"
 #include "door_gen.h"
 
@@ -471,24 +472,83 @@ buffer_dlpack_device(BufferObject *self, PyObject *Py_UNUSED(ignored))
     return Py_BuildValue("(iL)", kDLCUDA, (long long)self->device);
 }
 
+/* Attribute names the hot paths read, interned once (configure_streams). */
+static PyObject *str_handle_attr, *str_owned_attr, *str_closed_attr, *str_device_attr, *str_ordinal_attr;
+static PyObject *capturing_set; /* cudacore._stream.capturing_streams: nonempty while any stream captures */
+
+/* Whether a true attribute: 1, 0, or -1 with an exception set. */
+static int
+attr_true(PyObject *o, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) {
+        return -1;
+    }
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* The handle of a cudacore Stream the direct path may use for work of device `device`, or 0 when the work
+ * must go through Go: the Stream must be of the exact class, own its driver stream (its close() marks it
+ * closed, with the GIL held, before destroying it), be open, be of the device, and no stream of cudacore may
+ * capture (a capture's rules and bookkeeping live in Go). The caller holds the GIL until the driver has the
+ * call. Never sets an exception. */
+static uint64_t
+direct_stream(PyObject *stream, int64_t device)
+{
+    if (stream_type == NULL || Py_TYPE(stream) != stream_type || capturing_set == NULL ||
+        PySet_GET_SIZE(capturing_set) != 0 || !direct_enabled(device)) {
+        return 0;
+    }
+    uint64_t handle = 0;
+    int64_t ordinal = -1;
+    PyObject *h = NULL, *dev = NULL, *ord = NULL;
+    if (attr_true(stream, str_owned_attr) == 1 && attr_true(stream, str_closed_attr) == 0 &&
+        (h = PyObject_GetAttr(stream, str_handle_attr)) != NULL && PyLong_CheckExact(h) &&
+        (dev = PyObject_GetAttr(stream, str_device_attr)) != NULL &&
+        (ord = PyObject_GetAttr(dev, str_ordinal_attr)) != NULL && PyLong_CheckExact(ord)) {
+        handle = PyLong_AsUnsignedLongLong(h);
+        ordinal = PyLong_AsLongLong(ord);
+    }
+    Py_XDECREF(h);
+    Py_XDECREF(dev);
+    Py_XDECREF(ord);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return ordinal == device ? handle : 0;
+}
+
 /* The hot case of Buffer.copy_from / copy_to: a PinnedBuffer of at most held_max bytes, all of it, on a
- * cudacore Stream of the buffer's device. It calls the generated door of CopyToDeviceHeld/CopyToHostHeld
- * with the pinned memory itself (cudacore's own allocation: no buffer export needed). 1 done, 0 not the
- * hot case (nothing done), -1 error set. */
+ * cudacore Stream of the buffer's device. The copy takes the direct path when it may (direct_stream), and
+ * otherwise the generated door of CopyToDeviceHeld/CopyToHostHeld, with the pinned memory itself
+ * (cudacore's own allocation: no buffer export needed). 1 done, 0 not the hot case (nothing done), -1
+ * error set. */
 static int
 copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
 {
     if (stream_type == NULL || Py_TYPE(stream) != stream_type || !PyObject_TypeCheck(host, &PinnedType) ||
-        self->closed || self->freeing) {
+        self->closed || self->freeing || str_handle_attr == NULL) {
         return 0;
     }
     PinnedObject *h = (PinnedObject *)host;
     if (h->closed || h->freeing || (Py_ssize_t)h->size > held_max || h->size > self->size) {
         return 0;
     }
-    PyObject *handle = PyObject_GetAttrString(stream, "_handle");
-    PyObject *dev = handle != NULL ? PyObject_GetAttrString(stream, "_device") : NULL;
-    PyObject *ord = dev != NULL ? PyObject_GetAttrString(dev, "_ordinal") : NULL;
+    if (door_check_fork(to_device ? "copy_from" : "copy_to") < 0) {
+        return -1;
+    }
+    uint64_t direct = direct_stream(stream, self->device);
+    if (direct != 0 &&
+        (to_device ? direct_copy_to_device(self->device, self->ptr, (const void *)(uintptr_t)h->ptr, (size_t)h->size, direct)
+                   : direct_copy_to_host(self->device, (void *)(uintptr_t)h->ptr, self->ptr, (size_t)h->size, direct))) {
+        return 1;
+    }
+    PyObject *handle = PyObject_GetAttr(stream, str_handle_attr);
+    PyObject *dev = handle != NULL ? PyObject_GetAttr(stream, str_device_attr) : NULL;
+    PyObject *ord = dev != NULL ? PyObject_GetAttr(dev, str_ordinal_attr) : NULL;
     int64_t sh = 0, ordinal = -1;
     int ok = handle != NULL && ord != NULL && PyLong_CheckExact(handle) && PyLong_CheckExact(ord);
     if (ok) {
@@ -502,8 +562,8 @@ copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
         PyErr_Clear();
         return 0;
     }
-    if (!ok || ordinal != self->device || door_check_fork(to_device ? "copy_from" : "copy_to") < 0) {
-        return PyErr_Occurred() ? -1 : 0;
+    if (!ok || ordinal != self->device) {
+        return 0;
     }
     int64_t ret;
     char *err = to_device ? cudacore_door_CopyToDeviceHeld(self->device, (int64_t)self->ptr, (const void *)(uintptr_t)h->ptr,
@@ -873,9 +933,8 @@ fast_set_stack_frames(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssi
  * by configure_streams(); until then every stream object takes the Python path. */
 static PyObject *handles_dict;     /* cudacore._handles' module dict: its open_stream_blocks count */
 static PyObject *stream_resolver;  /* cudacore._handles.stream_handle(stream, device) -> int */
-static PyObject *capturing_set;    /* cudacore._stream.capturing_streams: nonempty while any stream captures */
 static PyObject *capture_noter;    /* cudacore._stream.note_capture_buffers(buffers) */
-static PyObject *str_open_blocks, *str_handle_attr;
+static PyObject *str_open_blocks;
 
 /* The handle of a stream argument (a Stream, an int handle, or None: the current stream of device), as
  * cudacore._handles.stream_handle gives it. The common cases (no `with stream:` block open, a Stream, a
@@ -1023,6 +1082,44 @@ fast_device_allocate(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
     return b;
 }
 
+PyDoc_STRVAR(configure_direct_doc, "configure_direct(device: int, kind: int, ctx: int, table: int) -> None\n\n"
+                                   "How the direct path reaches the device's driver, as cudacore's DirectInfo reports "
+                                   "it (kind 0 off, 1 the real driver, 2 the simulator).");
+
+static PyObject *
+fast_configure_direct(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t v[4];
+    static const char *names[4] = {"device", "kind", "ctx", "table"};
+    if (door_enter("configure_direct", nargs, 4) < 0) {
+        return NULL;
+    }
+    for (int i = 0; i < 4; i++) {
+        if (door_int(args[i], "configure_direct", names[i], &v[i]) < 0) {
+            return NULL;
+        }
+    }
+    (void)direct_configure(v[0], (int)v[1], (uint64_t)v[2], (uint64_t)v[3]); /* beyond the table: through Go */
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(graph_launch_direct_doc, "graph_launch_direct(device: int, exec: int, stream: int) -> bool\n\n"
+                                      "Launch the executable graph that GraphLaunch handed out on the stream handle, "
+                                      "from C. False when not taken (no direct path, or the driver failed): the caller "
+                                      "launches through Go, which reports any error. The caller vouches that the graph "
+                                      "and the stream are alive and that nothing captures.");
+
+static PyObject *
+fast_graph_launch_direct(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t device, exec, stream;
+    if (door_enter("graph_launch", nargs, 3) < 0 || door_int(args[0], "graph_launch", "device", &device) < 0 ||
+        door_int(args[1], "graph_launch", "exec", &exec) < 0 || door_int(args[2], "graph_launch", "stream", &stream) < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(direct_graph_launch(device, (uint64_t)exec, (uint64_t)stream));
+}
+
 PyDoc_STRVAR(configure_streams_doc,
              "configure_streams(handles_dict, stream_handle, capturing_streams, note_capture_buffers) -> None\n\n"
              "Register what the hot methods resolve stream arguments with: cudacore._handles' module dict (its "
@@ -1042,7 +1139,12 @@ fast_configure_streams(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     if (str_open_blocks == NULL) {
         str_open_blocks = PyUnicode_InternFromString("open_stream_blocks");
         str_handle_attr = PyUnicode_InternFromString("_handle");
-        if (str_open_blocks == NULL || str_handle_attr == NULL) {
+        str_owned_attr = PyUnicode_InternFromString("_owned");
+        str_closed_attr = PyUnicode_InternFromString("_closed");
+        str_device_attr = PyUnicode_InternFromString("_device");
+        str_ordinal_attr = PyUnicode_InternFromString("_ordinal");
+        if (str_open_blocks == NULL || str_handle_attr == NULL || str_owned_attr == NULL || str_closed_attr == NULL ||
+            str_device_attr == NULL || str_ordinal_attr == NULL) {
             return NULL;
         }
     }
@@ -1462,6 +1564,9 @@ fast_fork_driver(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 static PyMethodDef fast_methods[] = {
     {"allocate", (PyCFunction)(void (*)(void))fast_allocate, METH_FASTCALL, allocate_doc},
     {"device_allocate", (PyCFunction)(void (*)(void))fast_device_allocate, METH_FASTCALL, device_allocate_doc},
+    {"configure_direct", (PyCFunction)(void (*)(void))fast_configure_direct, METH_FASTCALL, configure_direct_doc},
+    {"graph_launch_direct", (PyCFunction)(void (*)(void))fast_graph_launch_direct, METH_FASTCALL,
+     graph_launch_direct_doc},
     {"configure_streams", (PyCFunction)(void (*)(void))fast_configure_streams, METH_FASTCALL,
      configure_streams_doc},
     {"allocate_pinned", (PyCFunction)(void (*)(void))fast_allocate_pinned, METH_FASTCALL, allocate_pinned_doc},

@@ -166,6 +166,20 @@ func (g *Graph) onStream(op string, s *Stream, call func(cuda.Context, cuda.Grap
 	return g.m.after(op, s, err)
 }
 
+// DirectExec returns the executable graph for launches that bypass Go (the direct path of the hot calls),
+// or 0 when every launch must come here: before instantiation, after destruction, and for a graph that
+// allocates memory (each launch changes the state of its allocations, graphmem.go). The executable graph
+// of a graph that does not allocate never changes until Destroy (Update changes it in place), so the
+// caller may launch it while it knows the graph is not destroyed.
+func (g *Graph) DirectExec() cuda.GraphExec {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.gone || g.dying || len(g.allocPtrs) > 0 {
+		return 0
+	}
+	return g.x
+}
+
 // Update takes the parameters of other, a graph of the same topology (cuGraphExecUpdate), into g's
 // executable graph, so g's next launches run other's copies without a new instantiation.
 func (g *Graph) Update(other *Graph) error {

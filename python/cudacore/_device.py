@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 import threading
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -32,6 +33,15 @@ if TYPE_CHECKING:
     from ._module import ImageLike
 
 _device_allocate = fast.device_allocate
+
+
+def _configure_direct(ordinal: int) -> None:
+    """Tell the direct path of the hot calls how it reaches the device's driver (cudacore/direct.go);
+    ``CUDACORE_DIRECT=0`` sends every call through Go instead."""
+    kind, ctx, table = (int(x) for x in call(core.DirectInfo, ordinal).split())
+    if os.environ.get("CUDACORE_DIRECT", "1") == "0":
+        kind = 0
+    fast.configure_direct(ordinal, kind, ctx, table)
 
 __all__ = ["Device", "backend", "current_device", "device_count", "devices", "driver_version"]
 
@@ -125,6 +135,7 @@ class Device:
                 dev = object.__new__(cls)
                 dev._ordinal = ordinal
                 dev._set_props(props)
+                _configure_direct(ordinal)
                 cls._cache[ordinal] = dev
         return dev
 

@@ -23,6 +23,7 @@ from ._native import fast
 
 # The hot entries: METH_FASTCALL functions generated from the facade's declarations (no gopy wrapper).
 _graph_launch = fast.graph_launch
+_graph_launch_direct = fast.graph_launch_direct
 _stream_query = fast.stream_query
 _stream_wait = fast.stream_wait
 _event_query = fast.event_query
@@ -242,8 +243,17 @@ class Stream:
         """Start capturing the work issued on this stream into a graph (see :meth:`capture`)."""
         if mode not in CAPTURE_MODES:
             raise error("CUDA_ERROR_INVALID_VALUE", f"unknown capture mode {mode!r}: use one of {', '.join(CAPTURE_MODES)}", op="cudacore.begin_capture")
-        call(core.StreamBeginCapture, self._device.device_id, self._handle, mode)
-        capturing_streams.add((self._device.device_id, self._handle))
+        # Listed before the driver begins: from then on no call takes the direct path, which knows nothing
+        # of captures (a failure to begin takes it off again).
+        key = (self._device.device_id, self._handle)
+        fresh = key not in capturing_streams
+        capturing_streams.add(key)
+        try:
+            call(core.StreamBeginCapture, self._device.device_id, self._handle, mode)
+        except BaseException:
+            if fresh:
+                capturing_streams.discard(key)
+            raise
 
     def end_capture(self) -> Graph:
         """End the capture and return the graph (instantiated on first launch, or with :meth:`Graph.instantiate`).
@@ -514,9 +524,10 @@ class Graph:
     destroyed graph raises :class:`InvalidHandleError`.
     """
 
-    __slots__ = ("__weakref__", "_destroyed", "_device", "_id")
+    __slots__ = ("__weakref__", "_destroyed", "_device", "_exec", "_id")
     _destroyed: bool
     _device: Device
+    _exec: int  # the executable graph the direct path may launch (0: launch through Go)
     _id: int
 
     def __init__(self) -> None:
@@ -526,6 +537,7 @@ class Graph:
     def _pending(cls, device: Device) -> Graph:
         g = object.__new__(cls)
         g._id = 0
+        g._exec = 0
         g._device = device
         g._destroyed = False
         return g
@@ -538,6 +550,7 @@ class Graph:
 
     def _take(self, other: Graph) -> None:
         self._id, other._id = other._id, 0
+        self._exec, other._exec = other._exec, 0
 
     def _live(self, what: str) -> int:
         if self._destroyed:
@@ -596,12 +609,20 @@ class Graph:
 
     def launch(self, stream: Stream | int | None = None) -> None:
         """Launch the graph on ``stream`` (None: the current stream of the graph's device). It does not wait."""
-        # A hot entry: a launch is the inner call of a replay loop, so the common case skips the checks that
-        # Go makes again anyway.
+        # A hot entry: a launch is the inner call of a replay loop. Once Go has launched the graph and handed
+        # out its executable graph, a launch on an open Stream this process owns, while nothing captures,
+        # goes to the driver from C (the direct path: cudacore/direct.go). destroy() and Stream.close() clear
+        # what this reads before they reach Go, and the GIL is held from here to the driver.
+        x = self._exec
+        if x and type(stream) is Stream and stream._owned and not stream._closed and not capturing_streams:
+            dev = self._device
+            if stream._device is dev and _graph_launch_direct(dev._ordinal, x, stream._handle):
+                return
+        # The common case skips the checks that Go makes again anyway.
         if type(stream) is Stream and stream._device is self._device and self._id:
-            _graph_launch(self._id, stream._device._ordinal, stream._handle)
+            self._exec = _graph_launch(self._id, stream._device._ordinal, stream._handle)
             return
-        _graph_launch(self._live("launch"), *self._stream_args(stream))
+        self._exec = _graph_launch(self._live("launch"), *self._stream_args(stream))
 
     def upload(self, stream: Stream | int | None = None) -> None:
         """Upload the graph to the device on ``stream``, so that the first launch is as fast as the others."""
@@ -627,6 +648,7 @@ class Graph:
         """Free the graph and the memory its allocations hold. Idempotent."""
         if self._destroyed:
             return
+        self._exec = 0  # before Go destroys it: no direct launch from now on
         if self._id:
             call(core.GraphDestroy, self._id)  # a failure leaves the graph to destroy again
             void_buffers(self._device.device_id)  # its memory, if it was never launched

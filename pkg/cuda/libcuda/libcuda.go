@@ -232,6 +232,11 @@ type Driver struct {
 
 var _ cuda.Driver = (*Driver)(nil)
 
+// Table returns the address of the driver's table of entry points (C memory, complete before the Driver
+// was published and never freed), for C code of this process that calls the shim's cc_* functions itself
+// rather than through Go: the direct path of the hot calls (cudacore/native). Nothing may write to it.
+func (d *Driver) Table() uintptr { return uintptr(unsafe.Pointer(d.tab)) }
+
 var (
 	openMu sync.Mutex
 	opened = map[string]*Driver{}

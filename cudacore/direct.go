@@ -1,0 +1,112 @@
+package cudacore
+
+import (
+	"fmt"
+
+	"github.com/cudacore/cudacore/cudacore/internal/process"
+	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/cuda/libcuda"
+	"github.com/cudacore/cudacore/pkg/cudasim"
+)
+
+// The direct path of the hot calls.
+//
+// A graph launch or a small pinned copy that cudacore has already checked once costs a crossing into Go
+// and back for checks that cannot fail while nothing changes. The direct path (cudacore/native/direct.c)
+// makes such calls from C: on the real driver it calls the shim's cc_* functions with the driver's table;
+// on the simulator it calls the SimDirect* doors below, which hand the call to the simulated driver with
+// no check of cudacore's, as the real driver would take it. It is taken only while the Python layer
+// knows that every check would pass (a stream the calling object owns and has not closed, no capture
+// anywhere, an executable graph that GraphLaunch handed out), and any failure falls back to the full path
+// through Go, which makes the call again and reports its error. DirectInfo tells C which way a device
+// goes.
+
+// Direct path kinds, as DirectInfo reports them.
+const (
+	directOff  = 0 // every call goes through Go (a driver cudacore cannot reach from C)
+	directCUDA = 1 // the real driver, through the shim's table
+	directSim  = 2 // the simulator, through the SimDirect* doors
+)
+
+// DirectInfo returns how C reaches device ordinal's driver on the direct path: "kind ctx table", the
+// kind (0 off, 1 the real driver, 2 the simulator), the device's context handle and, for the real
+// driver, the address of its entry point table (libcuda.Driver.Table).
+//
+//cudacore:gil hold
+func DirectInfo(ordinal int) (string, error) {
+	return guard("cudacore.direct_info", func() (string, error) {
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return "", err
+		}
+		kind, table := directOff, uintptr(0)
+		switch drv := d.Driver().(type) {
+		case *libcuda.Driver:
+			kind, table = directCUDA, drv.Table()
+		case *cudasim.Driver:
+			kind = directSim
+		}
+		return fmt.Sprintf("%d %d %d", kind, uint64(d.Context()), uint64(table)), nil
+	})
+}
+
+// simDirect returns device ordinal's simulated driver and context, refusing any other driver: the
+// SimDirect* doors exist only for the simulator's direct path.
+func simDirect(op string, ordinal int) (*cudasim.Driver, cuda.Context, error) {
+	d, err := process.Lookup(ordinal)
+	if err != nil {
+		return nil, 0, err
+	}
+	sim, ok := d.Driver().(*cudasim.Driver)
+	if !ok {
+		return nil, 0, cuda.NewError(op, cuda.ErrorNotSupported, "the direct path's simulator door needs the simulator")
+	}
+	return sim, d.Context(), nil
+}
+
+// SimDirectGraphLaunch is the simulator's cuGraphLaunch on the direct path: exec on the stream handle,
+// with no check of cudacore's (a destroyed stream's handle ends the process, as on the real driver).
+// It returns 0.
+//
+//cudacore:gil hold
+//cudacore:door hot
+func SimDirectGraphLaunch(ordinal, exec, streamHandle int) (int, error) {
+	return guard("cudacore.sim_direct_graph_launch", func() (int, error) {
+		sim, ctx, err := simDirect("cudacore.sim_direct_graph_launch", ordinal)
+		if err != nil {
+			return 0, err
+		}
+		return 0, sim.GraphLaunch(ctx, cuda.GraphExec(uint64(exec)), cuda.Stream(uint64(streamHandle)))
+	})
+}
+
+// SimDirectCopyToDevice is the simulator's cuMemcpyHtoDAsync on the direct path: host to device address
+// dst on the stream handle, with no check of cudacore's. It returns 0.
+//
+//cudacore:gil hold
+//cudacore:door hot
+func SimDirectCopyToDevice(ordinal, dst int, host []byte, streamHandle int) (int, error) {
+	return guard("cudacore.sim_direct_copy_to_device", func() (int, error) {
+		sim, ctx, err := simDirect("cudacore.sim_direct_copy_to_device", ordinal)
+		if err != nil {
+			return 0, err
+		}
+		return 0, sim.MemcpyHtoDAsync(ctx, cuda.DevicePtr(uint64(dst)), host, cuda.Stream(uint64(streamHandle)))
+	})
+}
+
+// SimDirectCopyToHost is the simulator's cuMemcpyDtoHAsync on the direct path: device address src into
+// host on the stream handle, with no check of cudacore's. It returns 0.
+//
+//cudacore:gil hold
+//cudacore:door hot
+//cudacore:writable host
+func SimDirectCopyToHost(ordinal int, host []byte, src, streamHandle int) (int, error) {
+	return guard("cudacore.sim_direct_copy_to_host", func() (int, error) {
+		sim, ctx, err := simDirect("cudacore.sim_direct_copy_to_host", ordinal)
+		if err != nil {
+			return 0, err
+		}
+		return 0, sim.MemcpyDtoHAsync(ctx, host, cuda.DevicePtr(uint64(src)), cuda.Stream(uint64(streamHandle)))
+	})
+}

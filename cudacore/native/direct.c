@@ -1,0 +1,113 @@
+/*
+ * The direct path of the hot calls (direct.h). On the real driver the calls go to the shim of
+ * pkg/cuda/libcuda (its cc_* functions, linked into this library with it) with the table of entry points
+ * that Go loaded; on the simulator they go to the generated SimDirect* doors, which hand them to the
+ * simulated driver unchecked.
+ */
+#include <stdlib.h>
+
+#include "direct.h"
+#include "door_gen.h"
+
+/* The shim's entry points (pkg/cuda/libcuda/shim.h), declared here with plain C types: CUresult is an
+ * enum of non-negative values, CUdeviceptr an unsigned long long, the table an opaque pointer. Each makes
+ * ctx current on the calling thread if it is not, then calls the driver; nonzero is a failure. */
+extern unsigned int cc_graphLaunch(const void *t, uintptr_t ctx, uintptr_t exec, uintptr_t s);
+extern unsigned int cc_memcpyHtoDAsync(const void *t, uintptr_t ctx, unsigned long long dst, const void *src, size_t n,
+                                       uintptr_t s);
+extern unsigned int cc_memcpyDtoHAsync(const void *t, uintptr_t ctx, void *dst, unsigned long long src, size_t n,
+                                       uintptr_t s);
+
+#define DIRECT_DEVICES 64
+
+typedef struct {
+    int kind;
+    uintptr_t ctx;
+    const void *table;
+} direct_device;
+
+/* Written by direct_configure with the GIL held, read with it held. */
+static direct_device devices[DIRECT_DEVICES];
+
+int
+direct_configure(int64_t device, int kind, uint64_t ctx, uint64_t table)
+{
+    if (device < 0 || device >= DIRECT_DEVICES) {
+        return -1;
+    }
+    if (kind == DIRECT_CUDA && (table == 0 || ctx == 0)) {
+        kind = DIRECT_OFF;
+    }
+    devices[device].ctx = (uintptr_t)ctx;
+    devices[device].table = (const void *)(uintptr_t)table;
+    devices[device].kind = kind == DIRECT_CUDA || kind == DIRECT_SIM ? kind : DIRECT_OFF;
+    return 0;
+}
+
+static const direct_device *
+device_of(int64_t device)
+{
+    if (device < 0 || device >= DIRECT_DEVICES || devices[device].kind == DIRECT_OFF) {
+        return NULL;
+    }
+    return &devices[device];
+}
+
+int
+direct_enabled(int64_t device)
+{
+    return device_of(device) != NULL;
+}
+
+/* A door's result: the wire error text, if any, is dropped (the full path reports the error itself). */
+static int
+door_done(char *err)
+{
+    if (err != NULL) {
+        free(err);
+        return 0;
+    }
+    return 1;
+}
+
+int
+direct_graph_launch(int64_t device, uint64_t exec, uint64_t stream)
+{
+    const direct_device *d = device_of(device);
+    if (d == NULL || exec == 0) {
+        return 0;
+    }
+    if (d->kind == DIRECT_CUDA) {
+        return cc_graphLaunch(d->table, d->ctx, (uintptr_t)exec, (uintptr_t)stream) == 0;
+    }
+    int64_t ret;
+    return door_done(cudacore_door_SimDirectGraphLaunch(device, (int64_t)exec, (int64_t)stream, &ret));
+}
+
+int
+direct_copy_to_device(int64_t device, uint64_t dst, const void *src, size_t n, uint64_t stream)
+{
+    const direct_device *d = device_of(device);
+    if (d == NULL) {
+        return 0;
+    }
+    if (d->kind == DIRECT_CUDA) {
+        return cc_memcpyHtoDAsync(d->table, d->ctx, (unsigned long long)dst, src, n, (uintptr_t)stream) == 0;
+    }
+    int64_t ret;
+    return door_done(cudacore_door_SimDirectCopyToDevice(device, (int64_t)dst, src, (int64_t)n, (int64_t)stream, &ret));
+}
+
+int
+direct_copy_to_host(int64_t device, void *dst, uint64_t src, size_t n, uint64_t stream)
+{
+    const direct_device *d = device_of(device);
+    if (d == NULL) {
+        return 0;
+    }
+    if (d->kind == DIRECT_CUDA) {
+        return cc_memcpyDtoHAsync(d->table, d->ctx, dst, (unsigned long long)src, n, (uintptr_t)stream) == 0;
+    }
+    int64_t ret;
+    return door_done(cudacore_door_SimDirectCopyToHost(device, dst, (int64_t)n, (int64_t)src, (int64_t)stream, &ret));
+}

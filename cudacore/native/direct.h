@@ -1,0 +1,35 @@
+/*
+ * The direct path of the hot calls: a graph launch or a small pinned copy made from C, without entering
+ * Go, once cudacore has checked what it needs (cudacore/direct.go says when that holds).
+ *
+ * Every function here is called with the GIL held, after the caller (fast.c, or the Python layer through
+ * _fast) has established that the call would pass every check of cudacore's: the stream is one the caller's
+ * object owns and has not closed, no stream of cudacore captures, and the memory or executable graph is
+ * alive. The GIL is what makes that hold until the driver has the call: every close and destroy of those
+ * objects marks them, with the GIL held, before it reaches Go, and nothing here releases the GIL.
+ */
+#ifndef CUDACORE_DIRECT_H
+#define CUDACORE_DIRECT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* What DirectInfo (cudacore/direct.go) reports for a device. */
+#define DIRECT_OFF 0  /* every call goes through Go */
+#define DIRECT_CUDA 1 /* the real driver, through the shim's entry point table */
+#define DIRECT_SIM 2  /* the simulator, through the SimDirect* doors */
+
+/* Record how device ordinal is reached. 0, or -1 for an ordinal beyond the table (its calls go through Go). */
+int direct_configure(int64_t device, int kind, uint64_t ctx, uint64_t table);
+
+/* Whether the device's calls may take the direct path at all. */
+int direct_enabled(int64_t device);
+
+/* Make the call. 1 when the driver took it; 0 when it did not (not configured, or the driver failed: the
+ * caller takes the full path through Go, which makes the call again and reports the error). No Python
+ * exception is ever set. */
+int direct_graph_launch(int64_t device, uint64_t exec, uint64_t stream);
+int direct_copy_to_device(int64_t device, uint64_t dst, const void *src, size_t n, uint64_t stream);
+int direct_copy_to_host(int64_t device, void *dst, uint64_t src, size_t n, uint64_t stream);
+
+#endif

@@ -1,0 +1,188 @@
+"""The direct path of the hot calls (cudacore/direct.go): graph launches and small pinned copies made from C
+once cudacore has checked them, and everything that must still go through Go.
+
+On the simulator the direct path calls the simulated driver with no check of cudacore's, as the real driver
+takes it; a destroyed stream's handle ends the process there too, so a direct call that should have gone
+through Go fails loudly. Whether a call went direct shows with an injected fault: a direct call that fails
+falls back to the full path through Go, which makes the call again, so one fault on the next driver call
+is absorbed on the direct path and raised on the full one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cudacore as cc
+from cudacore import testing
+from cudacore._native import fast
+
+from conftest import run_python
+
+pytestmark = pytest.mark.sim
+
+
+@pytest.fixture
+def dev():
+    d = cc.Device(0)
+    yield d
+    testing.clear_faults()
+
+
+def _one_copy_graph(d: cc.Device, s: cc.Stream) -> tuple[cc.Graph, cc.Buffer, cc.PinnedBuffer]:
+    buf = d.allocate(4096, stream=s)
+    pinned = d.allocate_pinned(4096)
+    with s.capture() as g:
+        buf.copy_from(pinned, stream=s)
+    return g, buf, pinned
+
+
+def test_a_launched_graph_hands_out_its_executable_graph(dev):
+    s = dev.create_stream()
+    g, buf, pinned = _one_copy_graph(dev, s)
+    assert g._exec == 0, "nothing to launch directly before the first launch"
+    g.launch(s)
+    assert g._exec != 0
+    g.destroy()
+    assert g._exec == 0
+    with pytest.raises(cc.CUDAError) as ei:
+        g.launch(s)
+    assert ei.value.name == "CUDACORE_ERROR_CLOSED"
+    buf.close(), pinned.close(), s.close()
+
+
+def test_a_graph_whose_allocation_outlives_it_always_launches_through_go(dev):
+    s = dev.create_stream()
+    with s.capture() as g:
+        kept = dev.allocate(256, stream=s)  # graph memory the graph does not free
+    g.launch(s)
+    s.synchronize()
+    assert g._exec == 0  # each launch changes the allocation's state, which Go keeps
+    kept.close()
+    g.destroy()
+    with s.capture() as g2:
+        tmp = dev.allocate(256, stream=s)
+        tmp.close()  # allocated and freed inside: every launch is complete in itself
+    g2.launch(s)
+    assert g2._exec != 0
+    g2.launch(s)
+    s.synchronize()
+    g2.destroy()
+    s.close()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_one_failing_launch_is_retried_through_go(dev, direct):
+    s = dev.create_stream()
+    g, buf, pinned = _one_copy_graph(dev, s)
+    g.launch(s)
+    if not direct:
+        g._exec = 0  # as if the direct path were off
+    testing.inject_fault("cuGraphLaunch", 1, "CUDA_ERROR_UNKNOWN")
+    if direct:
+        g.launch(s)  # the direct call fails, the full path launches
+    else:
+        with pytest.raises(cc.CUDAError, match="CUDA_ERROR_UNKNOWN|unknown"):
+            g.launch(s)
+    # Two failures in a row: the direct attempt and the full path's, which reports it.
+    testing.inject_faults("cuGraphLaunch:1:CUDA_ERROR_UNKNOWN,cuGraphLaunch:2:CUDA_ERROR_UNKNOWN")
+    with pytest.raises(cc.CUDAError):
+        g.launch(s)
+    testing.clear_faults()
+    s.synchronize()
+    g.destroy(), buf.close(), pinned.close(), s.close()
+
+
+def test_what_takes_the_full_path(dev):
+    """Only an open Stream this process owns takes the direct path, and only while nothing captures."""
+    s = dev.create_stream()
+    g, buf, pinned = _one_copy_graph(dev, s)
+    g.launch(s)
+    for target in (cc.Stream.legacy(dev), s.handle, None):
+        testing.inject_fault("cuGraphLaunch", 1, "CUDA_ERROR_UNKNOWN")
+        with pytest.raises(cc.CUDAError):
+            g.launch(target)
+        testing.clear_faults()
+    other = dev.create_stream()
+    with other.capture(mode="relaxed") as g2:
+        testing.inject_fault("cuGraphLaunch", 1, "CUDA_ERROR_UNKNOWN")
+        with pytest.raises(cc.CUDAError):
+            g.launch(s)  # another stream captures: Go's capture rules and audit apply
+        testing.clear_faults()
+        g.launch(s)
+    assert g2.escaped == 1 and g2.escapes[0].startswith("graph_launch")
+    s.synchronize()
+    for x in (g, g2, buf, pinned, s, other):
+        x.close()
+
+
+def test_launch_on_a_closed_stream_never_reaches_the_driver():
+    """The simulator ends the process on a destroyed stream's handle, as the real driver crashes: the
+    closed stream must be refused before any driver call, direct or not."""
+    r = run_python(
+        """
+import cudacore as cc
+d = cc.Device(0)
+s = d.create_stream()
+buf, pinned = d.allocate(4096, stream=s), d.allocate_pinned(4096)
+with s.capture() as g:
+    buf.copy_from(pinned, stream=s)
+g.launch(s)
+s.synchronize()
+s.close()
+for call in (lambda: g.launch(s), lambda: buf.copy_from(pinned, stream=s), lambda: buf.copy_to(pinned, stream=s)):
+    try:
+        call()
+    except cc.CUDAError as e:
+        print(e.name)
+""",
+        env={"CUDACORE_BACKEND": "sim"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["CUDACORE_ERROR_CLOSED"] * 3
+
+
+def test_small_pinned_copies_go_direct_and_move_the_bytes(dev):
+    s = dev.create_stream()
+    buf = dev.allocate(4096, stream=s)
+    src, out = dev.allocate_pinned(4096), dev.allocate_pinned(4096)
+    np.frombuffer(src, dtype=np.uint8)[:] = np.arange(4096) % 251
+    testing.inject_fault("cuMemcpyHtoDAsync_v2", 1, "CUDA_ERROR_UNKNOWN")
+    buf.copy_from(src, stream=s)  # direct; its failure is absorbed by the full path's retry
+    testing.inject_fault("cuMemcpyDtoHAsync_v2", 1, "CUDA_ERROR_UNKNOWN")
+    buf.copy_to(out, stream=s)
+    s.synchronize()
+    assert bytes(out) == bytes(src)
+    testing.clear_faults()
+    for x in (buf, src, out, s):
+        x.close()
+
+
+def test_the_direct_path_can_be_turned_off():
+    r = run_python(
+        """
+import cudacore as cc
+from cudacore import testing
+d = cc.Device(0)
+s = d.create_stream()
+buf, pinned = d.allocate(4096, stream=s), d.allocate_pinned(4096)
+testing.inject_fault("cuMemcpyHtoDAsync_v2", 1, "CUDA_ERROR_UNKNOWN")
+try:
+    buf.copy_from(pinned, stream=s)
+    print("absorbed")
+except cc.CUDAError:
+    print("raised")
+""",
+        env={"CUDACORE_BACKEND": "sim", "CUDACORE_DIRECT": "0"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "raised"
+
+
+def test_direct_doors_check_their_arguments(dev):
+    with pytest.raises(cc.InvalidValueError, match="exec"):
+        fast.graph_launch_direct(0, 2**64, 0)
+    assert fast.graph_launch_direct(0, 0, 0) is False  # no executable graph: nothing launched
+    assert fast.graph_launch_direct(10**6, 1, 0) is False  # a device the direct path does not know
+    with pytest.raises(TypeError):
+        fast.configure_direct(0, 1, 2)
