@@ -106,7 +106,8 @@ func dim3(x, y, z int, what string) (cuda.Dim3, error) {
 
 // FunctionLaunch launches the kernel asynchronously on stream (a driver stream handle; 0 is the legacy
 // default stream). args holds the arguments packed once by the caller (module.UnpackArgs): no text
-// crosses. The configuration and arguments are validated before the driver is called. It returns 0.
+// crosses. The configuration and arguments are validated before the driver is called. It returns the
+// driver's function handle when the kernel's parameters are known, for the direct path, and 0 otherwise.
 //
 //cudacore:gil hold
 //cudacore:door hot
@@ -144,8 +145,14 @@ func FunctionLaunch(handle, gx, gy, gz, bx, by, bz, sharedMem, stream int, args 
 		if process.Capturing() {
 			streams.NoteUses(h, module.Pointers(a)) // the graph keeps the memory it uses alive
 		}
-		return 0, streams.Enqueue("launch", h, func() error {
+		err = streams.Enqueue("launch", h, func() error {
 			return f.Launch(module.Config{Grid: grid, Block: block, SharedMem: uint32(sharedMem), Stream: h}, a)
 		})
+		if err != nil || !f.ParamsKnown() {
+			return 0, err
+		}
+		// The driver's function handle, for the direct path (cudacore/direct.go) to launch with arguments
+		// packed by the kernel's known parameters; its module's unload stops that first.
+		return int(uint64(f.Handle())), nil
 	})
 }

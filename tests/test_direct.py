@@ -10,6 +10,8 @@ is absorbed on the direct path and raised on the full one.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -19,14 +21,15 @@ from cudacore._native import fast
 
 from conftest import run_python
 
-pytestmark = pytest.mark.sim
+FILL_PTX = Path(__file__).parent / "kernels" / "fill.ptx"
 
 
 @pytest.fixture
 def dev():
     d = cc.Device(0)
     yield d
-    testing.clear_faults()
+    if cc.backend() == "sim":
+        testing.clear_faults()
 
 
 def _one_copy_graph(d: cc.Device, s: cc.Stream) -> tuple[cc.Graph, cc.Buffer, cc.PinnedBuffer]:
@@ -37,6 +40,7 @@ def _one_copy_graph(d: cc.Device, s: cc.Stream) -> tuple[cc.Graph, cc.Buffer, cc
     return g, buf, pinned
 
 
+@pytest.mark.sim
 def test_a_launched_graph_hands_out_its_executable_graph(dev):
     s = dev.create_stream()
     g, buf, pinned = _one_copy_graph(dev, s)
@@ -51,6 +55,7 @@ def test_a_launched_graph_hands_out_its_executable_graph(dev):
     buf.close(), pinned.close(), s.close()
 
 
+@pytest.mark.sim
 def test_a_graph_whose_allocation_outlives_it_always_launches_through_go(dev):
     s = dev.create_stream()
     with s.capture() as g:
@@ -71,6 +76,7 @@ def test_a_graph_whose_allocation_outlives_it_always_launches_through_go(dev):
     s.close()
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("direct", [True, False])
 def test_one_failing_launch_is_retried_through_go(dev, direct):
     s = dev.create_stream()
@@ -93,6 +99,7 @@ def test_one_failing_launch_is_retried_through_go(dev, direct):
     g.destroy(), buf.close(), pinned.close(), s.close()
 
 
+@pytest.mark.sim
 def test_what_takes_the_full_path(dev):
     """Only an open Stream this process owns takes the direct path, and only while nothing captures."""
     s = dev.create_stream()
@@ -116,6 +123,7 @@ def test_what_takes_the_full_path(dev):
         x.close()
 
 
+@pytest.mark.sim
 def test_launch_on_a_closed_stream_never_reaches_the_driver():
     """The simulator ends the process on a destroyed stream's handle, as the real driver crashes: the
     closed stream must be refused before any driver call, direct or not."""
@@ -142,6 +150,7 @@ for call in (lambda: g.launch(s), lambda: buf.copy_from(pinned, stream=s), lambd
     assert r.stdout.split() == ["CUDACORE_ERROR_CLOSED"] * 3
 
 
+@pytest.mark.sim
 def test_small_pinned_copies_go_direct_and_move_the_bytes(dev):
     s = dev.create_stream()
     buf = dev.allocate(4096, stream=s)
@@ -158,6 +167,7 @@ def test_small_pinned_copies_go_direct_and_move_the_bytes(dev):
         x.close()
 
 
+@pytest.mark.sim
 def test_the_direct_path_can_be_turned_off():
     r = run_python(
         """
@@ -186,3 +196,59 @@ def test_direct_doors_check_their_arguments(dev):
     assert fast.graph_launch_direct(10**6, 1, 0) is False  # a device the direct path does not know
     with pytest.raises(TypeError):
         fast.configure_direct(0, 1, 2)
+
+
+@pytest.mark.gpu
+def test_gpu_direct_graph_launches_and_copies_move_the_bytes(dev):
+    s = dev.create_stream()
+    buf = dev.allocate(4096, stream=s)
+    src, out = dev.allocate_pinned(4096), dev.allocate_pinned(4096)
+    with s.capture() as g:
+        buf.copy_from(src, stream=s)
+    host = np.frombuffer(src, dtype=np.uint8)
+    for i in range(50):  # the first launch goes through Go, the others direct; each reads src as it is
+        host[:] = i
+        g.launch(s)
+        s.synchronize()
+        buf.copy_to(out, stream=s)  # direct too
+        s.synchronize()
+        assert bytes(out) == bytes([i]) * 4096
+    assert g._exec != 0
+    g.destroy()
+    s.close()
+    with pytest.raises(cc.CUDAError) as ei:
+        buf.copy_from(src, stream=s)
+    assert ei.value.name == "CUDACORE_ERROR_CLOSED"
+    for x in (buf, src, out):
+        x.close()
+
+
+@pytest.mark.gpu
+def test_gpu_direct_kernel_launches_and_what_stops_them(dev):
+    m = dev.load_module(FILL_PTX)
+    k = m.function("fill")
+    s = dev.create_stream()
+    a = dev.allocate(4096, stream=s)
+    out = np.zeros(1024, dtype=np.uint32)
+    k.launch(4, 256, (a, 7, 1000), stream=s)  # through Go, which hands out the function handle
+    assert k._direct != 0
+    for v in range(8, 40):
+        k.launch(4, 256, (a, v, 1000), stream=s)  # direct
+    a.copy_to(out, stream=s)
+    s.synchronize()
+    assert (out[:1000] == 39).all() and (out[1000:] == 0).all()
+    # The driver refuses a block beyond the device: the full path explains it.
+    with pytest.raises(cc.InvalidValueError, match="above the device's maximum"):
+        k.launch(1, 2048, (a, 1, 1000), stream=s)
+    b = dev.allocate(64, stream=s)
+    b.close()
+    with pytest.raises(cc.CUDAError) as ei:
+        k.launch(1, 1, (b, 1, 1), stream=s)
+    assert ei.value.name == "CUDACORE_ERROR_CLOSED"
+    s.synchronize()
+    m.unload()
+    with pytest.raises(cc.CUDAError) as ei:
+        k.launch(1, 1, (a, 1, 1), stream=s)
+    assert ei.value.name == "CUDACORE_ERROR_CLOSED"
+    s.close()
+    a.close()

@@ -17,6 +17,8 @@ extern unsigned int cc_memcpyHtoDAsync(const void *t, uintptr_t ctx, unsigned lo
                                        uintptr_t s);
 extern unsigned int cc_memcpyDtoHAsync(const void *t, uintptr_t ctx, void *dst, unsigned long long src, size_t n,
                                        uintptr_t s);
+extern unsigned int cc_launchKernel(const void *t, uintptr_t ctx, uintptr_t fn, const unsigned int *grid,
+                                    const unsigned int *block, unsigned int shared, uintptr_t s, void **params);
 
 #define DIRECT_DEVICES 64
 
@@ -110,4 +112,15 @@ direct_copy_to_host(int64_t device, void *dst, uint64_t src, size_t n, uint64_t 
     }
     int64_t ret;
     return door_done(cudacore_door_SimDirectCopyToHost(device, dst, (int64_t)n, (int64_t)src, (int64_t)stream, &ret));
+}
+
+int
+direct_launch(int64_t device, uint64_t fn, const unsigned int grid[3], const unsigned int block[3], unsigned int shared,
+              uint64_t stream, void **params)
+{
+    const direct_device *d = device_of(device);
+    if (d == NULL || d->kind != DIRECT_CUDA || fn == 0) {
+        return 0;
+    }
+    return cc_launchKernel(d->table, d->ctx, (uintptr_t)fn, grid, block, shared, (uintptr_t)stream, params) == 0;
 }

@@ -31,5 +31,9 @@ int direct_enabled(int64_t device);
 int direct_graph_launch(int64_t device, uint64_t exec, uint64_t stream);
 int direct_copy_to_device(int64_t device, uint64_t dst, const void *src, size_t n, uint64_t stream);
 int direct_copy_to_host(int64_t device, void *dst, uint64_t src, size_t n, uint64_t stream);
+/* params: one pointer per kernel parameter, to its value. The simulator runs no device code: there it
+ * is never taken. */
+int direct_launch(int64_t device, uint64_t fn, const unsigned int grid[3], const unsigned int block[3],
+                  unsigned int shared, uint64_t stream, void **params);
 
 #endif

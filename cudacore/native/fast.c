@@ -1360,10 +1360,10 @@ fast_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     return door_translate();
 }
 
-PyDoc_STRVAR(launch_doc, "launch(function: int, gx, gy, gz, bx, by, bz, shared_mem, stream, args, spec) -> None\n\n"
+PyDoc_STRVAR(launch_doc, "launch(function: int, gx, gy, gz, bx, by, bz, shared_mem, stream, args, spec) -> int\n\n"
                          "Kernel.launch's hot path: pack args by spec (3 bytes a parameter: kind code, size, "
-                         "flags 1=float 2=takes a Buffer) and launch through the FunctionLaunch door. Returns "
-                         "NotImplemented, having done nothing, when an argument needs the general path (a typed "
+                         "flags 1=float 2=takes a Buffer) and launch through the FunctionLaunch door, returning what "
+                         "it returns. Returns NotImplemented, having done nothing, when an argument needs the general path (a typed "
                          "value, a numpy scalar, a value out of range, a wrong count).");
 
 enum { LAUNCH_FLOAT = 1, LAUNCH_BUFFER = 2, LAUNCH_PTR_CODE = 12, LAUNCH_MAX_PACKED = 1024 };
@@ -1442,6 +1442,39 @@ launch_pack_one(PyObject *a, int code, int size, int flags, unsigned char *out)
     return 0;
 }
 
+/* Pack seq by spec into packed (the FunctionLaunch door's format: per argument its kind code, size and a
+ * zero byte, then the value). 1 packed (*len set), 0 needs the general path, -1 error set. */
+static int
+launch_pack(PyObject *seq, PyObject *spec, unsigned char *packed, size_t *len)
+{
+    if ((!PyTuple_CheckExact(seq) && !PyList_CheckExact(seq)) || !PyBytes_CheckExact(spec)) {
+        return 0;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    const unsigned char *sp = (const unsigned char *)PyBytes_AS_STRING(spec);
+    if (n * 3 != PyBytes_GET_SIZE(spec) || n * 11 > LAUNCH_MAX_PACKED) {
+        return 0;
+    }
+    size_t off = 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int code = sp[3 * i], size = sp[3 * i + 1], flags = sp[3 * i + 2];
+        if ((size != 1 && size != 2 && size != 4 && size != 8) || code < 1 || code > LAUNCH_PTR_CODE) {
+            return 0; /* not a spec Kernel made: the general path decides */
+        }
+        packed[off] = (unsigned char)code;
+        packed[off + 1] = (unsigned char)size;
+        packed[off + 2] = 0;
+        int r = launch_pack_one(items[i], code, size, flags, packed + off + 3);
+        if (r <= 0) {
+            return r;
+        }
+        off += 3 + (size_t)size;
+    }
+    *len = off;
+    return 1;
+}
+
 static PyObject *
 fast_launch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1455,34 +1488,14 @@ fast_launch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
             return NULL;
         }
     }
-    PyObject *seq = args[9], *spec = args[10];
-    if ((!PyTuple_CheckExact(seq) && !PyList_CheckExact(seq)) || !PyBytes_CheckExact(spec)) {
-        Py_RETURN_NOTIMPLEMENTED;
-    }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    const unsigned char *sp = (const unsigned char *)PyBytes_AS_STRING(spec);
-    if (n * 3 != PyBytes_GET_SIZE(spec) || n * 11 > LAUNCH_MAX_PACKED) {
-        Py_RETURN_NOTIMPLEMENTED;
-    }
     unsigned char packed[LAUNCH_MAX_PACKED];
     size_t off = 0;
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int code = sp[3 * i], size = sp[3 * i + 1], flags = sp[3 * i + 2];
-        if ((size != 1 && size != 2 && size != 4 && size != 8) || code < 1 || code > LAUNCH_PTR_CODE) {
-            Py_RETURN_NOTIMPLEMENTED; /* not a spec Kernel made: the general path decides */
-        }
-        packed[off] = (unsigned char)code;
-        packed[off + 1] = (unsigned char)size;
-        packed[off + 2] = 0;
-        int r = launch_pack_one(items[i], code, size, flags, packed + off + 3);
-        if (r < 0) {
-            return NULL;
-        }
-        if (r == 0) {
-            Py_RETURN_NOTIMPLEMENTED;
-        }
-        off += 3 + (size_t)size;
+    int r = launch_pack(args[9], args[10], packed, &off);
+    if (r < 0) {
+        return NULL;
+    }
+    if (r == 0) {
+        Py_RETURN_NOTIMPLEMENTED;
     }
     int64_t ret;
     char *err = cudacore_door_FunctionLaunch(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], packed,
@@ -1490,7 +1503,58 @@ fast_launch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     if (err != NULL) {
         return door_raise(err);
     }
-    Py_RETURN_NONE;
+    return PyLong_FromLongLong(ret);
+}
+
+PyDoc_STRVAR(launch_direct_doc,
+             "launch_direct(device, function: int, gx, gy, gz, bx, by, bz, shared_mem, stream, args, spec) -> bool\n\n"
+             "Kernel.launch on the direct path: pack args by spec as launch() does and launch the driver's "
+             "function handle that FunctionLaunch handed out, from C. False when not taken (an argument "
+             "needs the general path, no direct path, or the driver failed): the caller launches through "
+             "Go, which checks and reports. The caller vouches that the module is loaded, the stream open "
+             "and owned, and that nothing captures.");
+
+static PyObject *
+fast_launch_direct(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t v[10];
+    static const char *names[10] = {"device", "function", "gx", "gy", "gz", "bx", "by", "bz", "shared_mem", "stream"};
+    if (door_enter("launch", nargs, 12) < 0) {
+        return NULL;
+    }
+    for (int i = 0; i < 10; i++) {
+        if (door_int(args[i], "launch", names[i], &v[i]) < 0) {
+            return NULL;
+        }
+    }
+    for (int i = 2; i < 8; i++) {
+        if (v[i] < 1 || v[i] > UINT32_MAX) {
+            Py_RETURN_FALSE; /* the full path explains */
+        }
+    }
+    if (v[8] < 0 || v[8] > UINT32_MAX) {
+        Py_RETURN_FALSE;
+    }
+    unsigned char packed[LAUNCH_MAX_PACKED];
+    size_t len = 0;
+    int r = launch_pack(args[10], args[11], packed, &len);
+    if (r <= 0) {
+        return r < 0 ? NULL : Py_NewRef(Py_False);
+    }
+    /* The driver reads each parameter through a pointer: each value gets an aligned slot of its own. */
+    uint64_t slots[LAUNCH_MAX_PACKED / 4];
+    void *params[LAUNCH_MAX_PACKED / 4];
+    size_t n = 0;
+    for (size_t off = 0; off < len; n++) {
+        size_t size = packed[off + 1];
+        slots[n] = 0;
+        memcpy(&slots[n], packed + off + 3, size);
+        params[n] = &slots[n];
+        off += 3 + size;
+    }
+    const unsigned int grid[3] = {(unsigned int)v[2], (unsigned int)v[3], (unsigned int)v[4]};
+    const unsigned int block[3] = {(unsigned int)v[5], (unsigned int)v[6], (unsigned int)v[7]};
+    return PyBool_FromLong(direct_launch(v[0], (uint64_t)v[1], grid, block, (unsigned int)v[8], (uint64_t)v[9], params));
 }
 
 PyDoc_STRVAR(configure_doc, "configure(buffer_type, pinned_type, funnel, stream_type, held_max) -> None\n\n"
@@ -1574,6 +1638,7 @@ static PyMethodDef fast_methods[] = {
     {"borrow", (PyCFunction)(void (*)(void))fast_borrow, METH_FASTCALL, borrow_doc},
     {"call", (PyCFunction)(void (*)(void))fast_call, METH_FASTCALL, call_doc},
     {"launch", (PyCFunction)(void (*)(void))fast_launch, METH_FASTCALL, launch_doc},
+    {"launch_direct", (PyCFunction)(void (*)(void))fast_launch_direct, METH_FASTCALL, launch_direct_doc},
     {"configure", (PyCFunction)(void (*)(void))fast_configure, METH_FASTCALL, configure_doc},
     {"configure_device", (PyCFunction)(void (*)(void))fast_configure_device, METH_FASTCALL,
      configure_device_doc},

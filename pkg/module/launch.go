@@ -26,6 +26,10 @@ func (f *Function) Name() string { return f.name }
 // Handle returns the driver's function handle.
 func (f *Function) Handle() cuda.Function { return f.handle }
 
+// ParamsKnown says whether the kernel's parameters are known (from its PTX), so that a caller can pack
+// arguments for it without Launch's check.
+func (f *Function) ParamsKnown() bool { return f.paramsKnown }
+
 // Attributes returns what the driver reported about the kernel when it was looked up.
 func (f *Function) Attributes() Attributes { return f.attrs }
 

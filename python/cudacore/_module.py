@@ -30,6 +30,7 @@ from ._errors import CUDAError, error
 from ._handles import stream_handle
 from ._native import fast
 from ._stream import Stream as _Stream
+from ._stream import capturing_streams
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -310,6 +311,7 @@ def _dims(value: Any, what: str) -> tuple[int, int, int]:
 
 
 _launch = fast.launch
+_launch_direct = fast.launch_direct
 
 
 def _launch_spec(params: tuple[Param, ...] | None) -> bytes | None:
@@ -360,11 +362,12 @@ class KernelAttributes:
 class Kernel:
     """A kernel function of a loaded :class:`Module`; get one with :meth:`Module.function`."""
 
-    __slots__ = ("_handle", "_module", "_spec", "attributes", "name", "params")
+    __slots__ = ("_direct", "_handle", "_module", "_spec", "attributes", "name", "params")
 
     def __init__(self, module: Module, handle: int) -> None:
         info = json.loads(call(core.FunctionInfo, handle))
         self._handle = handle
+        self._direct = 0  # the driver's function handle for the direct path, once Go has launched it
         self._module = module  # keeps the module loaded while the kernel is reachable
         self.name: str = info["name"]
         self.attributes = KernelAttributes(**info["attributes"])
@@ -453,11 +456,22 @@ class Kernel:
                 raise TypeError(f"shared_mem must be an int, not {type(shared_mem).__name__}") from None
             if shm < 0:
                 raise _invalid(f"shared_mem is {shm}; it must be at least 0 bytes")
+        # Once Go has launched the kernel, a launch on an open Stream this process owns, while nothing
+        # captures and the module is loaded, goes to the driver from C (the direct path: cudacore/direct.go);
+        # unload() and Stream.close() clear what this reads before they reach Go. False: take the full path.
+        fn = self._direct
+        if fn and type(stream) is _Stream and stream._owned and not stream._closed and not capturing_streams:
+            m = self._module
+            if m._loaded and stream._device is m._device and _launch_direct(m._device._ordinal, fn, *g, *b, shm, stream._handle, args, self._spec):
+                return
         h = stream._handle if type(stream) is _Stream else stream_handle(stream, self._module._device._ordinal)
         # Packed and launched in C; NotImplemented (nothing done) sends the arguments to the general path.
-        if self._spec is not None and _launch(self._handle, *g, *b, shm, h, args, self._spec) is not NotImplemented:
-            return
-        fast.function_launch(self._handle, *g, *b, shm, h, self.encode_args(args))
+        if self._spec is not None:
+            r = _launch(self._handle, *g, *b, shm, h, args, self._spec)
+            if r is not NotImplemented:
+                self._direct = r
+                return
+        self._direct = fast.function_launch(self._handle, *g, *b, shm, h, self.encode_args(args))
 
     def __call__(self, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: Any = None) -> None:
         """``k(grid, block, *args)``: the same as :meth:`launch`."""
@@ -486,6 +500,7 @@ class Module:
         "_finalizer",
         "_handle",
         "_kernels",
+        "_loaded",
         "_lock",
         "kernel_names",
         "kind",
@@ -502,6 +517,7 @@ class Module:
         )
         self._kernels: dict[str, Kernel] = {}
         self._lock = threading.Lock()
+        self._loaded = True
         self._finalizer = weakref.finalize(self, _unload, handle)
         self._finalizer.atexit = False
 
@@ -532,6 +548,7 @@ class Module:
     def unload(self) -> None:
         """Unload the module; its kernels can no longer be launched. A second call does nothing."""
         if self._finalizer.alive:
+            self._loaded = False  # before Go unloads it: no direct launch of its kernels from now on
             self._finalizer.detach()
             call(core.ModuleUnload, self._handle)
 
