@@ -65,13 +65,16 @@ type slot struct {
 
 // Recorder is a bounded ring of allocator events: the newest Capacity events are kept, older ones are
 // overwritten. It is meant to stay on (bench/recorder.py measures it against the alloc+free pair), so an
-// event costs one uncontended mutex (two atomic instructions: fewer cannot publish an event race-free),
-// a store of one cache line and no clock read while events come often: reading the clock costs 30 to
-// 50 ns on a virtualized host, more than the recorder's whole budget. Instead a ticker goroutine
-// refreshes a coarse clock every ClockTick while events keep coming and stops after one tick without
-// any; the first event after a pause reads the clock itself. So every event's Time is exact to
-// ClockTick, and events are ordered exactly by Seq. A nil *Recorder records nothing, so callers need no
-// check. Safe for concurrent use.
+// event costs one uncontended mutex (two atomic instructions), a store of one pointer-free cache line,
+// no allocation and no clock read while events come often. The mutex stays because it is the cheaper
+// way to publish a slot race-free: Go's atomic stores are locked instructions on amd64, so a lock-free
+// ring of atomic fields (a sequence claim, then a version and every field stored atomically) measured
+// about five times the lock's cost. Reading the clock costs 30 to 50 ns on a virtualized host, more than
+// the recorder's whole budget; instead a ticker goroutine refreshes a coarse clock every ClockTick while
+// events keep coming and stops after one tick without any, and the first event after a pause reads the
+// clock itself. So every event's Time is exact to ClockTick, times never go back in Seq order, and
+// events are ordered exactly by Seq. A nil *Recorder records nothing, so callers need no check. Safe for
+// concurrent use.
 type Recorder struct {
 	start time.Time
 
