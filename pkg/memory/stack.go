@@ -107,7 +107,9 @@ func (s *Stack) Allocate(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 	if err != nil {
 		return 0, s.wrap(size, st, err)
 	}
-	s.rec.Record(Event{Kind: EventAlloc, Device: s.ordinal, Ptr: p, Size: size, Stream: st, InUse: s.stats.InUse()})
+	if s.rec.on() {
+		s.rec.record(EventAlloc, s.ordinal, p, size, st, s.stats.InUse(), "")
+	}
 	return p, nil
 }
 
@@ -177,7 +179,9 @@ func (s *Stack) Deallocate(p cuda.DevicePtr, size uint64, st cuda.Stream) error 
 	if err := s.top.Deallocate(p, size, st); err != nil {
 		return err
 	}
-	s.rec.Record(Event{Kind: EventFree, Device: s.ordinal, Ptr: p, Size: size, Stream: st, InUse: s.stats.InUse()})
+	if s.rec.on() {
+		s.rec.record(EventFree, s.ordinal, p, size, st, s.stats.InUse(), "")
+	}
 	return nil
 }
 
