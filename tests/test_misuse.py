@@ -409,3 +409,32 @@ def test_a_failed_pinned_free_can_be_retried() -> None:
     p.close()
     assert p.closed
     assert d.memory_stats()["pinned_in_use"] == before
+
+
+@pytest.mark.sim
+def test_tiles_that_fail_during_a_capture_give_back_the_earlier_ones_after_it() -> None:
+    """GPU fuzzer seed 5858: a tile that fails while another stream captures (the driver refused it) must
+    not make the earlier tiles' frees, or a release of the cache, run inside the capture: they wait for it
+    to end, the capture stays valid, and nothing stays in use."""
+    import gc
+
+    from cudacore import testing
+
+    d = cc.Device(0)
+    s, other = d.create_stream(), d.create_stream()
+    gc.collect()
+    before = d.memory_stats()["in_use"]
+    s.begin_capture(mode="relaxed")
+    try:
+        testing.inject_fault("cuMemAllocFromPoolAsync", 2, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED")
+        with pytest.raises(cc.CaptureError, match="tile 2 of 6"):
+            d.allocate_tiles(6, 3 << 20, stream=other)
+        assert d.memory_stats()["in_use"] == before + (3 << 20), "the first tile's free waits for the capture"
+    finally:
+        testing.clear_faults()
+        g = s.end_capture()  # still a valid capture: nothing unsafe ran in it
+    g.destroy()
+    gc.collect()
+    assert d.memory_stats()["in_use"] == before
+    s.close()
+    other.close()

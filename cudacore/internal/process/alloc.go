@@ -3,6 +3,9 @@ package process
 import (
 	"fmt"
 
+	"github.com/cudacore/cudacore/pkg/device"
+	"github.com/cudacore/cudacore/pkg/memory"
+
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/stream"
 )
@@ -59,7 +62,17 @@ func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress f
 			return nil, err
 		}
 	}
-	ptrs, err := d.Memory().AllocateTiles(count, size, h, progress)
+	var ptrs []cuda.DevicePtr
+	var err error
+	if capturing {
+		// A failure part way frees the earlier tiles; during a capture those frees must wait for the
+		// captures to end, and nothing cached may be released (both are unsafe calls that would
+		// invalidate the capture and fail): captureTiles frees through Free's deferral and releases
+		// nothing.
+		ptrs, err = memory.AllocateTiles(captureTiles{d}, count, size, h, progress)
+	} else {
+		ptrs, err = d.Memory().AllocateTiles(count, size, h, progress)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -121,6 +134,11 @@ func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 func (d *Device) freeNow(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	d.inFlight.RLock()
 	defer d.inFlight.RUnlock()
+	return d.freeHeld(p, size, h)
+}
+
+// freeHeld is freeNow for a caller that holds inFlight for reading already.
+func (d *Device) freeHeld(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	if stream.IsDefault(h) {
 		return d.Memory().Deallocate(p, size, h)
 	}
@@ -150,3 +168,34 @@ func (d *Device) Order(op string, waiter, producer cuda.Stream) error {
 	defer streams.Done(producer)
 	return streams.Order(op, waiter, producer)
 }
+
+// captureTiles is the device's allocator as tiles allocated during a capture see it: a tile given back
+// after a later tile failed is freed as Free frees it (deferred while a capture runs), and it holds nothing
+// to release.
+type captureTiles struct{ d *Device }
+
+func (c captureTiles) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
+	return c.d.Memory().Allocate(size, h)
+}
+
+func (c captureTiles) Deallocate(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	d := c.d
+	streams := d.Streams()
+	if !streams.GraphMemory(h, p) {
+		DeferUntilNoCapture(func() { _ = d.Free(p, size, h) })
+		return nil
+	}
+	// A free node of h's capture, as in Free; the caller holds inFlight already.
+	if err := d.freeHeld(p, size, h); err != nil {
+		err = streams.Failed("free", h, err)
+		if stream.IsCaptureResult(cuda.ResultOf(err)) && streams.ForgetVoid(p) {
+			return nil
+		}
+		return err
+	}
+	streams.NoteFree(h, p)
+	return nil
+}
+
+// Device makes the out-of-memory verdict of a failed tile name the device.
+func (c captureTiles) Device() *device.Device { return c.d.Device }
