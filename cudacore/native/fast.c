@@ -51,6 +51,7 @@ typedef struct {
     PyObject *weakreflist;
 } PinnedObject;
 static PyTypeObject PinnedType;
+static PyTypeObject BufferType; /* defined below, with its methods */
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Buffer: device memory                                                                                */
@@ -472,6 +473,13 @@ buffer_dlpack_device(BufferObject *self, PyObject *Py_UNUSED(ignored))
     return Py_BuildValue("(iL)", kDLCUDA, (long long)self->device);
 }
 
+/* The stream arguments of the Python layer's hot methods, resolved here rather than in Python frames. Set
+ * by configure_streams(); until then every stream object takes the Python path. */
+static PyObject *handles_dict;     /* cudacore._handles' module dict: its open_stream_blocks count */
+static PyObject *stream_resolver;  /* cudacore._handles.stream_handle(stream, device) -> int */
+static PyObject *capture_noter;    /* cudacore._stream.note_capture_buffers(buffers) */
+static PyObject *str_open_blocks;
+
 /* Attribute names the hot paths read, interned once (configure_streams). */
 static PyObject *str_handle_attr, *str_owned_attr, *str_closed_attr, *str_device_attr, *str_ordinal_attr;
 static PyObject *capturing_set; /* cudacore._stream.capturing_streams: nonempty while any stream captures */
@@ -577,6 +585,65 @@ copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
     return 1;
 }
 
+/* Whether stream=None means the synchronous copy on the legacy stream: no `with stream:` block is open
+ * anywhere (cudacore._handles.open_stream_blocks is 0). */
+static int
+no_stream_blocks(void)
+{
+    if (handles_dict == NULL) {
+        return 0;
+    }
+    PyObject *n = PyDict_GetItemWithError(handles_dict, str_open_blocks); /* borrowed */
+    if (n == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    return PyLong_CheckExact(n) && PyLong_AsLong(n) == 0;
+}
+
+/* The synchronous hot case of copy_from / copy_to with stream=None while no `with stream:` block is open:
+ * host memory of the buffer protocol (not a cudacore buffer), as the general path sizes it, through the CopyToDevice /
+ * CopyToHost door with the GIL released, as the general path would call it. 1 done, 0 not this case
+ * (nothing done, no exception), -1 error set. */
+static int
+copy_sync_hot(BufferObject *self, PyObject *host, int to_device)
+{
+    if (self->closed || self->freeing || PyObject_TypeCheck(host, &PinnedType) ||
+        PyObject_TypeCheck(host, &BufferType) || !PyObject_CheckBuffer(host) || !no_stream_blocks()) {
+        return 0;
+    }
+    Py_buffer view;
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (to_device ? 0 : PyBUF_WRITABLE);
+    if (PyObject_GetBuffer(host, &view, flags) < 0) {
+        PyErr_Clear(); /* the general path says what is wrong */
+        return 0;
+    }
+    /* copy_from copies all of host into the buffer's start; copy_to all of the buffer into host's start. */
+    uint64_t want = to_device ? (uint64_t)view.len : self->size;
+    if ((view.format != NULL && strchr(view.format, 'O') != NULL) ||
+        (to_device ? want > self->size : (uint64_t)view.len < want)) {
+        PyBuffer_Release(&view);
+        return 0;
+    }
+    if (door_check_fork(to_device ? "copy_from" : "copy_to") < 0) {
+        PyBuffer_Release(&view);
+        return -1;
+    }
+    int64_t ret;
+    char *err;
+    int64_t device = self->device, ptr = (int64_t)self->ptr, n = (int64_t)want;
+    Py_BEGIN_ALLOW_THREADS
+    err = to_device ? cudacore_door_CopyToDevice(device, ptr, view.buf, (int64_t)view.len, n, -1, &ret)
+                    : cudacore_door_CopyToHost(device, view.buf, (int64_t)view.len, ptr, n, -1, &ret);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (err != NULL) {
+        door_raise(err);
+        return -1;
+    }
+    return 1;
+}
+
 /* copy_from(host, stream=None) / copy_to(host, stream=None): the hot case in C, anything else through the
  * subclass's _copy_from / _copy_to (python/cudacore/_memory.py), whose checks and errors are the
  * general ones. */
@@ -593,8 +660,8 @@ buffer_copy(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObjec
         host = args[0];
         stream = args[1];
     }
-    if (host != NULL && stream != Py_None) {
-        int r = copy_hot(self, host, stream, to_device);
+    if (host != NULL) {
+        int r = stream != Py_None ? copy_hot(self, host, stream, to_device) : copy_sync_hot(self, host, to_device);
         if (r < 0) {
             return NULL;
         }
@@ -929,12 +996,6 @@ fast_set_stack_frames(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssi
 /* ---------------------------------------------------------------------------------------------------- */
 /* Module functions                                                                                     */
 
-/* The stream arguments of the Python layer's hot methods, resolved here rather than in Python frames. Set
- * by configure_streams(); until then every stream object takes the Python path. */
-static PyObject *handles_dict;     /* cudacore._handles' module dict: its open_stream_blocks count */
-static PyObject *stream_resolver;  /* cudacore._handles.stream_handle(stream, device) -> int */
-static PyObject *capture_noter;    /* cudacore._stream.note_capture_buffers(buffers) */
-static PyObject *str_open_blocks;
 
 /* The handle of a stream argument (a Stream, an int handle, or None: the current stream of device), as
  * cudacore._handles.stream_handle gives it. The common cases (no `with stream:` block open, a Stream, a
