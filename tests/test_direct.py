@@ -214,6 +214,7 @@ def test_gpu_direct_graph_launches_and_copies_move_the_bytes(dev):
         s.synchronize()
         assert bytes(out) == bytes([i]) * 4096
     assert g._exec != 0
+    del host  # a view of src: src cannot close while it lives
     g.destroy()
     s.close()
     with pytest.raises(cc.CUDAError) as ei:
