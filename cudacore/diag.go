@@ -1,6 +1,13 @@
 package cudacore
 
-import "time"
+import (
+	"os"
+	"runtime/pprof"
+	"sync"
+	"time"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
 
 // Noop does nothing and returns x. It measures the cost of a crossing from Python with the GIL held and
 // is what the GIL-policy tests call.
@@ -22,5 +29,45 @@ func NoopReleased(ms int) (int, error) {
 			time.Sleep(time.Duration(ms) * time.Millisecond)
 		}
 		return ms, nil
+	})
+}
+
+var profile struct {
+	mu   sync.Mutex
+	file *os.File
+}
+
+// ProfileCPU starts a CPU profile of this process's Go code (runtime/pprof) written to path, or, given
+// "", stops the one running and closes its file. It is a developer's tool for the hot paths on the GPU
+// machine (scripts/gpu/profile.py); samples in C (Python, the driver) show as external code. Starting a
+// second profile is an IllegalState error. It returns 0.
+//
+//cudacore:gil release
+func ProfileCPU(path string) (int, error) {
+	return guard("cudacore.profile_cpu", func() (int, error) {
+		profile.mu.Lock()
+		defer profile.mu.Unlock()
+		if path == "" {
+			if profile.file == nil {
+				return 0, nil
+			}
+			pprof.StopCPUProfile()
+			err := profile.file.Close()
+			profile.file = nil
+			return 0, err
+		}
+		if profile.file != nil {
+			return 0, cuda.NewError("cudacore.profile_cpu", cuda.ErrorIllegalState, "a CPU profile is running already; stop it first")
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			return 0, cuda.NewError("cudacore.profile_cpu", cuda.ErrorInvalidValue, err.Error())
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			_ = f.Close()
+			return 0, cuda.NewError("cudacore.profile_cpu", cuda.ErrorIllegalState, err.Error())
+		}
+		profile.file = f
+		return 0, nil
 	})
 }
