@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-import cudacore as cc  # noqa: E402
-import fuzz  # noqa: E402
+import cudacore as cc
+import fuzz
 
 
 def main() -> None:
