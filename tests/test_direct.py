@@ -124,6 +124,52 @@ def test_what_takes_the_full_path(dev):
 
 
 @pytest.mark.sim
+@pytest.mark.parametrize("mode", ["thread_local", "global"])
+def test_an_end_capture_refused_on_another_thread_keeps_the_capture_listed(dev, mode):
+    """end_capture on a thread other than the one that began a THREAD_LOCAL or GLOBAL capture is refused
+    and the capture goes on: it stays in capturing_streams, so nothing takes the direct path past Go's
+    capture rules and escape audit meanwhile."""
+    import threading
+
+    from cudacore._stream import capturing_streams
+
+    s = dev.create_stream()
+    g, buf, pinned = _one_copy_graph(dev, s)
+    g.launch(s)
+    s.synchronize()
+    other = dev.create_stream()
+    began, finish, out = threading.Event(), threading.Event(), {}
+
+    def owner():
+        other.begin_capture(mode)
+        began.set()
+        finish.wait()
+        out["graph"] = other.end_capture()
+
+    t = threading.Thread(target=owner)
+    t.start()
+    began.wait()
+    try:
+        with pytest.raises(cc.CUDAError) as ei:
+            other.end_capture()
+        assert ei.value.name == "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"
+        assert other.capturing
+        assert (dev.device_id, other.handle) in capturing_streams
+        if mode == "thread_local":
+            g.launch(s)  # through Go, which audits it as an escape of the capture
+    finally:
+        finish.set()
+        t.join()
+    g2 = out["graph"]
+    assert (dev.device_id, other.handle) not in capturing_streams
+    if mode == "thread_local":
+        assert g2.escaped == 1 and g2.escapes[0].startswith("graph_launch")
+    s.synchronize()
+    for x in (g, g2, buf, pinned, s, other):
+        x.close()
+
+
+@pytest.mark.sim
 def test_launch_on_a_closed_stream_never_reaches_the_driver():
     """The simulator ends the process on a destroyed stream's handle, as the real driver crashes: the
     closed stream must be refused before any driver call, direct or not."""

@@ -268,8 +268,11 @@ class Stream:
         """
         try:
             graph_id = call(core.StreamEndCapture, self._device.device_id, self._handle)
-        except BaseException:
-            self._capture_over()
+        except BaseException as exc:
+            # Refused on a thread other than the one that began a GLOBAL or THREAD_LOCAL capture, the capture
+            # goes on: it stays listed (the direct path and the capture-time allocations read the list).
+            if getattr(exc, "name", None) != "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD":
+                self._capture_over()
             raise
         capturing_streams.discard((self._device.device_id, self._handle))
         return Graph._adopt(graph_id, self._device)
