@@ -235,13 +235,24 @@ except cc.CUDAError:
     assert r.stdout.strip() == "raised"
 
 
-def test_direct_doors_check_their_arguments(dev):
-    with pytest.raises(cc.InvalidValueError, match="exec"):
-        fast.graph_launch_direct(0, 2**64, 0)
-    assert fast.graph_launch_direct(0, 0, 0) is False  # no executable graph: nothing launched
-    assert fast.graph_launch_direct(10**6, 1, 0) is False  # a device the direct path does not know
+def test_direct_doors_take_nothing_they_cannot_check(dev):
+    """The direct doors read what they check from the objects themselves, with the GIL held: anything that is
+    not an open owned Stream with a launched graph or kernel is not taken (False), and Go decides."""
+    s = dev.create_stream()
+    g, buf, pinned = _one_copy_graph(dev, s)
+    assert fast.graph_launch_direct(g, s) is False  # not launched yet: no executable graph
+    g.launch(s)
+    assert g._exec != 0
+    for stream in (None, 0, s.handle, cc.Stream.legacy(dev), object()):
+        assert fast.graph_launch_direct(g, stream) is False, stream
+    assert fast.graph_launch_direct(object(), s) is False
+    assert fast.graph_launch_direct(g, s) is True
+    s.synchronize()
+    with pytest.raises(TypeError):
+        fast.graph_launch_direct(g)
     with pytest.raises(TypeError):
         fast.configure_direct(0, 1, 2)
+    g.destroy(), buf.close(), pinned.close(), s.close()
 
 
 @pytest.mark.gpu

@@ -482,6 +482,7 @@ static PyObject *str_open_blocks;
 
 /* Attribute names the hot paths read, interned once (configure_streams). */
 static PyObject *str_handle_attr, *str_owned_attr, *str_closed_attr, *str_device_attr, *str_ordinal_attr;
+static PyObject *str_exec_attr, *str_direct_attr, *str_module_attr, *str_loaded_attr, *str_spec_attr;
 static PyObject *capturing_set; /* cudacore._stream.capturing_streams: nonempty while any stream captures */
 
 /* Whether a true attribute: 1, 0, or -1 with an exception set. */
@@ -1164,21 +1165,61 @@ fast_configure_direct(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(graph_launch_direct_doc, "graph_launch_direct(device: int, exec: int, stream: int) -> bool\n\n"
-                                      "Launch the executable graph that GraphLaunch handed out on the stream handle, "
-                                      "from C. False when not taken (no direct path, or the driver failed): the caller "
-                                      "launches through Go, which reports any error. The caller vouches that the graph "
-                                      "and the stream are alive and that nothing captures.");
+/* The int attribute name of o (an exact int), or -1 when it is missing or not one. Runs no Python code for
+ * the slots it is used on. Never sets an exception. */
+static int64_t
+attr_int(PyObject *o, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    int64_t r = -1;
+    if (v != NULL && PyLong_CheckExact(v)) {
+        r = PyLong_AsLongLong(v);
+    }
+    Py_XDECREF(v);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        r = -1;
+    }
+    return r;
+}
+
+/* The ordinal of obj._device (a Device), or -1. */
+static int64_t
+device_ordinal_of(PyObject *obj)
+{
+    PyObject *dev = PyObject_GetAttr(obj, str_device_attr);
+    if (dev == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    int64_t ordinal = attr_int(dev, str_ordinal_attr);
+    Py_DECREF(dev);
+    return ordinal;
+}
+
+PyDoc_STRVAR(graph_launch_direct_doc, "graph_launch_direct(graph, stream) -> bool\n\n"
+                                      "Graph.launch on the direct path: launch graph._exec, the executable graph "
+                                      "that GraphLaunch handed out, on stream from C. The checks (direct_stream) and "
+                                      "the driver call happen with the GIL held throughout, so no other thread can "
+                                      "close the stream or destroy the graph in between. False when not taken: the "
+                                      "caller launches through Go, which checks and reports.");
 
 static PyObject *
 fast_graph_launch_direct(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    int64_t device, exec, stream;
-    if (door_enter("graph_launch", nargs, 3) < 0 || door_int(args[0], "graph_launch", "device", &device) < 0 ||
-        door_int(args[1], "graph_launch", "exec", &exec) < 0 || door_int(args[2], "graph_launch", "stream", &stream) < 0) {
+    if (door_enter("graph_launch", nargs, 2) < 0) {
         return NULL;
     }
-    return PyBool_FromLong(direct_graph_launch(device, (uint64_t)exec, (uint64_t)stream));
+    if (str_exec_attr == NULL) {
+        Py_RETURN_FALSE;
+    }
+    int64_t exec = attr_int(args[0], str_exec_attr);
+    int64_t device = device_ordinal_of(args[0]);
+    if (exec <= 0 || device < 0) {
+        Py_RETURN_FALSE;
+    }
+    uint64_t stream = direct_stream(args[1], device);
+    return PyBool_FromLong(stream != 0 && direct_graph_launch(device, (uint64_t)exec, stream));
 }
 
 PyDoc_STRVAR(configure_streams_doc,
@@ -1204,8 +1245,14 @@ fast_configure_streams(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
         str_closed_attr = PyUnicode_InternFromString("_closed");
         str_device_attr = PyUnicode_InternFromString("_device");
         str_ordinal_attr = PyUnicode_InternFromString("_ordinal");
+        str_exec_attr = PyUnicode_InternFromString("_exec");
+        str_direct_attr = PyUnicode_InternFromString("_direct");
+        str_module_attr = PyUnicode_InternFromString("_module");
+        str_loaded_attr = PyUnicode_InternFromString("_loaded");
+        str_spec_attr = PyUnicode_InternFromString("_spec");
         if (str_open_blocks == NULL || str_handle_attr == NULL || str_owned_attr == NULL || str_closed_attr == NULL ||
-            str_device_attr == NULL || str_ordinal_attr == NULL) {
+            str_device_attr == NULL || str_ordinal_attr == NULL || str_exec_attr == NULL || str_direct_attr == NULL ||
+            str_module_attr == NULL || str_loaded_attr == NULL || str_spec_attr == NULL) {
             return NULL;
         }
     }
@@ -1568,37 +1615,63 @@ fast_launch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
 }
 
 PyDoc_STRVAR(launch_direct_doc,
-             "launch_direct(device, function: int, gx, gy, gz, bx, by, bz, shared_mem, stream, args, spec) -> bool\n\n"
-             "Kernel.launch on the direct path: pack args by spec as launch() does and launch the driver's "
-             "function handle that FunctionLaunch handed out, from C. False when not taken (an argument "
-             "needs the general path, no direct path, or the driver failed): the caller launches through "
-             "Go, which checks and reports. The caller vouches that the module is loaded, the stream open "
-             "and owned, and that nothing captures.");
+             "launch_direct(kernel, gx, gy, gz, bx, by, bz, shared_mem, stream, args) -> bool\n\n"
+             "Kernel.launch on the direct path: pack args by kernel._spec as launch() does and launch "
+             "kernel._direct, the driver's function handle that FunctionLaunch handed out, on stream from C. "
+             "The checks (the module loaded, direct_stream) and the driver call happen with the GIL held "
+             "throughout. False when not taken (an argument needs the general path, no direct path, or the "
+             "driver failed): the caller launches through Go, which checks and reports.");
 
 static PyObject *
 fast_launch_direct(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    int64_t v[10];
-    static const char *names[10] = {"device", "function", "gx", "gy", "gz", "bx", "by", "bz", "shared_mem", "stream"};
-    if (door_enter("launch", nargs, 12) < 0) {
+    int64_t v[7];
+    static const char *names[7] = {"gx", "gy", "gz", "bx", "by", "bz", "shared_mem"};
+    if (door_enter("launch", nargs, 10) < 0) {
         return NULL;
     }
-    for (int i = 0; i < 10; i++) {
-        if (door_int(args[i], "launch", names[i], &v[i]) < 0) {
+    for (int i = 0; i < 7; i++) {
+        if (door_int(args[i + 1], "launch", names[i], &v[i]) < 0) {
             return NULL;
         }
     }
-    for (int i = 2; i < 8; i++) {
+    for (int i = 0; i < 6; i++) {
         if (v[i] < 1 || v[i] > UINT32_MAX) {
             Py_RETURN_FALSE; /* the full path explains */
         }
     }
-    if (v[8] < 0 || v[8] > UINT32_MAX) {
+    if (v[6] < 0 || v[6] > UINT32_MAX || str_direct_attr == NULL) {
+        Py_RETURN_FALSE;
+    }
+    PyObject *kernel = args[0];
+    int64_t fn = attr_int(kernel, str_direct_attr);
+    PyObject *mod = PyObject_GetAttr(kernel, str_module_attr);
+    if (mod == NULL) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    int loaded = attr_true(mod, str_loaded_attr);
+    int64_t device = device_ordinal_of(mod);
+    Py_DECREF(mod);
+    if (loaded < 0) {
+        PyErr_Clear();
+    }
+    if (fn <= 0 || loaded != 1 || device < 0) {
+        Py_RETURN_FALSE;
+    }
+    uint64_t stream = direct_stream(args[8], device);
+    if (stream == 0) {
+        Py_RETURN_FALSE;
+    }
+    PyObject *spec = PyObject_GetAttr(kernel, str_spec_attr);
+    if (spec == NULL) {
+        PyErr_Clear();
         Py_RETURN_FALSE;
     }
     unsigned char packed[LAUNCH_MAX_PACKED];
     size_t len = 0;
-    int r = launch_pack(args[10], args[11], packed, &len);
+    int r = launch_pack(args[9], spec, packed, &len); /* runs no Python code: exact ints, floats, Buffers */
+    Py_DECREF(spec);
     if (r <= 0) {
         return r < 0 ? NULL : Py_NewRef(Py_False);
     }
@@ -1613,9 +1686,9 @@ fast_launch_direct(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
         params[n] = &slots[n];
         off += 3 + size;
     }
-    const unsigned int grid[3] = {(unsigned int)v[2], (unsigned int)v[3], (unsigned int)v[4]};
-    const unsigned int block[3] = {(unsigned int)v[5], (unsigned int)v[6], (unsigned int)v[7]};
-    return PyBool_FromLong(direct_launch(v[0], (uint64_t)v[1], grid, block, (unsigned int)v[8], (uint64_t)v[9], params));
+    const unsigned int grid[3] = {(unsigned int)v[0], (unsigned int)v[1], (unsigned int)v[2]};
+    const unsigned int block[3] = {(unsigned int)v[3], (unsigned int)v[4], (unsigned int)v[5]};
+    return PyBool_FromLong(direct_launch(device, (uint64_t)fn, grid, block, (unsigned int)v[6], stream, params));
 }
 
 PyDoc_STRVAR(configure_doc, "configure(buffer_type, pinned_type, funnel, stream_type, held_max) -> None\n\n"

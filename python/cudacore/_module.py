@@ -30,7 +30,6 @@ from ._errors import CUDAError, error
 from ._handles import stream_handle
 from ._native import fast
 from ._stream import Stream as _Stream
-from ._stream import capturing_streams
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -457,13 +456,11 @@ class Kernel:
             if shm < 0:
                 raise _invalid(f"shared_mem is {shm}; it must be at least 0 bytes")
         # Once Go has launched the kernel, a launch on an open Stream this process owns, while nothing
-        # captures and the module is loaded, goes to the driver from C (the direct path: cudacore/direct.go);
-        # unload() and Stream.close() clear what this reads before they reach Go. False: take the full path.
-        fn = self._direct
-        if fn and type(stream) is _Stream and stream._owned and not stream._closed and not capturing_streams:
-            m = self._module
-            if m._loaded and stream._device is m._device and _launch_direct(m._device._ordinal, fn, *g, *b, shm, stream._handle, args, self._spec):
-                return
+        # captures and the module is loaded, goes to the driver from C (the direct path: cudacore/direct.go).
+        # C makes those checks with the GIL held until the driver has the call; unload() and Stream.close()
+        # clear what it reads before they reach Go. False: take the full path.
+        if self._direct and _launch_direct(self, *g, *b, shm, stream, args):
+            return
         h = stream._handle if type(stream) is _Stream else stream_handle(stream, self._module._device._ordinal)
         # Packed and launched in C; NotImplemented (nothing done) sends the arguments to the general path.
         if self._spec is not None:

@@ -614,13 +614,11 @@ class Graph:
         """Launch the graph on ``stream`` (None: the current stream of the graph's device). It does not wait."""
         # A hot entry: a launch is the inner call of a replay loop. Once Go has launched the graph and handed
         # out its executable graph, a launch on an open Stream this process owns, while nothing captures,
-        # goes to the driver from C (the direct path: cudacore/direct.go). destroy() and Stream.close() clear
-        # what this reads before they reach Go, and the GIL is held from here to the driver.
-        x = self._exec
-        if x and type(stream) is Stream and stream._owned and not stream._closed and not capturing_streams:
-            dev = self._device
-            if stream._device is dev and _graph_launch_direct(dev._ordinal, x, stream._handle):
-                return
+        # goes to the driver from C (the direct path: cudacore/direct.go). C checks the stream and reads the
+        # executable graph with the GIL held until the driver has the call; destroy() and Stream.close() clear
+        # what it reads before they reach Go.
+        if self._exec and _graph_launch_direct(self, stream):
+            return
         # The common case skips the checks that Go makes again anyway.
         if type(stream) is Stream and stream._device is self._device and self._id:
             self._exec = _graph_launch(self._id, stream._device._ordinal, stream._handle)
