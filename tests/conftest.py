@@ -8,6 +8,7 @@ simulator (fault injection, simulated device shapes). Each skips on the other ba
 
 from __future__ import annotations
 
+import gc
 import importlib.metadata
 import json
 import os
@@ -44,6 +45,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "sim" in item.keywords and not on_sim:
             item.add_marker(pytest.mark.skip(reason="needs the simulator backend"))
+
+
+@pytest.fixture(autouse=True)
+def _collect_earlier_garbage() -> None:
+    """Collect what earlier tests left in reference cycles before each test: a Buffer in a cycle (a frame of a
+    caught exception, say) is freed whenever the collector runs, and a test that counts the memory in use
+    would otherwise see it leave in the middle."""
+    gc.collect()
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

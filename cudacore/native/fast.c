@@ -481,21 +481,84 @@ static PyObject *capture_noter;    /* cudacore._stream.note_capture_buffers(buff
 static PyObject *str_open_blocks;
 
 /* Attribute names the hot paths read, interned once (configure_streams). */
-static PyObject *str_handle_attr, *str_owned_attr, *str_closed_attr, *str_device_attr, *str_ordinal_attr;
-static PyObject *str_exec_attr, *str_direct_attr, *str_module_attr, *str_loaded_attr, *str_spec_attr;
+static PyObject *str_handle_attr, *str_device_attr, *str_ordinal_attr;
 static PyObject *capturing_set; /* cudacore._stream.capturing_streams: nonempty while any stream captures */
 
-/* Whether a true attribute: 1, 0, or -1 with an exception set. */
-static int
-attr_true(PyObject *o, PyObject *name)
+/* Direct reads of the __slots__ the direct path checks. A __slots__ attribute of a Python class is a
+ * member at a fixed offset of its instances; reading it there costs a load where PyObject_GetAttr costs a
+ * lookup through the type, a noticeable share of a launch. configure_slots() records each offset from the
+ * class's member descriptor, and a read is made only on an instance of that exact class (Py_TYPE checked),
+ * so the offset is the instance's. An unset slot reads NULL. */
+typedef struct {
+    PyTypeObject *type; /* the exact class; NULL until configure_slots() */
+    Py_ssize_t offsets[4];
+} slot_layout;
+static slot_layout stream_slots;  /* _owned, _closed, _handle, _device */
+static slot_layout device_slots;  /* _ordinal */
+static slot_layout graph_slots;   /* _exec, _device */
+static slot_layout kernel_slots;  /* _direct, _module, _spec */
+static slot_layout module_slots;  /* _loaded, _device */
+enum { S_OWNED = 0, S_CLOSED = 1, S_HANDLE = 2, S_DEVICE = 3 };
+
+/* Slot i of o (borrowed, may be NULL), or NULL when o is not an instance of the layout's exact class. */
+static inline PyObject *
+slot_of(const slot_layout *l, PyObject *o, int i)
 {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL) {
+    if (l->type == NULL || Py_TYPE(o) != l->type) {
+        return NULL;
+    }
+    return *(PyObject **)((char *)o + l->offsets[i]);
+}
+
+/* An exact int's value, or -1 (never an exception: the values read here are handles and ordinals). */
+static inline int64_t
+int_of(PyObject *v)
+{
+    if (v == NULL || !PyLong_CheckExact(v)) {
         return -1;
     }
-    int r = PyObject_IsTrue(v);
-    Py_DECREF(v);
+    int overflow = 0;
+    long long r = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow != 0 || (r == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -1;
+    }
     return r;
+}
+
+/* The ordinal of the Device in slot i of o, or -1. */
+static inline int64_t
+ordinal_in(const slot_layout *l, PyObject *o, int i)
+{
+    PyObject *dev = slot_of(l, o, i);
+    return dev != NULL ? int_of(slot_of(&device_slots, dev, 0)) : -1;
+}
+
+/* Record the layout of class type for the names given: 0, or -1 with an exception (a name that is not a
+ * __slots__ member of type). */
+static int
+layout_of(slot_layout *l, PyObject *type, const char *const *names, int n)
+{
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "configure_slots() takes classes");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        PyObject *d = PyObject_GetAttrString(type, names[i]);
+        if (d == NULL) {
+            return -1;
+        }
+        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+        Py_ssize_t off = ok ? ((PyMemberDescrObject *)d)->d_member->offset : 0;
+        Py_DECREF(d);
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a __slots__ member", ((PyTypeObject *)type)->tp_name, names[i]);
+            return -1;
+        }
+        l->offsets[i] = off;
+    }
+    Py_XSETREF(l->type, (PyTypeObject *)Py_NewRef(type));
+    return 0;
 }
 
 /* The handle of a cudacore Stream the direct path may use for work of device `device`, or 0 when the work
@@ -506,28 +569,13 @@ attr_true(PyObject *o, PyObject *name)
 static uint64_t
 direct_stream(PyObject *stream, int64_t device)
 {
-    if (stream_type == NULL || Py_TYPE(stream) != stream_type || capturing_set == NULL ||
-        PySet_GET_SIZE(capturing_set) != 0 || !direct_enabled(device)) {
+    if (capturing_set == NULL || PySet_GET_SIZE(capturing_set) != 0 || !direct_enabled(device) ||
+        slot_of(&stream_slots, stream, S_OWNED) != Py_True || slot_of(&stream_slots, stream, S_CLOSED) != Py_False ||
+        ordinal_in(&stream_slots, stream, S_DEVICE) != device) {
         return 0;
     }
-    uint64_t handle = 0;
-    int64_t ordinal = -1;
-    PyObject *h = NULL, *dev = NULL, *ord = NULL;
-    if (attr_true(stream, str_owned_attr) == 1 && attr_true(stream, str_closed_attr) == 0 &&
-        (h = PyObject_GetAttr(stream, str_handle_attr)) != NULL && PyLong_CheckExact(h) &&
-        (dev = PyObject_GetAttr(stream, str_device_attr)) != NULL &&
-        (ord = PyObject_GetAttr(dev, str_ordinal_attr)) != NULL && PyLong_CheckExact(ord)) {
-        handle = PyLong_AsUnsignedLongLong(h);
-        ordinal = PyLong_AsLongLong(ord);
-    }
-    Py_XDECREF(h);
-    Py_XDECREF(dev);
-    Py_XDECREF(ord);
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    return ordinal == device ? handle : 0;
+    int64_t handle = int_of(slot_of(&stream_slots, stream, S_HANDLE));
+    return handle > 0 ? (uint64_t)handle : 0;
 }
 
 /* The hot case of Buffer.copy_from / copy_to: a PinnedBuffer of at most held_max bytes, all of it, on a
@@ -1165,38 +1213,6 @@ fast_configure_direct(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
-/* The int attribute name of o (an exact int), or -1 when it is missing or not one. Runs no Python code for
- * the slots it is used on. Never sets an exception. */
-static int64_t
-attr_int(PyObject *o, PyObject *name)
-{
-    PyObject *v = PyObject_GetAttr(o, name);
-    int64_t r = -1;
-    if (v != NULL && PyLong_CheckExact(v)) {
-        r = PyLong_AsLongLong(v);
-    }
-    Py_XDECREF(v);
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        r = -1;
-    }
-    return r;
-}
-
-/* The ordinal of obj._device (a Device), or -1. */
-static int64_t
-device_ordinal_of(PyObject *obj)
-{
-    PyObject *dev = PyObject_GetAttr(obj, str_device_attr);
-    if (dev == NULL) {
-        PyErr_Clear();
-        return -1;
-    }
-    int64_t ordinal = attr_int(dev, str_ordinal_attr);
-    Py_DECREF(dev);
-    return ordinal;
-}
-
 PyDoc_STRVAR(graph_launch_direct_doc, "graph_launch_direct(graph, stream) -> bool\n\n"
                                       "Graph.launch on the direct path: launch graph._exec, the executable graph "
                                       "that GraphLaunch handed out, on stream from C. The checks (direct_stream) and "
@@ -1210,16 +1226,37 @@ fast_graph_launch_direct(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
     if (door_enter("graph_launch", nargs, 2) < 0) {
         return NULL;
     }
-    if (str_exec_attr == NULL) {
-        Py_RETURN_FALSE;
-    }
-    int64_t exec = attr_int(args[0], str_exec_attr);
-    int64_t device = device_ordinal_of(args[0]);
+    int64_t exec = int_of(slot_of(&graph_slots, args[0], 0));
+    int64_t device = ordinal_in(&graph_slots, args[0], 1);
     if (exec <= 0 || device < 0) {
         Py_RETURN_FALSE;
     }
     uint64_t stream = direct_stream(args[1], device);
     return PyBool_FromLong(stream != 0 && direct_graph_launch(device, (uint64_t)exec, stream));
+}
+
+PyDoc_STRVAR(configure_slots_doc, "configure_slots(Stream, Device, Graph, Kernel, Module) -> None\n\n"
+                                  "Record where the direct path reads the __slots__ it checks on instances of "
+                                  "these exact classes.");
+
+static PyObject *
+fast_configure_slots(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    static const char *const stream_names[] = {"_owned", "_closed", "_handle", "_device"};
+    static const char *const device_names[] = {"_ordinal"};
+    static const char *const graph_names[] = {"_exec", "_device"};
+    static const char *const kernel_names[] = {"_direct", "_module", "_spec"};
+    static const char *const module_names[] = {"_loaded", "_device"};
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "configure_slots(Stream, Device, Graph, Kernel, Module)");
+        return NULL;
+    }
+    if (layout_of(&stream_slots, args[0], stream_names, 4) < 0 || layout_of(&device_slots, args[1], device_names, 1) < 0 ||
+        layout_of(&graph_slots, args[2], graph_names, 2) < 0 || layout_of(&kernel_slots, args[3], kernel_names, 3) < 0 ||
+        layout_of(&module_slots, args[4], module_names, 2) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(configure_streams_doc,
@@ -1241,18 +1278,10 @@ fast_configure_streams(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     if (str_open_blocks == NULL) {
         str_open_blocks = PyUnicode_InternFromString("open_stream_blocks");
         str_handle_attr = PyUnicode_InternFromString("_handle");
-        str_owned_attr = PyUnicode_InternFromString("_owned");
-        str_closed_attr = PyUnicode_InternFromString("_closed");
         str_device_attr = PyUnicode_InternFromString("_device");
         str_ordinal_attr = PyUnicode_InternFromString("_ordinal");
-        str_exec_attr = PyUnicode_InternFromString("_exec");
-        str_direct_attr = PyUnicode_InternFromString("_direct");
-        str_module_attr = PyUnicode_InternFromString("_module");
-        str_loaded_attr = PyUnicode_InternFromString("_loaded");
-        str_spec_attr = PyUnicode_InternFromString("_spec");
-        if (str_open_blocks == NULL || str_handle_attr == NULL || str_owned_attr == NULL || str_closed_attr == NULL ||
-            str_device_attr == NULL || str_ordinal_attr == NULL || str_exec_attr == NULL || str_direct_attr == NULL ||
-            str_module_attr == NULL || str_loaded_attr == NULL || str_spec_attr == NULL) {
+        if (str_open_blocks == NULL || str_handle_attr == NULL ||
+            str_device_attr == NULL || str_ordinal_attr == NULL) {
             return NULL;
         }
     }
@@ -1640,38 +1669,24 @@ fast_launch_direct(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
             Py_RETURN_FALSE; /* the full path explains */
         }
     }
-    if (v[6] < 0 || v[6] > UINT32_MAX || str_direct_attr == NULL) {
+    if (v[6] < 0 || v[6] > UINT32_MAX) {
         Py_RETURN_FALSE;
     }
     PyObject *kernel = args[0];
-    int64_t fn = attr_int(kernel, str_direct_attr);
-    PyObject *mod = PyObject_GetAttr(kernel, str_module_attr);
-    if (mod == NULL) {
-        PyErr_Clear();
+    int64_t fn = int_of(slot_of(&kernel_slots, kernel, 0));
+    PyObject *mod = slot_of(&kernel_slots, kernel, 1);
+    PyObject *spec = slot_of(&kernel_slots, kernel, 2);
+    if (fn <= 0 || mod == NULL || spec == NULL || slot_of(&module_slots, mod, 0) != Py_True) {
         Py_RETURN_FALSE;
     }
-    int loaded = attr_true(mod, str_loaded_attr);
-    int64_t device = device_ordinal_of(mod);
-    Py_DECREF(mod);
-    if (loaded < 0) {
-        PyErr_Clear();
-    }
-    if (fn <= 0 || loaded != 1 || device < 0) {
-        Py_RETURN_FALSE;
-    }
-    uint64_t stream = direct_stream(args[8], device);
+    int64_t device = ordinal_in(&module_slots, mod, 1);
+    uint64_t stream = device >= 0 ? direct_stream(args[8], device) : 0;
     if (stream == 0) {
-        Py_RETURN_FALSE;
-    }
-    PyObject *spec = PyObject_GetAttr(kernel, str_spec_attr);
-    if (spec == NULL) {
-        PyErr_Clear();
         Py_RETURN_FALSE;
     }
     unsigned char packed[LAUNCH_MAX_PACKED];
     size_t len = 0;
     int r = launch_pack(args[9], spec, packed, &len); /* runs no Python code: exact ints, floats, Buffers */
-    Py_DECREF(spec);
     if (r <= 0) {
         return r < 0 ? NULL : Py_NewRef(Py_False);
     }
@@ -1765,6 +1780,7 @@ static PyMethodDef fast_methods[] = {
     {"configure_direct", (PyCFunction)(void (*)(void))fast_configure_direct, METH_FASTCALL, configure_direct_doc},
     {"graph_launch_direct", (PyCFunction)(void (*)(void))fast_graph_launch_direct, METH_FASTCALL,
      graph_launch_direct_doc},
+    {"configure_slots", (PyCFunction)(void (*)(void))fast_configure_slots, METH_FASTCALL, configure_slots_doc},
     {"configure_streams", (PyCFunction)(void (*)(void))fast_configure_streams, METH_FASTCALL,
      configure_streams_doc},
     {"allocate_pinned", (PyCFunction)(void (*)(void))fast_allocate_pinned, METH_FASTCALL, allocate_pinned_doc},

@@ -21,9 +21,9 @@ from ._handles import (
     set_current_ordinal,
 )
 from ._limits import Limits, limits_for
-from ._module import Module, load_module
+from ._module import Kernel, Module, load_module
 from ._native import fast
-from ._stream import WAIT_SLICE_MS, Stream
+from ._stream import WAIT_SLICE_MS, Graph, Stream
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -474,3 +474,6 @@ class Device:
 # The handles below (Buffer.device, Stream(0), ...) reach Device through _handles, never by importing this
 # module: register the class there now, at import (the contract is in _handles' docstring).
 register_device_type(Device)
+
+# The direct path of the hot calls reads the slots it checks straight from instances of these classes.
+fast.configure_slots(Stream, Device, Graph, Kernel, Module)
