@@ -49,8 +49,6 @@ func (d *Device) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
 // AllocateTiles), under the same stream-lifetime and capture rules as Allocate: tiles allocated on a
 // capturing stream are counted into its graph like any other allocation.
 func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress func(done, total int) bool) ([]cuda.DevicePtr, error) {
-	d.inFlight.RLock()
-	defer d.inFlight.RUnlock()
 	streams := d.Streams()
 	if err := streams.UseForAlloc(h); err != nil {
 		return nil, err
@@ -67,11 +65,14 @@ func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress f
 	if capturing {
 		// A failure part way frees the earlier tiles; during a capture those frees must wait for the
 		// captures to end, and nothing cached may be released (both are unsafe calls that would
-		// invalidate the capture and fail): captureTiles frees through Free's deferral and releases
-		// nothing.
+		// invalidate the capture and fail): captureTiles frees as Free does and releases nothing. It
+		// holds the allocator (inFlight) for each tile on its own, so that a free that runs at once
+		// (the captures ended meanwhile) does not take inFlight a second time on this goroutine.
 		ptrs, err = memory.AllocateTiles(captureTiles{d}, count, size, h, progress)
 	} else {
+		d.inFlight.RLock()
 		ptrs, err = d.Memory().AllocateTiles(count, size, h, progress)
+		d.inFlight.RUnlock()
 	}
 	if err != nil {
 		return nil, err
@@ -134,11 +135,6 @@ func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 func (d *Device) freeNow(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	d.inFlight.RLock()
 	defer d.inFlight.RUnlock()
-	return d.freeHeld(p, size, h)
-}
-
-// freeHeld is freeNow for a caller that holds inFlight for reading already.
-func (d *Device) freeHeld(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	if stream.IsDefault(h) {
 		return d.Memory().Deallocate(p, size, h)
 	}
@@ -175,6 +171,8 @@ func (d *Device) Order(op string, waiter, producer cuda.Stream) error {
 type captureTiles struct{ d *Device }
 
 func (c captureTiles) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
+	c.d.inFlight.RLock()
+	defer c.d.inFlight.RUnlock()
 	return c.d.Memory().Allocate(size, h)
 }
 
@@ -185,8 +183,8 @@ func (c captureTiles) Deallocate(p cuda.DevicePtr, size uint64, h cuda.Stream) e
 		DeferUntilNoCapture(func() { _ = d.Free(p, size, h) })
 		return nil
 	}
-	// A free node of h's capture, as in Free; the caller holds inFlight already.
-	if err := d.freeHeld(p, size, h); err != nil {
+	// A free node of h's capture, as in Free.
+	if err := d.freeNow(p, size, h); err != nil {
 		err = streams.Failed("free", h, err)
 		if stream.IsCaptureResult(cuda.ResultOf(err)) && streams.ForgetVoid(p) {
 			return nil
