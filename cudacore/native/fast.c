@@ -480,8 +480,6 @@ static PyObject *stream_resolver;  /* cudacore._handles.stream_handle(stream, de
 static PyObject *capture_noter;    /* cudacore._stream.note_capture_buffers(buffers) */
 static PyObject *str_open_blocks;
 
-/* Attribute names the hot paths read, interned once (configure_streams). */
-static PyObject *str_handle_attr, *str_device_attr, *str_ordinal_attr;
 static PyObject *capturing_set; /* cudacore._stream.capturing_streams: nonempty while any stream captures */
 
 /* Direct reads of the __slots__ the direct path checks. A __slots__ attribute of a Python class is a
@@ -587,7 +585,7 @@ static int
 copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
 {
     if (stream_type == NULL || Py_TYPE(stream) != stream_type || !PyObject_TypeCheck(host, &PinnedType) ||
-        self->closed || self->freeing || str_handle_attr == NULL) {
+        self->closed || self->freeing) {
         return 0;
     }
     PinnedObject *h = (PinnedObject *)host;
@@ -603,23 +601,8 @@ copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
                    : direct_copy_to_host(self->device, (void *)(uintptr_t)h->ptr, self->ptr, (size_t)h->size, direct))) {
         return 1;
     }
-    PyObject *handle = PyObject_GetAttr(stream, str_handle_attr);
-    PyObject *dev = handle != NULL ? PyObject_GetAttr(stream, str_device_attr) : NULL;
-    PyObject *ord = dev != NULL ? PyObject_GetAttr(dev, str_ordinal_attr) : NULL;
-    int64_t sh = 0, ordinal = -1;
-    int ok = handle != NULL && ord != NULL && PyLong_CheckExact(handle) && PyLong_CheckExact(ord);
-    if (ok) {
-        sh = PyLong_AsLongLong(handle);
-        ordinal = PyLong_AsLongLong(ord);
-    }
-    Py_XDECREF(handle);
-    Py_XDECREF(dev);
-    Py_XDECREF(ord);
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    if (!ok || ordinal != self->device) {
+    int64_t sh = int_of(slot_of(&stream_slots, stream, S_HANDLE));
+    if (sh < 0 || ordinal_in(&stream_slots, stream, S_DEVICE) != self->device) {
         return 0;
     }
     int64_t ret;
@@ -1062,14 +1045,8 @@ resolve_stream(PyObject *stream, int64_t device, const char *fn, int64_t *out)
             *out = 0;
             return 0;
         }
-    } else if (stream_type != NULL && Py_TYPE(stream) == stream_type) {
-        PyObject *h = PyObject_GetAttr(stream, str_handle_attr);
-        if (h == NULL) {
-            return -1;
-        }
-        int r = door_int(h, fn, "stream", out);
-        Py_DECREF(h);
-        return r;
+    } else if (slot_of(&stream_slots, stream, S_HANDLE) != NULL) {
+        return door_int(slot_of(&stream_slots, stream, S_HANDLE), fn, "stream", out);
     } else if (PyLong_CheckExact(stream)) {
         int overflow = 0;
         long long v = PyLong_AsLongLongAndOverflow(stream, &overflow);
@@ -1277,11 +1254,7 @@ fast_configure_streams(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     }
     if (str_open_blocks == NULL) {
         str_open_blocks = PyUnicode_InternFromString("open_stream_blocks");
-        str_handle_attr = PyUnicode_InternFromString("_handle");
-        str_device_attr = PyUnicode_InternFromString("_device");
-        str_ordinal_attr = PyUnicode_InternFromString("_ordinal");
-        if (str_open_blocks == NULL || str_handle_attr == NULL ||
-            str_device_attr == NULL || str_ordinal_attr == NULL) {
+        if (str_open_blocks == NULL) {
             return NULL;
         }
     }
