@@ -5,13 +5,20 @@ import (
 	"fmt"
 	"runtime/debug"
 
+	"github.com/cudacore/cudacore/cudacore/internal/process"
 	"github.com/cudacore/cudacore/pkg/cuda"
 )
 
 // guard runs fn, recovers a panic into a CUDACORE_ERROR_INTERNAL error carrying the stack, and renders
 // any error in the wire format. Every exported function's body goes through it.
+//
+// Around fn it keeps the recycle log (process.Replay, process.Publish) in step: before fn, Go applies
+// the frees and allocations that C served without entering Go, so fn sees them all; after fn, C learns
+// whether it may go on serving them, given what fn changed (a capture begun or ended, graph memory, the
+// strategy).
 func guard[T any](op string, fn func() (T, error)) (v T, err error) {
 	defer func() {
+		process.Publish()
 		if p := recover(); p != nil {
 			var zero T
 			v = zero
@@ -19,6 +26,7 @@ func guard[T any](op string, fn func() (T, error)) (v T, err error) {
 				Msg: fmt.Sprintf("panic: %v\n%s", p, debug.Stack())})
 		}
 	}()
+	process.Replay()
 	v, err = fn()
 	if err != nil {
 		var zero T

@@ -30,6 +30,7 @@
 #include "direct.h"
 #include "door.h"
 #include "door_gen.h"
+#include "recycle.h"
 
 static PyTypeObject *buffer_type;   /* the registered subclass of Buffer; NULL until configure() */
 static PyTypeObject *pinned_type;   /* likewise for PinnedBuffer */
@@ -52,6 +53,7 @@ typedef struct {
 } PinnedObject;
 static PyTypeObject PinnedType;
 static PyTypeObject BufferType; /* defined below, with its methods */
+static int recycle_ok(void);    /* defined with allocate_buffer */
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Buffer: device memory                                                                                */
@@ -72,6 +74,8 @@ typedef struct {
     /* DLPack capsules handed out and not yet deleted by their consumer: while any exist, close() refuses
      * (the consumer is still using the memory). Each holds a reference to this object. */
     Py_ssize_t dlpack_exports;
+    /* Allocated by Device.allocate on the legacy stream: its free may go to the recycle log (recycle_ok). */
+    char recyclable;
 } BufferObject;
 
 /* Wait, with the GIL released in between, until another thread's free of this object has returned (it
@@ -117,6 +121,11 @@ buffer_free(BufferObject *self, int dealloc)
             return 0;
         }
         return door_check_fork("Buffer.close");
+    }
+    if (self->recyclable && recycle_ok() &&
+        cc_recycle_free(self->device, self->ptr, self->size, self->stream)) {
+        self->closed = 1; /* Go frees it, or accounts for its reuse, before anything else it does */
+        return 0;
     }
     char *err;
     int64_t ret;
@@ -1096,7 +1105,28 @@ note_if_capturing(PyObject *buf)
     return 0;
 }
 
-/* Allocate through the Allocate door into a new Buffer of the configured class. */
+/* Whether the recycle log (recycle.h) may serve a Buffer's free or allocation now, as far as the Python
+ * layer's state goes: no stream captures or is about to (begin_capture lists its stream before the
+ * driver begins, and end_capture removes it after Go has ended it), and allocations are not labelled
+ * with Python stacks (a recycled allocation has no label). Go's conditions are in cc_recycle_max. */
+static int
+recycle_ok(void)
+{
+    return capturing_set != NULL && PySet_GET_SIZE(capturing_set) == 0 && stack_frames == 0;
+}
+
+/* Whether a Buffer on stream handle stream may recycle: the legacy stream only, the one stream whose
+ * handle means the same stream on every thread for the life of the process (per-thread default streams
+ * share one handle across threads, and a created stream's handle can name another stream once it is
+ * destroyed). */
+static int
+recyclable_stream(int64_t stream)
+{
+    return stream == 0 || stream == 1;
+}
+
+/* Allocate through the Allocate door into a new Buffer of the configured class; on the legacy stream, from
+ * the recycle log when it holds a free of the same size on the same stream. */
 static PyObject *
 allocate_buffer(int64_t device, int64_t size, int64_t stream)
 {
@@ -1109,6 +1139,17 @@ allocate_buffer(int64_t device, int64_t size, int64_t stream)
     BufferObject *b = (BufferObject *)buffer_type->tp_alloc(buffer_type, 0);
     if (b == NULL) {
         return NULL;
+    }
+    b->recyclable = (char)(size > 0 && recyclable_stream(stream));
+    if (b->recyclable && recycle_ok()) {
+        uint64_t p = cc_recycle_take(device, (uint64_t)size, (uint64_t)stream);
+        if (p != 0) {
+            b->ptr = p;
+            b->size = (uint64_t)size;
+            b->stream = (uint64_t)stream;
+            b->device = device;
+            return (PyObject *)b;
+        }
     }
     b->closed = 1; /* until the allocation succeeds, dealloc must not free anything */
     char *err;

@@ -421,3 +421,6 @@ func (c *Cache) Stats() CacheStats {
 }
 
 func (c *Cache) Unwrap() Resource { return c.inner }
+
+// MaxBlock is the largest request the cache serves from its size classes.
+func (c *Cache) MaxBlock() uint64 { return c.maxBlock }

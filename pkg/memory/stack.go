@@ -292,6 +292,24 @@ func (s *Stack) Pool() *Pool { return s.pool }
 // Cache is the stack's size-class cache, or nil.
 func (s *Stack) Cache() *Cache { return s.cache }
 
+// Recycled accounts for one half of a block freed and allocated again outside the stack, on the same
+// stream and with the same size (the recycle log of cudacore/internal/recycle): the free (free true), then
+// the allocation. The block never left its owner, so nothing below the statistics sees either half, and
+// the limit, which counts what is handed out, is unchanged by the pair; the statistics and the recorder
+// see both halves as if they had come through Deallocate and Allocate. Not for a tracking stack.
+func (s *Stack) Recycled(free bool, p cuda.DevicePtr, size uint64, st cuda.Stream) {
+	kind := EventAlloc
+	if free {
+		kind = EventFree
+		s.stats.noteFree(size)
+	} else {
+		s.stats.noteAlloc(size)
+	}
+	if s.rec.on() {
+		s.rec.record(kind, s.ordinal, p, size, st, s.stats.InUse(), "")
+	}
+}
+
 // Device is the stack's device.
 func (s *Stack) Device() *device.Device { return s.d }
 

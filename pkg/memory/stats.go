@@ -44,9 +44,20 @@ func (r *Stats) Allocate(size uint64, s cuda.Stream) (cuda.DevicePtr, error) {
 		}
 		return 0, err
 	}
+	r.noteAlloc(size)
+	return p, nil
+}
+
+// noteAlloc counts a successful allocation of size bytes.
+func (r *Stats) noteAlloc(size uint64) {
 	r.allocs.Add(1)
 	storeMax(&r.peak, r.inUse.Add(size))
-	return p, nil
+}
+
+// noteFree counts a successful free of size bytes.
+func (r *Stats) noteFree(size uint64) {
+	r.frees.Add(1)
+	r.inUse.Add(-size)
 }
 
 // Deallocate forwards and, if the inner resource took p back, counts the free. A failed free leaves
@@ -56,8 +67,7 @@ func (r *Stats) Deallocate(p cuda.DevicePtr, size uint64, s cuda.Stream) error {
 		r.failures.Add(1)
 		return err
 	}
-	r.frees.Add(1)
-	r.inUse.Add(-size)
+	r.noteFree(size)
 	return nil
 }
 

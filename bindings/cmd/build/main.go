@@ -42,6 +42,9 @@ const (
 	// nativeDir holds the hand-written C and C++ of the doors; it is compiled only here, with the
 	// generated main package (it needs Python.h), never by go build ./...
 	nativeDir = "cudacore/native"
+	// recycleHeader declares the recycle log, which package cudacore/internal/recycle defines in C and
+	// cudacore/native uses; it is copied beside the native sources.
+	recycleHeader = "cudacore/internal/recycle/recycle.h"
 	// name is gopy's -name: it names the Go file (core.go), the header (core_go.h) and the extension
 	// (_core<EXT_SUFFIX>). It must not start with "_": gopy's go.py calls the extension as `_<name>` from
 	// inside class bodies, and Python mangles `__core` there into `_ClassName__core`. The module is private
@@ -189,6 +192,9 @@ func run(python, out, work string) error {
 				return err
 			}
 		}
+	}
+	if err := copyFile(recycleHeader, filepath.Join(work, filepath.Base(recycleHeader))); err != nil {
+		return err
 	}
 
 	// 4. goimports (gopy's output has unused and missing imports), then a first c-shared build whose only

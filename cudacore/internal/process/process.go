@@ -40,6 +40,8 @@ var (
 	// opened is devices for lock-free lookup on the hot path: an ordinal's slot is written once, under
 	// devMu, when the device opens, and never changes after.
 	opened [maxFastDevices]atomic.Pointer[Device]
+	// openedBound is one more than the highest ordinal in opened (written under devMu).
+	openedBound atomic.Int32
 )
 
 // maxFastDevices bounds the lock-free table; devices beyond it still work through the map.
@@ -194,6 +196,9 @@ func GetDevice(ordinal int) (*Device, error) {
 	devices[ordinal] = d
 	if ordinal < maxFastDevices {
 		opened[ordinal].Store(d)
+		if ordinal >= int(openedBound.Load()) {
+			openedBound.Store(int32(ordinal + 1))
+		}
 	}
 	return d, nil
 }

@@ -1,0 +1,101 @@
+#include "recycle.h"
+
+#include <sched.h>
+#include <string.h>
+
+volatile uint64_t cc_recycle_max[CC_RECYCLE_DEVICES];
+volatile uint32_t cc_recycle_len;
+
+static cc_recycle_op log_ops[CC_RECYCLE_CAPACITY];
+static volatile int log_lock;
+
+/* A spin lock: the sections are a few dozen instructions and almost never contended (the C callers hold
+ * the GIL; only Go's replay, from a thread that may not, competes). Yield after a while rather than burn
+ * a core behind a preempted holder. */
+static void
+lock(void)
+{
+    for (int spins = 0; __atomic_exchange_n(&log_lock, 1, __ATOMIC_ACQUIRE); spins++) {
+        if (spins > 64) {
+            sched_yield();
+        }
+    }
+}
+
+static void
+unlock(void)
+{
+    __atomic_store_n(&log_lock, 0, __ATOMIC_RELEASE);
+}
+
+/* Whether a block of size may be logged for device now (checked again under the lock). */
+static int
+logging(int64_t device, uint64_t size)
+{
+    return device >= 0 && device < CC_RECYCLE_DEVICES && size <= __atomic_load_n(&cc_recycle_max[device], __ATOMIC_ACQUIRE);
+}
+
+int
+cc_recycle_free(int64_t device, uint64_t ptr, uint64_t size, uint64_t stream)
+{
+    if (size == 0 || !logging(device, size)) {
+        return 0;
+    }
+    lock();
+    uint32_t n = cc_recycle_len;
+    /* Checked again under the lock: Go turns logging off, then replays, under the same lock. */
+    if (n >= CC_RECYCLE_CAPACITY || size > cc_recycle_max[device]) {
+        unlock();
+        return 0;
+    }
+    log_ops[n] = (cc_recycle_op){.device = device, .ptr = ptr, .size = size, .stream = stream, .kind = CC_RECYCLE_FREE};
+    __atomic_store_n(&cc_recycle_len, n + 1, __ATOMIC_RELEASE);
+    unlock();
+    return 1;
+}
+
+uint64_t
+cc_recycle_take(int64_t device, uint64_t size, uint64_t stream)
+{
+    if (size == 0 || !logging(device, size) || __atomic_load_n(&cc_recycle_len, __ATOMIC_ACQUIRE) == 0) {
+        return 0;
+    }
+    lock();
+    uint32_t n = cc_recycle_len;
+    uint64_t ptr = 0;
+    if (n < CC_RECYCLE_CAPACITY && size <= cc_recycle_max[device]) {
+        for (uint32_t i = n; i-- > 0;) {
+            cc_recycle_op *op = &log_ops[i];
+            if (op->kind == CC_RECYCLE_FREE && op->device == device && op->size == size && op->stream == stream) {
+                op->kind = CC_RECYCLE_CONSUMED;
+                ptr = op->ptr;
+                log_ops[n] = (cc_recycle_op){.device = device, .ptr = ptr, .size = size, .stream = stream, .kind = CC_RECYCLE_TAKE};
+                __atomic_store_n(&cc_recycle_len, n + 1, __ATOMIC_RELEASE);
+                break;
+            }
+        }
+    }
+    unlock();
+    return ptr;
+}
+
+int
+cc_recycle_drain(cc_recycle_op *out)
+{
+    lock();
+    uint32_t n = cc_recycle_len;
+    memcpy(out, log_ops, n * sizeof *out);
+    __atomic_store_n(&cc_recycle_len, 0, __ATOMIC_RELEASE);
+    unlock();
+    return (int)n;
+}
+
+void
+cc_recycle_set(int64_t device, uint64_t max)
+{
+    if (device >= 0 && device < CC_RECYCLE_DEVICES) {
+        lock();
+        __atomic_store_n(&cc_recycle_max[device], max, __ATOMIC_RELEASE);
+        unlock();
+    }
+}

@@ -1,0 +1,234 @@
+package recycle
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
+
+// fresh empties the process's one log and allows logging on devices 0 and 1 up to max bytes; the
+// cleanup turns logging off again.
+func fresh(t testing.TB, max uint64) {
+	t.Helper()
+	var o Ops
+	Drain(&o)
+	Allow(0, max)
+	Allow(1, max)
+	t.Cleanup(func() {
+		Allow(0, 0)
+		Allow(1, 0)
+		Drain(&o)
+	})
+}
+
+func drained() []Op {
+	var o Ops
+	Drain(&o)
+	out := make([]Op, o.Len())
+	for i := range out {
+		out[i] = o.At(i)
+	}
+	return out
+}
+
+func TestLogOffRefusesEverything(t *testing.T) {
+	fresh(t, 0)
+	assert.False(t, LogFree(0, 0x1000, 256, 0), "logging is off")
+	assert.Zero(t, LogTake(0, 256, 0))
+	assert.False(t, Pending())
+	Allow(0, 1<<20)
+	assert.Equal(t, uint64(1<<20), Allowed(0))
+	assert.False(t, LogFree(5, 0x1000, 256, 0), "device 5 was never allowed")
+	assert.False(t, LogFree(-1, 0x1000, 256, 0), "a negative ordinal")
+	assert.False(t, LogFree(Devices, 0x1000, 256, 0), "an ordinal beyond the table")
+	assert.False(t, LogFree(0, 0x1000, 0, 0), "an empty block")
+	assert.False(t, LogFree(0, 0x1000, 1<<20+1, 0), "larger than allowed")
+	assert.Zero(t, Allowed(-1))
+	assert.Empty(t, drained())
+}
+
+func TestTakeMatchesDeviceSizeAndStreamNewestFirst(t *testing.T) {
+	fresh(t, 1<<20)
+	require.True(t, LogFree(0, 0x1000, 256, 0))
+	require.True(t, LogFree(0, 0x2000, 256, 0))
+	require.True(t, LogFree(0, 0x3000, 512, 0))
+	require.True(t, LogFree(1, 0x4000, 256, 0))
+	assert.True(t, Pending())
+
+	assert.Zero(t, LogTake(0, 256, 1), "another stream")
+	assert.Zero(t, LogTake(0, 128, 0), "another size")
+	assert.Equal(t, cuda.DevicePtr(0x2000), LogTake(0, 256, 0), "the newest free of the size")
+	assert.Equal(t, cuda.DevicePtr(0x1000), LogTake(0, 256, 0))
+	assert.Zero(t, LogTake(0, 256, 0), "both were taken; device 1's block is not device 0's")
+	assert.Equal(t, cuda.DevicePtr(0x4000), LogTake(1, 256, 0))
+
+	assert.Equal(t, []Op{
+		{Device: 0, Ptr: 0x1000, Size: 256, Stream: 0, Kind: Consumed},
+		{Device: 0, Ptr: 0x2000, Size: 256, Stream: 0, Kind: Consumed},
+		{Device: 0, Ptr: 0x3000, Size: 512, Stream: 0, Kind: Free},
+		{Device: 1, Ptr: 0x4000, Size: 256, Stream: 0, Kind: Consumed},
+		{Device: 0, Ptr: 0x2000, Size: 256, Stream: 0, Kind: Take},
+		{Device: 0, Ptr: 0x1000, Size: 256, Stream: 0, Kind: Take},
+		{Device: 1, Ptr: 0x4000, Size: 256, Stream: 0, Kind: Take},
+	}, drained())
+	assert.False(t, Pending(), "drained")
+}
+
+func TestFullLogSendsCallersToGo(t *testing.T) {
+	fresh(t, 1<<20)
+	for i := range Capacity {
+		require.True(t, LogFree(0, cuda.DevicePtr(0x1000*(i+1)), 256, 0), "op %d", i)
+	}
+	assert.False(t, LogFree(0, 0x999000, 256, 0), "full")
+	assert.Zero(t, LogTake(0, 256, 0), "a take must append its op: refused when full")
+	assert.Len(t, drained(), Capacity)
+	assert.True(t, LogFree(0, 0x1000, 256, 0), "room again after the drain")
+}
+
+func TestStoppingKeepsWhatWasLogged(t *testing.T) {
+	fresh(t, 1<<20)
+	require.True(t, LogFree(0, 0x1000, 256, 0))
+	Allow(0, 0)
+	assert.Zero(t, LogTake(0, 256, 0), "logging stopped: the free waits for Go")
+	assert.Equal(t, []Op{{Device: 0, Ptr: 0x1000, Size: 256, Kind: Free}}, drained())
+}
+
+// model is the log's contract in Go: FuzzLog checks the C log against it.
+type model struct {
+	max [2]uint64
+	ops []Op
+}
+
+func (m *model) free(d int, p cuda.DevicePtr, size uint64, s cuda.Stream) bool {
+	if size == 0 || size > m.max[d] || len(m.ops) >= Capacity {
+		return false
+	}
+	m.ops = append(m.ops, Op{Device: d, Ptr: p, Size: size, Stream: s, Kind: Free})
+	return true
+}
+
+func (m *model) take(d int, size uint64, s cuda.Stream) cuda.DevicePtr {
+	if size == 0 || size > m.max[d] || len(m.ops) >= Capacity {
+		return 0
+	}
+	for i := len(m.ops) - 1; i >= 0; i-- {
+		if op := &m.ops[i]; op.Kind == Free && op.Device == d && op.Size == size && op.Stream == s {
+			op.Kind = Consumed
+			m.ops = append(m.ops, Op{Device: d, Ptr: op.Ptr, Size: size, Stream: s, Kind: Take})
+			return op.Ptr
+		}
+	}
+	return 0
+}
+
+// FuzzLog runs a program of frees, takes, drains and limit changes (two bytes an op) against the C log
+// and the model.
+func FuzzLog(f *testing.F) {
+	f.Add([]byte{0, 1, 1, 1, 0, 2, 1, 2, 3, 0})
+	f.Add([]byte{4, 0, 0, 1, 1, 1, 2, 0, 1, 1})
+	f.Fuzz(func(t *testing.T, prog []byte) {
+		fresh(t, 1<<10)
+		m := &model{max: [2]uint64{1 << 10, 1 << 10}}
+		next := cuda.DevicePtr(0x1000)
+		for i := 0; i+1 < len(prog); i += 2 {
+			op, arg := prog[i]%5, prog[i+1]
+			d := int(arg & 1)
+			size := uint64(arg>>1&3) * 512 // 0, 512, 1024 (at the limit) or 1536 (over it)
+			s := cuda.Stream(arg >> 3 & 1)
+			switch op {
+			case 0, 1:
+				next += 0x1000
+				require.Equal(t, m.free(d, next, size, s), LogFree(d, next, size, s), "free #%d", i/2)
+			case 2, 3:
+				require.Equal(t, m.take(d, size, s), LogTake(d, size, s), "take #%d", i/2)
+			case 4:
+				if arg&2 != 0 {
+					got := drained()
+					if len(m.ops) == 0 {
+						require.Empty(t, got)
+					} else {
+						require.Equal(t, m.ops, got)
+					}
+					m.ops = nil
+				} else {
+					max := uint64(arg>>2) * 64
+					m.max[d] = max
+					Allow(d, max)
+				}
+			}
+		}
+		got := drained()
+		if len(m.ops) == 0 {
+			assert.Empty(t, got)
+		} else {
+			assert.Equal(t, m.ops, got)
+		}
+	})
+}
+
+// Many threads free and take while another drains: every take hands out a block that was freed and not
+// taken since, and the drained ops account for every logged call exactly once.
+func TestConcurrentUseLosesNothing(t *testing.T) {
+	fresh(t, 1<<20)
+	const workers, rounds = 4, 2000
+	var (
+		mu     sync.Mutex
+		ops    []Op
+		frees  [workers]int
+		takes  [workers]int
+		wg     sync.WaitGroup
+		stop   = make(chan struct{})
+		drains sync.WaitGroup
+	)
+	drains.Add(1)
+	go func() {
+		defer drains.Done()
+		for {
+			got := drained()
+			mu.Lock()
+			ops = append(ops, got...)
+			mu.Unlock()
+			select {
+			case <-stop:
+				return
+			default:
+			}
+		}
+	}()
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range rounds {
+				p := cuda.DevicePtr(uint64(w+1)<<32 | uint64(i+1)<<12)
+				if LogFree(0, p, 256, 0) {
+					frees[w]++
+				}
+				if LogTake(0, 256, 0) != 0 {
+					takes[w]++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	drains.Wait()
+	ops = append(ops, drained()...)
+
+	var nFree, nTake int
+	for w := range workers {
+		nFree += frees[w]
+		nTake += takes[w]
+	}
+	kinds := map[Kind]int{}
+	for _, op := range ops {
+		kinds[op.Kind]++
+	}
+	assert.Equal(t, nFree, kinds[Free]+kinds[Consumed], "each logged free drained once")
+	assert.Equal(t, nTake, kinds[Take], "each take drained once")
+	assert.Equal(t, kinds[Consumed], kinds[Take], "a take consumes a free of its own batch")
+}
