@@ -149,6 +149,36 @@ func GraphVoided(ordinal int) (string, error) {
 	})
 }
 
+// GraphForgetVoid tells Go that the owners of these void addresses (comma-separated, as GraphVoided gave
+// them) let go for good: the Python layer marked their Buffers closed, so no free of them will come, and
+// Go stops keeping them (void entries keep every free on the graph-aware path and the recycle log off).
+// It returns how many were still void.
+//
+//cudacore:gil hold
+func GraphForgetVoid(ordinal int, ptrs string) (int, error) {
+	return guard("cudacore.graph_forget_void", func() (int, error) {
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		n := 0
+		for _, part := range strings.Split(ptrs, ",") {
+			if part == "" {
+				continue
+			}
+			p, err := strconv.ParseUint(part, 10, 64)
+			if err != nil {
+				return n, cuda.NewError("cudacore.graph_forget_void", cuda.ErrorInvalidValue,
+					fmt.Sprintf("not an address: %q", part))
+			}
+			if d.Streams().ForgetVoid(cuda.DevicePtr(p)) {
+				n++
+			}
+		}
+		return n, nil
+	})
+}
+
 // GraphInfo returns JSON {device, node_count, allocations, memory_held, instantiated}.
 //
 //cudacore:gil hold

@@ -24,6 +24,7 @@ type statsJSON struct {
 	Frees          uint64 `json:"frees"`
 	OOMs           uint64 `json:"ooms"`
 	Failures       uint64 `json:"failures"`
+	Recycled       uint64 `json:"recycled"`
 	Limit          uint64 `json:"limit"`
 	PinnedInUse    uint64 `json:"pinned_in_use"`
 	PinnedPeak     uint64 `json:"pinned_peak_in_use"`
@@ -48,7 +49,7 @@ func MemoryStats(ordinal int) (string, error) {
 		s := m.Stats()
 		p := d.PinnedStats()
 		out := statsJSON{InUse: s.InUse, PeakInUse: s.PeakInUse, Cached: s.Cached, Reserved: s.Reserved,
-			Allocations: s.Allocations, Frees: s.Frees, OOMs: s.OOMs, Failures: s.Failures, Limit: s.Limit,
+			Allocations: s.Allocations, Frees: s.Frees, OOMs: s.OOMs, Failures: s.Failures, Recycled: s.Recycled, Limit: s.Limit,
 			PinnedInUse: p.InUse, PinnedPeak: p.PeakInUse, Strategy: string(d.Strategy()),
 			TrackingActive: m.Tracking()}
 		if m.Tracking() {

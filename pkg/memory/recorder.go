@@ -184,6 +184,21 @@ func (r *Recorder) record(kind EventKind, device int, ptr cuda.DevicePtr, size u
 	return seq
 }
 
+// recordRun records n events under one lock, in order, event(i) giving the fields of the i-th: the
+// allocator's batches (Stack.Recycled) pay the lock once.
+func (r *Recorder) recordRun(n int, event func(i int) (EventKind, int, cuda.DevicePtr, uint64, cuda.Stream, uint64)) {
+	r.mu.Lock()
+	t := max(r.now(), r.last)
+	r.last = t
+	for i := range n {
+		kind, device, ptr, size, stream, inUse := event(i)
+		r.seq++
+		e := &r.ring[r.seq&r.mask]
+		e.seq, e.time, e.ptr, e.size, e.stream, e.inUse, e.device, e.kind, e.noted = r.seq, t, ptr, size, stream, inUse, device, kind, false
+	}
+	r.mu.Unlock()
+}
+
 // event is the Event that slot i holds. Called with r.mu held.
 func (r *Recorder) event(i uint64) Event {
 	s := &r.ring[i]

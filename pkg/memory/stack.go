@@ -292,22 +292,37 @@ func (s *Stack) Pool() *Pool { return s.pool }
 // Cache is the stack's size-class cache, or nil.
 func (s *Stack) Cache() *Cache { return s.cache }
 
-// Recycled accounts for one half of a block freed and allocated again outside the stack, on the same
-// stream and with the same size (the recycle log of cudacore/internal/recycle): the free (free true), then
-// the allocation. The block never left its owner, so nothing below the statistics sees either half, and
-// the limit, which counts what is handed out, is unchanged by the pair; the statistics and the recorder
-// see both halves as if they had come through Deallocate and Allocate. Not for a tracking stack.
-func (s *Stack) Recycled(free bool, p cuda.DevicePtr, size uint64, st cuda.Stream) {
-	kind := EventAlloc
-	if free {
-		kind = EventFree
-		s.stats.noteFree(size)
-	} else {
-		s.stats.noteAlloc(size)
+// Recycle is one half of a block freed and allocated again outside the stack, on the same stream and
+// with the same size (the recycle log of cudacore/internal/recycle): its free, or its allocation.
+type Recycle struct {
+	Free   bool
+	Ptr    cuda.DevicePtr
+	Size   uint64
+	Stream cuda.Stream
+}
+
+// Recycled accounts for ops, in order. The blocks never left their owner, so nothing below the statistics
+// sees them, and the limit, which counts what is handed out, is unchanged by each free and its
+// allocation; the statistics and the recorder see every op as if it had come through Deallocate or
+// Allocate (the recorder's events in one batch). Not for a tracking stack.
+func (s *Stack) Recycled(ops []Recycle) {
+	if len(ops) == 0 {
+		return
 	}
-	if s.rec.on() {
-		s.rec.record(kind, s.ordinal, p, size, st, s.stats.InUse(), "")
+	start := s.stats.apply(ops)
+	if !s.rec.on() {
+		return
 	}
+	inUse := start
+	s.rec.recordRun(len(ops), func(i int) (EventKind, int, cuda.DevicePtr, uint64, cuda.Stream, uint64) {
+		op := &ops[i]
+		if op.Free {
+			inUse -= op.Size
+			return EventFree, s.ordinal, op.Ptr, op.Size, op.Stream, inUse
+		}
+		inUse += op.Size
+		return EventAlloc, s.ordinal, op.Ptr, op.Size, op.Stream, inUse
+	})
 }
 
 // Device is the stack's device.

@@ -14,7 +14,7 @@ import (
 type Stats struct {
 	inner Resource
 
-	inUse, peak, allocs, frees, ooms, failures atomic.Uint64
+	inUse, peak, allocs, frees, ooms, failures, recycled atomic.Uint64
 }
 
 // StatsSnapshot is a copy of the counters. Stats fills InUse through Failures; Stack also fills Cached,
@@ -26,6 +26,7 @@ type StatsSnapshot struct {
 	Frees       uint64 // successful deallocations
 	OOMs        uint64 // allocations that failed with out of memory
 	Failures    uint64 // failed calls of either kind, OOMs included
+	Recycled    uint64 // of Allocations, those served outside the stack with a block freed there (Stack.Recycled)
 
 	Cached   uint64 // held for reuse, not handed out: the Cache plus the pool's reserved-but-unused memory
 	Reserved uint64 // what the pool holds from the device (for Sync: InUse)
@@ -54,6 +55,33 @@ func (r *Stats) noteAlloc(size uint64) {
 	storeMax(&r.peak, r.inUse.Add(size))
 }
 
+// apply counts a run of frees and allocations made outside the stack (Stack.Recycled), each allocation
+// also as recycled. The peak is the highest InUse along the run. It returns InUse before the run (the
+// run is added at once, so a concurrent snapshot sees none of it or all of each counter).
+func (r *Stats) apply(ops []Recycle) uint64 {
+	var frees, allocs uint64
+	var net, high int64 // the running change of InUse along the run, and its highest value
+	for _, op := range ops {
+		if op.Free {
+			frees++
+			net -= int64(op.Size)
+		} else {
+			allocs++
+			net += int64(op.Size)
+			high = max(high, net)
+		}
+	}
+	r.frees.Add(frees)
+	r.allocs.Add(allocs)
+	r.recycled.Add(allocs)
+	after := r.inUse.Add(uint64(net))
+	start := after - uint64(net)
+	if high > 0 {
+		storeMax(&r.peak, start+uint64(high))
+	}
+	return start
+}
+
 // noteFree counts a successful free of size bytes.
 func (r *Stats) noteFree(size uint64) {
 	r.frees.Add(1)
@@ -80,6 +108,7 @@ func (r *Stats) Snapshot() StatsSnapshot {
 		Frees:       r.frees.Load(),
 		OOMs:        r.ooms.Load(),
 		Failures:    r.failures.Load(),
+		Recycled:    r.recycled.Load(),
 	}
 }
 

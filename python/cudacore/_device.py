@@ -404,7 +404,9 @@ class Device:
 
     def memory_stats(self) -> MemoryStats:
         """The allocator's counters: ``in_use``, ``peak_in_use``, ``cached``, ``reserved``,
-        ``allocations``, ``frees``, ``ooms``, ``failures``, ``limit``, ``pinned_in_use``, ``strategy``, ..."""
+        ``allocations``, ``frees``, ``ooms``, ``failures``, ``recycled`` (of the allocations, those served
+        with a block closed just before, without entering the allocator: docs/memory.md), ``limit``,
+        ``pinned_in_use``, ``strategy``, ..."""
         return _memory.memory_stats(self)
 
     def reset_peak_memory_stats(self) -> int:

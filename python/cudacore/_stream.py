@@ -64,10 +64,14 @@ def void_buffers(device_id: int) -> None:
     """Mark closed the Buffers whose graph memory Go reports void."""
     text = call(core.GraphVoided, device_id)
     if text:
+        closed = []
         for p in text.split(","):
             b = _capture_buffers.pop((device_id, int(p)), None)
             if b is not None:
                 b._void()
+                closed.append(p)
+        if closed:  # no free of these will come: Go stops keeping them void
+            call(core.GraphForgetVoid, device_id, ",".join(closed))
 
 
 #: The capture modes: see :meth:`Stream.capture`.

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cudacore/cudacore/cudacore/internal/recycle"
+	"github.com/cudacore/cudacore/pkg/memory"
 )
 
 // The recycle log (package recycle): blocks that C freed and allocated again without entering Go. The
@@ -41,20 +42,32 @@ func Replay() {
 	}
 	var ops recycle.Ops
 	recycle.Drain(&ops)
+	var run [recycle.Capacity]memory.Recycle // consecutive consumed frees and takes of one device
+	n, device := 0, -1
+	flush := func() {
+		if n > 0 {
+			if d, err := Lookup(device); err == nil { // C logs only for devices Publish allowed, which are open
+				d.inFlight.RLock()
+				d.Memory().Recycled(run[:n])
+				d.inFlight.RUnlock()
+			}
+			n = 0
+		}
+	}
 	for i := range ops.Len() {
 		op := ops.At(i)
+		if op.Kind == recycle.Free || op.Device != device {
+			flush()
+			device = op.Device
+		}
 		if op.Kind == recycle.Free {
 			replayFree(op)
 			continue
 		}
-		d, err := Lookup(op.Device)
-		if err != nil {
-			continue // C logs only for devices Publish allowed, which are open
-		}
-		d.inFlight.RLock()
-		d.Memory().Recycled(op.Kind == recycle.Consumed, op.Ptr, op.Size, op.Stream)
-		d.inFlight.RUnlock()
+		run[n] = memory.Recycle{Free: op.Kind == recycle.Consumed, Ptr: op.Ptr, Size: op.Size, Stream: op.Stream}
+		n++
 	}
+	flush()
 	nFailed.Store(int64(len(failed)))
 }
 
@@ -107,4 +120,3 @@ func (d *Device) recyclable() uint64 {
 
 // RecycleFailures is how many logged frees failed when replayed and wait for the next replay.
 func RecycleFailures() int { return int(nFailed.Load()) }
-
