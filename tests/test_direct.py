@@ -288,6 +288,7 @@ def test_gpu_direct_kernel_launches_and_what_stops_them(dev):
     s = dev.create_stream()
     a = dev.allocate(4096, stream=s)
     out = np.zeros(1024, dtype=np.uint32)
+    a.copy_from(out, stream=s)  # new device memory holds whatever its last user left there
     k.launch(4, 256, (a, 7, 1000), stream=s)  # through Go, which hands out the function handle
     assert k._direct != 0
     for v in range(8, 40):
