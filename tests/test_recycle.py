@@ -207,3 +207,67 @@ def test_an_aborted_capture_leaves_nothing_on_the_graph_books(d: cc.Device) -> N
     before = counters(d)
     pairs(d, 10)
     assert delta(counters(d), before)["recycled"] >= 9
+
+
+def test_a_limit_lowered_below_what_is_in_use_fails_recycled_allocations_too(d: cc.Device) -> None:
+    warm = d.allocate(4096)
+    warm.close()
+    a, b = d.allocate(4096), d.allocate(4096)
+    d.memory_limit = 4096  # below the 8 KiB in use: every later allocation fails until enough is freed
+    try:
+        a.close()
+        with pytest.raises(cc.OutOfMemoryError):
+            d.allocate(4096)
+    finally:
+        d.memory_limit = None
+        b.close()
+    before = counters(d)
+    pairs(d, 5)
+    assert delta(counters(d), before)["recycled"] >= 4, "recycling resumes without the limit"
+
+
+def test_recycled_events_keep_the_time_they_happened(d: cc.Device) -> None:
+    import time
+
+    warm = d.allocate(20480)
+    warm.close()
+    after = max((e["seq"] for e in cc.flight_record(1)), default=0)
+    b = d.allocate(20480)  # through Go: the log was replayed by flight_record
+    b.close()  # logged
+    time.sleep(0.2)
+    c = d.allocate(20480)  # taken from the log, 0.2 s after the close
+    time.sleep(0.2)
+    c.close()
+    events = [e for e in cc.flight_record(after=after, device=0) if e["size"] == 20480]
+    assert [e["kind"] for e in events] == ["alloc", "free", "alloc", "free"]
+    gap = (events[2]["t_ns"] - events[1]["t_ns"]) / 1e9
+    assert 0.15 < gap < 0.35, f"the take is recorded at its own time, not the replay's: {gap:.3f} s"
+
+
+def test_a_call_into_go_waits_for_a_replay_in_progress_on_another_thread(d: cc.Device) -> None:
+    # Another thread's calls into Go (this one releases the GIL) replay the log while the main thread
+    # closes a buffer and at once changes the strategy, which is refused while anything is allocated: it
+    # must see the close even when the other thread has drained the log and not yet applied it.
+    from cudacore._api import call, core
+
+    stop = threading.Event()
+
+    def other() -> None:
+        while not stop.is_set():
+            call(core.Backend)
+
+    t = threading.Thread(target=other)
+    t.start()
+    strategy = d.allocation_strategy
+    refused = 0
+    try:
+        for _ in range(20000):
+            d.allocate(4096).close()
+            try:
+                d.set_allocation_strategy(strategy)
+            except cc.IllegalStateError:
+                refused += 1
+    finally:
+        stop.set()
+        t.join()
+    assert refused == 0

@@ -22,6 +22,9 @@ const (
 
 var eventNames = [...]string{"", "alloc", "free", "oom", "release", "trim"}
 
+// kindPair marks a slot that holds a free and the allocation of the same block after it (see slot).
+const kindPair EventKind = 0xff
+
 // String is the kind's name as Python sees it: "alloc", "free", "oom", "release" or "trim".
 func (k EventKind) String() string {
 	if int(k) < len(eventNames) {
@@ -50,7 +53,9 @@ const DefaultRecorderCapacity = 4096
 
 // slot is an event as the ring keeps it: one 64-byte cache line, no pointers (so storing it needs no
 // write barrier). The event's note, rare on the hot path, lives in the parallel notes ring; noted says
-// whether notes holds this slot's note.
+// whether notes holds this slot's note. A slot of kind kindPair holds two events, the commonest pair of
+// the allocator's hot path written once: the free of a block (seq) and its allocation again on the same
+// stream (seq+1); inUse is after the allocation (after the free it was inUse-size).
 type slot struct {
 	seq    uint64
 	time   time.Duration
@@ -84,10 +89,11 @@ type Recorder struct {
 	enabled atomic.Bool // read before the lock: a disabled recorder costs one load
 
 	mu    sync.Mutex
-	ring  []slot        // len a power of two
+	ring  []slot        // len a power of two; slot k of those written is ring[k&mask]
 	mask  uint64        // len(ring)-1
 	notes []string      // notes[i] is ring[i]'s note when ring[i].noted
 	seq   uint64        // events recorded so far; the next one gets seq+1
+	slots uint64        // slots written so far (a pair slot holds two events)
 	last  time.Duration // the newest event's Time
 }
 
@@ -172,7 +178,8 @@ func (r *Recorder) record(kind EventKind, device int, ptr cuda.DevicePtr, size u
 	r.last = t
 	r.seq++
 	seq := r.seq
-	i := seq & r.mask // the capacity is a power of two: no division here
+	i := r.slots & r.mask // the capacity is a power of two: no division here
+	r.slots++
 	// Field by field: a composite literal is built on the stack and copied 16 bytes at a time, loads that
 	// straddle its 8-byte stores and stall store forwarding (7 ns an event measured).
 	e := &r.ring[i]
@@ -184,45 +191,101 @@ func (r *Recorder) record(kind EventKind, device int, ptr cuda.DevicePtr, size u
 	return seq
 }
 
-// recordRun records n events under one lock, in order, event(i) giving the fields of the i-th: the
-// allocator's batches (Stack.Recycled) pay the lock once.
-func (r *Recorder) recordRun(n int, event func(i int) (EventKind, int, cuda.DevicePtr, uint64, cuda.Stream, uint64)) {
+// runEvent is one event of recordRun.
+type runEvent struct {
+	at     time.Time // when it happened; zero: now
+	kind   EventKind
+	device int
+	ptr    cuda.DevicePtr
+	size   uint64
+	stream cuda.Stream
+	inUse  uint64
+}
+
+// recordRun records evs under one lock, in order: the allocator's batches (Stack.Recycled) pay the lock
+// once. A free followed at once by the allocation of the same block (same device, size and stream) takes
+// one slot (kindPair).
+//
+// Each event's time is its own (never before the previous event's: times follow Seq), so an event that
+// happened before its batch was recorded keeps its time.
+func (r *Recorder) recordRun(evs []runEvent) {
 	r.mu.Lock()
-	t := max(r.now(), r.last)
-	r.last = t
-	for i := range n {
-		kind, device, ptr, size, stream, inUse := event(i)
+	now := r.now()
+	for i := 0; i < len(evs); i++ {
+		e := &evs[i]
+		t := now
+		if !e.at.IsZero() {
+			t = e.at.Sub(r.start)
+		}
+		t = max(t, r.last)
+		r.last = t
+		if e.kind == EventFree && i+1 < len(evs) {
+			if a := &evs[i+1]; a.kind == EventAlloc && a.at.Equal(e.at) && a.device == e.device && a.ptr == e.ptr && a.size == e.size && a.stream == e.stream {
+				r.seq += 2
+				r.put(r.seq-1, t, kindPair, e.device, e.ptr, e.size, e.stream, a.inUse)
+				i++
+				continue
+			}
+		}
 		r.seq++
-		e := &r.ring[r.seq&r.mask]
-		e.seq, e.time, e.ptr, e.size, e.stream, e.inUse, e.device, e.kind, e.noted = r.seq, t, ptr, size, stream, inUse, device, kind, false
+		r.put(r.seq, t, e.kind, e.device, e.ptr, e.size, e.stream, e.inUse)
 	}
 	r.mu.Unlock()
 }
 
-// event is the Event that slot i holds. Called with r.mu held.
-func (r *Recorder) event(i uint64) Event {
+// put writes the next slot: an event numbered seq, or the pair seq and seq+1 (kindPair), at time t,
+// with no note. Called with r.mu held.
+func (r *Recorder) put(seq uint64, t time.Duration, kind EventKind, device int, ptr cuda.DevicePtr, size uint64, stream cuda.Stream, inUse uint64) {
+	e := &r.ring[r.slots&r.mask]
+	r.slots++
+	// Field by field: see record.
+	e.seq, e.time, e.ptr, e.size, e.stream, e.inUse, e.device, e.kind, e.noted = seq, t, ptr, size, stream, inUse, device, kind, false
+}
+
+// events appends the events that slot i holds (one, or two for a pair) to out. Called with r.mu held.
+func (r *Recorder) events(out []Event, i uint64) []Event {
 	s := &r.ring[i]
 	e := Event{Seq: s.seq, Time: s.time, Kind: s.kind, Device: s.device, Ptr: s.ptr, Size: s.size,
 		Stream: s.stream, InUse: s.inUse}
+	if s.kind == kindPair {
+		free := e
+		free.Kind, free.InUse = EventFree, s.inUse-s.size
+		e.Seq, e.Kind = s.seq+1, EventAlloc
+		return append(out, free, e)
+	}
 	if s.noted {
 		e.Note = r.notes[i]
 	}
-	return e
+	return append(out, e)
 }
 
-// Label sets the note of the alloc event of ptr numbered seq, if the ring still holds it.
+// kept is how many of the slots written the ring still holds. Called with r.mu held.
+func (r *Recorder) kept() uint64 { return min(r.slots, uint64(len(r.ring))) }
+
+// Label sets the note of the alloc event of ptr numbered seq, if the ring still holds it on its own
+// slot (the allocation of a pair slot has no note: pairs are recorded only while allocations are not
+// labelled).
 func (r *Recorder) Label(seq uint64, ptr cuda.DevicePtr, note string) bool {
 	if r == nil || seq == 0 {
 		return false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	i := seq & r.mask
-	if e := &r.ring[i]; e.seq != seq || e.ptr != ptr {
-		return false
+	for k := r.slots; k > r.slots-r.kept(); k-- {
+		i := (k - 1) & r.mask
+		e := &r.ring[i]
+		if e.seq < seq {
+			return false
+		}
+		if e.seq == seq {
+			if e.kind == kindPair || e.ptr != ptr {
+				return false
+			}
+			e.noted, r.notes[i] = note != "", note
+			return true
+		}
 	}
-	r.ring[i].noted, r.notes[i] = note != "", note
-	return true
+	return false
 }
 
 // LastAlloc returns the seq of the newest alloc event of ptr still in the ring (0: none).
@@ -232,11 +295,15 @@ func (r *Recorder) LastAlloc(ptr cuda.DevicePtr) uint64 {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := uint64(len(r.ring))
-	for s := r.seq; s > 0 && r.seq-s < n; s-- {
-		e := &r.ring[s&r.mask]
-		if e.seq == s && e.kind == EventAlloc && e.ptr == ptr {
-			return s
+	for k := r.slots; k > r.slots-r.kept(); k-- {
+		e := &r.ring[(k-1)&r.mask]
+		if e.seq != 0 && e.ptr == ptr {
+			switch e.kind {
+			case EventAlloc:
+				return e.seq
+			case kindPair:
+				return e.seq + 1
+			}
 		}
 	}
 	return 0
@@ -250,22 +317,33 @@ func (r *Recorder) Since(after uint64, limit int) ([]Event, uint64) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := uint64(len(r.ring))
-	first := after + 1
-	if r.seq >= n {
-		first = max(first, r.seq-n+1)
-	}
-	if limit > 0 && r.seq >= uint64(limit) {
-		first = max(first, r.seq-uint64(limit)+1)
-	}
-	if first > r.seq {
-		return []Event{}, r.seq
-	}
-	out := make([]Event, 0, r.seq-first+1)
-	for s := first; s <= r.seq; s++ {
-		if r.ring[s&r.mask].seq == s { // after Resize grew the ring, slots of events it did not keep are empty
-			out = append(out, r.event(s&r.mask))
+	// The oldest slot to read: walk back from the newest while the slots hold events after `after`
+	// (and, with a limit, until enough are found).
+	first, found := r.slots, 0
+	for first > r.slots-r.kept() {
+		e := &r.ring[(first-1)&r.mask]
+		if e.seq == 0 { // after Resize grew the ring, slots of events it did not keep are empty
+			break
 		}
+		if e.kind == kindPair && e.seq+1 <= after || e.kind != kindPair && e.seq <= after {
+			break
+		}
+		first--
+		found++
+		if e.kind == kindPair {
+			found++
+		}
+		if limit > 0 && found >= limit {
+			break
+		}
+	}
+	out := make([]Event, 0, found)
+	for k := first; k < r.slots; k++ {
+		out = r.events(out, k&r.mask)
+	}
+	// A pair slot at the start may hold one event too many (at or before after, or beyond the limit).
+	for len(out) > 0 && (out[0].Seq <= after || limit > 0 && len(out) > limit) {
+		out = out[1:]
 	}
 	return out, r.seq
 }
@@ -289,8 +367,9 @@ func pow2(n int) int {
 	return p
 }
 
-// Resize keeps the newest capacity events from now on (capacity > 0, rounded up to a power of two),
-// keeping as many of the events held as fit; sequence numbers go on.
+// Resize keeps the newest capacity slots from now on (capacity > 0, rounded up to a power of two; a
+// slot holds one event, or a free and the allocation of the same block after it), keeping as many of
+// the slots held as fit; sequence numbers go on.
 func (r *Recorder) Resize(capacity int) {
 	if capacity <= 0 {
 		return
@@ -298,11 +377,10 @@ func (r *Recorder) Resize(capacity int) {
 	capacity = pow2(capacity)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	old, oldNotes, n := r.ring, r.notes, uint64(len(r.ring))
+	old, oldNotes, oldMask, keep := r.ring, r.notes, r.mask, min(r.kept(), uint64(capacity))
 	r.setRing(capacity)
-	m := uint64(capacity)
-	for s := r.seq; s > 0 && r.seq-s < min(n, m); s-- {
-		r.ring[s&r.mask], r.notes[s&r.mask] = old[s%n], oldNotes[s%n]
+	for k := r.slots - keep; k < r.slots; k++ {
+		r.ring[k&r.mask], r.notes[k&r.mask] = old[k&oldMask], oldNotes[k&oldMask]
 	}
 }
 

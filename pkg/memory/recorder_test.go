@@ -188,3 +188,74 @@ func TestVerdictProbeSkippedDuringCapture(t *testing.T) {
 	assert.Equal(t, calls, drv.Calls("cuMemAlloc_v2"), "no probe while capturing")
 	s.SetCapturing(0x1234, false)
 }
+
+// A free and the allocation of the same block right after it, at the same time, share one slot; readers
+// see two events with their own seqs, kinds and bytes in use.
+func TestRecorderPairSlots(t *testing.T) {
+	r := NewRecorder(4)
+	at := time.Now()
+	ev := func(kind EventKind, p cuda.DevicePtr, inUse uint64) runEvent {
+		return runEvent{at: at, kind: kind, ptr: p, size: 16, stream: 1, inUse: inUse}
+	}
+	r.recordRun([]runEvent{
+		ev(EventFree, 0x10, 84), ev(EventAlloc, 0x10, 100), // a pair: one slot, seqs 1 and 2
+		ev(EventFree, 0x20, 84), ev(EventAlloc, 0x30, 100), // not the same block: two slots
+		ev(EventAlloc, 0x40, 116),
+	})
+	assert.Equal(t, uint64(4), r.slots)
+	evs, last := r.Since(0, 0)
+	require.Equal(t, uint64(5), last)
+	require.Len(t, evs, 5)
+	kinds := []EventKind{EventFree, EventAlloc, EventFree, EventAlloc, EventAlloc}
+	ptrs := []cuda.DevicePtr{0x10, 0x10, 0x20, 0x30, 0x40}
+	inUse := []uint64{84, 100, 84, 100, 116}
+	for i, e := range evs {
+		assert.Equal(t, uint64(i+1), e.Seq)
+		assert.Equal(t, kinds[i], e.Kind, "event %d", i)
+		assert.Equal(t, ptrs[i], e.Ptr, "event %d", i)
+		assert.Equal(t, inUse[i], e.InUse, "event %d", i)
+		assert.Equal(t, at.Sub(r.start), e.Time, "event %d keeps its own time", i)
+	}
+
+	evs, _ = r.Since(1, 0) // after the pair's free: its allocation only
+	require.Len(t, evs, 4)
+	assert.Equal(t, uint64(2), evs[0].Seq)
+	evs, _ = r.Since(0, 4) // the newest four, starting inside the pair
+	require.Len(t, evs, 4)
+	assert.Equal(t, uint64(2), evs[0].Seq)
+	assert.Equal(t, uint64(2), r.LastAlloc(0x10), "the pair's allocation")
+	assert.False(t, r.Label(2, 0x10, "x"), "a pair's allocation takes no label")
+	assert.True(t, r.Label(5, 0x40, "x"))
+	assert.Zero(t, r.LastAlloc(0x20), "freed, never allocated in the ring")
+
+	// One more slot overwrites the oldest, the pair: both its events go.
+	r.Record(Event{Kind: EventFree, Ptr: 0x40})
+	evs, _ = r.Since(0, 0)
+	require.Len(t, evs, 4)
+	assert.Equal(t, uint64(3), evs[0].Seq)
+	// Resizing keeps the newest slots, pairs whole.
+	r.recordRun([]runEvent{ev(EventFree, 0x50, 100), ev(EventAlloc, 0x50, 116)})
+	r.Resize(2)
+	evs, _ = r.Since(0, 0)
+	require.Len(t, evs, 3)
+	assert.Equal(t, []uint64{6, 7, 8}, []uint64{evs[0].Seq, evs[1].Seq, evs[2].Seq})
+}
+
+// Events recorded late (a batch of what C served) keep the time they happened, never before the
+// previous event's; a free and an allocation at different times take a slot each.
+func TestRecorderRunTimes(t *testing.T) {
+	r := NewRecorder(16)
+	r.Record(Event{Kind: EventAlloc, Ptr: 0x10, Size: 16})
+	first, _ := r.Since(0, 0)
+	past := r.start.Add(first[0].Time - time.Millisecond) // before the first event
+	later := r.start.Add(first[0].Time + 500*time.Millisecond)
+	r.recordRun([]runEvent{
+		{at: past, kind: EventFree, ptr: 0x10, size: 16},
+		{at: later, kind: EventAlloc, ptr: 0x10, size: 16},
+	})
+	evs, _ := r.Since(1, 0)
+	require.Len(t, evs, 2)
+	assert.Equal(t, first[0].Time, evs[0].Time, "not before the previous event")
+	assert.Equal(t, first[0].Time+500*time.Millisecond, evs[1].Time)
+	assert.Equal(t, uint64(3), r.slots, "different times: no pair")
+}

@@ -3,6 +3,7 @@ package memory
 import (
 	"errors"
 	"sync/atomic"
+	"time"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/device"
@@ -283,6 +284,13 @@ func (s *Stack) Live() []Allocation {
 	return s.tracker.Live()
 }
 
+// OverLimit says whether a byte limit is set and what is handed out exceeds it (the limit was lowered
+// below what was in use).
+func (s *Stack) OverLimit() bool {
+	lim := s.limit.Limit()
+	return lim != 0 && s.limit.InUse() > lim
+}
+
 // Tracking says whether the stack records live allocations.
 func (s *Stack) Tracking() bool { return s.tracker != nil }
 
@@ -295,6 +303,7 @@ func (s *Stack) Cache() *Cache { return s.cache }
 // Recycle is one half of a block freed and allocated again outside the stack, on the same stream and
 // with the same size (the recycle log of cudacore/internal/recycle): its free, or its allocation.
 type Recycle struct {
+	At     time.Time // when it happened (zero: now)
 	Free   bool
 	Ptr    cuda.DevicePtr
 	Size   uint64
@@ -304,7 +313,7 @@ type Recycle struct {
 // Recycled accounts for ops, in order. The blocks never left their owner, so nothing below the statistics
 // sees them, and the limit, which counts what is handed out, is unchanged by each free and its
 // allocation; the statistics and the recorder see every op as if it had come through Deallocate or
-// Allocate (the recorder's events in one batch). Not for a tracking stack.
+// Allocate, at its own time (the recorder's events in one batch). Not for a tracking stack.
 func (s *Stack) Recycled(ops []Recycle) {
 	if len(ops) == 0 {
 		return
@@ -313,16 +322,23 @@ func (s *Stack) Recycled(ops []Recycle) {
 	if !s.rec.on() {
 		return
 	}
+	var evs [64]runEvent
 	inUse := start
-	s.rec.recordRun(len(ops), func(i int) (EventKind, int, cuda.DevicePtr, uint64, cuda.Stream, uint64) {
-		op := &ops[i]
-		if op.Free {
-			inUse -= op.Size
-			return EventFree, s.ordinal, op.Ptr, op.Size, op.Stream, inUse
+	for len(ops) > 0 {
+		n := min(len(ops), len(evs))
+		for i, op := range ops[:n] {
+			kind := EventAlloc
+			if op.Free {
+				kind = EventFree
+				inUse -= op.Size
+			} else {
+				inUse += op.Size
+			}
+			evs[i] = runEvent{at: op.At, kind: kind, device: s.ordinal, ptr: op.Ptr, size: op.Size, stream: op.Stream, inUse: inUse}
 		}
-		inUse += op.Size
-		return EventAlloc, s.ordinal, op.Ptr, op.Size, op.Stream, inUse
-	})
+		s.rec.recordRun(evs[:n])
+		ops = ops[n:]
+	}
 }
 
 // Device is the stack's device.

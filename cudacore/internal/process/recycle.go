@@ -3,6 +3,7 @@ package process
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cudacore/cudacore/cudacore/internal/recycle"
 	"github.com/cudacore/cudacore/pkg/memory"
@@ -15,25 +16,39 @@ import (
 var (
 	// replayMu keeps replays in log order: one thread drains and applies a batch before the next drains.
 	replayMu sync.Mutex
-	// failed holds logged frees that Go refused when replayed (a driver failure below the cache), retried
-	// at every replay: the block stays in use, as a failed Buffer.close leaves it, and is never lost.
-	failed   []recycle.Op
-	nFailed  atomic.Int64
-	allowed  [recycle.Devices]atomic.Uint64 // what Publish last told C, per device
-	disabled = sync.OnceValue(func() bool { return getenv("CUDACORE_RECYCLE") == "0" })
+	// replaying is set while a replay holds replayMu: a caller that finds the log empty must still wait
+	// for a replay in progress, whose ops are drained from the log but not yet applied.
+	replaying atomic.Bool
+	// failed holds logged frees that Go refused when replayed (a driver failure below the cache, where
+	// the cache was full): the block stays counted in use, as a failed Buffer.close leaves it, and is never
+	// lost. They are retried by later replays, at most once per retryEvery.
+	failed    []recycle.Op
+	nFailed   atomic.Int64
+	lastRetry time.Time
+	// publishMu orders the writes of Publish: the value C holds is always computed from the newest state.
+	publishMu sync.Mutex
+	allowed   [recycle.Devices]atomic.Uint64 // what Publish last told C, per device
+	disabled  = sync.OnceValue(func() bool { return getenv("CUDACORE_RECYCLE") == "0" })
 )
+
+// retryEvery spaces the retries of failed replayed frees: a driver that refuses a free usually goes on
+// refusing (a sticky context error), and each attempt counts as a failure in the statistics.
+const retryEvery = time.Second
 
 // Replay applies the recycle log to the allocators, oldest op first: a free that nothing reused is freed
 // (Device.Free, with every rule of a free), and a free whose block was taken again, with its take,
 // counts as a free and an allocation of the same block in the statistics and the flight recorder. It
 // costs one atomic load when the log is empty.
 func Replay() {
-	if !recycle.Pending() && nFailed.Load() == 0 {
+	if !recycle.Pending() && nFailed.Load() == 0 && !replaying.Load() {
 		return
 	}
 	replayMu.Lock()
 	defer replayMu.Unlock()
-	if n := len(failed); n > 0 {
+	replaying.Store(true) // before the drain: see replaying
+	defer replaying.Store(false)
+	if n := len(failed); n > 0 && time.Since(lastRetry) >= retryEvery {
+		lastRetry = time.Now()
 		retry := failed
 		failed = nil
 		for _, op := range retry {
@@ -64,7 +79,7 @@ func Replay() {
 			replayFree(op)
 			continue
 		}
-		run[n] = memory.Recycle{Free: op.Kind == recycle.Consumed, Ptr: op.Ptr, Size: op.Size, Stream: op.Stream}
+		run[n] = memory.Recycle{At: ops.When(op), Free: op.Kind == recycle.Consumed, Ptr: op.Ptr, Size: op.Size, Stream: op.Stream}
 		n++
 	}
 	flush()
@@ -86,10 +101,23 @@ func replayFree(op recycle.Op) {
 // size: while the device's allocator caches freed blocks of that size (so that a logged free is what Go
 // would have done anyway: keep the block for the next allocation of its size on its stream), tracks no allocation (the tracker records each one), no
 // stream of the process captures, and no graph memory or memory a live graph uses is on the books (their
-// frees follow the graph's rules). CUDACORE_RECYCLE=0 keeps it off.
+// frees follow the graph's rules), and no memory limit is exceeded (a limit lowered below what is in use
+// fails every later allocation: C's takes never raise what is in use above what Go last saw, so they
+// stay within a limit that Go saw kept). CUDACORE_RECYCLE=0 keeps it off.
 func Publish() {
+	if publish(false) {
+		publishMu.Lock()
+		publish(true) // again, under the lock: two callers may have computed from different states
+		publishMu.Unlock()
+	}
+}
+
+// publish computes what C may log per device; with write, it tells C where that changed. It says whether
+// anything changed.
+func publish(write bool) bool {
 	off := disabled()
 	capturing := Capturing()
+	changed := false
 	for i := range min(int(openedBound.Load()), recycle.Devices) {
 		d := opened[i].Load()
 		if d == nil {
@@ -100,16 +128,20 @@ func Publish() {
 			max = d.recyclable()
 		}
 		if allowed[i].Load() != max {
-			allowed[i].Store(max)
-			recycle.Allow(i, max)
+			changed = true
+			if write {
+				allowed[i].Store(max)
+				recycle.Allow(i, max)
+			}
 		}
 	}
+	return changed
 }
 
 // recyclable is the largest block the device's own state lets C log (see Publish), 0 for none.
 func (d *Device) recyclable() uint64 {
 	m := d.Memory()
-	if m == nil || m.Cache() == nil || m.Tracking() {
+	if m == nil || m.Cache() == nil || m.Tracking() || m.OverLimit() {
 		return 0
 	}
 	if s := d.streams.Load(); s != nil && s.GraphMemoryInUse() {

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 #include <string.h>
+#include <time.h>
 
 volatile uint64_t cc_recycle_max[CC_RECYCLE_DEVICES];
 volatile uint32_t cc_recycle_len;
@@ -28,6 +29,24 @@ unlock(void)
     __atomic_store_n(&log_lock, 0, __ATOMIC_RELEASE);
 }
 
+/* The time of an op: the coarse clock costs a read of the kernel's tick (no clock source read), and the
+ * flight recorder's times are exact to a millisecond anyway. */
+static int64_t
+op_time(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t
+cc_recycle_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 /* Whether a block of size may be logged for device now (checked again under the lock). */
 static int
 logging(int64_t device, uint64_t size)
@@ -41,6 +60,7 @@ cc_recycle_free(int64_t device, uint64_t ptr, uint64_t size, uint64_t stream)
     if (size == 0 || !logging(device, size)) {
         return 0;
     }
+    int64_t t = op_time();
     lock();
     uint32_t n = cc_recycle_len;
     /* Checked again under the lock: Go turns logging off, then replays, under the same lock. */
@@ -48,7 +68,7 @@ cc_recycle_free(int64_t device, uint64_t ptr, uint64_t size, uint64_t stream)
         unlock();
         return 0;
     }
-    log_ops[n] = (cc_recycle_op){.device = device, .ptr = ptr, .size = size, .stream = stream, .kind = CC_RECYCLE_FREE};
+    log_ops[n] = (cc_recycle_op){.device = device, .ptr = ptr, .size = size, .stream = stream, .time = t, .kind = CC_RECYCLE_FREE};
     __atomic_store_n(&cc_recycle_len, n + 1, __ATOMIC_RELEASE);
     unlock();
     return 1;
@@ -60,6 +80,7 @@ cc_recycle_take(int64_t device, uint64_t size, uint64_t stream)
     if (size == 0 || !logging(device, size) || __atomic_load_n(&cc_recycle_len, __ATOMIC_ACQUIRE) == 0) {
         return 0;
     }
+    int64_t t = op_time();
     lock();
     uint32_t n = cc_recycle_len;
     uint64_t ptr = 0;
@@ -69,7 +90,7 @@ cc_recycle_take(int64_t device, uint64_t size, uint64_t stream)
             if (op->kind == CC_RECYCLE_FREE && op->device == device && op->size == size && op->stream == stream) {
                 op->kind = CC_RECYCLE_CONSUMED;
                 ptr = op->ptr;
-                log_ops[n] = (cc_recycle_op){.device = device, .ptr = ptr, .size = size, .stream = stream, .kind = CC_RECYCLE_TAKE};
+                log_ops[n] = (cc_recycle_op){.device = device, .ptr = ptr, .size = size, .stream = stream, .time = t, .kind = CC_RECYCLE_TAKE};
                 __atomic_store_n(&cc_recycle_len, n + 1, __ATOMIC_RELEASE);
                 break;
             }

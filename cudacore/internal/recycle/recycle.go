@@ -13,6 +13,7 @@ import "C"
 
 import (
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
@@ -42,12 +43,16 @@ type Op struct {
 	Size   uint64
 	Stream cuda.Stream
 	Kind   Kind
+	Time   int64 // when C served it: CLOCK_MONOTONIC_COARSE nanoseconds (Ops.When converts it)
 }
 
 // Ops is a drained log.
 type Ops struct {
 	raw [Capacity]C.cc_recycle_op
 	n   int
+	// now and mono are the same instant on Go's clock and on CLOCK_MONOTONIC, read by Drain.
+	now  time.Time
+	mono int64
 }
 
 // Len is how many ops Drain moved.
@@ -56,7 +61,13 @@ func (o *Ops) Len() int { return o.n }
 // At is op i (0 <= i < Len), oldest first.
 func (o *Ops) At(i int) Op {
 	r := &o.raw[i]
-	return Op{Device: int(r.device), Ptr: cuda.DevicePtr(r.ptr), Size: uint64(r.size), Stream: cuda.Stream(uint64(r.stream)), Kind: Kind(r.kind)}
+	return Op{Device: int(r.device), Ptr: cuda.DevicePtr(r.ptr), Size: uint64(r.size), Stream: cuda.Stream(uint64(r.stream)), Kind: Kind(r.kind), Time: int64(r.time)}
+}
+
+// When is op's time on Go's clock (with a monotonic reading), to the coarse clock's tick. An op
+// logged by LogFree or LogTake in tests carries the same clock.
+func (o *Ops) When(op Op) time.Time {
+	return o.now.Add(time.Duration(op.Time - o.mono))
 }
 
 // length points at the C log's op count, read without the lock: a load, not a cgo call.
@@ -68,6 +79,9 @@ func Pending() bool { return atomic.LoadUint32(length) != 0 }
 // Drain moves the log's ops into o, oldest first, and empties the log. The caller replays them in order.
 func Drain(o *Ops) {
 	o.n = int(C.cc_recycle_drain(&o.raw[0]))
+	if o.n > 0 {
+		o.now, o.mono = time.Now(), int64(C.cc_recycle_now())
+	}
 }
 
 // Allow lets C log frees and takes of blocks up to max bytes for device ordinal, or stops it (max 0).

@@ -38,6 +38,7 @@ typedef struct {
     uint64_t ptr;
     uint64_t size;
     uint64_t stream;
+    int64_t time; /* when C served it: CLOCK_MONOTONIC_COARSE, in nanoseconds (a read of the kernel's tick) */
     uint32_t kind;
     uint32_t reserved;
 } cc_recycle_op;
@@ -58,6 +59,9 @@ uint64_t cc_recycle_take(int64_t device, uint64_t size, uint64_t stream);
 /* Move the log's ops, oldest first, into out (room for CC_RECYCLE_CAPACITY ops) and empty it; returns
  * how many. For Go's replay. */
 int cc_recycle_drain(cc_recycle_op *out);
+
+/* CLOCK_MONOTONIC now, in nanoseconds: what Go converts the ops' times with. */
+int64_t cc_recycle_now(void);
 
 /* Allow logging for a device, of blocks up to max bytes, or stop it (max 0); out of range: ignored. For
  * Go. */

@@ -3,6 +3,7 @@ package recycle
 import (
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -25,12 +26,19 @@ func fresh(t testing.TB, max uint64) {
 	})
 }
 
-func drained() []Op {
+// drained drains the log and returns its ops with Time zeroed, after checking that each op's time is
+// now, to the coarse clock's tick.
+func drained(t testing.TB) []Op {
+	t.Helper()
 	var o Ops
 	Drain(&o)
 	out := make([]Op, o.Len())
 	for i := range out {
 		out[i] = o.At(i)
+		age := time.Since(o.When(out[i]))
+		require.Greater(t, age, -50*time.Millisecond, "op %d is in the future", i)
+		require.Less(t, age, 10*time.Second, "op %d is too old", i)
+		out[i].Time = 0
 	}
 	return out
 }
@@ -48,7 +56,7 @@ func TestLogOffRefusesEverything(t *testing.T) {
 	assert.False(t, LogFree(0, 0x1000, 0, 0), "an empty block")
 	assert.False(t, LogFree(0, 0x1000, 1<<20+1, 0), "larger than allowed")
 	assert.Zero(t, Allowed(-1))
-	assert.Empty(t, drained())
+	assert.Empty(t, drained(t))
 }
 
 func TestTakeMatchesDeviceSizeAndStreamNewestFirst(t *testing.T) {
@@ -74,7 +82,7 @@ func TestTakeMatchesDeviceSizeAndStreamNewestFirst(t *testing.T) {
 		{Device: 0, Ptr: 0x2000, Size: 256, Stream: 0, Kind: Take},
 		{Device: 0, Ptr: 0x1000, Size: 256, Stream: 0, Kind: Take},
 		{Device: 1, Ptr: 0x4000, Size: 256, Stream: 0, Kind: Take},
-	}, drained())
+	}, drained(t))
 	assert.False(t, Pending(), "drained")
 }
 
@@ -85,7 +93,7 @@ func TestFullLogSendsCallersToGo(t *testing.T) {
 	}
 	assert.False(t, LogFree(0, 0x999000, 256, 0), "full")
 	assert.Zero(t, LogTake(0, 256, 0), "a take must append its op: refused when full")
-	assert.Len(t, drained(), Capacity)
+	assert.Len(t, drained(t), Capacity)
 	assert.True(t, LogFree(0, 0x1000, 256, 0), "room again after the drain")
 }
 
@@ -94,7 +102,7 @@ func TestStoppingKeepsWhatWasLogged(t *testing.T) {
 	require.True(t, LogFree(0, 0x1000, 256, 0))
 	Allow(0, 0)
 	assert.Zero(t, LogTake(0, 256, 0), "logging stopped: the free waits for Go")
-	assert.Equal(t, []Op{{Device: 0, Ptr: 0x1000, Size: 256, Kind: Free}}, drained())
+	assert.Equal(t, []Op{{Device: 0, Ptr: 0x1000, Size: 256, Kind: Free}}, drained(t))
 }
 
 // model is the log's contract in Go: FuzzLog checks the C log against it.
@@ -147,7 +155,7 @@ func FuzzLog(f *testing.F) {
 				require.Equal(t, m.take(d, size, s), LogTake(d, size, s), "take #%d", i/2)
 			case 4:
 				if arg&2 != 0 {
-					got := drained()
+					got := drained(t)
 					if len(m.ops) == 0 {
 						require.Empty(t, got)
 					} else {
@@ -161,7 +169,7 @@ func FuzzLog(f *testing.F) {
 				}
 			}
 		}
-		got := drained()
+		got := drained(t)
 		if len(m.ops) == 0 {
 			assert.Empty(t, got)
 		} else {
@@ -188,7 +196,7 @@ func TestConcurrentUseLosesNothing(t *testing.T) {
 	go func() {
 		defer drains.Done()
 		for {
-			got := drained()
+			got := drained(t)
 			mu.Lock()
 			ops = append(ops, got...)
 			mu.Unlock()
@@ -217,7 +225,7 @@ func TestConcurrentUseLosesNothing(t *testing.T) {
 	wg.Wait()
 	close(stop)
 	drains.Wait()
-	ops = append(ops, drained()...)
+	ops = append(ops, drained(t)...)
 
 	var nFree, nTake int
 	for w := range workers {
@@ -231,4 +239,19 @@ func TestConcurrentUseLosesNothing(t *testing.T) {
 	assert.Equal(t, nFree, kinds[Free]+kinds[Consumed], "each logged free drained once")
 	assert.Equal(t, nTake, kinds[Take], "each take drained once")
 	assert.Equal(t, kinds[Consumed], kinds[Take], "a take consumes a free of its own batch")
+}
+
+// An op's time is when C served it, on Go's clock, to the coarse clock's tick.
+func TestOpTimes(t *testing.T) {
+	fresh(t, 1<<20)
+	start := time.Now()
+	require.True(t, LogFree(0, 0x1000, 256, 0))
+	time.Sleep(200 * time.Millisecond)
+	require.Equal(t, cuda.DevicePtr(0x1000), LogTake(0, 256, 0))
+	var o Ops
+	Drain(&o)
+	require.Equal(t, 2, o.Len())
+	free, take := o.When(o.At(0)), o.When(o.At(1))
+	assert.InDelta(t, 200, take.Sub(free).Milliseconds(), 30)
+	assert.InDelta(t, 0, free.Sub(start).Milliseconds(), 30)
 }
