@@ -220,10 +220,11 @@ def test_recorder_covers_tiles(dev):
 
 def test_recorder_ring_is_bounded_and_can_be_turned_off(dev):
     before = cc.configure_flight_recorder()
+    s = dev.create_stream()  # off the legacy stream nothing recycles: one event a slot
     try:
         cc.configure_flight_recorder(capacity=8)
         for _ in range(20):
-            dev.allocate(256).close()
+            dev.allocate(256, stream=s).close()
         evs = cc.flight_record()
         assert len(evs) == 8, "only the newest capacity events are kept"
         assert [x["seq"] for x in evs] == list(range(evs[0]["seq"], evs[0]["seq"] + 8))
@@ -231,8 +232,17 @@ def test_recorder_ring_is_bounded_and_can_be_turned_off(dev):
         assert cc.configure_flight_recorder(enabled=False)["enabled"] is False
         dev.allocate(256).close()
         assert cc.flight_record()[-1]["seq"] == last, "off: nothing recorded"
+        # Recycled pairs on the legacy stream share a slot: 8 slots keep up to 16 events.
+        cc.configure_flight_recorder(enabled=True)
+        for _ in range(20):
+            dev.allocate(256).close()
+        evs = cc.flight_record()
+        assert 8 < len(evs) <= 16
+        assert [x["seq"] for x in evs] == list(range(evs[0]["seq"], evs[0]["seq"] + len(evs)))
+        last = evs[-1]["seq"]
     finally:
         cc.configure_flight_recorder(enabled=True, capacity=before["capacity"])
+        s.close()
     dev.allocate(256).close()
     assert cc.flight_record()[-1]["seq"] == last + 2
 
@@ -416,14 +426,16 @@ def test_allocation_logging_is_opt_in(dev, caplog):
 def test_allocation_logging_reports_lost_events(dev, caplog):
     caplog.set_level(logging.DEBUG, logger="cudacore")
     before = cc.configure_flight_recorder()["capacity"]
+    s = dev.create_stream()  # off the legacy stream nothing recycles: one event a slot
     cc.configure_flight_recorder(capacity=4)
     try:
         cc.log_allocations(True, interval=60)  # no read until it is turned off
         for _ in range(5):
-            dev.allocate(256).close()  # 10 events: 6 overwritten before the read
+            dev.allocate(256, stream=s).close()  # 10 events: 6 overwritten before the read
         cc.log_allocations(False)
     finally:
         cc.configure_flight_recorder(capacity=before)
+        s.close()
     msgs = [r.getMessage() for r in caplog.records if r.name == "cudacore"]
     assert msgs[0] == "6 allocator events were lost (the flight recorder's ring wrapped)"
     assert len(msgs) == 5
