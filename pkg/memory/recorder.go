@@ -191,44 +191,44 @@ func (r *Recorder) record(kind EventKind, device int, ptr cuda.DevicePtr, size u
 	return seq
 }
 
-// runEvent is one event of recordRun.
-type runEvent struct {
-	at     time.Time // when it happened; zero: now
-	kind   EventKind
-	device int
-	ptr    cuda.DevicePtr
-	size   uint64
-	stream cuda.Stream
-	inUse  uint64
-}
-
-// recordRun records evs under one lock, in order: the allocator's batches (Stack.Recycled) pay the lock
-// once. A free followed at once by the allocation of the same block (same device, size and stream) takes
-// one slot (kindPair).
-//
-// Each event's time is its own (never before the previous event's: times follow Seq), so an event that
-// happened before its batch was recorded keeps its time.
-func (r *Recorder) recordRun(evs []runEvent) {
+// recordRecycled records ops (Stack.Recycled) of device under one lock, in order, the bytes in use
+// before the first being start. A free followed at once by the allocation of the same block at the same
+// time takes one slot (kindPair). Each event keeps its own time (never before the previous event's: times
+// follow Seq), so what happened before its batch was recorded keeps its time.
+func (r *Recorder) recordRecycled(device int, start uint64, ops []Recycle) {
+	inUse := start
 	r.mu.Lock()
-	now := r.now()
-	for i := 0; i < len(evs); i++ {
-		e := &evs[i]
-		t := now
-		if !e.at.IsZero() {
-			t = e.at.Sub(r.start)
+	var at time.Time // the last op's At, and its time on the recorder's clock
+	var t time.Duration
+	for i := 0; i < len(ops); i++ {
+		op := &ops[i]
+		if i == 0 || !op.At.Equal(at) {
+			at = op.At
+			t = r.now()
+			if !at.IsZero() {
+				t = at.Sub(r.start)
+			}
 		}
 		t = max(t, r.last)
 		r.last = t
-		if e.kind == EventFree && i+1 < len(evs) {
-			if a := &evs[i+1]; a.kind == EventAlloc && a.at.Equal(e.at) && a.device == e.device && a.ptr == e.ptr && a.size == e.size && a.stream == e.stream {
-				r.seq += 2
-				r.put(r.seq-1, t, kindPair, e.device, e.ptr, e.size, e.stream, a.inUse)
-				i++
-				continue
+		if op.Free {
+			inUse -= op.Size
+			if i+1 < len(ops) {
+				if a := &ops[i+1]; !a.Free && a.Ptr == op.Ptr && a.Size == op.Size && a.Stream == op.Stream && a.At.Equal(op.At) {
+					inUse += op.Size
+					r.seq += 2
+					r.put(r.seq-1, t, kindPair, device, op.Ptr, op.Size, op.Stream, inUse)
+					i++
+					continue
+				}
 			}
+			r.seq++
+			r.put(r.seq, t, EventFree, device, op.Ptr, op.Size, op.Stream, inUse)
+			continue
 		}
+		inUse += op.Size
 		r.seq++
-		r.put(r.seq, t, e.kind, e.device, e.ptr, e.size, e.stream, e.inUse)
+		r.put(r.seq, t, EventAlloc, device, op.Ptr, op.Size, op.Stream, inUse)
 	}
 	r.mu.Unlock()
 }

@@ -194,13 +194,13 @@ func TestVerdictProbeSkippedDuringCapture(t *testing.T) {
 func TestRecorderPairSlots(t *testing.T) {
 	r := NewRecorder(4)
 	at := time.Now()
-	ev := func(kind EventKind, p cuda.DevicePtr, inUse uint64) runEvent {
-		return runEvent{at: at, kind: kind, ptr: p, size: 16, stream: 1, inUse: inUse}
+	ev := func(free bool, p cuda.DevicePtr) Recycle {
+		return Recycle{At: at, Free: free, Ptr: p, Size: 16, Stream: 1}
 	}
-	r.recordRun([]runEvent{
-		ev(EventFree, 0x10, 84), ev(EventAlloc, 0x10, 100), // a pair: one slot, seqs 1 and 2
-		ev(EventFree, 0x20, 84), ev(EventAlloc, 0x30, 100), // not the same block: two slots
-		ev(EventAlloc, 0x40, 116),
+	r.recordRecycled(0, 100, []Recycle{
+		ev(true, 0x10), ev(false, 0x10), // a pair: one slot, seqs 1 and 2
+		ev(true, 0x20), ev(false, 0x30), // not the same block: two slots
+		ev(false, 0x40),
 	})
 	assert.Equal(t, uint64(4), r.slots)
 	evs, last := r.Since(0, 0)
@@ -234,7 +234,7 @@ func TestRecorderPairSlots(t *testing.T) {
 	require.Len(t, evs, 4)
 	assert.Equal(t, uint64(3), evs[0].Seq)
 	// Resizing keeps the newest slots, pairs whole.
-	r.recordRun([]runEvent{ev(EventFree, 0x50, 100), ev(EventAlloc, 0x50, 116)})
+	r.recordRecycled(0, 116, []Recycle{ev(true, 0x50), ev(false, 0x50)})
 	r.Resize(2)
 	evs, _ = r.Since(0, 0)
 	require.Len(t, evs, 3)
@@ -249,9 +249,9 @@ func TestRecorderRunTimes(t *testing.T) {
 	first, _ := r.Since(0, 0)
 	past := r.start.Add(first[0].Time - time.Millisecond) // before the first event
 	later := r.start.Add(first[0].Time + 500*time.Millisecond)
-	r.recordRun([]runEvent{
-		{at: past, kind: EventFree, ptr: 0x10, size: 16},
-		{at: later, kind: EventAlloc, ptr: 0x10, size: 16},
+	r.recordRecycled(0, 16, []Recycle{
+		{At: past, Free: true, Ptr: 0x10, Size: 16},
+		{At: later, Ptr: 0x10, Size: 16},
 	})
 	evs, _ := r.Since(1, 0)
 	require.Len(t, evs, 2)

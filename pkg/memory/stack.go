@@ -322,23 +322,7 @@ func (s *Stack) Recycled(ops []Recycle) {
 	if !s.rec.on() {
 		return
 	}
-	var evs [64]runEvent
-	inUse := start
-	for len(ops) > 0 {
-		n := min(len(ops), len(evs))
-		for i, op := range ops[:n] {
-			kind := EventAlloc
-			if op.Free {
-				kind = EventFree
-				inUse -= op.Size
-			} else {
-				inUse += op.Size
-			}
-			evs[i] = runEvent{at: op.At, kind: kind, device: s.ordinal, ptr: op.Ptr, size: op.Size, stream: op.Stream, inUse: inUse}
-		}
-		s.rec.recordRun(evs[:n])
-		ops = ops[n:]
-	}
+	s.rec.recordRecycled(s.ordinal, start, ops)
 }
 
 // Device is the stack's device.
