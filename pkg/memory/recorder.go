@@ -22,8 +22,13 @@ const (
 
 var eventNames = [...]string{"", "alloc", "free", "oom", "release", "trim"}
 
-// kindPair marks a slot that holds a free and the allocation of the same block after it (see slot).
+// kindPair marks a slot that holds frees and allocations of the same block, alternating (see slot).
 const kindPair EventKind = 0xff
+
+// maxPairs is how many free+allocation pairs one slot holds at most: a loop's temporary, freed and
+// allocated again thousands of times a millisecond, costs a slot per maxPairs pairs, and a full ring still
+// expands to a bounded number of events (2*maxPairs per slot).
+const maxPairs = 8
 
 // String is the kind's name as Python sees it: "alloc", "free", "oom", "release" or "trim".
 func (k EventKind) String() string {
@@ -53,9 +58,10 @@ const DefaultRecorderCapacity = 4096
 
 // slot is an event as the ring keeps it: one 64-byte cache line, no pointers (so storing it needs no
 // write barrier). The event's note, rare on the hot path, lives in the parallel notes ring; noted says
-// whether notes holds this slot's note. A slot of kind kindPair holds two events, the commonest pair of
-// the allocator's hot path written once: the free of a block (seq) and its allocation again on the same
-// stream (seq+1); inUse is after the allocation (after the free it was inUse-size).
+// whether notes holds this slot's note. A slot of kind kindPair holds the commonest events of the
+// allocator's hot path written once: pairs pairs (1 to maxPairs) of the free of a block and its allocation
+// again on the same stream at the same time, numbered seq, seq+1, ...; inUse is after each allocation
+// (after each free it was inUse-size).
 type slot struct {
 	seq    uint64
 	time   time.Duration
@@ -66,6 +72,15 @@ type slot struct {
 	device int
 	kind   EventKind
 	noted  bool
+	pairs  uint8 // kindPair: how many pairs
+}
+
+// events is how many events the slot holds.
+func (s *slot) events() uint64 {
+	if s.kind == kindPair {
+		return 2 * uint64(s.pairs)
+	}
+	return 1
 }
 
 // Recorder is a bounded ring of allocator events: the newest Capacity events are kept, older ones are
@@ -202,7 +217,10 @@ func (r *Recorder) recordRecycled(device int, start uint64, ops []Recycle) {
 	var t time.Duration
 	for i := 0; i < len(ops); i++ {
 		op := &ops[i]
-		if i == 0 || !op.At.Equal(at) {
+		// Times are compared as values, not with Equal: the ops of one batch that happened in the same
+		// tick carry the same time.Time (a cheap comparison on the hot path; a false mismatch would only
+		// cost a slot).
+		if i == 0 || op.At != at {
 			at = op.At
 			t = r.now()
 			if !at.IsZero() {
@@ -214,11 +232,19 @@ func (r *Recorder) recordRecycled(device int, start uint64, ops []Recycle) {
 		if op.Free {
 			inUse -= op.Size
 			if i+1 < len(ops) {
-				if a := &ops[i+1]; !a.Free && a.Ptr == op.Ptr && a.Size == op.Size && a.Stream == op.Stream && a.At.Equal(op.At) {
+				if a := &ops[i+1]; !a.Free && a.Ptr == op.Ptr && a.Size == op.Size && a.Stream == op.Stream && a.At == op.At {
 					inUse += op.Size
 					r.seq += 2
-					r.put(r.seq-1, t, kindPair, device, op.Ptr, op.Size, op.Stream, inUse)
 					i++
+					// The same pair as the slot written last, at the same time: count it there.
+					if last := &r.ring[(r.slots-1)&r.mask]; r.slots > 0 && last.kind == kindPair && last.pairs < maxPairs &&
+						last.seq+last.events() == r.seq-1 && last.time == t && last.ptr == op.Ptr && last.size == op.Size &&
+						last.stream == op.Stream && last.device == device && last.inUse == inUse {
+						last.pairs++
+						continue
+					}
+					r.put(r.seq-1, t, kindPair, device, op.Ptr, op.Size, op.Stream, inUse)
+					r.ring[(r.slots-1)&r.mask].pairs = 1
 					continue
 				}
 			}
@@ -248,10 +274,14 @@ func (r *Recorder) events(out []Event, i uint64) []Event {
 	e := Event{Seq: s.seq, Time: s.time, Kind: s.kind, Device: s.device, Ptr: s.ptr, Size: s.size,
 		Stream: s.stream, InUse: s.inUse}
 	if s.kind == kindPair {
-		free := e
-		free.Kind, free.InUse = EventFree, s.inUse-s.size
-		e.Seq, e.Kind = s.seq+1, EventAlloc
-		return append(out, free, e)
+		for j := range uint64(s.pairs) {
+			free := e
+			free.Seq, free.Kind, free.InUse = s.seq+2*j, EventFree, s.inUse-s.size
+			alloc := e
+			alloc.Seq, alloc.Kind = s.seq+2*j+1, EventAlloc
+			out = append(out, free, alloc)
+		}
+		return out
 	}
 	if s.noted {
 		e.Note = r.notes[i]
@@ -302,7 +332,7 @@ func (r *Recorder) LastAlloc(ptr cuda.DevicePtr) uint64 {
 			case EventAlloc:
 				return e.seq
 			case kindPair:
-				return e.seq + 1
+				return e.seq + e.events() - 1
 			}
 		}
 	}
@@ -325,14 +355,11 @@ func (r *Recorder) Since(after uint64, limit int) ([]Event, uint64) {
 		if e.seq == 0 { // after Resize grew the ring, slots of events it did not keep are empty
 			break
 		}
-		if e.kind == kindPair && e.seq+1 <= after || e.kind != kindPair && e.seq <= after {
+		if e.seq+e.events()-1 <= after {
 			break
 		}
 		first--
-		found++
-		if e.kind == kindPair {
-			found++
-		}
+		found += int(e.events())
 		if limit > 0 && found >= limit {
 			break
 		}
@@ -341,7 +368,7 @@ func (r *Recorder) Since(after uint64, limit int) ([]Event, uint64) {
 	for k := first; k < r.slots; k++ {
 		out = r.events(out, k&r.mask)
 	}
-	// A pair slot at the start may hold one event too many (at or before after, or beyond the limit).
+	// A pair slot at the start may hold events too many (at or before after, or beyond the limit).
 	for len(out) > 0 && (out[0].Seq <= after || limit > 0 && len(out) > limit) {
 		out = out[1:]
 	}

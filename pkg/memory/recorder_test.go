@@ -259,3 +259,46 @@ func TestRecorderRunTimes(t *testing.T) {
 	assert.Equal(t, first[0].Time+500*time.Millisecond, evs[1].Time)
 	assert.Equal(t, uint64(3), r.slots, "different times: no pair")
 }
+
+// Pairs of the same block at the same time share a slot, up to maxPairs of them: a tight loop's
+// temporary costs a slot per maxPairs pairs, and readers still see every event with its own seq.
+func TestRecorderRepeatedPairs(t *testing.T) {
+	r := NewRecorder(8)
+	at := time.Now()
+	ops := make([]Recycle, 0, 40)
+	for range 20 {
+		ops = append(ops, Recycle{At: at, Free: true, Ptr: 0x10, Size: 16}, Recycle{At: at, Ptr: 0x10, Size: 16})
+	}
+	r.recordRecycled(0, 16, ops)
+	assert.Equal(t, uint64(3), r.slots, "20 pairs in slots of 8, 8 and 4")
+	evs, last := r.Since(0, 0)
+	require.Equal(t, uint64(40), last)
+	require.Len(t, evs, 40)
+	for i, e := range evs {
+		assert.Equal(t, uint64(i+1), e.Seq)
+		if i%2 == 0 {
+			assert.Equal(t, EventFree, e.Kind)
+			assert.Zero(t, e.InUse)
+		} else {
+			assert.Equal(t, EventAlloc, e.Kind)
+			assert.Equal(t, uint64(16), e.InUse)
+		}
+	}
+	evs, _ = r.Since(13, 0)
+	require.Len(t, evs, 27)
+	assert.Equal(t, uint64(14), evs[0].Seq)
+	evs, _ = r.Since(0, 5)
+	require.Len(t, evs, 5)
+	assert.Equal(t, uint64(36), evs[0].Seq)
+	assert.Equal(t, uint64(40), r.LastAlloc(0x10))
+	assert.False(t, r.Label(40, 0x10, "x"))
+
+	// Another block, or another time, starts a new slot.
+	r.recordRecycled(0, 16, []Recycle{{At: at, Free: true, Ptr: 0x20, Size: 16}, {At: at, Ptr: 0x20, Size: 16}})
+	later := at.Add(time.Millisecond)
+	r.recordRecycled(0, 16, []Recycle{{At: later, Free: true, Ptr: 0x20, Size: 16}, {At: later, Ptr: 0x20, Size: 16}})
+	assert.Equal(t, uint64(5), r.slots)
+	evs, _ = r.Since(40, 0)
+	require.Len(t, evs, 4)
+	assert.Equal(t, []cuda.DevicePtr{0x20, 0x20, 0x20, 0x20}, []cuda.DevicePtr{evs[0].Ptr, evs[1].Ptr, evs[2].Ptr, evs[3].Ptr})
+}
