@@ -98,12 +98,16 @@ func replayFree(op recycle.Op) {
 }
 
 // Publish tells C, per open device, whether it may log frees and takes now, and of blocks up to what
-// size: while the device's allocator caches freed blocks of that size (so that a logged free is what Go
-// would have done anyway: keep the block for the next allocation of its size on its stream), tracks no allocation (the tracker records each one), no
-// stream of the process captures, and no graph memory or memory a live graph uses is on the books (their
-// frees follow the graph's rules), and no memory limit is exceeded (a limit lowered below what is in use
-// fails every later allocation: C's takes never raise what is in use above what Go last saw, so they
-// stay within a limit that Go saw kept). CUDACORE_RECYCLE=0 keeps it off.
+// size. It may while:
+//   - the device's allocator caches freed blocks of that size, so that a logged free is what Go would have
+//     done anyway: keep the block for the next allocation of its size on its stream;
+//   - it tracks no allocation (the tracker records each one);
+//   - no stream of the process captures;
+//   - no graph memory or memory a live graph uses is on the books (their frees follow the graph's rules);
+//   - no memory limit is exceeded: a limit lowered below what is in use fails every later allocation, and
+//     C's takes never raise what is in use above what Go last saw, so they stay within a limit Go saw kept.
+//
+// CUDACORE_RECYCLE=0 keeps it off.
 func Publish() {
 	if publish(false) {
 		publishMu.Lock()
@@ -149,6 +153,3 @@ func (d *Device) recyclable() uint64 {
 	}
 	return m.Cache().MaxBlock()
 }
-
-// RecycleFailures is how many logged frees failed when replayed and wait for the next replay.
-func RecycleFailures() int { return int(nFailed.Load()) }
