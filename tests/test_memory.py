@@ -214,6 +214,29 @@ def test_pinned_buffer(dev: cc.Device) -> None:
     assert np.frombuffer(dev.allocate_pinned(16), dtype=np.uint32).shape == (4,)
 
 
+def test_synchronous_copies_with_pinned_memory(dev: cc.Device) -> None:
+    # stream=None with a PinnedBuffer takes the C hot case: bytes arrive, sizes are the general path's,
+    # and a closed PinnedBuffer gets the general path's error.
+    src, out = dev.allocate_pinned(4096), dev.allocate_pinned(4096)
+    memoryview(src)[:] = bytes(range(256)) * 16
+    with dev.allocate(8192) as b:
+        b.copy_from(src)  # the first 4 KiB of b
+        b.copy_to(bytearray(8192))
+        small = dev.allocate_pinned(1024)
+        with pytest.raises(cc.InvalidValueError):
+            b.copy_to(small)  # 8 KiB do not fit in 1 KiB
+        with dev.allocate(4096) as c:
+            c.copy_from(src)
+            c.copy_to(out)
+        assert bytes(memoryview(out)) == bytes(memoryview(src))
+        small.close()
+        with pytest.raises(cc.CUDAError) as ei:
+            b.copy_from(small)
+        assert ei.value.name == "CUDACORE_ERROR_CLOSED"
+    src.close()
+    out.close()
+
+
 def test_many_threads_allocate_at_once(dev: cc.Device) -> None:
     errors: list[BaseException] = []
 

@@ -643,14 +643,16 @@ no_stream_blocks(void)
 }
 
 /* The synchronous hot case of copy_from / copy_to with stream=None while no `with stream:` block is open:
- * host memory of the buffer protocol (not a cudacore buffer), as the general path sizes it, through the CopyToDevice /
- * CopyToHost door with the GIL released, as the general path would call it. 1 done, 0 not this case
- * (nothing done, no exception), -1 error set. */
+ * host memory of the buffer protocol (a PinnedBuffer too, not a device Buffer), as the general path sizes
+ * it, through the CopyToDevice / CopyToHost door with the GIL released, as the general path would call it.
+ * The host memory is held through its buffer export for the call, so a PinnedBuffer cannot be closed by
+ * another thread meanwhile (its close refuses while exports live). 1 done, 0 not this case (nothing done,
+ * no exception), -1 error set. */
 static int
 copy_sync_hot(BufferObject *self, PyObject *host, int to_device)
 {
-    if (self->closed || self->freeing || PyObject_TypeCheck(host, &PinnedType) ||
-        PyObject_TypeCheck(host, &BufferType) || !PyObject_CheckBuffer(host) || !no_stream_blocks()) {
+    if (self->closed || self->freeing || PyObject_TypeCheck(host, &BufferType) || !PyObject_CheckBuffer(host) ||
+        !no_stream_blocks()) {
         return 0;
     }
     Py_buffer view;
