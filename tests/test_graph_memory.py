@@ -238,3 +238,19 @@ def test_gpu_a_graph_keeps_the_memory_its_kernel_writes_alive(dev: cc.Device) ->
             b.close()
         g.destroy()
     s.close()
+
+
+def test_a_buffer_closed_during_another_capture_then_voided_is_freed_once(dev: cc.Device) -> None:
+    # Found by the fuzzer (seed 7302): b's close waits for the second capture to end; destroying its graph
+    # meanwhile voids its memory. The waiting free must still find the address void (and free nothing),
+    # or the bytes leave in_use twice.
+    s = dev.create_stream()
+    before = in_use(dev)
+    with s.capture() as g:
+        b = dev.allocate(N, stream=s)
+    s.begin_capture()
+    b.close()
+    g.destroy()
+    s.end_capture().destroy()
+    assert in_use(dev) == before
+    s.close()

@@ -67,10 +67,12 @@ def void_buffers(device_id: int) -> None:
         closed = []
         for p in text.split(","):
             b = _capture_buffers.pop((device_id, int(p)), None)
-            if b is not None:
+            if b is not None and not b.closed:
                 b._void()
                 closed.append(p)
-        if closed:  # no free of these will come: Go stops keeping them void
+        # No free of these will come, so Go stops keeping them void. A Buffer closed before (its free
+        # may still wait for a capture to end) is not reported: its free forgets the address itself.
+        if closed:
             call(core.GraphForgetVoid, device_id, ",".join(closed))
 
 
