@@ -197,11 +197,12 @@ for call in (lambda: g.launch(s), lambda: buf.copy_from(pinned, stream=s), lambd
 
 
 @pytest.mark.sim
-def test_small_pinned_copies_go_direct_and_move_the_bytes(dev):
+@pytest.mark.parametrize("n", [4096, 1 << 20])  # direct at any size (through Go only up to 64 KiB)
+def test_pinned_copies_go_direct_and_move_the_bytes(dev, n):
     s = dev.create_stream()
-    buf = dev.allocate(4096, stream=s)
-    src, out = dev.allocate_pinned(4096), dev.allocate_pinned(4096)
-    np.frombuffer(src, dtype=np.uint8)[:] = np.arange(4096) % 251
+    buf = dev.allocate(n, stream=s)
+    src, out = dev.allocate_pinned(n), dev.allocate_pinned(n)
+    np.frombuffer(src, dtype=np.uint8)[:] = np.arange(n) % 251
     testing.inject_fault("cuMemcpyHtoDAsync_v2", 1, "CUDA_ERROR_UNKNOWN")
     buf.copy_from(src, stream=s)  # direct; its failure is absorbed by the full path's retry
     testing.inject_fault("cuMemcpyDtoHAsync_v2", 1, "CUDA_ERROR_UNKNOWN")

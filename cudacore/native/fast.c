@@ -585,9 +585,9 @@ direct_stream(PyObject *stream, int64_t device)
     return handle > 0 ? (uint64_t)handle : 0;
 }
 
-/* The hot case of Buffer.copy_from / copy_to: a PinnedBuffer of at most held_max bytes, all of it, on a
- * cudacore Stream of the buffer's device. The copy takes the direct path when it may (direct_stream), and
- * otherwise the generated door of CopyToDeviceHeld/CopyToHostHeld, with the pinned memory itself
+/* The hot case of Buffer.copy_from / copy_to: a PinnedBuffer, all of it, on a cudacore Stream of the
+ * buffer's device. The copy takes the direct path when it may (direct_stream), and otherwise, up to
+ * held_max bytes, the generated door of CopyToDeviceHeld/CopyToHostHeld, with the pinned memory itself
  * (cudacore's own allocation: no buffer export needed). 1 done, 0 not the hot case (nothing done), -1
  * error set. */
 static int
@@ -598,17 +598,23 @@ copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
         return 0;
     }
     PinnedObject *h = (PinnedObject *)host;
-    if (h->closed || h->freeing || (Py_ssize_t)h->size > held_max || h->size > self->size) {
+    if (h->closed || h->freeing || h->size > self->size) {
         return 0;
     }
     if (door_check_fork(to_device ? "copy_from" : "copy_to") < 0) {
         return -1;
     }
+    /* Direct, any size: the driver only enqueues a copy from pinned memory, with the GIL held throughout. */
     uint64_t direct = direct_stream(stream, self->device);
     if (direct != 0 &&
         (to_device ? direct_copy_to_device(self->device, self->ptr, (const void *)(uintptr_t)h->ptr, (size_t)h->size, direct)
                    : direct_copy_to_host(self->device, (void *)(uintptr_t)h->ptr, self->ptr, (size_t)h->size, direct))) {
         return 1;
+    }
+    /* Through Go with the GIL held up to held_max bytes; a larger copy goes to the general path, which
+     * releases the GIL with the memory held by its buffer export. */
+    if ((Py_ssize_t)h->size > held_max) {
+        return 0;
     }
     int64_t sh = int_of(slot_of(&stream_slots, stream, S_HANDLE));
     if (sh < 0 || ordinal_in(&stream_slots, stream, S_DEVICE) != self->device) {
