@@ -254,3 +254,4 @@ def test_a_buffer_closed_during_another_capture_then_voided_is_freed_once(dev: c
     s.end_capture().destroy()
     assert in_use(dev) == before
     s.close()
+

@@ -60,20 +60,12 @@ func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress f
 			return nil, err
 		}
 	}
-	var ptrs []cuda.DevicePtr
-	var err error
-	if capturing {
-		// A failure part way frees the earlier tiles; during a capture those frees must wait for the
-		// captures to end, and nothing cached may be released (both are unsafe calls that would
-		// invalidate the capture and fail): captureTiles frees as Free does and releases nothing. It
-		// holds the allocator (inFlight) for each tile on its own, so that a free that runs at once
-		// (the captures ended meanwhile) does not take inFlight a second time on this goroutine.
-		ptrs, err = memory.AllocateTiles(captureTiles{d}, count, size, h, progress)
-	} else {
-		d.inFlight.RLock()
-		ptrs, err = d.Memory().AllocateTiles(count, size, h, progress)
-		d.inFlight.RUnlock()
-	}
+	// A failure part way frees the earlier tiles and releases the cache (rollback). A capture may be in
+	// progress, or begin on another thread while the tiles are made: tileResource checks at each free and
+	// at the release, not once here (a rollback free made during a GLOBAL capture begun meanwhile failed,
+	// and its tile stayed allocated for good). It holds the allocator (inFlight) for each call on its own,
+	// so that a free that runs at once does not take inFlight a second time on this goroutine.
+	ptrs, err := memory.AllocateTiles(tileResource{d}, count, size, h, progress)
 	if err != nil {
 		return nil, err
 	}
@@ -168,16 +160,24 @@ func (d *Device) Order(op string, waiter, producer cuda.Stream) error {
 // captureTiles is the device's allocator as tiles allocated during a capture see it: a tile given back
 // after a later tile failed is freed as Free frees it (deferred while a capture runs), and it holds nothing
 // to release.
-type captureTiles struct{ d *Device }
+// tileResource is the device's allocator as AllocateTiles uses it, with the rules of a free and of a
+// cache release at the moment each is made.
+type tileResource struct{ d *Device }
 
-func (c captureTiles) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
-	c.d.inFlight.RLock()
-	defer c.d.inFlight.RUnlock()
-	return c.d.Memory().Allocate(size, h)
+func (t tileResource) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
+	t.d.inFlight.RLock()
+	defer t.d.inFlight.RUnlock()
+	return t.d.Memory().Allocate(size, h)
 }
 
-func (c captureTiles) Deallocate(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
-	d := c.d
+// Deallocate frees a tile of a failed call: while a capture runs, as Free does (a free node of h's own
+// capture, or a free that waits for the captures to end); otherwise with the capture registry held, so
+// that a capture begun on another thread meanwhile cannot see the free (an unsafe call in GLOBAL mode).
+func (t tileResource) Deallocate(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	d := t.d
+	if !Capturing() {
+		return captures.RunOrDefer(func() error { return d.freeNow(p, size, h) })
+	}
 	streams := d.Streams()
 	if !streams.GraphMemory(h, p) {
 		DeferUntilNoCapture(func() { _ = d.Free(p, size, h) })
@@ -195,5 +195,18 @@ func (c captureTiles) Deallocate(p cuda.DevicePtr, size uint64, h cuda.Stream) e
 	return nil
 }
 
+// Release gives the cache back after a failed call, once no capture runs (a release is unsafe during
+// one), with the registry held so that none begins meanwhile.
+func (t tileResource) Release() error {
+	return captures.RunOrDefer(func() error {
+		t.d.inFlight.RLock()
+		defer t.d.inFlight.RUnlock()
+		return t.d.Memory().Release()
+	})
+}
+
 // Device makes the out-of-memory verdict of a failed tile name the device.
-func (c captureTiles) Device() *device.Device { return c.d.Device }
+func (t tileResource) Device() *device.Device { return t.d.Device }
+
+// Unwrap is the device's allocator: an out-of-memory error reads what it caches and its block sizes.
+func (t tileResource) Unwrap() memory.Resource { return t.d.Memory() }
