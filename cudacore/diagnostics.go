@@ -48,7 +48,8 @@ func RecorderEvents(after, limit int) (string, error) {
 }
 
 // RecorderConfigure turns the flight recorder on (enabled 1) or off (0) or leaves it (-1), and sets its
-// capacity in events (0: leave it; at most 1<<20). It returns the capacity.
+// capacity in slots (0: leave it; at most 1<<20; a slot holds one event, or up to 8 recycled
+// free+allocation pairs). It returns the capacity.
 //
 //cudacore:gil hold
 func RecorderConfigure(enabled, capacity int) (int, error) {

@@ -222,8 +222,9 @@ func (r *Recorder) recordRecycled(device int, start uint64, ops []Recycle) {
 		// cost a slot).
 		if i == 0 || op.At != at {
 			at = op.At
-			t = r.now()
-			if !at.IsZero() {
+			if at.IsZero() {
+				t = r.now()
+			} else {
 				t = at.Sub(r.start)
 			}
 		}
@@ -256,6 +257,20 @@ func (r *Recorder) recordRecycled(device int, start uint64, ops []Recycle) {
 		r.seq++
 		r.put(r.seq, t, EventAlloc, device, op.Ptr, op.Size, op.Stream, inUse)
 	}
+	r.mu.Unlock()
+}
+
+// recordAt records one event that happened at time at (zero: now), with no note.
+func (r *Recorder) recordAt(at time.Time, kind EventKind, device int, ptr cuda.DevicePtr, size uint64, stream cuda.Stream, inUse uint64) {
+	r.mu.Lock()
+	t := r.now()
+	if !at.IsZero() {
+		t = at.Sub(r.start)
+	}
+	t = max(t, r.last)
+	r.last = t
+	r.seq++
+	r.put(r.seq, t, kind, device, ptr, size, stream, inUse)
 	r.mu.Unlock()
 }
 

@@ -186,6 +186,18 @@ func (s *Stack) Deallocate(p cuda.DevicePtr, size uint64, st cuda.Stream) error 
 	return nil
 }
 
+// DeallocateAt is Deallocate of a free made at time at that reaches the stack later (a free of the
+// recycle log): the recorder's event keeps that time (never before the previous event's).
+func (s *Stack) DeallocateAt(p cuda.DevicePtr, size uint64, st cuda.Stream, at time.Time) error {
+	if err := s.top.Deallocate(p, size, st); err != nil {
+		return err
+	}
+	if s.rec.on() {
+		s.rec.recordAt(at, EventFree, s.ordinal, p, size, st, s.stats.InUse())
+	}
+	return nil
+}
+
 // AllocateTiles is the package's AllocateTiles on this stack.
 func (s *Stack) AllocateTiles(count int, tileSize uint64, st cuda.Stream, progress func(done, total int) bool) ([]cuda.DevicePtr, error) {
 	return AllocateTiles(s, count, tileSize, st, progress)

@@ -61,10 +61,10 @@ func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress f
 		}
 	}
 	// A failure part way frees the earlier tiles and releases the cache (rollback). A capture may be in
-	// progress, or begin on another thread while the tiles are made: tileResource checks at each free and
-	// at the release, not once here (a rollback free made during a GLOBAL capture begun meanwhile failed,
-	// and its tile stayed allocated for good). It holds the allocator (inFlight) for each call on its own,
-	// so that a free that runs at once does not take inFlight a second time on this goroutine.
+	// progress, or begin on another thread while the tiles are made, so the capture rules are those of
+	// the moment each free and the release run (tileResource), never those of when the call began. It
+	// holds the allocator (inFlight) for each call on its own, so that a free that runs at once does not
+	// take inFlight a second time on this goroutine.
 	ptrs, err := memory.AllocateTiles(tileResource{d}, count, size, h, progress)
 	if err != nil {
 		return nil, err
@@ -157,9 +157,6 @@ func (d *Device) Order(op string, waiter, producer cuda.Stream) error {
 	return streams.Order(op, waiter, producer)
 }
 
-// captureTiles is the device's allocator as tiles allocated during a capture see it: a tile given back
-// after a later tile failed is freed as Free frees it (deferred while a capture runs), and it holds nothing
-// to release.
 // tileResource is the device's allocator as AllocateTiles uses it, with the rules of a free and of a
 // cache release at the moment each is made.
 type tileResource struct{ d *Device }

@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/cudacore/cudacore/cudacore/internal/recycle"
+	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/memory"
+	"github.com/cudacore/cudacore/pkg/stream"
 )
 
 // The recycle log (package recycle): blocks that C freed and allocated again without entering Go. The
@@ -25,6 +27,10 @@ var (
 	failed    []recycle.Op
 	nFailed   atomic.Int64
 	lastRetry time.Time
+	// drained and run are Replay's buffers (guarded by replayMu): a drained log, and its consecutive
+	// consumed frees and takes of one device.
+	drained recycle.Ops
+	run     [recycle.Capacity]memory.Recycle
 	// publishMu orders the writes of Publish: the value C holds is always computed from the newest state.
 	publishMu sync.Mutex
 	allowed   [recycle.Devices]atomic.Uint64 // what Publish last told C, per device
@@ -52,12 +58,11 @@ func Replay() {
 		retry := failed
 		failed = nil
 		for _, op := range retry {
-			replayFree(op)
+			replayFree(op, time.Time{}) // recorded when it finally succeeds
 		}
 	}
-	var ops recycle.Ops
-	recycle.Drain(&ops)
-	var run [recycle.Capacity]memory.Recycle // consecutive consumed frees and takes of one device
+	ops := &drained
+	recycle.Drain(ops)
 	n, device := 0, -1
 	flush := func() {
 		if n > 0 {
@@ -76,7 +81,7 @@ func Replay() {
 			device = op.Device
 		}
 		if op.Kind == recycle.Free {
-			replayFree(op)
+			replayFree(op, ops.When(op))
 			continue
 		}
 		run[n] = memory.Recycle{At: ops.When(op), Free: op.Kind == recycle.Consumed, Ptr: op.Ptr, Size: op.Size, Stream: op.Stream}
@@ -86,15 +91,28 @@ func Replay() {
 	nFailed.Store(int64(len(failed)))
 }
 
-// replayFree frees a logged block; a failure keeps it for the next replay. Called with replayMu held.
-func replayFree(op recycle.Op) {
+// replayFree frees a logged block, made at time at; a failure keeps it for the next replay. Called with
+// replayMu held.
+func replayFree(op recycle.Op, at time.Time) {
 	d, err := Lookup(op.Device)
 	if err == nil {
-		err = d.Free(op.Ptr, op.Size, op.Stream)
+		err = d.freeLogged(op.Ptr, op.Size, op.Stream, at)
 	}
 	if err != nil {
 		failed = append(failed, op)
 	}
+}
+
+// freeLogged is Free of a block the recycle log freed at time at. In the case the log was allowed for (no
+// capture, no graph memory, on a default stream) the flight recorder gets the free at that time; in any
+// other (the state changed since), Free applies its rules and the free is recorded when it is made.
+func (d *Device) freeLogged(p cuda.DevicePtr, size uint64, h cuda.Stream, at time.Time) error {
+	if Capturing() || !stream.IsDefault(h) || d.managed.n.Load() != 0 || d.Streams().GraphMemoryInUse() {
+		return d.Free(p, size, h)
+	}
+	d.inFlight.RLock()
+	defer d.inFlight.RUnlock()
+	return d.Memory().DeallocateAt(p, size, h, at)
 }
 
 // Publish tells C, per open device, whether it may log frees and takes now, and of blocks up to what
@@ -109,11 +127,16 @@ func replayFree(op recycle.Op) {
 //
 // CUDACORE_RECYCLE=0 keeps it off.
 func Publish() {
-	if publish(false) {
-		publishMu.Lock()
-		publish(true) // again, under the lock: two callers may have computed from different states
+	// Without the lock when nothing changed and no other caller is publishing (the common case). A
+	// caller that finds another one publishing waits and computes again after it: that one may have
+	// computed from a state older than this caller's, and its write must not be the last.
+	if !publish(false) && publishMu.TryLock() {
 		publishMu.Unlock()
+		return
 	}
+	publishMu.Lock()
+	publish(true)
+	publishMu.Unlock()
 }
 
 // publish computes what C may log per device; with write, it tells C where that changed. It says whether

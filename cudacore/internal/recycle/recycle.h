@@ -1,8 +1,8 @@
 /*
  * The recycle log: device blocks freed and taken again in C, without entering Go.
  *
- * Entering Go from C costs about as much as the whole allocator does once inside, so the hot pair
- * (Buffer.close, then an allocation of the same size on the same stream) is served here. C never owns
+ * The hot pair of the allocator (Buffer.close, then an allocation of the same size on the same stream)
+ * is served here, without entering Go: the crossing into Go, not the allocator, is what that pair costs. C never owns
  * memory: it only logs. A close appends a FREE op instead of calling Go; an allocation that finds an
  * unconsumed FREE of its exact device, size and stream takes that block (the FREE is marked consumed and
  * a TAKE op appended). Go replays the log, in order, at the start of every call into it (the facade's
