@@ -79,6 +79,12 @@ func BenchmarkStackHit1MiBParallel(b *testing.B) {
 // 1 MiB cache hit through the whole Stack, recorder off and on. bench/recorder.py measures the same from
 // Python, where the pair costs more and the share is smaller.
 func BenchmarkStackRecorder(b *testing.B) {
+	recorderOffOn(b, func(b *testing.B, s *Stack) { benchPair(b, s) })
+}
+
+// recorderOffOn runs bench as the sub-benchmarks "off" and "on", on a Stack of the simulator whose
+// recorder is disabled, then enabled.
+func recorderOffOn(b *testing.B, bench func(b *testing.B, s *Stack)) {
 	for _, on := range []bool{false, true} {
 		name := "off"
 		if on {
@@ -88,7 +94,7 @@ func BenchmarkStackRecorder(b *testing.B) {
 			_, d := openSim(b)
 			rec := NewRecorder(0)
 			rec.SetEnabled(on)
-			benchPair(b, newStack(b, d, StackOptions{Recorder: rec}))
+			bench(b, newStack(b, d, StackOptions{Recorder: rec}))
 		})
 	}
 }

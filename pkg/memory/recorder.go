@@ -193,17 +193,25 @@ func (r *Recorder) record(kind EventKind, device int, ptr cuda.DevicePtr, size u
 	r.last = t
 	r.seq++
 	seq := r.seq
-	i := r.slots & r.mask // the capacity is a power of two: no division here
-	r.slots++
-	// Field by field: a composite literal is built on the stack and copied 16 bytes at a time, loads that
-	// straddle its 8-byte stores and stall store forwarding (7 ns an event measured).
-	e := &r.ring[i]
-	e.seq, e.time, e.ptr, e.size, e.stream, e.inUse, e.device, e.kind, e.noted = seq, t, ptr, size, stream, inUse, device, kind, note != ""
+	r.put(seq, t, kind, device, ptr, size, stream, inUse)
 	if note != "" {
-		r.notes[i] = note
+		i := (r.slots - 1) & r.mask
+		r.ring[i].noted, r.notes[i] = true, note
 	}
 	r.mu.Unlock()
 	return seq
+}
+
+// stamp is the time of an event that happened at (zero: now), never before the previous event's (times
+// follow Seq), and makes it the newest. Called with r.mu held.
+func (r *Recorder) stamp(at time.Time) time.Duration {
+	t := r.now()
+	if !at.IsZero() {
+		t = at.Sub(r.start)
+	}
+	t = max(t, r.last)
+	r.last = t
+	return t
 }
 
 // recordRecycled records ops (Stack.Recycled) of device under one lock, in order, the bytes in use
@@ -222,14 +230,8 @@ func (r *Recorder) recordRecycled(device int, start uint64, ops []Recycle) {
 		// cost a slot).
 		if i == 0 || op.At != at {
 			at = op.At
-			if at.IsZero() {
-				t = r.now()
-			} else {
-				t = at.Sub(r.start)
-			}
+			t = r.stamp(at) // the ops that follow at the same time keep it: it is already the newest
 		}
-		t = max(t, r.last)
-		r.last = t
 		if op.Free {
 			inUse -= op.Size
 			if i+1 < len(ops) {
@@ -263,12 +265,7 @@ func (r *Recorder) recordRecycled(device int, start uint64, ops []Recycle) {
 // recordAt records one event that happened at time at (zero: now), with no note.
 func (r *Recorder) recordAt(at time.Time, kind EventKind, device int, ptr cuda.DevicePtr, size uint64, stream cuda.Stream, inUse uint64) {
 	r.mu.Lock()
-	t := r.now()
-	if !at.IsZero() {
-		t = at.Sub(r.start)
-	}
-	t = max(t, r.last)
-	r.last = t
+	t := r.stamp(at)
 	r.seq++
 	r.put(r.seq, t, kind, device, ptr, size, stream, inUse)
 	r.mu.Unlock()
@@ -277,9 +274,10 @@ func (r *Recorder) recordAt(at time.Time, kind EventKind, device int, ptr cuda.D
 // put writes the next slot: an event numbered seq, or the pair seq and seq+1 (kindPair), at time t,
 // with no note. Called with r.mu held.
 func (r *Recorder) put(seq uint64, t time.Duration, kind EventKind, device int, ptr cuda.DevicePtr, size uint64, stream cuda.Stream, inUse uint64) {
-	e := &r.ring[r.slots&r.mask]
+	e := &r.ring[r.slots&r.mask] // the capacity is a power of two: no division here
 	r.slots++
-	// Field by field: see record.
+	// Field by field: a composite literal is built on the stack and copied 16 bytes at a time, loads that
+	// straddle its 8-byte stores and stall store forwarding.
 	e.seq, e.time, e.ptr, e.size, e.stream, e.inUse, e.device, e.kind, e.noted = seq, t, ptr, size, stream, inUse, device, kind, false
 }
 

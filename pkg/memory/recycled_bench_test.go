@@ -10,24 +10,14 @@ import (
 // BenchmarkStackRecycled is the replay of a full recycle log (32 recycled pairs: what C served for 32
 // alloc+free pairs) through Stack.Recycled, recorder off and on; divide by 32 for the cost per pair.
 func BenchmarkStackRecycled(b *testing.B) {
-	for _, on := range []bool{false, true} {
-		name := "off"
-		if on {
-			name = "on"
+	recorderOffOn(b, func(b *testing.B, s *Stack) {
+		at := time.Now()
+		ops := make([]Recycle, 64)
+		for i := range ops {
+			ops[i] = Recycle{At: at, Free: i%2 == 0, Ptr: 0x1000, Size: 256, Stream: cuda.StreamLegacy}
 		}
-		b.Run(name, func(b *testing.B) {
-			_, d := openSim(b)
-			rec := NewRecorder(0)
-			rec.SetEnabled(on)
-			s := newStack(b, d, StackOptions{Recorder: rec})
-			at := time.Now()
-			ops := make([]Recycle, 64)
-			for i := range ops {
-				ops[i] = Recycle{At: at, Free: i%2 == 0, Ptr: 0x1000, Size: 256, Stream: cuda.StreamLegacy}
-			}
-			for b.Loop() {
-				s.Recycled(ops)
-			}
-		})
-	}
+		for b.Loop() {
+			s.Recycled(ops)
+		}
+	})
 }
