@@ -91,27 +91,10 @@ func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	if handled, err := d.freeManaged(p, size); handled {
 		return err
 	}
-	streams := d.Streams()
 	if Capturing() {
-		if streams.GraphMemory(h, p) {
-			// A free node of h's capture.
-			if err := d.freeNow(p, size, h); err != nil {
-				// The driver had invalidated the capture: ending it (Manager.Failed) discards its graph
-				// memory, p with it, so nothing is left to free.
-				err = streams.Failed("free", h, err)
-				if stream.IsCaptureResult(cuda.ResultOf(err)) && streams.ForgetVoid(p) {
-					return nil
-				}
-				return err
-			}
-			streams.NoteFree(h, p)
-			return nil
-		}
-		// Not memory of a capture on h (made before it, or on another stream): its free must wait for the
-		// captures to end, also when h itself captures (the driver refuses it there).
-		DeferUntilNoCapture(func() { _ = d.Free(p, size, h) })
-		return nil
+		return d.freeDuringCapture(p, size, h)
 	}
+	streams := d.Streams()
 	if !streams.GraphMemoryInUse() {
 		return d.freeNow(p, size, h) // the common case, without the callbacks' allocation
 	}
@@ -122,6 +105,28 @@ func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 		return err
 	}
 	return d.freeNow(p, size, h)
+}
+
+// freeDuringCapture is Free while a capture runs: graph memory of h's capture is freed as a free node of
+// it; anything else waits for the captures to end (made before the capture, or on another stream), also
+// when h itself captures (the driver refuses it there).
+func (d *Device) freeDuringCapture(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	streams := d.Streams()
+	if !streams.GraphMemory(h, p) {
+		DeferUntilNoCapture(func() { _ = d.Free(p, size, h) })
+		return nil
+	}
+	if err := d.freeNow(p, size, h); err != nil {
+		// The driver had invalidated the capture: ending it (Manager.Failed) discards its graph memory, p
+		// with it, so nothing is left to free.
+		err = streams.Failed("free", h, err)
+		if stream.IsCaptureResult(cuda.ResultOf(err)) && streams.ForgetVoid(p) {
+			return nil
+		}
+		return err
+	}
+	streams.NoteFree(h, p)
+	return nil
 }
 
 func (d *Device) freeNow(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
@@ -175,21 +180,7 @@ func (t tileResource) Deallocate(p cuda.DevicePtr, size uint64, h cuda.Stream) e
 	if !Capturing() {
 		return captures.RunOrDefer(func() error { return d.freeNow(p, size, h) })
 	}
-	streams := d.Streams()
-	if !streams.GraphMemory(h, p) {
-		DeferUntilNoCapture(func() { _ = d.Free(p, size, h) })
-		return nil
-	}
-	// A free node of h's capture, as in Free.
-	if err := d.freeNow(p, size, h); err != nil {
-		err = streams.Failed("free", h, err)
-		if stream.IsCaptureResult(cuda.ResultOf(err)) && streams.ForgetVoid(p) {
-			return nil
-		}
-		return err
-	}
-	streams.NoteFree(h, p)
-	return nil
+	return d.freeDuringCapture(p, size, h)
 }
 
 // Release gives the cache back after a failed call, once no capture runs (a release is unsafe during

@@ -33,7 +33,6 @@ var (
 	run     [recycle.Capacity]memory.Recycle
 	// publishMu orders the writes of Publish: the value C holds is always computed from the newest state.
 	publishMu sync.Mutex
-	allowed   [recycle.Devices]atomic.Uint64 // what Publish last told C, per device
 	disabled  = sync.OnceValue(func() bool { return getenv("CUDACORE_RECYCLE") == "0" })
 )
 
@@ -154,10 +153,9 @@ func publish(write bool) bool {
 		if !off && !capturing {
 			max = d.recyclable()
 		}
-		if allowed[i].Load() != max {
+		if recycle.Allowed(i) != max { // only Publish writes what C holds
 			changed = true
 			if write {
-				allowed[i].Store(max)
 				recycle.Allow(i, max)
 			}
 		}
