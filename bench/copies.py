@@ -264,11 +264,26 @@ def time_once(c: Contender, reps: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-def bandwidth_rows(sizes: list[int], rounds: int, peers: bool) -> list[tuple[str, str, str, float, float | None]]:
+KINDS = ("pinned sync", "pinned async", "pageable sync", "pageable async")
+
+
+def parse_size(text: str) -> int:
+    """'64K', '4M', '1G' or a byte count."""
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    shift = {"K": 10, "M": 20, "G": 30}.get(text[-1:], 0)
+    number = text[:-1] if shift else text
+    if not number.isdigit() or int(number) <= 0:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 4096, 64K, 4M, 1G)")
+    return int(number) << shift
+
+
+def bandwidth_rows(sizes: list[int], rounds: int, peers: bool, kinds: tuple[str, ...] = KINDS) -> list[tuple[str, str, str, float, float | None]]:
     rows = []
     for pinned in (True, False):
         for asynchronous in (False, True):
             kind = f"{'pinned' if pinned else 'pageable'} {'async' if asynchronous else 'sync'}"
+            if kind not in kinds:
+                continue
             for n in sizes:
                 contenders = [try_make(cudacore_copy, n, pinned, asynchronous)]
                 if peers:
@@ -320,18 +335,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sim", action="store_true", help="cudacore only, on the simulator, tiny sizes (smoke test)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds per measurement (default 7; 2 with --sim)")
+    ap.add_argument("--sizes", type=lambda v: [parse_size(x) for x in v.split(",")], default=None,
+                    help="comma-separated copy sizes, e.g. 64K,1M,16M (default: 4K to 1G; 4K,64K with --sim)")
+    ap.add_argument("--kinds", type=lambda v: tuple(x.strip() for x in v.split(",")), default=KINDS,
+                    help=f"comma-separated copy kinds among {', '.join(KINDS)} (default: all)")
+    ap.add_argument("--no-launch", action="store_true", help="leave out the graph-launch rows")
     args = ap.parse_args()
+    if unknown := [k for k in args.kinds if k not in KINDS]:
+        ap.error(f"unknown copy kind(s) {unknown}; choose among {list(KINDS)}")
     if args.sim:
         os.environ["CUDACORE_BACKEND"] = "sim"
     rounds = args.rounds or (2 if args.sim else 7)
-    sizes = SIM_SIZES if args.sim else SIZES
+    sizes = args.sizes or (SIM_SIZES if args.sim else SIZES)
     peers = not args.sim
 
     import cudacore as cc
 
     d = cc.Device(0)
     print(f"# cudacore {cc.__version__} on {cc.backend()}: {d.name}; Python {sys.version.split()[0]}; {rounds} rounds, interleaved")
-    rows = bandwidth_rows(sizes, rounds, peers) + launch_rows(rounds, peers)
+    rows = bandwidth_rows(sizes, rounds, peers, args.kinds) + ([] if args.no_launch else launch_rows(rounds, peers))
     width = max(len(r[0]) for r in rows)
     print(f"{'what':<{width}}  {'contender':<28} {'median':>12}  {'vs cuda.bindings':>16}")
     for what, name, unit, value, ratio in rows:

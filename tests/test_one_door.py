@@ -672,6 +672,45 @@ def test_pinned_copies_on_a_stream_take_the_c_path_and_round_trip(monkeypatch: p
         s.close()
 
 
+@pytest.mark.parametrize("n", [4096, (64 << 10) + 1, 5 << 20])
+def test_pageable_copies_on_a_stream_take_the_c_path_and_round_trip(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """Host memory of the buffer protocol on a Stream (up to 64 KiB with the GIL held, larger with it released):
+    C calls the copy door itself; the host memory may be reused once copy_from returns."""
+    d = cc.Device(0)
+    s = d.create_stream()
+    buf = d.allocate(n, stream=s)
+    src = np.arange(n, dtype=np.uint32).astype(np.uint8)
+    want = src.copy()
+    out, raw = np.zeros(n, dtype=np.uint8), bytearray(n)
+    try:
+
+        def general(*args: object, **kwargs: object) -> None:
+            raise AssertionError("the general path ran for the hot case")
+
+        with monkeypatch.context() as m:
+            m.setattr(cc.Buffer, "_copy_from", general)
+            m.setattr(cc.Buffer, "_copy_to", general)
+            buf.copy_from(src, stream=s)
+            src[:] = 0  # staged already: this must not reach the device
+            buf.copy_to(out, stream=s)
+            buf.copy_to(raw, s)
+            s.synchronize()
+        assert np.array_equal(out, want)
+        assert bytes(raw) == want.tobytes()
+        # Anything else reaches the general path, with its checks and errors.
+        with pytest.raises(cc.InvalidValueError, match="holds only"):
+            buf.copy_from(np.zeros(n + 1, dtype=np.uint8), stream=s)
+        with pytest.raises(cc.InvalidValueError, match="read-only"):
+            buf.copy_to(bytes(n), stream=s)
+        other = d.create_stream()
+        other.close()
+        with pytest.raises(cc.CUDAError):
+            buf.copy_from(src, stream=other)
+    finally:
+        buf.close()
+        s.close()
+
+
 # -- adversarial findings: a free in flight with the GIL released counts as closed ---------------------------
 
 

@@ -648,17 +648,17 @@ no_stream_blocks(void)
     return PyLong_CheckExact(n) && PyLong_AsLong(n) == 0;
 }
 
-/* The synchronous hot case of copy_from / copy_to with stream=None while no `with stream:` block is open:
- * host memory of the buffer protocol (a PinnedBuffer too, not a device Buffer), as the general path sizes
- * it, through the CopyToDevice / CopyToHost door with the GIL released, as the general path would call it.
- * The host memory is held through its buffer export for the call, so a PinnedBuffer cannot be closed by
- * another thread meanwhile (its close refuses while exports live). 1 done, 0 not this case (nothing done,
- * no exception), -1 error set. */
+/* The hot case of copy_from / copy_to with host memory of the buffer protocol (a PinnedBuffer too, not a
+ * device Buffer), as the general path sizes it, through the CopyToDevice / CopyToHost door as the general
+ * path would call it: on the stream whose handle is sh, or synchronously for sh == -1. A synchronous copy
+ * releases the GIL; one on a stream keeps it up to held_max bytes (the Held doors), as the general path
+ * does. The host memory is held through its buffer export for the call, so a PinnedBuffer cannot be closed
+ * by another thread meanwhile (its close refuses while exports live). 1 done, 0 not this case (nothing
+ * done, no exception), -1 error set. */
 static int
-copy_sync_hot(BufferObject *self, PyObject *host, int to_device)
+copy_export_hot(BufferObject *self, PyObject *host, int64_t sh, int to_device)
 {
-    if (self->closed || self->freeing || PyObject_TypeCheck(host, &BufferType) || !PyObject_CheckBuffer(host) ||
-        !no_stream_blocks()) {
+    if (self->closed || self->freeing || PyObject_TypeCheck(host, &BufferType) || !PyObject_CheckBuffer(host)) {
         return 0;
     }
     Py_buffer view;
@@ -681,16 +681,40 @@ copy_sync_hot(BufferObject *self, PyObject *host, int to_device)
     int64_t ret;
     char *err;
     int64_t device = self->device, ptr = (int64_t)self->ptr, n = (int64_t)want;
-    Py_BEGIN_ALLOW_THREADS
-    err = to_device ? cudacore_door_CopyToDevice(device, ptr, view.buf, (int64_t)view.len, n, -1, &ret)
-                    : cudacore_door_CopyToHost(device, view.buf, (int64_t)view.len, ptr, n, -1, &ret);
-    Py_END_ALLOW_THREADS
+    if (sh >= 0 && n <= held_max) {
+        err = to_device ? cudacore_door_CopyToDeviceHeld(device, ptr, view.buf, (int64_t)view.len, n, sh, &ret)
+                        : cudacore_door_CopyToHostHeld(device, view.buf, (int64_t)view.len, ptr, n, sh, &ret);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        err = to_device ? cudacore_door_CopyToDevice(device, ptr, view.buf, (int64_t)view.len, n, sh, &ret)
+                        : cudacore_door_CopyToHost(device, view.buf, (int64_t)view.len, ptr, n, sh, &ret);
+        Py_END_ALLOW_THREADS
+    }
     PyBuffer_Release(&view);
     if (err != NULL) {
         door_raise(err);
         return -1;
     }
     return 1;
+}
+
+/* The synchronous hot case: stream=None while no `with stream:` block is open (see copy_export_hot). */
+static int
+copy_sync_hot(BufferObject *self, PyObject *host, int to_device)
+{
+    return no_stream_blocks() ? copy_export_hot(self, host, -1, to_device) : 0;
+}
+
+/* The asynchronous hot case past copy_hot: a cudacore Stream of the buffer's device and host memory of the
+ * buffer protocol, pageable or pinned (see copy_export_hot). */
+static int
+copy_stream_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
+{
+    if (stream_type == NULL || Py_TYPE(stream) != stream_type || ordinal_in(&stream_slots, stream, S_DEVICE) != self->device) {
+        return 0;
+    }
+    int64_t sh = int_of(slot_of(&stream_slots, stream, S_HANDLE));
+    return sh < 0 ? 0 : copy_export_hot(self, host, sh, to_device);
 }
 
 /* copy_from(host, stream=None) / copy_to(host, stream=None): the hot case in C, anything else through the
@@ -710,7 +734,10 @@ buffer_copy(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObjec
         stream = args[1];
     }
     if (host != NULL) {
-        int r = stream != Py_None ? copy_hot(self, host, stream, to_device) : copy_sync_hot(self, host, to_device);
+        int r = stream == Py_None ? copy_sync_hot(self, host, to_device) : copy_hot(self, host, stream, to_device);
+        if (r == 0 && stream != Py_None) {
+            r = copy_stream_hot(self, host, stream, to_device);
+        }
         if (r < 0) {
             return NULL;
         }

@@ -17,9 +17,13 @@ import (
 //   - from or to pinned memory (a PinnedBuffer, the staging buffers) they go straight to the driver and
 //     return at once; the caller keeps the host memory alive and unchanged until the stream has passed
 //     the copy (synchronize the stream or an event recorded after it);
-//   - host-to-device from pageable memory, the data is first copied into pinned staging buffers (a small
-//     pool, StagingSize each), so the call returns once the data is staged and the caller may reuse its
-//     memory at once; each staging buffer is recycled when an event recorded after its copy completes;
+//   - host-to-device from pageable memory, the call returns once the data is staged and the caller may
+//     reuse its memory at once. Up to PageableDirectMax bytes the driver stages it (its pageable copy
+//     pipelines the staging with the DMA, which one chunk of ours cannot); larger copies go through
+//     cudacore's pinned staging buffers (a small pool, StagingSize each), each recycled when an event
+//     recorded after its copy completes. Memory that the driver knows as page-locked but cudacore does
+//     not (another library's pinned memory) is then read when the stream reaches the copy, as a
+//     PinnedBuffer is, if the copy goes to the driver;
 //   - device-to-host into pageable memory, the data goes through staging buffers too and the call returns
 //     when it is in the caller's memory (as the driver's own pageable copy does), pipelining the chunks;
 //   - on a capturing stream only pinned memory is allowed: a captured copy keeps the host pointer and
@@ -58,6 +62,10 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 	}
 	if pinned {
 		m.noteUse(s, dst, uint64(len(src)))
+		return m.after(opCopyFrom, s, m.drv.MemcpyHtoDAsync(m.ctx, dst, src, s.h))
+	}
+	if len(src) <= m.opts.PageableDirectMax {
+		// The driver stages it and returns once it has read src, as the staging pool would.
 		return m.after(opCopyFrom, s, m.drv.MemcpyHtoDAsync(m.ctx, dst, src, s.h))
 	}
 	for off := 0; off < len(src); {
@@ -209,7 +217,7 @@ func (m *Manager) checkAsyncCopy(op string, s *Stream, b []byte, dir, fix string
 	}
 	if c := m.unsafeCapture(); c != nil {
 		return false, CaptureError(cuda.ErrorStreamCaptureUnsupported, op, unsafeMsg(
-			"an asynchronous copy of pageable memory (which waits on cudacore's pinned staging buffers)", c,
+			"an asynchronous copy of pageable memory (which can wait for staging buffers, cudacore's or the driver's)", c,
 			"use a PinnedBuffer, or copy before or after the capture"))
 	}
 	return false, nil

@@ -40,6 +40,11 @@ import (
 const (
 	DefaultStagingSize  = 4 << 20 // bytes per pinned staging buffer
 	DefaultStagingCount = 8       // staging buffers per device at most
+	// DefaultPageableDirectMax is the largest pageable host-to-device asynchronous copy handed to the
+	// driver's own pageable copy instead of the staging pool. Up to one staging buffer, staging has no
+	// chunk to overlap with another, and the driver's copy, which pipelines internally, is as fast or
+	// faster (docs/driver-facts.md, "Pageable copies").
+	DefaultPageableDirectMax = DefaultStagingSize
 )
 
 // Options configure New.
@@ -55,6 +60,11 @@ type Options struct {
 	// StagingSize and StagingCount bound the pinned staging pool of pageable asynchronous copies.
 	StagingSize  int
 	StagingCount int
+	// PageableDirectMax is the largest pageable host-to-device asynchronous copy that goes to the
+	// driver's own pageable copy (which stages it in the driver and returns once it has read the
+	// caller's memory) rather than through the staging pool. 0 means DefaultPageableDirectMax; a
+	// negative value stages every such copy.
+	PageableDirectMax int
 }
 
 // Manager is the stream/event/copy/graph layer of one device.
@@ -89,6 +99,9 @@ func New(d *device.Device, opts Options) *Manager {
 	}
 	if opts.StagingCount <= 0 {
 		opts.StagingCount = DefaultStagingCount
+	}
+	if opts.PageableDirectMax == 0 {
+		opts.PageableDirectMax = DefaultPageableDirectMax
 	}
 	m := &Manager{dev: d, drv: d.Driver(), ctx: d.Context(), reg: opts.Registry, opts: opts}
 	m.legacy = &Stream{m: m, h: cuda.StreamLegacy, legacy: true}

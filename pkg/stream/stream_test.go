@@ -27,7 +27,8 @@ type env struct {
 }
 
 // newEnv opens device 0 of a fresh simulator with an allocator stack and a Manager whose staging
-// buffers are small, so that copies span several of them.
+// buffers are small, so that copies span several of them, and that stages every pageable asynchronous
+// copy (none goes to the driver's own pageable copy; TestPageableDirectMax covers that split).
 func newEnv(t *testing.T, cfgs ...cudasim.DeviceConfig) *env {
 	t.Helper()
 	var opts []cudasim.Option
@@ -41,9 +42,10 @@ func newEnv(t *testing.T, cfgs ...cudasim.DeviceConfig) *env {
 	e.stack, err = memory.NewStack(d, memory.StackOptions{})
 	require.NoError(t, err)
 	e.m = New(d, Options{
-		Memory:       func() *memory.Stack { return e.stack },
-		StagingSize:  4096,
-		StagingCount: 2,
+		Memory:            func() *memory.Stack { return e.stack },
+		StagingSize:       4096,
+		StagingCount:      2,
+		PageableDirectMax: -1,
 		IsPinned: func(p uintptr, n int) bool {
 			e.mu.Lock()
 			defer e.mu.Unlock()
