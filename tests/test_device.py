@@ -135,6 +135,8 @@ CATCH = (
         ({"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": "[]"}, "InvalidValueError", "CUDACORE_SIM_DEVICES"),
         ({"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": '[{"total_memory": -5}]'}, "InvalidValueError", "CUDACORE_SIM_DEVICES"),
         ({"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": '[{"colour": "red"}]'}, "InvalidValueError", "colour"),
+        ({"CUDACORE_BACKEND": "sim", "CUDACORE_PAGEABLE_DIRECT_MAX": "4M"}, "InvalidValueError", "CUDACORE_PAGEABLE_DIRECT_MAX"),
+        ({"CUDACORE_BACKEND": "sim", "CUDACORE_PAGEABLE_DIRECT_MAX": "-1"}, "InvalidValueError", "byte count"),
     ],
 )
 def test_bad_environment_gives_typed_error_not_crash(env: dict[str, str], cls: str, needle: str) -> None:

@@ -5,7 +5,14 @@ package process
 */
 import "C"
 
-import "unsafe"
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"unsafe"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
+)
 
 // getenv reads the process's live C environment. In a c-shared library Go's os.Getenv sees only the
 // environment the process started with (the runtime copies envp when the library loads), so a variable
@@ -18,4 +25,30 @@ func getenv(name string) string {
 		return ""
 	}
 	return C.GoString(v)
+}
+
+// envPageableDirectMax overrides stream.Options.PageableDirectMax for the devices opened after it is set:
+// the largest pageable asynchronous host-to-device copy, in bytes, that goes to the driver's own pageable
+// copy rather than through cudacore's staging buffers; 0 stages every such copy. Where the crossover lies
+// depends on the host's memory bandwidth and the driver (bench/copies.py --kinds "pageable async" finds it).
+const envPageableDirectMax = "CUDACORE_PAGEABLE_DIRECT_MAX"
+
+// pageableDirectMax parses the value of envPageableDirectMax into a PageableDirectMax: 0 (the default)
+// when unset, -1 (stage every copy) for "0". Anything but a byte count is an InvalidValue error naming
+// the variable.
+func pageableDirectMax(v string) (int, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 0)
+	if err != nil || n < 0 {
+		return 0, cuda.NewError("cudacore.device", cuda.ErrorInvalidValue, fmt.Sprintf(
+			"%s=%q: must be a byte count >= 0 (copies up to it go to the driver's own pageable copy; 0 stages every one)",
+			envPageableDirectMax, v))
+	}
+	if n == 0 {
+		return -1, nil
+	}
+	return int(n), nil
 }

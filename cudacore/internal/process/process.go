@@ -61,6 +61,8 @@ type Device struct {
 	inFlight sync.RWMutex
 	// managed holds the device's managed (unified) memory allocations (managed.go).
 	managed managedTable
+	// pageableDirectMax is its stream manager's PageableDirectMax (CUDACORE_PAGEABLE_DIRECT_MAX).
+	pageableDirectMax int
 }
 
 // Memory returns the device's allocator.
@@ -182,6 +184,10 @@ func GetDevice(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
+	direct, err := pageableDirectMax(getenv(envPageableDirectMax))
+	if err != nil {
+		return nil, err
+	}
 	dd, err := device.Open(drv, ordinal, getenv("CUDACORE_ALLOCATOR"))
 	if err != nil {
 		return nil, err
@@ -191,7 +197,7 @@ func GetDevice(ordinal int) (*Device, error) {
 		_ = dd.Close()
 		return nil, err
 	}
-	d := &Device{Device: dd}
+	d := &Device{Device: dd, pageableDirectMax: direct}
 	d.memory.Store(stack)
 	devices[ordinal] = d
 	if ordinal < maxFastDevices {

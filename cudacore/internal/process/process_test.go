@@ -101,3 +101,27 @@ func TestDevicesOnTheSimulator(t *testing.T) {
 	assert.ErrorIs(t, err, cuda.ErrInvalidHandle)
 	assert.Zero(t, d.Memory().Stats().InUse)
 }
+
+func TestPageableDirectMaxFromEnv(t *testing.T) {
+	cases := []struct {
+		in   string
+		want int
+		bad  bool
+	}{
+		{"", 0, false}, {" ", 0, false}, {"0", -1, false}, {"65536", 65536, false}, {" 4194304 ", 4194304, false},
+		{"-1", 0, true}, {"4M", 0, true}, {"1.5", 0, true}, {"99999999999999999999", 0, true},
+	}
+	for _, c := range cases {
+		t.Run(c.in, func(t *testing.T) {
+			got, err := pageableDirectMax(c.in)
+			if c.bad {
+				require.Error(t, err)
+				assert.ErrorIs(t, err, cuda.ErrInvalidValue)
+				assert.Contains(t, err.Error(), envPageableDirectMax)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, c.want, got)
+		})
+	}
+}

@@ -40,9 +40,10 @@ func (d *Device) streamsSlow() *stream.Manager {
 		return m.(*stream.Manager)
 	}
 	m := stream.New(d.Device, stream.Options{
-		Registry: captures,
-		Memory:   func() *memory.Stack { return d.Memory() },
-		IsPinned: IsPinned,
+		Registry:          captures,
+		Memory:            func() *memory.Stack { return d.Memory() },
+		IsPinned:          IsPinned,
+		PageableDirectMax: d.pageableDirectMax,
 	})
 	actual, _ := streamManagers.LoadOrStore(d.Ordinal(), m)
 	return actual.(*stream.Manager)
