@@ -52,25 +52,32 @@ func (e *gpuEnv) alloc(tb testing.TB, n int) cuda.DevicePtr {
 	return p
 }
 
-// TestGPUPageableCopy round-trips pageable memory through the staged paths at sizes around the default
-// chunk, reusing the source as soon as each call returns.
+// TestGPUPageableCopy round-trips pageable memory at sizes around the default chunk, through the driver's
+// own pageable copy up to PageableDirectMax and through the staged paths (with every copy staged too),
+// reusing the source as soon as each call returns.
 func TestGPUPageableCopy(t *testing.T) {
 	e := openGPU(t)
-	s, err := e.m.Create(true, 0)
-	require.NoError(t, err)
-	defer s.Destroy()
-	for _, n := range []int{1, 64 << 10, parallelMin - 1, parallelMin, DefaultStagingSize - 1, DefaultStagingSize,
-		DefaultStagingSize + 1, 3*DefaultStagingSize*DefaultStagingCount + 12345} {
-		p := e.alloc(t, n)
-		src := pattern(n, byte(n))
-		want := bytes.Clone(src)
-		require.NoError(t, e.m.CopyHtoD(p, src, s))
-		clear(src)
-		got := make([]byte, n)
-		require.NoError(t, e.m.CopyDtoH(got, p, s))
-		require.True(t, bytes.Equal(want, got), "n=%d", n)
+	for _, direct := range []int{0, -1} {
+		t.Run(fmt.Sprintf("PageableDirectMax=%d", direct), func(t *testing.T) {
+			m := New(e.dev, Options{PageableDirectMax: direct})
+			defer func() { assert.NoError(t, m.Close()) }()
+			s, err := m.Create(true, 0)
+			require.NoError(t, err)
+			defer s.Destroy()
+			for _, n := range []int{1, 64 << 10, parallelMin - 1, parallelMin, DefaultStagingSize - 1, DefaultStagingSize,
+				DefaultStagingSize + 1, 3*DefaultStagingSize*DefaultStagingCount + 12345} {
+				p := e.alloc(t, n)
+				src := pattern(n, byte(n))
+				want := bytes.Clone(src)
+				require.NoError(t, m.CopyHtoD(p, src, s))
+				clear(src)
+				got := make([]byte, n)
+				require.NoError(t, m.CopyDtoH(got, p, s))
+				require.True(t, bytes.Equal(want, got), "n=%d", n)
+			}
+			require.NoError(t, s.Synchronize())
+		})
 	}
-	require.NoError(t, s.Synchronize())
 }
 
 // BenchmarkGPUCopyHtoD compares, copy plus synchronize, the driver's own pageable cuMemcpyHtoD with
