@@ -28,9 +28,11 @@ const (
 	directSim  = 2 // the simulator, through the SimDirect* doors
 )
 
-// DirectInfo returns how C reaches device ordinal's driver on the direct path: "kind ctx table", the
-// kind (0 off, 1 the real driver, 2 the simulator), the device's context handle and, for the real
-// driver, the address of its entry point table (libcuda.Driver.Table).
+// DirectInfo returns how C reaches device ordinal's driver on the direct path: "kind ctx table
+// pageable_max", the kind (0 off, 1 the real driver, 2 the simulator), the device's context handle, for
+// the real driver the address of its entry point table (libcuda.Driver.Table), and the largest pageable
+// host-to-device asynchronous copy its stream manager hands to the driver's own pageable copy (negative:
+// none), which C then makes itself.
 //
 //cudacore:gil hold
 func DirectInfo(ordinal int) (string, error) {
@@ -46,7 +48,7 @@ func DirectInfo(ordinal int) (string, error) {
 		case *cudasim.Driver:
 			kind = directSim
 		}
-		return fmt.Sprintf("%d %d %d", kind, uint64(d.Context()), uint64(table)), nil
+		return fmt.Sprintf("%d %d %d %d", kind, uint64(d.Context()), uint64(table), d.Streams().PageableDirectMax()), nil
 	})
 }
 

@@ -215,6 +215,57 @@ def test_pinned_copies_go_direct_and_move_the_bytes(dev, n):
 
 
 @pytest.mark.sim
+@pytest.mark.parametrize(("n", "direct"), [(1, True), (64 << 10, True), ((64 << 10) + 1, False)])
+def test_small_pageable_copies_to_the_device_go_direct(dev, n, direct):
+    """Up to 64 KiB (with the GIL held) a pageable host-to-device copy that the stream manager would hand to
+    the driver's own pageable copy goes direct: a fault on it is absorbed. Larger ones, and device-to-host
+    copies, go through Go: the fault is raised."""
+    s = dev.create_stream()
+    buf = dev.allocate(n, stream=s)
+    src = (np.arange(n) % 251).astype(np.uint8)
+    testing.inject_fault("cuMemcpyHtoDAsync_v2", 1, "CUDA_ERROR_UNKNOWN")
+    if direct:
+        buf.copy_from(src, stream=s)
+    else:
+        with pytest.raises(cc.CUDAError, match="CUDA_ERROR_UNKNOWN"):
+            buf.copy_from(src, stream=s)
+        buf.copy_from(src, stream=s)
+    out = np.zeros(n, dtype=np.uint8)
+    testing.inject_fault("cuMemcpyDtoHAsync_v2", 1, "CUDA_ERROR_UNKNOWN")
+    with pytest.raises(cc.CUDAError, match="CUDA_ERROR_UNKNOWN"):
+        buf.copy_to(out, stream=s)
+    buf.copy_to(out, stream=s)
+    s.synchronize()
+    assert np.array_equal(out, src)
+    testing.clear_faults()
+    buf.close()
+    s.close()
+
+
+@pytest.mark.sim
+def test_staging_every_pageable_copy_keeps_them_off_the_direct_path():
+    r = run_python(
+        """
+import numpy as np
+import cudacore as cc
+from cudacore import testing
+d = cc.Device(0)
+s = d.create_stream()
+buf = d.allocate(4096, stream=s)
+testing.inject_fault("cuMemcpyHtoDAsync_v2", 1, "CUDA_ERROR_UNKNOWN")
+try:
+    buf.copy_from(np.ones(4096, np.uint8), stream=s)
+    print("absorbed")
+except cc.CUDAError:
+    print("raised")
+""",
+        env={"CUDACORE_BACKEND": "sim", "CUDACORE_PAGEABLE_DIRECT_MAX": "0"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "raised"
+
+
+@pytest.mark.sim
 def test_the_direct_path_can_be_turned_off():
     r = run_python(
         """

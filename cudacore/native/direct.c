@@ -26,13 +26,14 @@ typedef struct {
     int kind;
     uintptr_t ctx;
     const void *table;
+    int64_t pageable_max;
 } direct_device;
 
 /* Written by direct_configure with the GIL held, read with it held. */
 static direct_device devices[DIRECT_DEVICES];
 
 int
-direct_configure(int64_t device, int kind, uint64_t ctx, uint64_t table)
+direct_configure(int64_t device, int kind, uint64_t ctx, uint64_t table, int64_t pageable_max)
 {
     if (device < 0 || device >= DIRECT_DEVICES) {
         return -1;
@@ -42,6 +43,7 @@ direct_configure(int64_t device, int kind, uint64_t ctx, uint64_t table)
     }
     devices[device].ctx = (uintptr_t)ctx;
     devices[device].table = (const void *)(uintptr_t)table;
+    devices[device].pageable_max = pageable_max;
     devices[device].kind = kind == DIRECT_CUDA || kind == DIRECT_SIM ? kind : DIRECT_OFF;
     return 0;
 }
@@ -59,6 +61,13 @@ int
 direct_enabled(int64_t device)
 {
     return device_of(device) != NULL;
+}
+
+int
+direct_pageable(int64_t device, size_t n)
+{
+    const direct_device *d = device_of(device);
+    return d != NULL && d->pageable_max >= 0 && (uint64_t)n <= (uint64_t)d->pageable_max;
 }
 
 /* A door's result: the wire error text, if any, is dropped (the full path reports the error itself). */

@@ -1,5 +1,5 @@
 /*
- * The direct path of the hot calls: a graph launch or a small pinned copy made from C, without entering
+ * The direct path of the hot calls: a graph launch, a kernel launch or a small copy made from C, without entering
  * Go, once cudacore has checked what it needs (cudacore/direct.go says when that holds).
  *
  * Every function here is called with the GIL held, after the caller (fast.c, or the Python layer through
@@ -19,11 +19,17 @@
 #define DIRECT_CUDA 1 /* the real driver, through the shim's entry point table */
 #define DIRECT_SIM 2  /* the simulator, through the SimDirect* doors */
 
-/* Record how device ordinal is reached. 0, or -1 for an ordinal beyond the table (its calls go through Go). */
-int direct_configure(int64_t device, int kind, uint64_t ctx, uint64_t table);
+/* Record how device ordinal is reached, and the largest pageable host-to-device copy that its stream
+ * manager hands to the driver's own pageable copy (stream.Options.PageableDirectMax; negative: none). 0, or
+ * -1 for an ordinal beyond the table (its calls go through Go). */
+int direct_configure(int64_t device, int kind, uint64_t ctx, uint64_t table, int64_t pageable_max);
 
 /* Whether the device's calls may take the direct path at all. */
 int direct_enabled(int64_t device);
+
+/* Whether a pageable host-to-device copy of n bytes goes to the driver's own pageable copy on this
+ * device, as cudacore's stream manager would send it (larger ones are staged, in Go). */
+int direct_pageable(int64_t device, size_t n);
 
 /* Make the call. 1 when the driver took it; 0 when it did not (not configured, or the driver failed: the
  * caller takes the full path through Go, which makes the call again and reports the error). No Python

@@ -650,13 +650,13 @@ no_stream_blocks(void)
 
 /* The hot case of copy_from / copy_to with host memory of the buffer protocol (a PinnedBuffer too, not a
  * device Buffer), as the general path sizes it, through the CopyToDevice / CopyToHost door as the general
- * path would call it: on the stream whose handle is sh, or synchronously for sh == -1. A synchronous copy
- * releases the GIL; one on a stream keeps it up to held_max bytes (the Held doors), as the general path
- * does. The host memory is held through its buffer export for the call, so a PinnedBuffer cannot be closed
+ * path would call it: on stream, whose handle is sh, or synchronously for stream NULL and sh -1. A
+ * synchronous copy releases the GIL; one on a stream keeps it up to held_max bytes (the Held doors, or the
+ * direct path for a host-to-device copy the driver stages), as the general path does. The host memory is held through its buffer export for the call, so a PinnedBuffer cannot be closed
  * by another thread meanwhile (its close refuses while exports live). 1 done, 0 not this case (nothing
  * done, no exception), -1 error set. */
 static int
-copy_export_hot(BufferObject *self, PyObject *host, int64_t sh, int to_device)
+copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh, int to_device)
 {
     if (self->closed || self->freeing || PyObject_TypeCheck(host, &BufferType) || !PyObject_CheckBuffer(host)) {
         return 0;
@@ -682,6 +682,15 @@ copy_export_hot(BufferObject *self, PyObject *host, int64_t sh, int to_device)
     char *err;
     int64_t device = self->device, ptr = (int64_t)self->ptr, n = (int64_t)want;
     if (sh >= 0 && n <= held_max) {
+        /* Direct when the stream manager would hand this copy to the driver's own pageable copy (which
+         * stages it and returns once it has read the host memory; memory the driver knows as pinned is
+         * read when the stream gets there, as documented for pinned memory). */
+        uint64_t direct;
+        if (to_device && direct_pageable(device, (size_t)n) && (direct = direct_stream(stream, device)) != 0 &&
+            direct_copy_to_device(device, (uint64_t)ptr, view.buf, (size_t)n, direct)) {
+            PyBuffer_Release(&view);
+            return 1;
+        }
         err = to_device ? cudacore_door_CopyToDeviceHeld(device, ptr, view.buf, (int64_t)view.len, n, sh, &ret)
                         : cudacore_door_CopyToHostHeld(device, view.buf, (int64_t)view.len, ptr, n, sh, &ret);
     } else {
@@ -702,7 +711,7 @@ copy_export_hot(BufferObject *self, PyObject *host, int64_t sh, int to_device)
 static int
 copy_sync_hot(BufferObject *self, PyObject *host, int to_device)
 {
-    return no_stream_blocks() ? copy_export_hot(self, host, -1, to_device) : 0;
+    return no_stream_blocks() ? copy_export_hot(self, host, NULL, -1, to_device) : 0;
 }
 
 /* The asynchronous hot case past copy_hot: a cudacore Stream of the buffer's device and host memory of the
@@ -714,7 +723,7 @@ copy_stream_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_dev
         return 0;
     }
     int64_t sh = int_of(slot_of(&stream_slots, stream, S_HANDLE));
-    return sh < 0 ? 0 : copy_export_hot(self, host, sh, to_device);
+    return sh < 0 ? 0 : copy_export_hot(self, host, stream, sh, to_device);
 }
 
 /* copy_from(host, stream=None) / copy_to(host, stream=None): the hot case in C, anything else through the
@@ -1245,24 +1254,25 @@ fast_device_allocate(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
     return b;
 }
 
-PyDoc_STRVAR(configure_direct_doc, "configure_direct(device: int, kind: int, ctx: int, table: int) -> None\n\n"
+PyDoc_STRVAR(configure_direct_doc, "configure_direct(device: int, kind: int, ctx: int, table: int, pageable_max: int) -> None\n\n"
                                    "How the direct path reaches the device's driver, as cudacore's DirectInfo reports "
-                                   "it (kind 0 off, 1 the real driver, 2 the simulator).");
+                                   "it (kind 0 off, 1 the real driver, 2 the simulator), and the largest pageable "
+                                   "host-to-device copy that goes to the driver's own pageable copy (negative: none).");
 
 static PyObject *
 fast_configure_direct(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    int64_t v[4];
-    static const char *names[4] = {"device", "kind", "ctx", "table"};
-    if (door_enter("configure_direct", nargs, 4) < 0) {
+    int64_t v[5];
+    static const char *names[5] = {"device", "kind", "ctx", "table", "pageable_max"};
+    if (door_enter("configure_direct", nargs, 5) < 0) {
         return NULL;
     }
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         if (door_int(args[i], "configure_direct", names[i], &v[i]) < 0) {
             return NULL;
         }
     }
-    (void)direct_configure(v[0], (int)v[1], (uint64_t)v[2], (uint64_t)v[3]); /* beyond the table: through Go */
+    (void)direct_configure(v[0], (int)v[1], (uint64_t)v[2], (uint64_t)v[3], v[4]); /* beyond the table: through Go */
     Py_RETURN_NONE;
 }
 

@@ -19,11 +19,10 @@ import (
 //     the copy (synchronize the stream or an event recorded after it);
 //   - host-to-device from pageable memory, the call returns once the data is staged and the caller may
 //     reuse its memory at once. Up to PageableDirectMax bytes the driver stages it (its pageable copy
-//     pipelines the staging with the DMA, which one chunk of ours cannot); larger copies go through
-//     cudacore's pinned staging buffers (a small pool, StagingSize each), each recycled when an event
-//     recorded after its copy completes. Memory that the driver knows as page-locked but cudacore does
-//     not (another library's pinned memory) is then read when the stream reaches the copy, as a
-//     PinnedBuffer is, if the copy goes to the driver;
+//     is the faster one there); larger copies go through cudacore's pinned staging buffers (a small
+//     pool, StagingSize each), each recycled when an event recorded after its copy completes. Memory
+//     that the driver knows as page-locked but cudacore does not (another library's pinned memory) is
+//     read when the stream reaches the copy, as a PinnedBuffer is, if the copy goes to the driver;
 //   - device-to-host into pageable memory, the data goes through staging buffers too and the call returns
 //     when it is in the caller's memory (as the driver's own pageable copy does), pipelining the chunks;
 //   - on a capturing stream only pinned memory is allowed: a captured copy keeps the host pointer and

@@ -38,10 +38,10 @@ _device_allocate = fast.device_allocate
 def _configure_direct(ordinal: int) -> None:
     """Tell the direct path of the hot calls how it reaches the device's driver (cudacore/direct.go);
     ``CUDACORE_DIRECT=0`` sends every call through Go instead."""
-    kind, ctx, table = (int(x) for x in call(core.DirectInfo, ordinal).split())
+    kind, ctx, table, pageable_max = (int(x) for x in call(core.DirectInfo, ordinal).split())
     if os.environ.get("CUDACORE_DIRECT", "1") == "0":
         kind = 0
-    fast.configure_direct(ordinal, kind, ctx, table)
+    fast.configure_direct(ordinal, kind, ctx, table, pageable_max)
 
 __all__ = ["Device", "backend", "current_device", "device_count", "devices", "driver_version"]
 
