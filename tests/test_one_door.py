@@ -839,3 +839,36 @@ def test_c_launch_packer_leaves_values_out_of_range_to_the_general_path() -> Non
             k.launch(1, 1, (buf, 1.5, -1))  # n is .u64
     finally:
         buf.close()
+
+
+# -- the cold door: generated METH_FASTCALL wrappers of gopy's exports where every type is a scalar ----------
+
+
+def test_scalar_cold_entries_are_the_generated_wrappers_and_keep_the_funnel(dev) -> None:
+    from cudacore._api import call, core
+    from cudacore._native import gopy_wrappers
+
+    assert core.Noop is fast.cold.cudacore_Noop
+    assert core.DeviceSynchronize is fast.cold.cudacore_DeviceSynchronize
+    assert core.Backend is fast.cold.cudacore_Backend
+    # gopy's Python wrapper stays the source of parameter names for the guard's messages.
+    assert "cudacore_Noop" in gopy_wrappers
+    # Scalars of every kind cross: int, bool and str arguments; int, bool, float and str results.
+    assert call(core.Noop, 41) == 41
+    assert call(core.Backend) == cc.backend()
+    ev = call(core.EventCreate, dev.device_id, True)
+    assert isinstance(ev, int) and ev != 0
+    call(core.EventDestroy, ev)
+    assert call(core.DeviceSynchronize, dev.device_id, 1000) is True
+    # Go errors arrive typed, through the one funnel.
+    with pytest.raises(cc.InvalidValueError, match="device 1048576 does not exist"):
+        call(core.StreamCreate, 1 << 20, True, 0)
+    with pytest.raises(cc.InvalidHandleError, match="not a live cudacore event"):
+        call(core.EventQuery, 123456789)
+    # Bad arguments name the function and the argument, as the hot doors do.
+    with pytest.raises(TypeError, match=r"Noop\(\): x must be an int, not str"):
+        call(core.Noop, "7")
+    with pytest.raises(TypeError, match=r"EventCreate\(\): timing must be a bool, not NoneType"):
+        call(core.EventCreate, dev.device_id, None)
+    with pytest.raises(TypeError, match=r"Noop\(\) takes exactly 1 argument \(2 given\)"):
+        call(core.Noop, 1, 2)

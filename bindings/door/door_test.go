@@ -86,6 +86,39 @@ func TestGenerateWrapsEveryHotAndNativeEntry(t *testing.T) {
 	assert.Contains(t, c, "    err = cudacore_door_GraphLaunch(a0, a1, a2, &ret);\n    if (err")
 }
 
+// The cold door's fast wrappers: one per scalar entry, named like gopy's C function, each through the C
+// guard's entry check and converters, calling gopy's export and returning NULL on its RuntimeError; the
+// first pass's placeholder is the empty table alone.
+func TestGenerateColdWrapsEveryScalarEntry(t *testing.T) {
+	entries := parseFacade(t)
+	c := string(door.GenerateCold(entries, "core_go.h"))
+	assert.True(t, strings.HasPrefix(c, "/* Code generated"), "marked generated")
+	assert.Contains(t, c, "#include \"core_go.h\"\n")
+	scalar := 0
+	for _, e := range entries {
+		wrapper := strings.Contains(c, "\ncold_"+e.Name+"(PyObject *") && strings.Contains(c, `{"`+e.GoExport()+`", `)
+		assert.Equal(t, e.Scalar(), wrapper, "%s: a cold wrapper exactly when every type is a scalar", e.Name)
+		if e.Scalar() {
+			scalar++
+			assert.Contains(t, c, "ret = "+e.GoExport()+"(", e.Name)
+		}
+	}
+	assert.Greater(t, scalar, len(entries)/2, "most entries are scalar")
+	assert.Equal(t, scalar, strings.Count(c, "door_enter("))
+	assert.Equal(t, scalar, strings.Count(c, "if (PyErr_Occurred()"))
+	// Names and conversions as gopy's wrapper names them (Go names), and gopy's C types.
+	assert.Contains(t, c, `door_int(args[1], "DeviceSynchronize", "timeoutMs", &a1)`)
+	assert.Contains(t, c, `door_bool(args[1], "EventCreate", "timing", &a1)`)
+	assert.Contains(t, c, "ret = cudacore_EventCreate((long long int)a0, (char)a1);")
+	assert.Contains(t, c, "    free(ret);\n    return r;\n") // gopy's strings are malloc'd
+	assert.NotContains(t, c, "cold_CopyToDevice(", "a []byte entry keeps gopy's own wrapper")
+
+	placeholder := string(door.GenerateCold(entries, ""))
+	assert.NotContains(t, placeholder, "core_go.h")
+	assert.NotContains(t, placeholder, "\ncold_")
+	assert.Contains(t, placeholder, "PyMethodDef cudacore_cold_methods[] = {\n    {NULL, NULL, 0, NULL},\n};")
+}
+
 // The typing stub of cudacore._fast lists every generated wrapper, as generated.
 func TestFastStubListsTheGeneratedWrappers(t *testing.T) {
 	g := door.Generate(parseFacade(t), "example.com/facade")

@@ -76,4 +76,7 @@ PyObject *door_take_str(char *s);
 /* The generated METH_FASTCALL wrappers (door_gen.c), NULL-terminated. */
 extern PyMethodDef cudacore_door_methods[];
 
+/* The cold door's generated fast wrappers of gopy's exports (cold_gen.c), NULL-terminated. */
+extern PyMethodDef cudacore_cold_methods[];
+
 #endif

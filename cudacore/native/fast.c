@@ -1883,6 +1883,13 @@ PyInit__fast(void)
         Py_DECREF(m);
         return NULL;
     }
+    /* The cold door's fast wrappers (cold_gen.c), named like gopy's C functions, in a module of their own. */
+    PyObject *cold = PyModule_New("cudacore._fast.cold");
+    if (cold == NULL || PyModule_AddFunctions(cold, cudacore_cold_methods) < 0 || PyModule_AddObject(m, "cold", cold) < 0) {
+        Py_XDECREF(cold);
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddObjectRef(m, "Buffer", (PyObject *)&BufferType) < 0 ||
         PyModule_AddObjectRef(m, "PinnedBuffer", (PyObject *)&PinnedType) < 0) {
         Py_DECREF(m);

@@ -2,6 +2,7 @@
 that bindings/door generates from the facade's declarations (listed last; a Go test checks them)."""
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, Literal, TypeVar
 
 from typing_extensions import Buffer as _BufferLike
@@ -66,6 +67,10 @@ def allocate_pinned(device: int, size: int, /) -> Any: ...
 def wrap(device: int, ptr: int, size: int, stream: int, type: type = ..., /) -> Any: ...
 def borrow(type: type[_B], device: int, ptr: int, size: int, stream: int, owner: object, /) -> _B: ...
 def call(fn: Callable[..., Any], /, *args: Any) -> Any: ...
+
+#: The cold door's generated METH_FASTCALL wrappers of gopy's exports, named like gopy's C functions
+#: (``cold.cudacore_Noop``); cudacore._native.core holds them.
+cold: ModuleType
 def launch(
     function: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared_mem: int, stream: int,
     args: Any, spec: bytes, /,

@@ -3,9 +3,10 @@
 Both live in one shared library, _gopy/_core<EXT_SUFFIX>, built by bindings/cmd/build (one Go runtime per
 process: two Go c-shared libraries in one process crash).
 
-- ``core``: the cold door's functions, one per facade function (``core.Noop(5)``): gopy's generated C
-  functions, or gopy's Python wrapper where it converts an argument. Their calls raise RuntimeError with
-  the wire-format message; ``_api.call`` turns that into typed exceptions.
+- ``core``: the cold door's functions, one per facade function (``core.Noop(5)``): generated METH_FASTCALL
+  wrappers of gopy's exports where every argument and the result are scalars (``fast.cold``), else
+  gopy's generated C functions, or gopy's Python wrapper where it converts an argument. Their calls raise
+  RuntimeError with the wire-format message; ``_api.call`` turns that into typed exceptions.
 - ``fast``: the hand-written module ``cudacore._fast`` (bindings/fastpath.c), loaded from the same file.
   CPython dlopens the same path again, which returns the same handle, and calls PyInit__fast.
 """
@@ -56,16 +57,18 @@ def _load_fast(ext_path: str) -> ModuleType:
 gopy_wrappers: dict[str, Any] = {}
 
 
-def _direct(gen: ModuleType) -> SimpleNamespace:
-    """gopy's functions, each replaced by the extension's own C function when gopy's Python wrapper only
-    passes its parameters on (``return _core.cudacore_<Name>(<its parameters>)``): a cold call then runs
-    no Python frame of gopy's. Wrappers that convert an argument (a Go slice's handle) are kept."""
+def _direct(gen: ModuleType, cold: ModuleType) -> SimpleNamespace:
+    """gopy's functions, each replaced by a C function when gopy's Python wrapper only passes its
+    parameters on (``return _core.cudacore_<Name>(<its parameters>)``): a cold call then runs no Python
+    frame of gopy's. The C function is the generated METH_FASTCALL wrapper of gopy's export where every
+    parameter and the result are scalars (``fast.cold``, bindings/door's GenerateCold), else pybindgen's
+    wrapper in the extension. Wrappers that convert an argument (a Go slice's handle) are kept."""
     ext = sys.modules["cudacore._gopy._core"]
     out = SimpleNamespace()
     gopy_wrappers.clear()
     for name, fn in vars(gen).items():
         code = getattr(fn, "__code__", None)
-        raw = getattr(ext, "cudacore_" + name, None)
+        raw = getattr(cold, "cudacore_" + name, None) or getattr(ext, "cudacore_" + name, None)
         if (
             code is not None
             and raw is not None
@@ -79,9 +82,10 @@ def _direct(gen: ModuleType) -> SimpleNamespace:
     return out
 
 
-core = _direct(_import_core())
+_gen = _import_core()
 # The extension module gopy's wrapper imported (cudacore._gopy._core): its file is the shared library.
 _ext_file = sys.modules["cudacore._gopy._core"].__file__
 if _ext_file is None:  # an extension module always has a file; this keeps the type checker honest
     raise ImportError("cudacore._gopy._core has no file: cannot load the fast path from it")
 fast = _load_fast(_ext_file)
+core = _direct(_gen, fast.cold)

@@ -196,6 +196,10 @@ func run(python, out, work string) error {
 	if err := copyFile(recycleHeader, filepath.Join(work, filepath.Base(recycleHeader))); err != nil {
 		return err
 	}
+	coldFile := filepath.Join(work, "cold_gen.c")
+	if err := os.WriteFile(coldFile, door.GenerateCold(nil, ""), 0o644); err != nil { // the first pass's placeholder
+		return err
+	}
 
 	// 4. goimports (gopy's output has unused and missing imports), then a first c-shared build whose only
 	// purpose is the export header core_go.h that the pybindgen C code includes.
@@ -207,6 +211,10 @@ func run(python, out, work string) error {
 		return err
 	}
 	if err := os.Remove(filepath.Join(work, header+".so")); err != nil {
+		return err
+	}
+	// The cold door's fast wrappers call gopy's exports, declared by the header that pass wrote.
+	if err := os.WriteFile(coldFile, door.GenerateCold(decls, header+".h"), 0o644); err != nil {
 		return err
 	}
 
