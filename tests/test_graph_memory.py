@@ -8,6 +8,7 @@ allocator's in-use bytes, and the device's free memory. They run on the simulato
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 import pytest
@@ -240,15 +241,17 @@ def test_gpu_a_graph_keeps_the_memory_its_kernel_writes_alive(dev: cc.Device) ->
     s.close()
 
 
-def test_a_buffer_closed_during_another_capture_then_voided_is_freed_once(dev: cc.Device) -> None:
+@pytest.mark.parametrize("mode", ["relaxed", "thread_local"])
+def test_a_buffer_closed_during_another_capture_then_voided_is_freed_once(dev: cc.Device, mode: str) -> None:
     # Found by the fuzzer (seed 7302): b's close waits for the second capture to end; destroying its graph
     # meanwhile voids its memory. The waiting free must still find the address void (and free nothing),
-    # or the bytes leave in_use twice.
+    # or the bytes leave in_use twice. In RELAXED mode the graph is destroyed at once; in THREAD_LOCAL mode
+    # the destroy is an unsafe call, so it too waits for the capture to end, after b's free.
     s = dev.create_stream()
     before = in_use(dev)
     with s.capture() as g:
         b = dev.allocate(N, stream=s)
-    s.begin_capture("relaxed")  # relaxed: destroying a graph meanwhile is legal on the real driver
+    s.begin_capture(mode)
     try:
         b.close()
         g.destroy()
@@ -257,3 +260,32 @@ def test_a_buffer_closed_during_another_capture_then_voided_is_freed_once(dev: c
     assert in_use(dev) == before
     s.close()
 
+
+
+@pytest.mark.parametrize("how", ["destroy", "collect"])
+@pytest.mark.parametrize("mode", ["thread_local", "global"])
+def test_a_graph_destroyed_during_a_capture_goes_when_the_capture_ends(dev: cc.Device, mode: str, how: str) -> None:
+    # Destroying a graph or an executable graph is an unsafe call during a GLOBAL capture, and during a
+    # THREAD_LOCAL one on the capturing thread: the driver refuses it (900) and invalidates the capture.
+    # cudacore destroys the graph once the capture ends, so the capture survives, and what the graph held
+    # (here graph memory no launch made real) is given back then.
+    s, other = dev.create_stream(), dev.create_stream()
+    before = in_use(dev)
+    with other.capture() as g:
+        b = dev.allocate(N, stream=other)
+    s.begin_capture(mode)
+    try:
+        if how == "destroy":
+            g.destroy()
+            assert g.destroyed
+        else:
+            del g
+            gc.collect()
+        assert not b.closed, "the graph is destroyed once the capture ends"
+    finally:
+        captured = s.end_capture()  # raised CaptureError when the destroy reached the driver
+    assert b.closed, "its memory was never allocated: void once its graph is gone"
+    captured.destroy()
+    assert in_use(dev) == before
+    s.close()
+    other.close()

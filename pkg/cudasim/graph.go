@@ -187,6 +187,11 @@ func (d *Driver) GraphExecDestroy(c cuda.Context, eh cuda.GraphExec) error {
 		return err
 	}
 	defer v.mu.Unlock()
+	// Destroying an executable graph or a graph is an unsafe call during capture, as a synchronous
+	// allocation is (docs/driver-facts.md, "Stream capture").
+	if err := d.unsafeCall(op, v); err != nil {
+		return err
+	}
 	e, err := d.exec(op, v, eh)
 	if err != nil {
 		return err
@@ -203,6 +208,9 @@ func (d *Driver) GraphDestroy(c cuda.Context, gh cuda.Graph) error {
 		return err
 	}
 	defer v.mu.Unlock()
+	if err := d.unsafeCall(op, v); err != nil {
+		return err
+	}
 	g, err := d.graph(op, v, gh)
 	if err != nil {
 		return err

@@ -136,8 +136,8 @@ func (d *Driver) implicitSync(op string, v *device) error {
 	return nil
 }
 
-// unsafeCall applies the rule for potentially unsafe calls (synchronous allocation, synchronizing other
-// work): they fail with 900 from any thread while a GLOBAL capture runs anywhere in the process, and from
+// unsafeCall applies the rule for potentially unsafe calls (synchronous allocation and free, synchronizing
+// other work, destroying a graph or an executable graph): they fail with 900 from any thread while a GLOBAL capture runs anywhere in the process, and from
 // the capturing thread while a THREAD_LOCAL capture runs; RELAXED captures allow them. The captures that
 // forbade the call are invalidated.
 func (d *Driver) unsafeCall(op string, _ *device) error {

@@ -51,6 +51,28 @@ func (r *Registry) RunOrDefer(fn func() error) error {
 	return fn()
 }
 
+// RunOrDeferUnsafe is for an unsafe call that can wait (destroying a graph or an executable graph, which
+// the driver refuses with 900 and which invalidates the capture, as a synchronous allocation does): it
+// runs now, holding the registry so that no capture can begin meanwhile, unless a capture in progress
+// forbids unsafe calls on the calling thread (a GLOBAL capture anywhere, a THREAD_LOCAL one begun on this
+// thread). Then later is queued to run when the last capture ends, and ran is false. Unlike RunOrDefer,
+// captures that allow the call (RELAXED ones, THREAD_LOCAL ones of other threads) do not delay it. now
+// must not take the registry or begin or end a capture; later runs without the registry held.
+func (r *Registry) RunOrDeferUnsafe(now func() error, later func()) (ran bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.active.Load() > 0 {
+		tid := gettid()
+		for c := range r.caps {
+			if c.forbidsUnsafe(tid) {
+				r.deferred = append(r.deferred, later)
+				return false, nil
+			}
+		}
+	}
+	return true, now()
+}
+
 // Deferred returns how many deferred calls wait for the captures to end.
 func (r *Registry) Deferred() int {
 	r.mu.Lock()
@@ -192,11 +214,24 @@ func (m *Manager) unsafeCapture() *capture {
 	m.reg.mu.Lock()
 	defer m.reg.mu.Unlock()
 	for c := range m.reg.caps {
-		if c.mode == cuda.CaptureModeGlobal || c.mode == cuda.CaptureModeThreadLocal && c.tid == tid {
+		if c.forbidsUnsafe(tid) {
 			return c
 		}
 	}
 	return nil
+}
+
+// forbidsUnsafe says whether c forbids potentially unsafe calls on thread tid: a GLOBAL capture forbids
+// them everywhere, a THREAD_LOCAL one on the thread that began it, a RELAXED one nowhere.
+func (c *capture) forbidsUnsafe(tid int) bool {
+	return c.mode == cuda.CaptureModeGlobal || c.mode == cuda.CaptureModeThreadLocal && c.tid == tid
+}
+
+// destroyGraph destroys g, a graph no Graph owns (one that a failed or aborted capture made), at once
+// unless a capture forbids it on this thread (RunOrDeferUnsafe): then once the captures end, so that it
+// invalidates none. Its error is dropped: nothing can be done about it.
+func (m *Manager) destroyGraph(g cuda.Graph) {
+	_, _ = m.reg.RunOrDeferUnsafe(func() error { return m.drv.GraphDestroy(m.ctx, g) }, func() { m.destroyGraph(g) })
 }
 
 func (c *capture) describe() string {
@@ -496,10 +531,11 @@ func (m *Manager) StreamCapturing(h cuda.Stream) bool {
 // EndCapture of its stream will return.
 func (m *Manager) abandon(c *capture, failed *cuda.Error) {
 	sm := c.stream.m
-	if g, err := sm.drv.StreamEndCapture(sm.ctx, c.stream.h); err == nil && g != 0 {
-		_ = sm.drv.GraphDestroy(sm.ctx, g)
-	}
+	g, err := sm.drv.StreamEndCapture(sm.ctx, c.stream.h)
 	sm.unregister(c)
+	if err == nil && g != 0 {
+		sm.destroyGraph(g) // after unregister: c itself no longer forbids it
+	}
 	sm.discard(c.ptrs)
 	if failed != nil {
 		m.reg.mu.Lock()
@@ -546,7 +582,7 @@ func (s *Stream) EndCapture() (*Graph, error) {
 	m.unregister(c)
 	if err != nil {
 		if g != 0 {
-			_ = m.drv.GraphDestroy(m.ctx, g)
+			m.destroyGraph(g)
 		}
 		m.discard(c.ptrs)
 		if IsCaptureResult(cuda.ResultOf(err)) {

@@ -20,6 +20,7 @@ type Graph struct {
 	bytes  uint64
 	gone   bool // destroyed at the driver
 	dying  bool // Destroy was called (and may have failed): no more launches or updates
+	queued bool // the driver's destroys wait for the captures to end (Destroy)
 
 	allocPtrs []cuda.DevicePtr // the graph memory it allocates (graphmem.go); fixed at capture
 	uses      []span           // the device memory its work uses, merged and sorted; fixed at capture
@@ -38,7 +39,7 @@ func (g *Graph) Escapes() ([]string, int) { return append([]string{}, g.escapes.
 func (m *Manager) newGraph(g cuda.Graph, c *capture) (*Graph, error) {
 	n, err := m.drv.GraphNodeCount(m.ctx, g)
 	if err != nil {
-		_ = m.drv.GraphDestroy(m.ctx, g)
+		m.destroyGraph(g)
 		m.discard(c.ptrs)
 		return nil, err
 	}
@@ -223,6 +224,11 @@ func (g *Graph) Update(other *Graph) error {
 // Destroy destroys the executable graph and the graph, giving back the memory their allocations hold.
 // It is idempotent. Frees of memory the graph used, deferred while it lived, run once it is gone.
 //
+// Destroying a graph or an executable graph is an unsafe call during a capture (the driver's 900, which
+// invalidates the capture: in GLOBAL mode from any thread, in THREAD_LOCAL mode from the capturing
+// thread). While such a capture forbids it, Destroy marks the graph destroyed (no more launches or
+// updates) and the driver's destroys, with everything that follows them, run when the captures end.
+//
 // A driver failure leaves what it failed to destroy in place, and the graph unusable but not gone:
 // calling Destroy again retries it, so a transient failure frees nothing for good.
 func (g *Graph) Destroy() error {
@@ -244,16 +250,34 @@ func (g *Graph) destroyLocked() error {
 		return nil
 	}
 	g.dying = true
+	if g.queued {
+		return nil // the destroy queued for the end of the captures will do it
+	}
+	ran, err := g.m.reg.RunOrDeferUnsafe(g.destroyAtDriver, func() {
+		g.mu.Lock()
+		g.queued = false
+		g.mu.Unlock()
+		_ = g.Destroy() // a failure is left to the caller's next Destroy, as ever
+	})
+	if !ran {
+		g.queued = true
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	g.gone = true
+	g.m.graphGone(g)
+	return nil
+}
+
+// destroyAtDriver destroys the executable graph, then the graph. Caller holds g.mu (and the registry).
+func (g *Graph) destroyAtDriver() error {
 	if g.x != 0 {
 		if err := g.m.drv.GraphExecDestroy(g.m.ctx, g.x); err != nil {
 			return err
 		}
 		g.x = 0
 	}
-	if err := g.m.drv.GraphDestroy(g.m.ctx, g.g); err != nil {
-		return err
-	}
-	g.gone = true
-	g.m.graphGone(g)
-	return nil
+	return g.m.drv.GraphDestroy(g.m.ctx, g.g)
 }

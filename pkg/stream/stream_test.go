@@ -668,3 +668,79 @@ func TestCaptureEscapes(t *testing.T) {
 	assert.Equal(t, 1, g.NodeCount())
 	require.NoError(t, g.Destroy())
 }
+
+// Destroying a graph (or its executable graph) is an unsafe call during a capture: the driver refuses it
+// with 900 and invalidates the capture, in GLOBAL mode from any thread and in THREAD_LOCAL mode from the
+// capturing thread. Graph.Destroy therefore waits for the captures to end where the call is forbidden, and
+// destroys at once where it is allowed; in every case the capture in progress survives.
+func TestGraphDestroyedDuringACaptureLeavesItValid(t *testing.T) {
+	for _, mode := range modes {
+		for _, otherThread := range []bool{false, true} {
+			name := ModeName(mode) + map[bool]string{false: "/same thread", true: "/other thread"}[otherThread]
+			t.Run(name, func(t *testing.T) {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				e := newEnv(t)
+				s, other := e.stream(t, true), e.stream(t, true)
+				a := e.alloc(t, 64)
+				// A graph with graph memory no launch made real: its destruction makes that memory void.
+				require.NoError(t, other.BeginCapture(cuda.CaptureModeThreadLocal))
+				p, err := e.stack.Allocate(4096, other.Handle())
+				require.NoError(t, err)
+				e.m.NoteAllocate(other.Handle(), p, 4096)
+				g, err := other.EndCapture()
+				require.NoError(t, err)
+				require.NoError(t, g.Instantiate())
+
+				require.NoError(t, s.BeginCapture(mode))
+				require.NoError(t, e.m.CopyDtoD(a, a, 64, s))
+				if otherThread {
+					done := make(chan error)
+					go func() {
+						runtime.LockOSThread()
+						defer runtime.UnlockOSThread()
+						done <- g.Destroy()
+					}()
+					require.NoError(t, <-done)
+				} else {
+					require.NoError(t, g.Destroy())
+				}
+				assert.True(t, g.Destroyed())
+				requireResult(t, cuda.ErrorClosed, g.Launch(other), "a destroyed graph is not launched")
+				forbidden := mode == cuda.CaptureModeGlobal || mode == cuda.CaptureModeThreadLocal && !otherThread
+				if forbidden {
+					assert.Empty(t, e.m.TakeVoided(), "the destroy waits for the capture to end")
+				} else {
+					assert.Equal(t, []cuda.DevicePtr{p}, e.m.TakeVoided(), "allowed here: destroyed at once")
+				}
+				captured, err := s.EndCapture()
+				require.NoError(t, err, "the capture survived the destroy")
+				require.NoError(t, captured.Destroy())
+				if forbidden {
+					assert.Equal(t, []cuda.DevicePtr{p}, e.m.TakeVoided(), "destroyed once the capture ended")
+				}
+				require.NoError(t, g.Destroy(), "idempotent")
+				assert.Zero(t, e.m.Registry().Deferred())
+			})
+		}
+	}
+}
+
+// Aborting a capture destroys the graph the driver hands back: with a GLOBAL capture in progress on
+// another stream, that destroy waits for it to end rather than invalidate it.
+func TestAbortDuringAGlobalCaptureLeavesItValid(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	e := newEnv(t)
+	s, other := e.stream(t, true), e.stream(t, true)
+	a := e.alloc(t, 64)
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeGlobal))
+	require.NoError(t, e.m.CopyDtoD(a, a, 64, s))
+	require.NoError(t, other.BeginCapture(cuda.CaptureModeRelaxed))
+	require.NoError(t, e.m.CopyDtoD(a, a, 64, other))
+	require.NoError(t, other.AbortCapture())
+	g, err := s.EndCapture()
+	require.NoError(t, err, "the GLOBAL capture survived the other one's abort")
+	require.NoError(t, g.Destroy())
+	assert.Zero(t, e.m.Registry().Deferred())
+}

@@ -281,6 +281,9 @@ class Stream:
                 self._capture_over()
             raise
         capturing_streams.discard((self._device.device_id, self._handle))
+        # A graph destroyed during the capture (where the driver forbids it) went when it ended: the
+        # Buffers of its graph memory that no launch made real are void.
+        void_buffers(self._device.device_id)
         return Graph._adopt(graph_id, self._device)
 
     def _capture_over(self) -> None:

@@ -65,16 +65,9 @@ func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress f
 	// the moment each free and the release run (tileResource), never those of when the call began. It
 	// holds the allocator (inFlight) for each call on its own, so that a free that runs at once does not
 	// take inFlight a second time on this goroutine.
-	ptrs, err := memory.AllocateTiles(tileResource{d}, count, size, h, progress)
-	if err != nil {
-		return nil, err
-	}
-	if capturing {
-		for _, p := range ptrs {
-			streams.NoteAllocate(h, p, size)
-		}
-	}
-	return ptrs, nil
+	// Each tile made on a capturing stream is counted into its graph as it is made (tileResource.Allocate),
+	// so that a rollback frees it as the graph memory it is, also once the capture has ended.
+	return memory.AllocateTiles(tileResource{d}, count, size, h, progress)
 }
 
 // Free frees p (size bytes, last used on h). While a capture runs, a free waits for the captures to end
@@ -88,6 +81,12 @@ func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress f
 // (stream.Manager.FreeGraphAware): a free of memory a live graph uses waits until that graph is
 // destroyed, so that no launch writes into memory handed to someone else.
 func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	return d.free(p, size, h, d.freeNow)
+}
+
+// free is Free, with now as the free made at once when no capture runs (d.freeNow, or the tile rollback's
+// free with the capture registry held): every free of device memory by address takes these rules.
+func (d *Device) free(p cuda.DevicePtr, size uint64, h cuda.Stream, now func(cuda.DevicePtr, uint64, cuda.Stream) error) error {
 	if handled, err := d.freeManaged(p, size); handled {
 		return err
 	}
@@ -96,15 +95,15 @@ func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	}
 	streams := d.Streams()
 	if !streams.GraphMemoryInUse() {
-		return d.freeNow(p, size, h) // the common case, without the callbacks' allocation
+		return now(p, size, h) // the common case, without the callbacks' allocation
 	}
 	handled, err := streams.FreeGraphAware(p, size,
-		func() error { return d.freeNow(p, size, h) },
+		func() error { return now(p, size, h) },
 		func() { _ = d.Free(p, size, h) })
 	if handled {
 		return err
 	}
-	return d.freeNow(p, size, h)
+	return now(p, size, h)
 }
 
 // freeDuringCapture is Free while a capture runs: graph memory of h's capture is freed as a free node of
@@ -166,21 +165,31 @@ func (d *Device) Order(op string, waiter, producer cuda.Stream) error {
 // cache release at the moment each is made.
 type tileResource struct{ d *Device }
 
+// Allocate makes one tile; one made on a capturing stream is counted into its capture (graph memory) at
+// once, so that the rollback's free knows it as such.
 func (t tileResource) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
+	p, err := t.allocate(size, h)
+	if err == nil {
+		t.d.Streams().NoteAllocate(h, p, size) // nothing unless h captures
+	}
+	return p, err
+}
+
+func (t tileResource) allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
 	t.d.inFlight.RLock()
 	defer t.d.inFlight.RUnlock()
 	return t.d.Memory().Allocate(size, h)
 }
 
-// Deallocate frees a tile of a failed call: while a capture runs, as Free does (a free node of h's own
-// capture, or a free that waits for the captures to end); otherwise with the capture registry held, so
-// that a capture begun on another thread meanwhile cannot see the free (an unsafe call in GLOBAL mode).
+// Deallocate frees a tile of a failed call by Free's rules (free): graph memory of a capture, in progress
+// or ended meanwhile, follows its graph's rules, and a free while a capture runs is a free node of h's own
+// capture or waits for the captures to end. The free made at once holds the capture registry, so that a
+// capture begun on another thread meanwhile cannot see it (an unsafe call in GLOBAL mode).
 func (t tileResource) Deallocate(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	d := t.d
-	if !Capturing() {
+	return d.free(p, size, h, func(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 		return captures.RunOrDefer(func() error { return d.freeNow(p, size, h) })
-	}
-	return d.freeDuringCapture(p, size, h)
+	})
 }
 
 // Release gives the cache back after a failed call, once no capture runs (a release is unsafe during

@@ -108,6 +108,12 @@ func Run(t *testing.T, newDriver func(t *testing.T) cuda.Driver) {
 	}{{"Global", cuda.CaptureModeGlobal}, {"ThreadLocal", cuda.CaptureModeThreadLocal}, {"Relaxed", cuda.CaptureModeRelaxed}} {
 		t.Run("CaptureTable/"+m.name, func(t *testing.T) { testCaptureTable(t, setup(t, newDriver), m.mode) })
 	}
+	for _, m := range []struct {
+		name string
+		mode cuda.CaptureMode
+	}{{"Global", cuda.CaptureModeGlobal}, {"ThreadLocal", cuda.CaptureModeThreadLocal}, {"Relaxed", cuda.CaptureModeRelaxed}} {
+		t.Run("CaptureGraphDestroy/"+m.name, func(t *testing.T) { testCaptureGraphDestroy(t, setup(t, newDriver), m.mode) })
+	}
 	t.Run("CaptureLegacyRejected", func(t *testing.T) {
 		e := setup(t, newDriver)
 		for _, s := range []cuda.Stream{0, cuda.StreamLegacy} {
@@ -382,6 +388,91 @@ func testCaptureTable(t *testing.T, e *env, mode cuda.CaptureMode) {
 	assert.NoError(t, d.MemcpyHtoDAsync(c, buf, pinned, s))
 	assert.NoError(t, d.StreamSynchronize(c, s))
 	assertResult(t, cuda.ErrorIllegalState, func() error { _, err := d.StreamEndCapture(c, s); return err }(), "EndCapture of a stream not capturing")
+}
+
+// testCaptureGraphDestroy checks that destroying an executable graph (cuGraphExecDestroy) or a graph
+// (cuGraphDestroy) while a stream captures is an unsafe call, as a synchronous allocation is: 900 and the
+// capture invalidated where the mode forbids unsafe calls (GLOBAL: from any thread; THREAD_LOCAL: from the
+// capturing thread), and legal otherwise (RELAXED; THREAD_LOCAL from another thread). A refused destroy
+// destroys nothing: it succeeds once the capture has ended. cudacore defers its destroys accordingly.
+func testCaptureGraphDestroy(t *testing.T, e *env, mode cuda.CaptureMode) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d, c := e.drv, e.ctx
+	const n = 4096
+	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
+	buf, err := d.MemAlloc(c, n)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFree(c, buf)) }()
+	pinned, err := d.MemHostAlloc(c, n, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFreeHost(c, pinned)) }()
+
+	// graph captures one copy outside any other capture and instantiates it.
+	graph := func() (cuda.Graph, cuda.GraphExec) {
+		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
+		require.NoError(t, d.MemcpyHtoDAsync(c, buf, pinned, s))
+		g, err := d.StreamEndCapture(c, s)
+		require.NoError(t, err)
+		x, err := d.GraphInstantiate(c, g)
+		require.NoError(t, err)
+		return g, x
+	}
+	// during runs destroy while s captures in mode (on this thread, or on another one), then ends the
+	// capture; it returns destroy's error and whether the capture survived it.
+	during := func(destroy func() error, otherThread bool) (error, bool) {
+		require.NoError(t, d.StreamBeginCapture(c, s, mode))
+		require.NoError(t, d.MemcpyHtoDAsync(c, buf, pinned, s))
+		var callErr error
+		if otherThread {
+			done := make(chan struct{})
+			go func() {
+				runtime.LockOSThread() // the main goroutine's thread is locked: this runs on another one
+				defer runtime.UnlockOSThread()
+				defer close(done)
+				callErr = destroy()
+			}()
+			<-done
+		} else {
+			callErr = destroy()
+		}
+		g, err := d.StreamEndCapture(c, s)
+		if err == nil {
+			assert.NoError(t, d.GraphDestroy(c, g))
+			return callErr, true
+		}
+		assertResult(t, cuda.ErrorStreamCaptureInvalidated, err, "end of an invalidated capture")
+		assert.Zero(t, g, "no graph")
+		return callErr, false
+	}
+	for _, otherThread := range []bool{false, true} {
+		forbidden := mode == cuda.CaptureModeGlobal || (mode == cuda.CaptureModeThreadLocal && !otherThread)
+		where := map[bool]string{false: "on the capturing thread", true: "on another thread"}[otherThread]
+		want := cuda.Success
+		if forbidden {
+			want = cuda.ErrorStreamCaptureUnsupported
+		}
+
+		g, x := graph()
+		err, survived := during(func() error { return d.GraphExecDestroy(c, x) }, otherThread)
+		assertResult(t, want, err, "cuGraphExecDestroy during capture "+where)
+		assert.Equal(t, !forbidden, survived, "cuGraphExecDestroy %s: the capture survives only where the call is allowed", where)
+		if forbidden {
+			assert.NoError(t, d.GraphExecDestroy(c, x), "the refused cuGraphExecDestroy, again after the capture")
+		}
+		assert.NoError(t, d.GraphDestroy(c, g))
+
+		g, x = graph()
+		require.NoError(t, d.GraphExecDestroy(c, x))
+		err, survived = during(func() error { return d.GraphDestroy(c, g) }, otherThread)
+		assertResult(t, want, err, "cuGraphDestroy during capture "+where)
+		assert.Equal(t, !forbidden, survived, "cuGraphDestroy %s: the capture survives only where the call is allowed", where)
+		if forbidden {
+			assert.NoError(t, d.GraphDestroy(c, g), "the refused cuGraphDestroy, again after the capture")
+		}
+	}
 }
 
 // testCaptureReplay captures pinned H2D, D2D and D2H copies and replays them with fresh host data.
