@@ -187,8 +187,8 @@ func (d *Driver) GraphExecDestroy(c cuda.Context, eh cuda.GraphExec) error {
 		return err
 	}
 	defer v.mu.Unlock()
-	// Destroying an executable graph or a graph is an unsafe call during capture, as a synchronous
-	// allocation is (docs/driver-facts.md, "Stream capture").
+	// Destroying an executable graph is an unsafe call during capture, as a synchronous allocation is;
+	// destroying a graph is not (docs/driver-facts.md, "Stream capture").
 	if err := d.unsafeCall(op, v); err != nil {
 		return err
 	}
@@ -208,9 +208,6 @@ func (d *Driver) GraphDestroy(c cuda.Context, gh cuda.Graph) error {
 		return err
 	}
 	defer v.mu.Unlock()
-	if err := d.unsafeCall(op, v); err != nil {
-		return err
-	}
 	g, err := d.graph(op, v, gh)
 	if err != nil {
 		return err

@@ -227,11 +227,11 @@ func (c *capture) forbidsUnsafe(tid int) bool {
 	return c.mode == cuda.CaptureModeGlobal || c.mode == cuda.CaptureModeThreadLocal && c.tid == tid
 }
 
-// destroyGraph destroys g, a graph no Graph owns (one that a failed or aborted capture made), at once
-// unless a capture forbids it on this thread (RunOrDeferUnsafe): then once the captures end, so that it
-// invalidates none. Its error is dropped: nothing can be done about it.
+// destroyGraph destroys g, a graph no Graph owns (one that a failed or aborted capture made, never
+// instantiated), at once: cuGraphDestroy is legal during any capture. Its error is dropped: nothing can be
+// done about it.
 func (m *Manager) destroyGraph(g cuda.Graph) {
-	_, _ = m.reg.RunOrDeferUnsafe(func() error { return m.drv.GraphDestroy(m.ctx, g) }, func() { m.destroyGraph(g) })
+	_ = m.drv.GraphDestroy(m.ctx, g) // legal during any capture, unlike cuGraphExecDestroy
 }
 
 func (c *capture) describe() string {
@@ -534,7 +534,7 @@ func (m *Manager) abandon(c *capture, failed *cuda.Error) {
 	g, err := sm.drv.StreamEndCapture(sm.ctx, c.stream.h)
 	sm.unregister(c)
 	if err == nil && g != 0 {
-		sm.destroyGraph(g) // after unregister: c itself no longer forbids it
+		sm.destroyGraph(g)
 	}
 	sm.discard(c.ptrs)
 	if failed != nil {

@@ -224,10 +224,11 @@ func (g *Graph) Update(other *Graph) error {
 // Destroy destroys the executable graph and the graph, giving back the memory their allocations hold.
 // It is idempotent. Frees of memory the graph used, deferred while it lived, run once it is gone.
 //
-// Destroying a graph or an executable graph is an unsafe call during a capture (the driver's 900, which
-// invalidates the capture: in GLOBAL mode from any thread, in THREAD_LOCAL mode from the capturing
-// thread). While such a capture forbids it, Destroy marks the graph destroyed (no more launches or
-// updates) and the driver's destroys, with everything that follows them, run when the captures end.
+// Destroying an executable graph is an unsafe call during a capture (the driver's 900, which invalidates
+// the capture: in GLOBAL mode from any thread, in THREAD_LOCAL mode from the capturing thread). While such
+// a capture forbids it, Destroy marks the graph destroyed (no more launches or updates) and the driver's
+// destroys (the executable graph's, then the graph's, which is legal but must follow it), with
+// everything that follows them, run when the captures end.
 //
 // A driver failure leaves what it failed to destroy in place, and the graph unusable but not gone:
 // calling Destroy again retries it, so a transient failure frees nothing for good.

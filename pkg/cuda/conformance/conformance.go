@@ -390,11 +390,12 @@ func testCaptureTable(t *testing.T, e *env, mode cuda.CaptureMode) {
 	assertResult(t, cuda.ErrorIllegalState, func() error { _, err := d.StreamEndCapture(c, s); return err }(), "EndCapture of a stream not capturing")
 }
 
-// testCaptureGraphDestroy checks that destroying an executable graph (cuGraphExecDestroy) or a graph
-// (cuGraphDestroy) while a stream captures is an unsafe call, as a synchronous allocation is: 900 and the
-// capture invalidated where the mode forbids unsafe calls (GLOBAL: from any thread; THREAD_LOCAL: from the
-// capturing thread), and legal otherwise (RELAXED; THREAD_LOCAL from another thread). A refused destroy
-// destroys nothing: it succeeds once the capture has ended. cudacore defers its destroys accordingly.
+// testCaptureGraphDestroy checks that destroying an executable graph (cuGraphExecDestroy) while a stream
+// captures is an unsafe call, as a synchronous allocation is: 900 and the capture invalidated where the
+// mode forbids unsafe calls (GLOBAL: from any thread; THREAD_LOCAL: from the capturing thread), and legal
+// otherwise (RELAXED; THREAD_LOCAL from another thread). A refused destroy destroys nothing: it succeeds
+// once the capture has ended. Destroying a graph (cuGraphDestroy) is legal in every mode, and the capture
+// goes on. cudacore defers its executable-graph destroys accordingly.
 func testCaptureGraphDestroy(t *testing.T, e *env, mode cuda.CaptureMode) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -467,11 +468,8 @@ func testCaptureGraphDestroy(t *testing.T, e *env, mode cuda.CaptureMode) {
 		g, x = graph()
 		require.NoError(t, d.GraphExecDestroy(c, x))
 		err, survived = during(func() error { return d.GraphDestroy(c, g) }, otherThread)
-		assertResult(t, want, err, "cuGraphDestroy during capture "+where)
-		assert.Equal(t, !forbidden, survived, "cuGraphDestroy %s: the capture survives only where the call is allowed", where)
-		if forbidden {
-			assert.NoError(t, d.GraphDestroy(c, g), "the refused cuGraphDestroy, again after the capture")
-		}
+		assertResult(t, cuda.Success, err, "cuGraphDestroy during capture "+where)
+		assert.True(t, survived, "cuGraphDestroy %s: the capture survives", where)
 	}
 }
 
