@@ -52,7 +52,10 @@ class Contender:
 # -- cudacore ---------------------------------------------------------------------------------------------
 
 
-def cudacore_copy(n: int, pinned: bool, asynchronous: bool) -> Contender:
+def cudacore_copy(n: int, pinned: bool, asynchronous: bool, driver_sync: bool = False) -> Contender:
+    """cudacore's copy; asynchronous ones wait with Stream.synchronize, or with driver_sync with the driver's
+    cuStreamSynchronize on the same stream (through cuda.bindings), which isolates the copy's own cost from
+    the wait's: cudacore's wait queries in slices so that Ctrl-C can stop it."""
     import numpy as np
 
     import cudacore as cc
@@ -62,11 +65,18 @@ def cudacore_copy(n: int, pinned: bool, asynchronous: bool) -> Contender:
     buf = d.allocate(n, stream=s)
     host_obj = d.allocate_pinned(n) if pinned else np.ones(n, np.uint8)
     stream = s if asynchronous else None
+    wait = s.synchronize
+    if driver_sync:
+        drv = _drv()
+        raw = drv.CUstream(s.handle)
+
+        def wait() -> None:
+            _ok(drv.cuStreamSynchronize(raw))
 
     def run() -> None:
         buf.copy_from(host_obj, stream=stream)
         if asynchronous:
-            s.synchronize()
+            wait()
 
     def teardown() -> None:
         buf.close()
@@ -74,7 +84,7 @@ def cudacore_copy(n: int, pinned: bool, asynchronous: bool) -> Contender:
             host_obj.close()
         s.close()
 
-    return Contender("cudacore", run, teardown)
+    return Contender("cudacore, driver's sync" if driver_sync else "cudacore", run, teardown)
 
 
 def cudacore_graph() -> tuple[Contender, int]:
@@ -288,6 +298,8 @@ def bandwidth_rows(sizes: list[int], rounds: int, peers: bool, kinds: tuple[str,
                 contenders = [try_make(cudacore_copy, n, pinned, asynchronous)]
                 if peers:
                     contenders += [try_make(bindings_copy, n, pinned, asynchronous), try_make(cupy_copy, n, pinned, asynchronous)]
+                    if asynchronous:
+                        contenders.append(try_make(cudacore_copy, n, pinned, asynchronous, True))
                 contenders = [c for c in contenders if c is not None]
                 times: dict[str, list[float]] = {c.name: [] for c in contenders}
                 reps = reps_for(n)
