@@ -257,3 +257,28 @@ def test_a_buffer_closed_during_another_capture_then_voided_is_freed_once(dev: c
     assert in_use(dev) == before
     s.close()
 
+
+def test_a_graph_that_allocates_is_not_launched_into_a_capture(dev: cc.Device) -> None:
+    # Found by the fuzzer (seeds 104843 and 104824, with threads): a thread launched g on a stream that
+    # another thread had just begun to capture. Launched there, g only adds its nodes to that capture and
+    # allocates nothing, but it counted as a launch: b's close then reached the driver as a free of graph
+    # memory no launch had allocated, and every later launch of g was refused as if b held its memory.
+    s, other = dev.create_stream(), dev.create_stream()
+    before = in_use(dev)
+    with s.capture() as g:
+        b = dev.allocate(N, stream=s)
+    other.begin_capture("relaxed")
+    try:
+        with pytest.raises(cc.CaptureError, match="allocates memory"):
+            g.launch(other)
+    finally:
+        other.end_capture().destroy()  # the refused launch left the capture going
+    g.launch(s)  # the first launch, which makes b real
+    s.synchronize()
+    b.close()
+    g.launch(s)  # b's memory was freed: nothing holds the last launch's allocation
+    s.synchronize()
+    g.destroy()
+    assert in_use(dev) == before
+    s.close()
+    other.close()
