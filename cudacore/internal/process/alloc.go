@@ -48,12 +48,18 @@ func (d *Device) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
 // AllocateTiles allocates count tiles of size bytes ordered on h, all or nothing (memory.Stack's
 // AllocateTiles), under the same stream-lifetime and capture rules as Allocate: tiles allocated on a
 // capturing stream are counted into its graph like any other allocation.
+//
+// The stream's lifetime is held for each tile's allocation and each free of the rollback on its own
+// (tileResource), never across the call: the rollback's frees take it again, and a read lock taken twice
+// by one goroutine deadlocks once a writer waits in between (a stream created or destroyed on another
+// thread meanwhile: fuzzer seed 103992). A stream destroyed part way fails the next tile, and the
+// rollback frees the earlier ones on the legacy stream, as any free on a destroyed stream.
 func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress func(done, total int) bool) ([]cuda.DevicePtr, error) {
 	streams := d.Streams()
-	if err := streams.UseForAlloc(h); err != nil {
+	if err := streams.UseForAlloc(h); err != nil { // a destroyed stream is refused before any tile
 		return nil, err
 	}
-	defer streams.Done(h)
+	streams.Done(h)
 	capturing := Capturing()
 	if capturing {
 		if err := streams.CheckAllocate(h); err != nil {
@@ -169,6 +175,11 @@ type tileResource struct{ d *Device }
 func (t tileResource) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
 	t.d.inFlight.RLock()
 	defer t.d.inFlight.RUnlock()
+	streams := t.d.Streams()
+	if err := streams.UseForAlloc(h); err != nil {
+		return 0, err
+	}
+	defer streams.Done(h)
 	return t.d.Memory().Allocate(size, h)
 }
 

@@ -1,7 +1,10 @@
 package process
 
 import (
+	"runtime"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -39,5 +42,65 @@ func TestTilesRolledBackUnderACaptureBegunMeanwhile(t *testing.T) {
 			require.NoError(t, g.Destroy())
 			assert.Equal(t, before, d.Memory().Stats().InUse, "freed once the capture ended")
 		})
+	}
+}
+
+// Found by the fuzzer (seed 103992, a hang): AllocateTiles held its stream's lifetime lock (a read lock)
+// for the whole call, and the rollback of a failed call took it again for each free. A stream created on
+// another thread in between (Manager.Create, which waits for the write lock) queued behind the first read
+// lock, so the second one waited behind the writer for good, and the creating thread held the GIL: the
+// process hung. The rollback must finish, and the stream be created, whatever comes in between.
+func TestTilesRolledBackWhileAStreamIsCreated(t *testing.T) {
+	t.Setenv("CUDACORE_BACKEND", "sim")
+	d, err := GetDevice(0)
+	require.NoError(t, err)
+	Replay()
+	before := d.Memory().Stats().InUse
+	s, err := d.Streams().Create(true, 0)
+	require.NoError(t, err) // destroyed at the end: after a deadlock its Destroy would wait for good
+
+	created := make(chan error, 1)
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.AllocateTiles(4, 4096, s.Handle(), func(done, total int) bool {
+			go func() { // another thread creates a stream while the tiles are made
+				c, err := d.Streams().Create(true, 0)
+				if err == nil {
+					err = c.Destroy()
+				}
+				created <- err
+			}()
+			waitUntilBlocked(t, "(*lifetimes).reborn") // the creation waits for the write lock
+			return false                               // cancel: the rollback frees the tile on s
+		})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.Error(t, err, "cancelled")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the rollback of AllocateTiles deadlocked with a stream's creation")
+	}
+	select {
+	case err := <-created:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream's creation never finished")
+	}
+	require.NoError(t, s.Destroy())
+	assert.Equal(t, before, d.Memory().Stats().InUse, "the tile was freed")
+}
+
+// waitUntilBlocked waits until a goroutine is blocked in a function whose name contains fn (or a second
+// has passed: the caller's test then checks less, and never fails for it).
+func waitUntilBlocked(t *testing.T, fn string) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, fn) && strings.Contains(g, "sync.(*RWMutex).Lock") {
+				return
+			}
+		}
 	}
 }
