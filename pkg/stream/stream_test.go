@@ -666,3 +666,42 @@ func TestCaptureEscapes(t *testing.T) {
 	assert.Equal(t, 1, g.NodeCount())
 	require.NoError(t, g.Destroy())
 }
+
+// A capture neither begins nor ends while Steady runs (work made without the GIL that books an allocation
+// by whether its stream captures: fuzzer seed 103919): between cudacore's registry and the driver, a tile
+// allocated as BeginCapture ran was booked as graph memory while the driver made an ordinary allocation.
+func TestNoCaptureBeginsOrEndsDuringSteady(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	e := newEnv(t)
+	s := e.stream(t, true)
+	for _, step := range []struct {
+		name   string
+		change func() error
+		want   bool // whether s captures once the change is made
+	}{
+		{"begin", func() error { return s.BeginCapture(cuda.CaptureModeRelaxed) }, true},
+		{"end", func() error { _, err := s.EndCapture(); return err }, false},
+	} {
+		in, release, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+		go func() {
+			_ = e.m.reg.Steady(func() error {
+				close(in)
+				<-release
+				return nil
+			})
+		}()
+		<-in
+		go func() { done <- step.change() }()
+		time.Sleep(50 * time.Millisecond) // the change would be made by now if nothing held it back
+		assert.Equal(t, !step.want, s.Capturing(), "%s: held back while Steady runs", step.name)
+		select {
+		case err := <-done:
+			t.Fatalf("%s: made during Steady (%v)", step.name, err)
+		default:
+		}
+		close(release)
+		require.NoError(t, <-done, step.name)
+		assert.Equal(t, step.want, s.Capturing(), step.name)
+	}
+}

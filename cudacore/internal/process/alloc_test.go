@@ -104,3 +104,39 @@ func waitUntilBlocked(t *testing.T, fn string) {
 		}
 	}
 }
+
+// Found by the fuzzer (seeds 103919 and, likely, 104843): AllocateTiles releases the GIL, and a capture
+// began on its stream on another thread while the tiles were made. The tiles allocated after that were
+// allocation nodes of the capture at the driver, but AllocateTiles had looked for a capture only when it
+// began, so they were booked as ordinary memory: freed after the capture's graph was gone they reached the
+// driver as frees of graph memory no launch had allocated (refused; through the recycle log, a block kept
+// in use for good). Each tile is allocated under the rules of the moment it is made.
+func TestTilesAllocatedUnderACaptureBegunMeanwhile(t *testing.T) {
+	t.Setenv("CUDACORE_BACKEND", "sim")
+	d, err := GetDevice(0)
+	require.NoError(t, err)
+	Replay()
+	before := d.Memory().Stats().InUse
+	s, err := d.Streams().Create(true, 0)
+	require.NoError(t, err)
+	defer func() { _ = s.Destroy() }()
+
+	ptrs, err := d.AllocateTiles(4, 4096, s.Handle(), func(done, total int) bool {
+		if done == 2 {
+			require.NoError(t, s.BeginCapture(cuda.CaptureModeRelaxed)) // as another thread would
+		}
+		return true
+	})
+	require.NoError(t, err)
+	require.Len(t, ptrs, 4)
+	assert.False(t, d.Streams().GraphMemory(s.Handle(), ptrs[1]), "made before the capture began")
+	assert.True(t, d.Streams().GraphMemory(s.Handle(), ptrs[2]), "made in the capture: its graph memory")
+	g, err := s.EndCapture()
+	require.NoError(t, err)
+	require.NoError(t, g.Destroy()) // never launched: the capture's tiles are void
+	for _, p := range ptrs {
+		require.NoError(t, d.Free(p, 4096, s.Handle()), "%#x", uint64(p))
+	}
+	require.NoError(t, s.Synchronize())
+	assert.Equal(t, before, d.Memory().Stats().InUse, "every tile off the books once")
+}
