@@ -3,6 +3,7 @@
     python tests/fuzz.py --programs 10000 --jobs 2          # a long run; prints one JSON line of counts
     python tests/fuzz.py --replay 1234                      # run one program here, printing every operation
     python tests/fuzz.py --shrink 1234                      # the smallest sub-program that still fails
+    python tests/fuzz.py --hunt 104843                      # rerun a racy failure until it fails again
 
 A program is a list of operations drawn from a seed (:func:`generate`): allocations and closes, tiles,
 pinned memory, every copy kind (host to device, device to host, device to device; synchronous and on a
@@ -24,7 +25,11 @@ After every program the runner checks (:func:`run_program`):
 
 Programs run in worker processes (:func:`main`), many per process; a worker that dies (a crash) or stops
 reporting (a hang: faulthandler dumps its threads first) is a violation of the program it was running,
-and a new worker carries on with the next seed. Every program is reproducible from its seed.
+and a new worker carries on with the next seed. Every program is reproducible from its seed, but not the
+order in which the threads of its bursts run their operations: so a failing program's whole record (every
+violation in full, that order as it ran, the programs its process ran before it, the environment) is
+appended to ``fuzz-failures.jsonl`` (``--failures``), and ``--hunt`` reruns it after those programs, with
+the threads switching more often, until the failure comes back.
 
 On the real driver (``CUDACORE_BACKEND=cuda``) the same programs run; the misuse that is undefined
 behaviour on a GPU (using a view after its owner is closed) is left out, as it is on the simulator.
@@ -166,6 +171,8 @@ class State:
         self.caps: dict[Any, Cap] = {}  # stream -> capture begun explicitly and not ended
         self.errors: dict[str, int] = {}
         self.violations: list[str] = []
+        # Every operation as it ran, with its thread, and the typed errors: the order the threads took is
+        # what a rerun of the seed cannot give back, so a failing program's record carries it.
         self.trace: list[str] = []
         self.threaded = 0  # > 0 while a burst of threads runs: bytes are then unknowable
         self.ops = 0
@@ -246,6 +253,7 @@ class State:
         name = getattr(exc, "name", None) or type(exc).__name__
         with self.lock:
             self.errors[name] = self.errors.get(name, 0) + 1
+            self.trace.append(f"  -> {threading.current_thread().name}: {type(exc).__name__}: {str(exc)[:300]}")
             if self.verbose:
                 print(f"  -> {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
@@ -255,8 +263,8 @@ class State:
         fn = getattr(Ops, "op_" + name)
         with self.lock:
             self.ops += 1
+            self.trace.append(f"{threading.current_thread().name}: {name} {args[:6]}")
             if self.verbose:
-                self.trace.append(f"{threading.current_thread().name}: {name} {args[:6]}")
                 print(self.trace[-1], file=sys.stderr, flush=True)
         try:
             if stream is not None and name.endswith("_on"):
@@ -1195,8 +1203,19 @@ def run_program(cc: Any, seed: int, program: list[list[Any]] | None = None, verb
     # A violation that a known bug explains carries its name; the runner counts those apart.
     known = sorted(st.known & {k for v in violations for k in _explains(v)})
     unexplained = [v for v in violations if not set(_explains(v)) & st.known]
-    return {"seed": seed, "ops": st.ops, "errors": st.errors, "violations": violations, "known": known,
-            "unexplained": len(unexplained)}  # fmt: skip
+    rec = {"seed": seed, "ops": st.ops, "errors": st.errors, "violations": violations, "known": known,
+           "unexplained": len(unexplained)}  # fmt: skip
+    if violations:
+        # How this run went, which a rerun of the seed may not repeat: the threads' order of operations
+        # (the last TRACE_KEEP lines) and the interpreter's thread switch interval.
+        rec["trace"] = st.trace[-TRACE_KEEP:]
+        rec["trace_dropped"] = max(0, len(st.trace) - TRACE_KEEP)
+        rec["switch_interval"] = sys.getswitchinterval()
+    return rec
+
+
+#: How many lines of a failing program's trace its record keeps (the last ones).
+TRACE_KEEP = 2000
 
 
 # -- workers and the driver ------------------------------------------------------------------------------
@@ -1209,6 +1228,7 @@ def worker(seeds: Iterator[int], program_timeout: float) -> None:
     out = sys.stdout
     # The runner's own test (tests/test_fuzz.py) makes a worker crash or hang at a chosen seed.
     selftest = os.environ.get("CUDACORE_FUZZ_SELFTEST", "")
+    before: list[int] = []  # the programs this process ran first: the state they left is part of a failure
     for seed in seeds:
         out.write(json.dumps({"start": seed}) + "\n")
         out.flush()
@@ -1219,10 +1239,13 @@ def worker(seeds: Iterator[int], program_timeout: float) -> None:
             threading.Event().wait()
         rec = run_program(cc, seed)
         faulthandler.cancel_dump_traceback_later()
+        if rec["violations"]:
+            rec["after"] = before
         out.write(json.dumps(rec) + "\n")
         out.flush()
         if rec["violations"]:
             return  # the next programs start in a fresh process, untouched by what went wrong here
+        before.append(seed)
 
 
 def _spawn(seeds: list[int], program_timeout: float, env: dict[str, str]) -> subprocess.Popen[str]:
@@ -1242,6 +1265,11 @@ def _worker_env() -> dict[str, str]:
     where = str(Path(spec.origin).parent.parent) if spec is not None and spec.origin else str(HERE.parent / "python")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (where, env.get("PYTHONPATH", "")) if p)
     return env
+
+
+#: How much of a dead worker's stderr its record keeps (the end): enough for faulthandler's stacks of every
+#: thread of a hung program.
+WORKER_STDERR_KEEP = 30_000
 
 
 def run_many(seeds: list[int], *, jobs: int = 1, batch: int = 100, program_timeout: float = 60.0,
@@ -1270,7 +1298,8 @@ def run_many(seeds: list[int], *, jobs: int = 1, batch: int = 100, program_timeo
     while todo or running:
         while todo and len(running) < jobs:
             chunk = todo.pop(0)
-            running.append((_spawn(chunk, program_timeout, env), chunk, {"current": None, "since": time.monotonic()}))
+            info = {"current": None, "since": time.monotonic(), "done": []}
+            running.append((_spawn(chunk, program_timeout, env), chunk, info))
         fds = {p.stdout.fileno(): (p, chunk, info) for p, chunk, info in running}  # type: ignore[union-attr]
         ready, _, _ = select.select(list(fds), [], [], 1.0)
         for fd in ready:
@@ -1283,6 +1312,7 @@ def run_many(seeds: list[int], *, jobs: int = 1, batch: int = 100, program_timeo
                 else:
                     info["current"] = None
                     chunk.remove(msg["seed"])
+                    info["done"].append(msg["seed"])
                     finish(msg)
                 continue
             # End of output: the worker exited.
@@ -1292,11 +1322,11 @@ def run_many(seeds: list[int], *, jobs: int = 1, batch: int = 100, program_timeo
             if info["current"] is not None:
                 seed = info["current"]
                 chunk.remove(seed)
-                finish({"seed": seed, "ops": 0, "errors": {}, "violations": [
-                    f"the worker died running the program (exit {rc}): {err[-3000:]}"]})  # fmt: skip
+                finish({"seed": seed, "ops": 0, "errors": {}, "after": info["done"], "violations": [
+                    f"the worker died running the program (exit {rc}): {err[-WORKER_STDERR_KEEP:]}"]})  # fmt: skip
             elif rc != 0:
-                finish({"seed": chunk[0] if chunk else -1, "ops": 0, "errors": {}, "violations": [
-                    f"the worker exited {rc} between programs: {err[-3000:]}"]})  # fmt: skip
+                finish({"seed": chunk[0] if chunk else -1, "ops": 0, "errors": {}, "after": info["done"], "violations": [
+                    f"the worker exited {rc} between programs: {err[-WORKER_STDERR_KEEP:]}"]})  # fmt: skip
                 chunk[:] = chunk[1:]
             if chunk:
                 todo.insert(0, chunk)
@@ -1363,6 +1393,48 @@ def _shrink_list(ops: list[Any], fails: Callable[[list[Any]], bool]) -> list[Any
     return ops
 
 
+#: The thread switch intervals --hunt draws from (seconds; Python's default is 0.005): short ones make the
+#: threads of a burst interleave at many more points.
+SWITCH_INTERVALS = (1e-6, 1e-5, 1e-4, 0.005)
+
+#: The environment a failure's record names (what changes how a program runs); nothing else is copied.
+CONTEXT_ENV = ("PYTHONHASHSEED", "GOMAXPROCS", "GODEBUG", "GOGC")
+
+
+def _context(argv: list[str]) -> dict[str, Any]:
+    """Where a failing program ran: the command line and the environment that shapes the run."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("CUDACORE_") or k in CONTEXT_ENV}
+    return {"argv": argv, "env": env, "python": sys.version.split()[0], "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def _save_failure(path: str, rec: dict[str, Any], context: dict[str, Any]) -> None:
+    """Append a failing program's whole record (every violation in full, the trace of its threads, the
+    programs its process ran before it) and where it ran to ``path``, one JSON line."""
+    with open(path, "a") as f:
+        f.write(json.dumps({**rec, **context}) + "\n")
+
+
+def hunt(cc: Any, seed: int, first: int, rounds: int) -> dict[str, Any] | None:
+    """Run the programs ``first``..``seed`` in this process, as a worker ran them, ``rounds`` times, each
+    round with another thread switch interval, until one fails; returns the failing record, or None.
+
+    A program whose threads race fails only under some interleavings, which a rerun of its seed alone in a
+    fresh process rarely meets again; rerunning it after the programs its worker ran first, with the
+    threads switching more often, meets them far sooner.
+    """
+    rng = random.Random()
+    for r in range(rounds):
+        sys.setswitchinterval(rng.choice(SWITCH_INTERVALS))
+        before: list[int] = []
+        for s in range(first, seed + 1):
+            rec = run_program(cc, s)
+            if rec["violations"] and rec["unexplained"]:
+                rec["after"], rec["round"] = before, r
+                return rec
+            before.append(s)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--programs", type=int, default=200, help="how many programs (default 200)")
@@ -1378,7 +1450,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="append every program's record to this file (JSON lines)")
     ap.add_argument("--inline", action="store_true",
                     help="run the programs in this process, with no workers (for compute-sanitizer); a crash or hang ends the run")  # fmt: skip
+    ap.add_argument("--failures", default="fuzz-failures.jsonl",
+                    help="append each failing program's whole record (every violation, the order its threads ran "
+                         "their operations in, the programs run before it in its process, the environment) to this "
+                         "file (default fuzz-failures.jsonl; '' for none)")  # fmt: skip
+    ap.add_argument("--hunt", type=int, metavar="SEED",
+                    help="rerun the program of SEED after those its worker ran first (--hunt-from), in this process, "
+                         "with varied thread switch intervals, until it fails (--rounds times at most): for a failure "
+                         "that a plain rerun does not repeat")  # fmt: skip
+    ap.add_argument("--hunt-from", type=int, metavar="FIRST",
+                    help="the first program of SEED's worker (default: SEED rounded down to a multiple of --batch)")
+    ap.add_argument("--rounds", type=int, default=200, help="rounds of --hunt (default 200)")
     args = ap.parse_args(argv)
+    context = _context(list(sys.argv[1:] if argv is None else argv))
+
+    def failed_here(rec: dict[str, Any]) -> str:
+        """Save a failing record (see --failures) and say where it went."""
+        if not args.failures:
+            return ""
+        _save_failure(args.failures, rec, context)
+        return f" (the whole record: {os.path.abspath(args.failures)})"
+
     if args.worker is not None:
         worker((int(s) for s in args.worker.split(",") if s), args.program_timeout)
         return 0
@@ -1396,16 +1488,33 @@ def main(argv: list[str] | None = None) -> int:
         import cudacore as cc
 
         t0, failed, known, total_ops = time.monotonic(), [], 0, 0
+        ran: list[int] = []
         for seed in range(args.seed, args.seed + args.programs):
             rec = run_program(cc, seed)
             total_ops += rec["ops"]
             if rec["violations"] and rec["unexplained"]:
                 failed.append(seed)
-                print(f"seed {seed}: {rec['violations'][0][:2000]}", file=sys.stderr, flush=True)
+                rec["after"] = list(ran)
+                where = failed_here(rec)
+                print(f"seed {seed}: {rec['violations'][0][:2000]}{where}", file=sys.stderr, flush=True)
             known += bool(rec["violations"]) and not rec["unexplained"]
+            ran.append(seed)
         print(json.dumps({"programs": args.programs, "ops": total_ops, "known_bug_programs": known,
                           "failed_seeds": failed, "seconds": round(time.monotonic() - t0, 1)}))  # fmt: skip
         return 1 if failed else 0
+    if args.hunt is not None:
+        os.environ.setdefault("CUDACORE_BACKEND", "sim")
+        import cudacore as cc
+
+        first = args.hunt_from if args.hunt_from is not None else args.hunt - args.hunt % args.batch
+        rec = hunt(cc, args.hunt, first, args.rounds)
+        if rec is None:
+            print(json.dumps({"hunt": args.hunt, "from": first, "rounds": args.rounds, "failed": False}))
+            return 0
+        where = failed_here(rec)
+        print(f"seed {rec['seed']} (round {rec['round']}): {rec['violations'][0][:2000]}{where}", file=sys.stderr, flush=True)
+        print(json.dumps({"hunt": args.hunt, "from": first, "rounds": rec["round"] + 1, "failed": True, "seed": rec["seed"]}))
+        return 1
     if args.shrink is not None:
         prog = shrink(args.shrink, args.program_timeout)
         print(json.dumps(prog))
@@ -1421,7 +1530,8 @@ def main(argv: list[str] | None = None) -> int:
             sink.write(json.dumps(rec) + "\n")
             sink.flush()
         if rec["violations"] and rec.get("unexplained", 1):
-            print(f"seed {rec['seed']}: {rec['violations'][0][:2000]}", file=sys.stderr, flush=True)
+            where = failed_here(rec)
+            print(f"seed {rec['seed']}: {rec['violations'][0][:2000]}{where}", file=sys.stderr, flush=True)
         if args.progress and done[0] % 100 == 0:
             print(f"{done[0]} programs, {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
 

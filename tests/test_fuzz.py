@@ -78,6 +78,7 @@ def test_a_crash_or_hang_is_reported_with_its_seed_and_the_run_goes_on(how: str,
     assert summary["programs"] == 6
     assert [r["seed"] for r in summary["failed"]] == [3]
     assert "the worker died running the program" in summary["failed"][0]["violations"][0]
+    assert summary["failed"][0]["after"] == [0, 1, 2], "the programs its process ran first"
     if how == "hang":
         assert "Thread" in summary["failed"][0]["violations"][0], "faulthandler printed the stacks"
 
@@ -91,6 +92,21 @@ def test_an_untyped_error_is_a_violation(monkeypatch: pytest.MonkeyPatch) -> Non
     rec = fuzz.run_program(cc, 0, [["stream", 1, 2, 3, 4, 5, 6], ["gc", 0, 0, 0, 0, 0, 0]])
     assert rec["violations"] and "untyped KeyError" in rec["violations"][0]
     assert rec["unexplained"] == 1
+    # What a rerun may not repeat comes with the record: the operations as the threads ran them.
+    assert rec["trace"] == ["MainThread: stream [1, 2, 3, 4, 5, 6]", "MainThread: gc [0, 0, 0, 0, 0, 0]"]
+    assert rec["switch_interval"] == sys.getswitchinterval()
+
+
+@pytest.mark.sim
+def test_a_failing_record_is_saved_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner appends a failing program's whole record, with where it ran, to the --failures file."""
+    monkeypatch.setenv("CUDACORE_FUZZ_SELFTEST", "crash:1")
+    out = tmp_path / "failures.jsonl"
+    assert fuzz.main(["--programs", "2", "--batch", "2", "--failures", str(out)]) == 1
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rec["seed"] == 1 and rec["after"] == [0]
+    assert rec["env"]["CUDACORE_FUZZ_SELFTEST"] == "crash:1"
+    assert rec["argv"] == ["--programs", "2", "--batch", "2", "--failures", str(out)]
 
 
 @pytest.mark.sim

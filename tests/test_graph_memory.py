@@ -261,12 +261,11 @@ def test_a_buffer_closed_during_another_capture_then_voided_is_freed_once(dev: c
     s.close()
 
 
-
 @pytest.mark.parametrize("how", ["destroy", "collect"])
 @pytest.mark.parametrize("mode", ["thread_local", "global"])
 def test_a_graph_destroyed_during_a_capture_goes_when_the_capture_ends(dev: cc.Device, mode: str, how: str) -> None:
-    # Destroying a graph or an executable graph is an unsafe call during a GLOBAL capture, and during a
-    # THREAD_LOCAL one on the capturing thread: the driver refuses it (900) and invalidates the capture.
+    # Destroying an executable graph is an unsafe call during a GLOBAL capture, and during a THREAD_LOCAL
+    # one on the capturing thread: the driver refuses it (900) and invalidates the capture.
     # cudacore destroys the graph once the capture ends, so the capture survives, and what the graph held
     # (here graph memory no launch made real) is given back then.
     s, other = dev.create_stream(), dev.create_stream()
@@ -286,6 +285,32 @@ def test_a_graph_destroyed_during_a_capture_goes_when_the_capture_ends(dev: cc.D
         captured = s.end_capture()  # raised CaptureError when the destroy reached the driver
     assert b.closed, "its memory was never allocated: void once its graph is gone"
     captured.destroy()
+    assert in_use(dev) == before
+    s.close()
+    other.close()
+
+
+def test_a_graph_that_allocates_is_not_launched_into_a_capture(dev: cc.Device) -> None:
+    # Found by the fuzzer (seeds 104843 and 104824, with threads): a thread launched g on a stream that
+    # another thread had just begun to capture. Launched there, g only adds its nodes to that capture and
+    # allocates nothing, but it counted as a launch: b's close then reached the driver as a free of graph
+    # memory no launch had allocated, and every later launch of g was refused as if b held its memory.
+    s, other = dev.create_stream(), dev.create_stream()
+    before = in_use(dev)
+    with s.capture() as g:
+        b = dev.allocate(N, stream=s)
+    other.begin_capture("relaxed")
+    try:
+        with pytest.raises(cc.CaptureError, match="allocates memory"):
+            g.launch(other)
+    finally:
+        other.end_capture().destroy()  # the refused launch left the capture going
+    g.launch(s)  # the first launch, which makes b real
+    s.synchronize()
+    b.close()
+    g.launch(s)  # b's memory was freed: nothing holds the last launch's allocation
+    s.synchronize()
+    g.destroy()
     assert in_use(dev) == before
     s.close()
     other.close()

@@ -18,6 +18,22 @@ type Registry struct {
 	caps     map[*capture]struct{}
 	active   atomic.Int32
 	deferred []func() // run when the last capture ends (Defer)
+	// change is held for writing while a capture begins or ends (registered and begun at the driver, or
+	// ended there and unregistered), and for reading by Steady: in between, cudacore's books and the
+	// driver disagree on whether the stream captures.
+	change sync.RWMutex
+}
+
+// Steady runs fn while no capture begins or ends, and returns its error. It is for work made without the
+// GIL that decides by whether a stream captures and then calls the driver (the tiles of AllocateTiles):
+// the GIL keeps a capture from beginning or ending during any other call, and without it one could begin
+// between cudacore registering it and the driver beginning it, so that an allocation counted into the
+// capture was an ordinary one at the driver (or, as it ends, the reverse). fn must not begin or end a
+// capture, nor call Steady.
+func (r *Registry) Steady(fn func() error) error {
+	r.change.RLock()
+	defer r.change.RUnlock()
+	return fn()
 }
 
 // Defer runs fn once no capture is in progress: now if none is, else when the last one ends. Frees that
@@ -475,6 +491,8 @@ func (s *Stream) BeginCapture(mode cuda.CaptureMode) error {
 			"%s cannot be captured (the driver refuses the legacy stream with error 900); capture a stream you created: d.create_stream()", s))
 	}
 	m := s.m
+	m.reg.change.Lock() // registered and begun at the driver as one change (Steady)
+	defer m.reg.change.Unlock()
 	m.reg.mu.Lock()
 	if s.cap != nil {
 		m.reg.mu.Unlock()
@@ -531,6 +549,8 @@ func (m *Manager) StreamCapturing(h cuda.Stream) bool {
 // EndCapture of its stream will return.
 func (m *Manager) abandon(c *capture, failed *cuda.Error) {
 	sm := c.stream.m
+	m.reg.change.Lock() // ended at the driver and unregistered as one change (Steady)
+	defer m.reg.change.Unlock()
 	g, err := sm.drv.StreamEndCapture(sm.ctx, c.stream.h)
 	sm.unregister(c)
 	if err == nil && g != 0 {
@@ -553,6 +573,8 @@ func (s *Stream) EndCapture() (*Graph, error) {
 		return nil, err
 	}
 	m := s.m
+	m.reg.change.Lock() // ended at the driver and unregistered as one change (Steady)
+	defer m.reg.change.Unlock()
 	m.reg.mu.Lock()
 	c, failed := s.cap, s.failed
 	s.failed = nil

@@ -132,7 +132,7 @@ func (g *Graph) Upload(s *Stream) error {
 // it is at that moment (pinned copies replay with fresh data).
 //
 // A graph that allocates memory (graph memory) is refused while its last launch's allocation is still
-// held by an open Buffer (graphmem.go).
+// held by an open Buffer, and on a stream that captures (graphmem.go).
 func (g *Graph) Launch(s *Stream) error {
 	return g.onStream("graph_launch", s, g.m.drv.GraphLaunch)
 }
@@ -152,6 +152,10 @@ func (g *Graph) onStream(op string, s *Stream, call func(cuda.Context, cuda.Grap
 	}
 	launch := op == "graph_launch"
 	if launch {
+		if err := g.m.checkLaunchInto(op, g, s); err != nil {
+			g.mu.Unlock()
+			return err
+		}
 		if err := g.m.checkLaunch(op, g); err != nil {
 			g.mu.Unlock()
 			return err

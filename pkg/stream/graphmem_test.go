@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -90,4 +91,43 @@ func TestVoidPointersDoNotOutliveTheirOwner(t *testing.T) {
 		require.NoError(t, err)
 		assert.False(t, handled)
 	})
+}
+
+// A graph that allocates memory, launched on a stream that another capture holds (a thread began it
+// between the caller's check and the launch: fuzzer seeds 104843 and 104824), would only add its nodes to
+// that capture: nothing is allocated. Counted as a launch, its allocation became "live" in cudacore's
+// books while the driver never made it, so its Buffer's close reached the driver as a free of graph
+// memory no launch had allocated, and every later launch was refused as if that Buffer held the last
+// launch's memory. The launch is refused before the driver sees it, and the capture goes on.
+func TestGraphMemoryLaunchIntoACaptureIsRefused(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	e := newEnv(t)
+	s, other := e.stream(t, true), e.stream(t, true)
+	const size = 4096
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeThreadLocal))
+	p, err := e.stack.Allocate(size, s.Handle())
+	require.NoError(t, err)
+	e.m.NoteAllocate(s.Handle(), p, size)
+	g, err := s.EndCapture()
+	require.NoError(t, err)
+	free := func() error {
+		handled, err := e.m.FreeGraphAware(p, size, func() error { return e.stack.Deallocate(p, size, s.Handle()) }, func() {})
+		require.True(t, handled, "graph memory")
+		return err
+	}
+
+	require.NoError(t, other.BeginCapture(cuda.CaptureModeRelaxed))
+	requireResult(t, cuda.ErrorStreamCaptureUnsupported, g.Launch(other), "a launch that would allocate nothing")
+	assert.True(t, other.Capturing(), "refused before the driver: the capture goes on")
+	outer, err := other.EndCapture()
+	require.NoError(t, err)
+	require.NoError(t, outer.Destroy())
+
+	require.NoError(t, g.Launch(s), "not counted as a launch: its allocation is not held")
+	require.NoError(t, s.Synchronize())
+	require.NoError(t, free(), "the launch's allocation is real: the driver frees it")
+	require.NoError(t, g.Launch(s), "freed after this launch (the owner let go)")
+	require.NoError(t, s.Synchronize())
+	require.NoError(t, g.Destroy())
 }

@@ -669,9 +669,9 @@ func TestCaptureEscapes(t *testing.T) {
 	require.NoError(t, g.Destroy())
 }
 
-// Destroying a graph (or its executable graph) is an unsafe call during a capture: the driver refuses it
-// with 900 and invalidates the capture, in GLOBAL mode from any thread and in THREAD_LOCAL mode from the
-// capturing thread. Graph.Destroy therefore waits for the captures to end where the call is forbidden, and
+// Destroying an executable graph is an unsafe call during a capture: the driver refuses it with 900 and
+// invalidates the capture, in GLOBAL mode from any thread and in THREAD_LOCAL mode from the capturing
+// thread. Graph.Destroy therefore waits for the captures to end where the call is forbidden, and
 // destroys at once where it is allowed; in every case the capture in progress survives.
 func TestGraphDestroyedDuringACaptureLeavesItValid(t *testing.T) {
 	for _, mode := range modes {
@@ -743,4 +743,43 @@ func TestAbortDuringAGlobalCaptureLeavesItValid(t *testing.T) {
 	require.NoError(t, err, "the GLOBAL capture survived the other one's abort")
 	require.NoError(t, g.Destroy())
 	assert.Zero(t, e.m.Registry().Deferred())
+}
+
+// A capture neither begins nor ends while Steady runs (work made without the GIL that books an allocation
+// by whether its stream captures: fuzzer seed 103919): between cudacore's registry and the driver, a tile
+// allocated as BeginCapture ran was booked as graph memory while the driver made an ordinary allocation.
+func TestNoCaptureBeginsOrEndsDuringSteady(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	e := newEnv(t)
+	s := e.stream(t, true)
+	for _, step := range []struct {
+		name   string
+		change func() error
+		want   bool // whether s captures once the change is made
+	}{
+		{"begin", func() error { return s.BeginCapture(cuda.CaptureModeRelaxed) }, true},
+		{"end", func() error { _, err := s.EndCapture(); return err }, false},
+	} {
+		in, release, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+		go func() {
+			_ = e.m.reg.Steady(func() error {
+				close(in)
+				<-release
+				return nil
+			})
+		}()
+		<-in
+		go func() { done <- step.change() }()
+		time.Sleep(50 * time.Millisecond) // the change would be made by now if nothing held it back
+		assert.Equal(t, !step.want, s.Capturing(), "%s: held back while Steady runs", step.name)
+		select {
+		case err := <-done:
+			t.Fatalf("%s: made during Steady (%v)", step.name, err)
+		default:
+		}
+		close(release)
+		require.NoError(t, <-done, step.name)
+		assert.Equal(t, step.want, s.Capturing(), step.name)
+	}
 }

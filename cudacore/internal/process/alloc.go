@@ -48,25 +48,30 @@ func (d *Device) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
 // AllocateTiles allocates count tiles of size bytes ordered on h, all or nothing (memory.Stack's
 // AllocateTiles), under the same stream-lifetime and capture rules as Allocate: tiles allocated on a
 // capturing stream are counted into its graph like any other allocation.
+//
+// The call releases the GIL, so a capture may begin, or end, on another thread while the tiles are made:
+// each tile is allocated, and each free and the cache release of a rollback made, under the rules of the
+// moment it runs (tileResource), never those of when the call began. Allocated as if nothing captured, a
+// tile made on h after a capture of h began was an allocation node of that capture at the driver booked
+// as ordinary memory (fuzzer seed 103919), and a rollback free during a GLOBAL capture invalidated it
+// (seed 5858).
+//
+// Nothing is held across the call: each tile holds the allocator (inFlight) and its stream's lifetime on
+// its own, as each free of a rollback does. A lock held across the call would be taken a second time by
+// the rollback on the same goroutine, which for a read lock deadlocks once a writer waits in between (a
+// stream created on another thread meanwhile: seed 103992). A stream destroyed part way fails the next
+// tile, and the rollback frees the earlier ones on the legacy stream, as any free on a destroyed stream.
 func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress func(done, total int) bool) ([]cuda.DevicePtr, error) {
 	streams := d.Streams()
-	if err := streams.UseForAlloc(h); err != nil {
+	if err := streams.UseForAlloc(h); err != nil { // a destroyed stream is refused before any tile
 		return nil, err
 	}
-	defer streams.Done(h)
-	capturing := Capturing()
-	if capturing {
+	streams.Done(h)
+	if Capturing() { // what a capture forbids now is refused before any tile, with Allocate's error
 		if err := streams.CheckAllocate(h); err != nil {
 			return nil, err
 		}
 	}
-	// A failure part way frees the earlier tiles and releases the cache (rollback). A capture may be in
-	// progress, or begin on another thread while the tiles are made, so the capture rules are those of
-	// the moment each free and the release run (tileResource), never those of when the call began. It
-	// holds the allocator (inFlight) for each call on its own, so that a free that runs at once does not
-	// take inFlight a second time on this goroutine.
-	// Each tile made on a capturing stream is counted into its graph as it is made (tileResource.Allocate),
-	// so that a rollback frees it as the graph memory it is, also once the capture has ended.
 	return memory.AllocateTiles(tileResource{d}, count, size, h, progress)
 }
 
@@ -165,20 +170,17 @@ func (d *Device) Order(op string, waiter, producer cuda.Stream) error {
 // cache release at the moment each is made.
 type tileResource struct{ d *Device }
 
-// Allocate makes one tile; one made on a capturing stream is counted into its capture (graph memory) at
-// once, so that the rollback's free knows it as such.
-func (t tileResource) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
-	p, err := t.allocate(size, h)
-	if err == nil {
-		t.d.Streams().NoteAllocate(h, p, size) // nothing unless h captures
-	}
+// Allocate makes a tile as Device.Allocate allocates, under the rules of this moment: on a stream that
+// captures now it is an allocation of the capture, counted into its graph.
+//
+// The call runs without the GIL, so a capture can begin or end on another thread meanwhile: the check of
+// whether h captures, the driver's allocation and its booking are made while none does (Steady).
+func (t tileResource) Allocate(size uint64, h cuda.Stream) (p cuda.DevicePtr, err error) {
+	err = captures.Steady(func() error {
+		p, err = t.d.Allocate(size, h)
+		return err
+	})
 	return p, err
-}
-
-func (t tileResource) allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
-	t.d.inFlight.RLock()
-	defer t.d.inFlight.RUnlock()
-	return t.d.Memory().Allocate(size, h)
 }
 
 // Deallocate frees a tile of a failed call by Free's rules (free): graph memory of a capture, in progress

@@ -2,7 +2,9 @@ package process
 
 import (
 	"runtime"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -106,4 +108,100 @@ func TestTilesRolledBackAfterTheirCaptureEndedAreGraphMemory(t *testing.T) {
 			assert.Equal(t, before, d.Memory().Stats().InUse)
 		})
 	}
+}
+
+// Found by the fuzzer (seed 103992, a hang): AllocateTiles held its stream's lifetime lock (a read lock)
+// for the whole call, and the rollback of a failed call took it again for each free. A stream created on
+// another thread in between (Manager.Create, which waits for the write lock) queued behind the first read
+// lock, so the second one waited behind the writer for good, and the creating thread held the GIL: the
+// process hung. The rollback must finish, and the stream be created, whatever comes in between.
+func TestTilesRolledBackWhileAStreamIsCreated(t *testing.T) {
+	t.Setenv("CUDACORE_BACKEND", "sim")
+	d, err := GetDevice(0)
+	require.NoError(t, err)
+	Replay()
+	before := d.Memory().Stats().InUse
+	s, err := d.Streams().Create(true, 0)
+	require.NoError(t, err) // destroyed at the end: after a deadlock its Destroy would wait for good
+
+	created := make(chan error, 1)
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.AllocateTiles(4, 4096, s.Handle(), func(done, total int) bool {
+			go func() { // another thread creates a stream while the tiles are made
+				c, err := d.Streams().Create(true, 0)
+				if err == nil {
+					err = c.Destroy()
+				}
+				created <- err
+			}()
+			waitUntilBlocked(t, "(*lifetimes).reborn") // the creation waits for the write lock
+			return false                               // cancel: the rollback frees the tile on s
+		})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.Error(t, err, "cancelled")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the rollback of AllocateTiles deadlocked with a stream's creation")
+	}
+	select {
+	case err := <-created:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream's creation never finished")
+	}
+	require.NoError(t, s.Destroy())
+	assert.Equal(t, before, d.Memory().Stats().InUse, "the tile was freed")
+}
+
+// waitUntilBlocked waits until a goroutine is blocked in a function whose name contains fn (or a second
+// has passed: the caller's test then checks less, and never fails for it).
+func waitUntilBlocked(t *testing.T, fn string) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, fn) && strings.Contains(g, "sync.(*RWMutex).Lock") {
+				return
+			}
+		}
+	}
+}
+
+// Found by the fuzzer (seeds 103919 and, likely, 104843): AllocateTiles releases the GIL, and a capture
+// began on its stream on another thread while the tiles were made. The tiles allocated after that were
+// allocation nodes of the capture at the driver, but AllocateTiles had looked for a capture only when it
+// began, so they were booked as ordinary memory: freed after the capture's graph was gone they reached the
+// driver as frees of graph memory no launch had allocated (refused; through the recycle log, a block kept
+// in use for good). Each tile is allocated under the rules of the moment it is made.
+func TestTilesAllocatedUnderACaptureBegunMeanwhile(t *testing.T) {
+	t.Setenv("CUDACORE_BACKEND", "sim")
+	d, err := GetDevice(0)
+	require.NoError(t, err)
+	Replay()
+	before := d.Memory().Stats().InUse
+	s, err := d.Streams().Create(true, 0)
+	require.NoError(t, err)
+	defer func() { _ = s.Destroy() }()
+
+	ptrs, err := d.AllocateTiles(4, 4096, s.Handle(), func(done, total int) bool {
+		if done == 2 {
+			require.NoError(t, s.BeginCapture(cuda.CaptureModeRelaxed)) // as another thread would
+		}
+		return true
+	})
+	require.NoError(t, err)
+	require.Len(t, ptrs, 4)
+	assert.False(t, d.Streams().GraphMemory(s.Handle(), ptrs[1]), "made before the capture began")
+	assert.True(t, d.Streams().GraphMemory(s.Handle(), ptrs[2]), "made in the capture: its graph memory")
+	g, err := s.EndCapture()
+	require.NoError(t, err)
+	require.NoError(t, g.Destroy()) // never launched: the capture's tiles are void
+	for _, p := range ptrs {
+		require.NoError(t, d.Free(p, 4096, s.Handle()), "%#x", uint64(p))
+	}
+	require.NoError(t, s.Synchronize())
+	assert.Equal(t, before, d.Memory().Stats().InUse, "every tile off the books once")
 }
