@@ -415,6 +415,45 @@ def test_kind_pool_needs_memory_pools() -> None:
     assert out.splitlines() == ["ipc", "NotSupportedError", "InvalidValueError"]
 
 
+@pytest.mark.parametrize("code", ["1", "801"])  # INVALID_VALUE (the H100 test machine's answer), NOT_SUPPORTED
+def test_a_driver_that_refuses_to_export_pool_blocks_shares_ipc_memory(code: str) -> None:
+    """A driver that makes exportable pools but refuses cuMemPoolExportPointer (the H100 test machine, for
+    NVIDIA's documented sequence too): the default kind is "ipc", which works end to end, and kind="pool"
+    is a NotSupportedError that says why. The probe runs once: the refusal is remembered."""
+    out = _run(
+        """
+        import cudacore as cc
+        d = cc.Device(0)
+        with d.allocate_shareable(4096) as sb:
+            print(sb.kind, type(sb.export()).__name__)
+        try:
+            d.allocate_shareable(64, kind="pool")
+        except cc.NotSupportedError as e:
+            print("refused:", "refuses to export" in str(e), "cuMemPoolExportPointer" in str(e))
+        print(d.allocate_shareable(64).kind)
+        """,
+        CUDACORE_SIM_FAULTS=f"cuMemPoolExportPointer:1:{code}",
+    )
+    assert out.splitlines() == ["ipc IpcHandle", "refused: True True", "ipc"]
+
+
+def test_a_transient_failure_of_the_export_probe_is_not_remembered() -> None:
+    out = _run(
+        """
+        import cudacore as cc
+        d = cc.Device(0)
+        try:
+            d.allocate_shareable(64, kind="pool")
+        except cc.CUDAError as e:
+            print(type(e).__name__)
+        with d.allocate_shareable(64) as sb:
+            print(sb.kind)
+        """,
+        CUDACORE_SIM_FAULTS="cuMemPoolExportPointer:1:2",  # OUT_OF_MEMORY: not a refusal
+    )
+    assert out.splitlines() == ["OutOfMemoryError", "pool"]
+
+
 def test_handle_of_an_exited_exporter_is_refused() -> None:
     check_handle_of_an_exited_exporter_is_refused()
 

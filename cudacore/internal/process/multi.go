@@ -1,6 +1,7 @@
 package process
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -26,6 +27,9 @@ const (
 var (
 	multiMu    sync.Mutex
 	sharePools = map[int]cuda.MemPool{}    // ordinal -> the device's exportable pool
+	// exportRefused holds, per ordinal, the driver's refusal to export a block of an exportable pool
+	// (sharePool's probe): that device shares KindIPC memory only.
+	exportRefused = map[int]error{}
 	peersOf    = map[int]map[int]bool{}    // ordinal -> devices given access to its memory
 	imported   = map[string]cuda.MemPool{} // "ordinal/exporter pool id" -> the pool imported here
 )
@@ -92,23 +96,48 @@ func (d *Device) poolsLocked() []cuda.MemPool {
 	return out
 }
 
-// ShareKind is the kind of shareable memory d hands out: KindPool or KindIPC.
+// ShareKind is the kind of shareable memory d hands out: KindPool on the pool strategy where the driver
+// exports a pool's blocks (sharePool's probe; not probed while a stream captures, when no shareable
+// memory is made anyway), else KindIPC.
 func (d *Device) ShareKind() string {
-	if d.Strategy() == device.StrategyPool {
-		return KindPool
+	if d.Strategy() != device.StrategyPool {
+		return KindIPC
 	}
-	return KindIPC
+	if !Capturing() {
+		if _, err := d.sharePool(); err != nil && errors.Is(err, cuda.ErrNotSupported) {
+			return KindIPC
+		}
+	}
+	return KindPool
 }
 
+// sharePool returns d's exportable pool, made on first use. A driver that makes the pool but refuses to
+// export its blocks (the H100 test machine answers INVALID_VALUE to cuMemPoolExportPointer even in the
+// order NVIDIA documents) gives a NotSupported error naming that refusal, for good: d then shares
+// KindIPC memory (ShareKind). Other failures are returned as they are and not remembered.
 func (d *Device) sharePool() (cuda.MemPool, error) {
 	multiMu.Lock()
 	defer multiMu.Unlock()
 	if p, ok := sharePools[d.Ordinal()]; ok {
 		return p, nil
 	}
+	if err, ok := exportRefused[d.Ordinal()]; ok {
+		return 0, err
+	}
 	drv, ctx := d.Driver(), d.Context()
 	p, err := drv.MemPoolCreateShareable(ctx, d.Handle(), cuda.HandlePosixFD)
 	if err != nil {
+		return 0, err
+	}
+	if err := probeExport(drv, ctx, p); err != nil {
+		_ = drv.MemPoolDestroy(ctx, p)
+		if r := cuda.ResultOf(err); r == cuda.ErrorInvalidValue || r == cuda.ErrorNotSupported || r == cuda.ErrorNotPermitted {
+			refused := cuda.NewError("cudacore.allocate_shareable", cuda.ErrorNotSupported, fmt.Sprintf(
+				"%s makes exportable memory pools but its driver refuses to export their blocks (%v): it shares memory of kind %q (cuMemAlloc and cuIpc handles) instead",
+				d, err, KindIPC))
+			exportRefused[d.Ordinal()] = refused
+			return 0, refused
+		}
 		return 0, err
 	}
 	// As for the allocator's pool: keep freed memory reserved, so allocation after a synchronize is cheap.
@@ -128,6 +157,29 @@ func (d *Device) sharePool() (cuda.MemPool, error) {
 	}
 	sharePools[d.Ordinal()] = p
 	return p, nil
+}
+
+// probeExport exports one block of pool p, made and freed on a private stream: whether the driver
+// exports this pool's blocks at all. A block exists for export once its stream has reached its allocation.
+func probeExport(drv cuda.Driver, ctx cuda.Context, p cuda.MemPool) error {
+	s, err := drv.StreamCreate(ctx, cuda.StreamNonBlocking, 0)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = drv.StreamDestroy(ctx, s) }()
+	ptr, err := drv.MemAllocFromPoolAsync(ctx, 1, p, s)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		_ = drv.MemFreeAsync(ctx, ptr, s)
+		_ = drv.StreamSynchronize(ctx, s)
+	}()
+	if err := drv.StreamSynchronize(ctx, s); err != nil {
+		return err
+	}
+	_, err = drv.MemPoolExportPointer(ctx, ptr)
+	return err
 }
 
 func refuseDuringCapture(op string) error {

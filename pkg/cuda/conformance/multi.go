@@ -147,6 +147,14 @@ func testExportablePool(t *testing.T, e *env) {
 	require.NoError(t, err)
 	require.NoError(t, d.StreamSynchronize(c, cuda.StreamLegacy)) // the allocation exists once its stream reached it
 	data, err := d.MemPoolExportPointer(c, p)
+	if r := cuda.ResultOf(err); r == cuda.ErrorInvalidValue || r == cuda.ErrorNotSupported {
+		// Some drivers make exportable pools but refuse to export their blocks (the H100 test machine
+		// answers INVALID_VALUE, also to NVIDIA's documented sequence); cudacore probes for it and shares
+		// cuIpc memory there (process.sharePool). What follows needs a driver that exports.
+		require.NoError(t, d.MemFreeAsync(c, p, cuda.StreamLegacy))
+		require.NoError(t, d.CtxSynchronize(c))
+		t.Skipf("this driver refuses to export an exportable pool's block: %v", err)
+	}
 	require.NoError(t, err)
 	assert.NotEqual(t, cuda.IpcHandle{}, data)
 	fd, err := d.MemPoolExportToShareableHandle(c, pool, cuda.HandlePosixFD)
