@@ -26,12 +26,12 @@ const (
 
 var (
 	multiMu    sync.Mutex
-	sharePools = map[int]cuda.MemPool{}    // ordinal -> the device's exportable pool
+	sharePools = map[int]cuda.MemPool{} // ordinal -> the device's exportable pool
 	// exportRefused holds, per ordinal, the driver's refusal to export a block of an exportable pool
 	// (sharePool's probe): that device shares KindIPC memory only.
 	exportRefused = map[int]error{}
-	peersOf    = map[int]map[int]bool{}    // ordinal -> devices given access to its memory
-	imported   = map[string]cuda.MemPool{} // "ordinal/exporter pool id" -> the pool imported here
+	peersOf       = map[int]map[int]bool{}    // ordinal -> devices given access to its memory
+	imported      = map[string]cuda.MemPool{} // "ordinal/exporter pool id" -> the pool imported here
 )
 
 // CanAccessPeer says whether d can access peer's memory directly.
