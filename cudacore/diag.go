@@ -1,7 +1,9 @@
 package cudacore
 
 import (
+	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"sync"
 	"time"
@@ -70,4 +72,37 @@ func ProfileCPU(path string) (int, error) {
 		profile.file = f
 		return 0, nil
 	})
+}
+
+var goStacks struct {
+	mu    sync.Mutex
+	timer *time.Timer
+}
+
+// GoStacksAfter arms, for ms > 0, a one-shot timer that writes the stack of every goroutine to the
+// process's standard error when it fires, or disarms it for ms <= 0 (arming again replaces the timer).
+// It is the Go half of a hang report, which a stalled Python cannot ask for: the timer runs on its own
+// goroutine, whatever holds the GIL, and the stacks show where Go code, and calls into the driver (as
+// cgo calls), are waiting. Python's faulthandler writes the other half. It returns 0.
+//
+//cudacore:gil hold
+func GoStacksAfter(ms int) (int, error) {
+	return guard("cudacore.testing.go_stacks_after", func() (int, error) {
+		goStacks.mu.Lock()
+		defer goStacks.mu.Unlock()
+		if goStacks.timer != nil {
+			goStacks.timer.Stop()
+			goStacks.timer = nil
+		}
+		if ms > 0 {
+			goStacks.timer = time.AfterFunc(time.Duration(ms)*time.Millisecond, writeGoStacks)
+		}
+		return 0, nil
+	})
+}
+
+func writeGoStacks() {
+	buf := make([]byte, 4<<20)
+	n := runtime.Stack(buf, true)
+	fmt.Fprintf(os.Stderr, "cudacore: the stacks of every goroutine, %s:\n%s\n", time.Now().Format(time.RFC3339Nano), buf[:n])
 }

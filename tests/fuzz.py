@@ -1224,6 +1224,7 @@ TRACE_KEEP = 2000
 def worker(seeds: Iterator[int], program_timeout: float) -> None:
     """Run programs, one JSON line each on stdout; a line {"start": seed} comes before each program."""
     import cudacore as cc
+    from cudacore import testing
 
     out = sys.stdout
     # The runner's own test (tests/test_fuzz.py) makes a worker crash or hang at a chosen seed.
@@ -1233,12 +1234,15 @@ def worker(seeds: Iterator[int], program_timeout: float) -> None:
         out.write(json.dumps({"start": seed}) + "\n")
         out.flush()
         faulthandler.dump_traceback_later(program_timeout, exit=True)
+        # The Go half of a hang report, a second before faulthandler's (which ends the process).
+        testing.go_stacks_after(max(program_timeout - 1, program_timeout / 2))
         if selftest == f"crash:{seed}":
             os.abort()
         if selftest == f"hang:{seed}":
             threading.Event().wait()
         rec = run_program(cc, seed)
         faulthandler.cancel_dump_traceback_later()
+        testing.go_stacks_after(None)
         if rec["violations"]:
             rec["after"] = before
         out.write(json.dumps(rec) + "\n")

@@ -832,3 +832,26 @@ def test_recorder_and_logging_under_threads(dev, caplog):
     assert not errors
     seqs = [r.cudacore_event["seq"] for r in caplog.records if r.name == "cudacore" and hasattr(r, "cudacore_event")]
     assert seqs == list(range(start + 1, start + 1 + 2400)), "each of the 2,400 events logged once, in order"
+
+
+def test_go_stacks_after_writes_every_goroutine_unless_disarmed() -> None:
+    from conftest import run_python
+
+    r = run_python(
+        "import time\nfrom cudacore import testing\n"
+        "testing.go_stacks_after(0.05)\ntime.sleep(0.5)\n"
+        "testing.go_stacks_after(0.2)\ntesting.go_stacks_after(None)\ntime.sleep(0.5)\nprint('done')\n",
+        {"CUDACORE_BACKEND": "sim"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "done"
+    assert r.stderr.count("cudacore: the stacks of every goroutine") == 1, r.stderr[-2000:]
+    assert "goroutine " in r.stderr
+
+
+@pytest.mark.parametrize(("bad", "exc"), [("1", TypeError), (True, TypeError), (-1, ValueError), (float("nan"), ValueError)])
+def test_go_stacks_after_checks_its_argument(bad: object, exc: type[Exception]) -> None:
+    from cudacore import testing
+
+    with pytest.raises(exc, match="go_stacks_after"):
+        testing.go_stacks_after(bad)  # type: ignore[arg-type]

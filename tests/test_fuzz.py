@@ -80,7 +80,9 @@ def test_a_crash_or_hang_is_reported_with_its_seed_and_the_run_goes_on(how: str,
     assert "the worker died running the program" in summary["failed"][0]["violations"][0]
     assert summary["failed"][0]["after"] == [0, 1, 2], "the programs its process ran first"
     if how == "hang":
-        assert "Thread" in summary["failed"][0]["violations"][0], "faulthandler printed the stacks"
+        report = summary["failed"][0]["violations"][0]
+        assert "Thread" in report, "faulthandler printed the Python stacks"
+        assert "the stacks of every goroutine" in report and "goroutine " in report, "and Go's, before"
 
 
 @pytest.mark.sim

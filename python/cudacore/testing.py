@@ -14,7 +14,7 @@ from typing import Any
 from ._api import call, core
 from ._device import Device
 
-__all__ = ["clear_faults", "fail_allocations", "inject_fault", "inject_faults", "set_memory_conditions"]
+__all__ = ["clear_faults", "fail_allocations", "go_stacks_after", "inject_fault", "inject_faults", "set_memory_conditions"]
 
 
 def set_memory_conditions(device: int, conditions: dict[str, Any]) -> int:
@@ -73,3 +73,18 @@ def fail_allocations(device: int = 0, nth: int = 1, code: int | str = "CUDA_ERRO
     strategy = Device(device).allocation_strategy
     entry = "cuMemAllocFromPoolAsync" if strategy == "pool" else "cuMemAlloc_v2"
     inject_faults(f"{entry}:{nth}:{code},{entry}:{nth + 1}:{code}")
+
+
+def go_stacks_after(seconds: float | None) -> None:
+    """Write the stack of every goroutine to standard error after ``seconds``, unless called again first
+    (``None`` or 0 disarms it; a new call replaces the old timer). Any backend.
+
+    The Go half of a hang report: the timer fires on its own, whatever holds the GIL, and shows where
+    cudacore's Go code and its calls into the driver wait. Pair it with
+    ``faulthandler.dump_traceback_later`` for the Python half (tests/fuzz.py does).
+    """
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))):
+        raise TypeError(f"go_stacks_after() takes a number of seconds or None, not {type(seconds).__name__}")
+    if seconds is not None and not 0 <= seconds < 2**53 / 1000:
+        raise ValueError(f"go_stacks_after(): seconds must be >= 0 and finite, got {seconds!r}")
+    call(core.GoStacksAfter, int(seconds * 1000) if seconds else 0)
