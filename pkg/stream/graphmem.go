@@ -283,9 +283,9 @@ func (m *Manager) FreeGraphAware(p cuda.DevicePtr, size uint64, free func() erro
 // checkLaunchInto refuses a launch of g, which allocates memory, on s while s captures. The launch would
 // run nothing: the driver adds g's nodes to the capture (a child graph), so no allocation is made now,
 // and the capture's graph would allocate g's addresses at its own launches, which g's books do not
-// follow. Counted as a launch of g, its allocations
-// would become live here while the driver never made them: their Buffers' closes would reach the driver
-// as frees of memory no launch allocated, and g's later launches would be refused. Another thread may
+// follow. Counted as a launch of g, its allocations would become live here while the driver never made
+// them: their Buffers' closes would reach the driver as frees of memory no launch allocated, and g's
+// later launches would be refused. Another thread may
 // have begun the capture since the caller looked, so it is checked here, under g.mu, before the driver
 // sees the launch: a capture begins in the registry before it begins at the driver, and ends at the
 // driver before it leaves the registry, so a stream the registry does not list is not capturing. Caller

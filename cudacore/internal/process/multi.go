@@ -99,16 +99,23 @@ func (d *Device) poolsLocked() []cuda.MemPool {
 // ShareKind is the kind of shareable memory d hands out: KindPool on the pool strategy where the driver
 // exports a pool's blocks (sharePool's probe; not probed while a stream captures, when no shareable
 // memory is made anyway), else KindIPC.
+//
+// The check and the probe run while no capture can begin or end (Steady): the probe's calls are unsafe
+// during a capture and would invalidate one begun on another thread in between.
 func (d *Device) ShareKind() string {
 	if d.Strategy() != device.StrategyPool {
 		return KindIPC
 	}
-	if !Capturing() {
-		if _, err := d.sharePool(); err != nil && errors.Is(err, cuda.ErrNotSupported) {
-			return KindIPC
+	kind := KindPool
+	_ = captures.Steady(func() error {
+		if !Capturing() {
+			if _, err := d.sharePool(); err != nil && errors.Is(err, cuda.ErrNotSupported) {
+				kind = KindIPC
+			}
 		}
-	}
-	return KindPool
+		return nil
+	})
+	return kind
 }
 
 // sharePool returns d's exportable pool, made on first use. A driver that makes the pool but refuses to
@@ -129,8 +136,12 @@ func (d *Device) sharePool() (cuda.MemPool, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := probeExport(drv, ctx, p); err != nil {
+	if refusal, err := probeExport(drv, ctx, p); err != nil || refusal != nil {
 		_ = drv.MemPoolDestroy(ctx, p)
+		if err != nil {
+			return 0, err
+		}
+		err = refusal
 		if r := cuda.ResultOf(err); r == cuda.ErrorInvalidValue || r == cuda.ErrorNotSupported || r == cuda.ErrorNotPermitted {
 			refused := cuda.NewError("cudacore.allocate_shareable", cuda.ErrorNotSupported, fmt.Sprintf(
 				"%s makes exportable memory pools but its driver refuses to export their blocks (%v): it shares memory of kind %q (cuMemAlloc and cuIpc handles) instead",
@@ -161,25 +172,26 @@ func (d *Device) sharePool() (cuda.MemPool, error) {
 
 // probeExport exports one block of pool p, made and freed on a private stream: whether the driver
 // exports this pool's blocks at all. A block exists for export once its stream has reached its allocation.
-func probeExport(drv cuda.Driver, ctx cuda.Context, p cuda.MemPool) error {
+// refusal is cuMemPoolExportPointer's error; err is that of a step before it (nothing learnt).
+func probeExport(drv cuda.Driver, ctx cuda.Context, p cuda.MemPool) (refusal, err error) {
 	s, err := drv.StreamCreate(ctx, cuda.StreamNonBlocking, 0)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() { _ = drv.StreamDestroy(ctx, s) }()
 	ptr, err := drv.MemAllocFromPoolAsync(ctx, 1, p, s)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() {
 		_ = drv.MemFreeAsync(ctx, ptr, s)
 		_ = drv.StreamSynchronize(ctx, s)
 	}()
 	if err := drv.StreamSynchronize(ctx, s); err != nil {
-		return err
+		return nil, err
 	}
-	_, err = drv.MemPoolExportPointer(ctx, ptr)
-	return err
+	_, refusal = drv.MemPoolExportPointer(ctx, ptr)
+	return refusal, nil
 }
 
 func refuseDuringCapture(op string) error {
@@ -191,14 +203,24 @@ func refuseDuringCapture(op string) error {
 }
 
 // ShareAllocate allocates size bytes of shareable memory on d, ordered on h for the pool kind.
-// kind is KindPool, KindIPC, or "" for ShareKind's; KindPool needs a device with memory pools.
-func (d *Device) ShareAllocate(size uint64, h cuda.Stream, kind string) (cuda.DevicePtr, error) {
+// kind is KindPool, KindIPC, or "" for ShareKind's; KindPool needs a device with memory pools. The
+// capture check and the allocation run while no capture can begin or end (Steady): a synchronous
+// allocation, and the exportable pool's probe, are unsafe calls during a capture.
+func (d *Device) ShareAllocate(size uint64, h cuda.Stream, kind string) (p cuda.DevicePtr, err error) {
+	if kind == "" {
+		kind = d.ShareKind()
+	}
+	err = captures.Steady(func() error {
+		p, err = d.shareAllocate(size, h, kind)
+		return err
+	})
+	return p, err
+}
+
+func (d *Device) shareAllocate(size uint64, h cuda.Stream, kind string) (cuda.DevicePtr, error) {
 	const op = "cudacore.allocate_shareable"
 	if err := refuseDuringCapture(op); err != nil {
 		return 0, err
-	}
-	if kind == "" {
-		kind = d.ShareKind()
 	}
 	drv, ctx := d.Driver(), d.Context()
 	switch kind {
