@@ -652,9 +652,10 @@ no_stream_blocks(void)
  * device Buffer), as the general path sizes it, through the CopyToDevice / CopyToHost door as the general
  * path would call it: on stream, whose handle is sh, or synchronously for stream NULL and sh -1. A
  * synchronous copy releases the GIL; one on a stream keeps it up to held_max bytes (the Held doors, or the
- * direct path for a host-to-device copy the driver stages), as the general path does. The host memory is held through its buffer export for the call, so a PinnedBuffer cannot be closed
- * by another thread meanwhile (its close refuses while exports live). 1 done, 0 not this case (nothing
- * done, no exception), -1 error set. */
+ * direct path for a host-to-device copy the driver stages), as the general path does. The host memory is
+ * held through its buffer export for the call, so a PinnedBuffer cannot be closed by another thread
+ * meanwhile (its close refuses while exports live). 1 done, 0 not this case (nothing done, no exception),
+ * -1 error set. */
 static int
 copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh, int to_device)
 {
