@@ -490,8 +490,7 @@ func writeWrapper(w *bytes.Buffer, e Entry) {
 		if p.Kind.isBuffer() {
 			continue
 		}
-		conv := map[Kind]string{Int: "door_int", Bool: "door_bool", Float: "door_float", String: "door_str"}[p.Kind]
-		fmt.Fprintf(w, "    if (%s(args[%d], %q, %q, &a%d) < 0) {\n        return NULL;\n    }\n", conv, i, py, p.PyName(), i)
+		fmt.Fprintf(w, "    if (%s(args[%d], %q, %q, &a%d) < 0) {\n        return NULL;\n    }\n", converter(p.Kind), i, py, p.PyName(), i)
 	}
 	var held []int
 	for i, p := range e.Params {
@@ -527,17 +526,29 @@ func writeWrapper(w *bytes.Buffer, e Entry) {
 		fmt.Fprintf(w, "    PyBuffer_Release(&a%d);\n", j)
 	}
 	fmt.Fprintf(w, "    if (err != NULL) {\n        return door_raise(err);\n    }\n")
-	switch e.Result {
-	case Int:
-		fmt.Fprintf(w, "    return PyLong_FromLongLong((long long)ret);\n")
-	case Bool:
-		fmt.Fprintf(w, "    return PyBool_FromLong(ret);\n")
-	case Float:
-		fmt.Fprintf(w, "    return PyFloat_FromDouble(ret);\n")
-	case String:
-		fmt.Fprintf(w, "    return door_take_str(ret);\n")
+	if e.Result == String {
+		fmt.Fprintf(w, "    return door_take_str(ret);\n}\n\n")
+		return
 	}
-	fmt.Fprintf(w, "}\n\n")
+	fmt.Fprintf(w, "    return %s;\n}\n\n", pyScalar(e.Result, "ret"))
+}
+
+// converter is the C guard's converter (door.h) of a scalar parameter of kind k.
+func converter(k Kind) string {
+	return map[Kind]string{Int: "door_int", Bool: "door_bool", Float: "door_float", String: "door_str"}[k]
+}
+
+// pyScalar is the C expression that makes the Python object of v, a C int, bool or float of kind k.
+func pyScalar(k Kind, v string) string {
+	switch k {
+	case Int:
+		return "PyLong_FromLongLong((long long)" + v + ")"
+	case Bool:
+		return "PyBool_FromLong(" + v + ")"
+	case Float:
+		return "PyFloat_FromDouble(" + v + ")"
+	}
+	panic("door: no Python scalar for kind " + string(k))
 }
 
 func boolInt(b bool) int {
@@ -632,8 +643,7 @@ func writeColdWrapper(w *bytes.Buffer, e Entry) {
 	fmt.Fprintf(w, "    if (door_enter(%q, nargs, %d) < 0) {\n        return NULL;\n    }\n", e.Name, len(e.Params))
 	var args []string
 	for i, p := range e.Params {
-		conv := map[Kind]string{Int: "door_int", Bool: "door_bool", Float: "door_float", String: "door_str"}[p.Kind]
-		fmt.Fprintf(w, "    if (%s(args[%d], %q, %q, &a%d) < 0) {\n        return NULL;\n    }\n", conv, i, e.Name, p.Name, i)
+		fmt.Fprintf(w, "    if (%s(args[%d], %q, %q, &a%d) < 0) {\n        return NULL;\n    }\n", converter(p.Kind), i, e.Name, p.Name, i)
 		args = append(args, fmt.Sprintf("(%s)a%d", gopyCType(p.Kind), i))
 	}
 	fmt.Fprintf(w, "    %sret = %s(%s);\n", withSpace(gopyCType(e.Result)), e.GoExport(), strings.Join(args, ", "))
@@ -643,16 +653,7 @@ func writeColdWrapper(w *bytes.Buffer, e Entry) {
 		fmt.Fprintf(w, "    PyObject *r = PyUnicode_FromString(ret);\n    free(ret);\n    return r;\n}\n\n")
 		return
 	}
-	fmt.Fprintf(w, "    if (PyErr_Occurred()) {\n        return NULL;\n    }\n")
-	switch e.Result {
-	case Int:
-		fmt.Fprintf(w, "    return PyLong_FromLongLong(ret);\n")
-	case Bool:
-		fmt.Fprintf(w, "    return PyBool_FromLong(ret);\n")
-	case Float:
-		fmt.Fprintf(w, "    return PyFloat_FromDouble(ret);\n")
-	}
-	fmt.Fprintf(w, "}\n\n")
+	fmt.Fprintf(w, "    if (PyErr_Occurred()) {\n        return NULL;\n    }\n    return %s;\n}\n\n", pyScalar(e.Result, "ret"))
 }
 
 // withSpace ends a C type with the space or star that separates it from a name.
