@@ -585,6 +585,17 @@ direct_stream(PyObject *stream, int64_t device)
     return handle > 0 ? (uint64_t)handle : 0;
 }
 
+/* The handle of stream, a cudacore Stream (of the exact class) of device `device`, for a call through Go,
+ * which checks it is alive; -1 for anything else (the general path decides). Never sets an exception. */
+static int64_t
+stream_handle_on(PyObject *stream, int64_t device)
+{
+    if (ordinal_in(&stream_slots, stream, S_DEVICE) != device) {
+        return -1;
+    }
+    return int_of(slot_of(&stream_slots, stream, S_HANDLE));
+}
+
 /* The hot case of Buffer.copy_from / copy_to: a PinnedBuffer, all of it, on a cudacore Stream of the
  * buffer's device. The copy takes the direct path when it may (direct_stream), and otherwise, up to
  * held_max bytes, the generated door of CopyToDeviceHeld/CopyToHostHeld, with the pinned memory itself
@@ -616,8 +627,8 @@ copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
     if ((Py_ssize_t)h->size > held_max) {
         return 0;
     }
-    int64_t sh = int_of(slot_of(&stream_slots, stream, S_HANDLE));
-    if (sh < 0 || ordinal_in(&stream_slots, stream, S_DEVICE) != self->device) {
+    int64_t sh = stream_handle_on(stream, self->device);
+    if (sh < 0) {
         return 0;
     }
     int64_t ret;
@@ -720,10 +731,7 @@ copy_sync_hot(BufferObject *self, PyObject *host, int to_device)
 static int
 copy_stream_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
 {
-    if (stream_type == NULL || Py_TYPE(stream) != stream_type || ordinal_in(&stream_slots, stream, S_DEVICE) != self->device) {
-        return 0;
-    }
-    int64_t sh = int_of(slot_of(&stream_slots, stream, S_HANDLE));
+    int64_t sh = stream_handle_on(stream, self->device);
     return sh < 0 ? 0 : copy_export_hot(self, host, stream, sh, to_device);
 }
 
