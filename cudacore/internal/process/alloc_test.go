@@ -23,10 +23,7 @@ func TestTilesRolledBackUnderACaptureBegunMeanwhile(t *testing.T) {
 		h    cuda.Stream
 	}{{"legacy", cuda.StreamLegacy}, {"per-thread", cuda.StreamPerThread}} {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Setenv("CUDACORE_BACKEND", "sim")
-			d, err := GetDevice(0)
-			require.NoError(t, err)
-			Replay()
+			d := simDevice(t)
 			before := d.Memory().Stats().InUse
 			s, err := d.Streams().Create(true, 0)
 			require.NoError(t, err)
@@ -58,10 +55,7 @@ func TestTilesRolledBackAfterTheirCaptureEndedAreGraphMemory(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
-			t.Setenv("CUDACORE_BACKEND", "sim")
-			d, err := GetDevice(0)
-			require.NoError(t, err)
-			Replay()
+			d := simDevice(t)
 			s, err := d.Streams().Create(true, 0)
 			require.NoError(t, err)
 			defer func() { _ = s.Destroy() }()
@@ -116,10 +110,7 @@ func TestTilesRolledBackAfterTheirCaptureEndedAreGraphMemory(t *testing.T) {
 // lock, so the second one waited behind the writer for good, and the creating thread held the GIL: the
 // process hung. The rollback must finish, and the stream be created, whatever comes in between.
 func TestTilesRolledBackWhileAStreamIsCreated(t *testing.T) {
-	t.Setenv("CUDACORE_BACKEND", "sim")
-	d, err := GetDevice(0)
-	require.NoError(t, err)
-	Replay()
+	d := simDevice(t)
 	before := d.Memory().Stats().InUse
 	s, err := d.Streams().Create(true, 0)
 	require.NoError(t, err) // destroyed at the end: after a deadlock its Destroy would wait for good
@@ -177,10 +168,7 @@ func waitUntilBlocked(t *testing.T, fn string) {
 // driver as frees of graph memory no launch had allocated (refused; through the recycle log, a block kept
 // in use for good). Each tile is allocated under the rules of the moment it is made.
 func TestTilesAllocatedUnderACaptureBegunMeanwhile(t *testing.T) {
-	t.Setenv("CUDACORE_BACKEND", "sim")
-	d, err := GetDevice(0)
-	require.NoError(t, err)
-	Replay()
+	d := simDevice(t)
 	before := d.Memory().Stats().InUse
 	s, err := d.Streams().Create(true, 0)
 	require.NoError(t, err)

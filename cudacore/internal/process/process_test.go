@@ -125,3 +125,14 @@ func TestPageableDirectMaxFromEnv(t *testing.T) {
 		})
 	}
 }
+
+// simDevice opens device 0 on the simulator, with what C logged applied (Replay), so that its statistics
+// are current.
+func simDevice(t *testing.T) *Device {
+	t.Helper()
+	t.Setenv("CUDACORE_BACKEND", "sim")
+	d, err := GetDevice(0)
+	require.NoError(t, err)
+	Replay()
+	return d
+}

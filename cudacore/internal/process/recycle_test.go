@@ -14,10 +14,7 @@ import (
 // recycleDevice opens device 0 on the simulator with logging allowed, the log empty and the allocator
 // holding nothing.
 func recycleDevice(t *testing.T) *Device {
-	t.Setenv("CUDACORE_BACKEND", "sim")
-	d, err := GetDevice(0)
-	require.NoError(t, err)
-	Replay()
+	d := simDevice(t)
 	require.Zero(t, d.Memory().Stats().InUse, "an earlier test left memory allocated")
 	Publish()
 	require.NotZero(t, recycle.Allowed(0), "the default allocator caches, so C may log")
