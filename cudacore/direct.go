@@ -112,3 +112,45 @@ func SimDirectCopyToHost(ordinal int, host []byte, src, streamHandle int) (int, 
 		return 0, sim.MemcpyDtoHAsync(ctx, host, cuda.DevicePtr(uint64(src)), cuda.Stream(uint64(streamHandle)))
 	})
 }
+
+// simQueryAnswer is a simulated query's result on the direct path: 1 finished, 0 not yet, or the error.
+func simQueryAnswer(err error) (int, error) {
+	switch {
+	case err == nil:
+		return 1, nil
+	case cuda.ResultOf(err) == cuda.ErrorNotReady:
+		return 0, nil
+	default:
+		return 0, err
+	}
+}
+
+// SimDirectStreamQuery is the simulator's cuStreamQuery on the direct path: 1 when the work queued on
+// the stream handle has finished, 0 when it has not, with no check of cudacore's.
+//
+//cudacore:gil hold
+//cudacore:door hot
+func SimDirectStreamQuery(ordinal, streamHandle int) (int, error) {
+	return guard("cudacore.sim_direct_stream_query", func() (int, error) {
+		sim, ctx, err := simDirect("cudacore.sim_direct_stream_query", ordinal)
+		if err != nil {
+			return 0, err
+		}
+		return simQueryAnswer(sim.StreamQuery(ctx, cuda.Stream(uint64(streamHandle))))
+	})
+}
+
+// SimDirectEventQuery is the simulator's cuEventQuery on the direct path: 1 when the work the event
+// handle recorded has finished, 0 when it has not, with no check of cudacore's.
+//
+//cudacore:gil hold
+//cudacore:door hot
+func SimDirectEventQuery(ordinal, eventHandle int) (int, error) {
+	return guard("cudacore.sim_direct_event_query", func() (int, error) {
+		sim, ctx, err := simDirect("cudacore.sim_direct_event_query", ordinal)
+		if err != nil {
+			return 0, err
+		}
+		return simQueryAnswer(sim.EventQuery(ctx, cuda.Event(uint64(eventHandle))))
+	})
+}

@@ -363,3 +363,86 @@ def test_gpu_direct_kernel_launches_and_what_stops_them(dev):
     assert ei.value.name == "CUDACORE_ERROR_CLOSED"
     s.close()
     a.close()
+
+
+# -- queries and waits ---------------------------------------------------------------------------------------
+
+
+def _waitables(dev: cc.Device) -> tuple[cc.Stream, cc.Event]:
+    s = dev.create_stream()
+    return s, s.record(cc.Event(dev, timing=False))
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("kind", ["stream", "event"])
+def test_queries_and_waits_take_the_direct_path(dev, kind):
+    """Stream/Event.query and synchronize query from C: a driver failure there is absorbed by the full path,
+    which queries again through Go (and would raise the same fault had it come first)."""
+    s, e = _waitables(dev)
+    obj, entry = (s, "cuStreamQuery") if kind == "stream" else (e, "cuEventQuery")
+    for method in (obj.query, obj.synchronize):
+        testing.inject_fault(entry, 1, "CUDA_ERROR_UNKNOWN")
+        assert method() in (True, None)
+        assert testing.clear_faults() == 0, "the direct call met the fault"
+    testing.inject_fault(entry, 1, "CUDA_ERROR_NOT_READY")
+    assert obj.query() is False, "the direct answer: still running"
+    assert obj.query() is True
+    e.close(), s.close()
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("kind", ["stream", "event"])
+def test_a_wait_longer_than_the_spin_goes_on_in_go(dev, kind, monkeypatch):
+    """The direct wait spins only briefly with the GIL held; work still running after that is waited for
+    through Go, in GIL-released slices (the Python method), until it is done."""
+    s, e = _waitables(dev)
+    obj, entry, name = (s, "cuStreamQuery", "_stream_wait") if kind == "stream" else (e, "cuEventQuery", "_event_wait")
+    slices = []
+    go_wait = getattr(cc._stream, name)
+    monkeypatch.setattr(cc._stream, name, lambda *a: slices.append(a) or go_wait(*a))
+    testing.inject_faults(",".join(f"{entry}:{i}:CUDA_ERROR_NOT_READY" for i in range(1, 2001)))
+    obj.synchronize()
+    assert slices, "the wait went on through Go"
+    assert testing.clear_faults() == 0, "every answer 'not ready' was seen before the wait ended"
+    e.close(), s.close()
+
+
+@pytest.mark.sim
+def test_queries_and_waits_go_through_go_when_they_cannot_be_direct(dev):
+    """Anything C cannot vouch for goes through Go, which checks and reports: a stream this process does not
+    own, a closed stream or event, and any query while a stream captures."""
+    s, e = _waitables(dev)
+    legacy = cc.Stream.legacy(dev)
+    testing.inject_fault("cuStreamQuery", 1, "CUDA_ERROR_UNKNOWN")
+    with pytest.raises(cc.CUDAError):
+        legacy.query()
+    other = dev.create_stream()
+    with other.capture(mode="thread_local"):
+        for obj, entry in ((s, "cuStreamQuery"), (e, "cuEventQuery")):
+            testing.inject_fault(entry, 1, "CUDA_ERROR_UNKNOWN")
+            with pytest.raises(cc.CUDAError):
+                obj.query()
+    e.close(), s.close(), other.close()
+    for obj in (s, e):
+        with pytest.raises(cc.CUDAError) as ei:
+            obj.synchronize()
+        assert ei.value.name == "CUDACORE_ERROR_CLOSED"
+
+
+def test_hot_methods_keep_their_python_signatures_and_docs(dev):
+    import inspect
+
+    for cls, name, params in ((cc.Stream, "synchronize", ["self"]), (cc.Stream, "query", ["self"]),
+                              (cc.Event, "synchronize", ["self"]), (cc.Event, "query", ["self"]),
+                              (cc.Graph, "launch", ["self", "stream"])):  # fmt: skip
+        method = getattr(cls, name)
+        assert list(inspect.signature(method).parameters) == params, (cls, name)
+        assert method.__doc__ and method.__doc__.split()[0][0].isupper(), (cls, name)
+    s = dev.create_stream()
+    with pytest.raises(TypeError):
+        s.synchronize(1)  # type: ignore[call-arg]
+    g, buf, pinned = _one_copy_graph(dev, s)
+    g.launch(stream=s)  # keywords go to the Python method
+    g.launch(s)
+    s.synchronize()
+    g.destroy(), buf.close(), pinned.close(), s.close()

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import cudacore as cc
-from cudacore import _api, _stream
+from cudacore import _api, _stream, testing
 
 from conftest import run_python
 
@@ -486,6 +486,13 @@ print("usable")
 # -- interruptible waits -----------------------------------------------------------------------------------
 
 
+def _still_running(entry: str) -> None:
+    """Make the next queries answer that the work still runs: the direct path's short GIL-held spin (C)
+    then hands the wait to the interruptible slices."""
+    testing.inject_faults(",".join(f"{entry}:{i}:CUDA_ERROR_NOT_READY" for i in range(1, 5001)))
+
+
+@pytest.mark.sim
 def test_synchronize_is_interruptible(dev, monkeypatch):
     """Ctrl-C lands between the GIL-released wait slices of a synchronize that does not finish."""
     calls = {"n": 0}
@@ -498,6 +505,7 @@ def test_synchronize_is_interruptible(dev, monkeypatch):
     monkeypatch.setattr(_stream, "_stream_query", lambda *a: False)
     monkeypatch.setattr(_stream, "_stream_wait", never_done)
     s = dev.create_stream()
+    _still_running("cuStreamQuery")
     timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     start = time.monotonic()
@@ -506,14 +514,17 @@ def test_synchronize_is_interruptible(dev, monkeypatch):
             s.synchronize()
     finally:
         timer.cancel()
+        testing.clear_faults()
     assert time.monotonic() - start < 5
     assert calls["n"] >= 2
 
 
+@pytest.mark.sim
 def test_event_synchronize_is_interruptible(dev, monkeypatch):
     monkeypatch.setattr(_stream, "_event_query", lambda *a: False)
     monkeypatch.setattr(_stream, "_event_wait", lambda *a: time.sleep(0.01) or False)
     e = cc.Event(dev)
+    _still_running("cuEventQuery")
     timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -521,6 +532,7 @@ def test_event_synchronize_is_interruptible(dev, monkeypatch):
             e.synchronize()
     finally:
         timer.cancel()
+        testing.clear_faults()
 
 
 def test_wait_slice_returns(dev):

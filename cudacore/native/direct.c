@@ -19,6 +19,11 @@ extern unsigned int cc_memcpyDtoHAsync(const void *t, uintptr_t ctx, void *dst, 
                                        uintptr_t s);
 extern unsigned int cc_launchKernel(const void *t, uintptr_t ctx, uintptr_t fn, const unsigned int *grid,
                                     const unsigned int *block, unsigned int shared, uintptr_t s, void **params);
+extern unsigned int cc_streamQuery(const void *t, uintptr_t ctx, uintptr_t s);
+extern unsigned int cc_eventQuery(const void *t, uintptr_t ctx, uintptr_t e);
+
+/* CUDA_ERROR_NOT_READY: what a query answers while work is pending. */
+#define DIRECT_NOT_READY 600u
 
 #define DIRECT_DEVICES 64
 
@@ -132,4 +137,48 @@ direct_launch(int64_t device, uint64_t fn, const unsigned int grid[3], const uns
         return 0;
     }
     return cc_launchKernel(d->table, d->ctx, (uintptr_t)fn, grid, block, shared, (uintptr_t)stream, params) == 0;
+}
+
+/* A query's answer as direct.h says: the driver's result (the shim's failure flags make any other value
+ * differ from both), or the simulator door's. */
+static int
+query_answer(unsigned int r)
+{
+    return r == 0 ? 1 : r == DIRECT_NOT_READY ? 0 : -1;
+}
+
+static int
+sim_answer(char *err, int64_t ret)
+{
+    return door_done(err) ? (ret != 0) : -1;
+}
+
+int
+direct_stream_query(int64_t device, uint64_t stream)
+{
+    const direct_device *d = device_of(device);
+    if (d == NULL || stream == 0) {
+        return -1;
+    }
+    if (d->kind == DIRECT_CUDA) {
+        return query_answer(cc_streamQuery(d->table, d->ctx, (uintptr_t)stream));
+    }
+    int64_t ret = 0;
+    char *err = cudacore_door_SimDirectStreamQuery(device, (int64_t)stream, &ret);
+    return sim_answer(err, ret);
+}
+
+int
+direct_event_query(int64_t device, uint64_t event)
+{
+    const direct_device *d = device_of(device);
+    if (d == NULL || event == 0) {
+        return -1;
+    }
+    if (d->kind == DIRECT_CUDA) {
+        return query_answer(cc_eventQuery(d->table, d->ctx, (uintptr_t)event));
+    }
+    int64_t ret = 0;
+    char *err = cudacore_door_SimDirectEventQuery(device, (int64_t)event, &ret);
+    return sim_answer(err, ret);
 }

@@ -42,4 +42,10 @@ int direct_copy_to_host(int64_t device, void *dst, uint64_t src, size_t n, uint6
 int direct_launch(int64_t device, uint64_t fn, const unsigned int grid[3], const unsigned int block[3],
                   unsigned int shared, uint64_t stream, void **params);
 
+/* Query a stream's or an event's work: 1 finished, 0 not yet, -1 not taken (not configured, or the driver
+ * failed: the caller takes the full path through Go, which queries again and reports the error). No Python
+ * exception is ever set. */
+int direct_stream_query(int64_t device, uint64_t stream);
+int direct_event_query(int64_t device, uint64_t event);
+
 #endif

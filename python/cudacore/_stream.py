@@ -23,7 +23,6 @@ from ._native import fast
 
 # The hot entries: METH_FASTCALL functions generated from the facade's declarations (no gopy wrapper).
 _graph_launch = fast.graph_launch
-_graph_launch_direct = fast.graph_launch_direct
 _stream_query = fast.stream_query
 _stream_wait = fast.stream_wait
 _event_query = fast.event_query
@@ -621,13 +620,11 @@ class Graph:
 
     def launch(self, stream: Stream | int | None = None) -> None:
         """Launch the graph on ``stream`` (None: the current stream of the graph's device). It does not wait."""
-        # A hot entry: a launch is the inner call of a replay loop. Once Go has launched the graph and handed
-        # out its executable graph, a launch on an open Stream this process owns, while nothing captures,
-        # goes to the driver from C (the direct path: cudacore/direct.go). C checks the stream and reads the
-        # executable graph with the GIL held until the driver has the call; destroy() and Stream.close() clear
-        # what it reads before they reach Go.
-        if self._exec and _graph_launch_direct(self, stream):
-            return
+        # A hot method (see install_methods at the end of this module): once Go has launched the graph and
+        # handed out its executable graph, C launches it on an open Stream this process owns, while nothing
+        # captures, without entering this function (the direct path: cudacore/direct.go). C reads the
+        # stream and the executable graph with the GIL held until the driver has the call; destroy() and
+        # Stream.close() clear what it reads before they reach Go. What C does not take comes here.
         # The common case skips the checks that Go makes again anyway.
         if type(stream) is Stream and stream._device is self._device and self._id:
             self._exec = _graph_launch(self._id, stream._device._ordinal, stream._handle)
@@ -685,3 +682,10 @@ class Graph:
             return "<cudacore.Graph (capture in progress)>"
         info = self._info()
         return f"<cudacore.Graph {info['node_count']} nodes, {info['memory_held']} bytes held, device {self._device.device_id}>"
+
+
+# The hot methods: Stream.synchronize and query, Event.synchronize and query, and Graph.launch become method
+# descriptors of C functions that make the call on the direct path when they may (an open Stream this
+# process owns, a live Event, a launched Graph, no capture anywhere) and otherwise call the definitions
+# above, which stay what runs, and what help() and type checkers read.
+fast.install_methods(Stream, Event, Graph)
