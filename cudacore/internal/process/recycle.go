@@ -32,8 +32,10 @@ var (
 	drained recycle.Ops
 	run     [recycle.Capacity]memory.Recycle
 	// publishMu orders the writes of Publish: the value C holds is always computed from the newest state.
-	publishMu sync.Mutex
-	disabled  = sync.OnceValue(func() bool { return getenv("CUDACORE_RECYCLE") == "0" })
+	// publishing counts the callers that hold it or wait for it.
+	publishMu  sync.Mutex
+	publishing atomic.Int32
+	disabled   = sync.OnceValue(func() bool { return getenv("CUDACORE_RECYCLE") == "0" })
 )
 
 // retryEvery spaces the retries of failed replayed frees: a driver that refuses a free usually goes on
@@ -126,16 +128,20 @@ func (d *Device) freeLogged(p cuda.DevicePtr, size uint64, h cuda.Stream, at tim
 //
 // CUDACORE_RECYCLE=0 keeps it off.
 func Publish() {
-	// Without the lock when nothing changed and no other caller is publishing (the common case). A
-	// caller that finds another one publishing waits and computes again after it: that one may have
-	// computed from a state older than this caller's, and its write must not be the last.
-	if !publish(false) && publishMu.TryLock() {
-		publishMu.Unlock()
+	// Without the lock when no other caller is publishing and nothing changed (the common case). A caller
+	// that finds another one publishing waits and computes again after it: that one may have computed
+	// from a state older than this caller's, and its write must not be the last. The order of the two
+	// checks matters: a publisher counts itself before it computes, so once this caller, after its own
+	// change of state, sees none, every write still to come is computed from that state or a newer one,
+	// and every earlier write is already there for publish(false) to compare with.
+	if publishing.Load() == 0 && !publish(false) {
 		return
 	}
+	publishing.Add(1)
 	publishMu.Lock()
 	publish(true)
 	publishMu.Unlock()
+	publishing.Add(-1)
 }
 
 // publish computes what C may log per device; with write, it tells C where that changed. It says whether
