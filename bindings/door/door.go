@@ -643,7 +643,7 @@ func writeColdWrapper(w *bytes.Buffer, e Entry) {
 	fmt.Fprintf(w, "    if (door_enter(%q, nargs, %d) < 0) {\n        return NULL;\n    }\n", e.Name, len(e.Params))
 	var args []string
 	for i, p := range e.Params {
-		fmt.Fprintf(w, "    if (%s(args[%d], %q, %q, &a%d) < 0) {\n        return NULL;\n    }\n", converter(p.Kind), i, e.Name, p.Name, i)
+		fmt.Fprintf(w, "    if (%s(args[%d], %q, %q, &a%d) < 0) {\n        return NULL;\n    }\n", converter(p.Kind), i, e.Name, p.PyName(), i)
 		args = append(args, fmt.Sprintf("(%s)a%d", gopyCType(p.Kind), i))
 	}
 	fmt.Fprintf(w, "    %sret = %s(%s);\n", withSpace(gopyCType(e.Result)), e.GoExport(), strings.Join(args, ", "))

@@ -106,8 +106,9 @@ func TestGenerateColdWrapsEveryScalarEntry(t *testing.T) {
 	assert.Greater(t, scalar, len(entries)/2, "most entries are scalar")
 	assert.Equal(t, scalar, strings.Count(c, "door_enter("))
 	assert.Equal(t, scalar, strings.Count(c, "if (PyErr_Occurred()"))
-	// Names and conversions as gopy's wrapper names them (Go names), and gopy's C types.
-	assert.Contains(t, c, `door_int(args[1], "DeviceSynchronize", "timeoutMs", &a1)`)
+	// The function as gopy names it, its parameters as Python spells them (an error names them so), and
+	// gopy's C types.
+	assert.Contains(t, c, `door_int(args[1], "DeviceSynchronize", "timeout_ms", &a1)`)
 	assert.Contains(t, c, `door_bool(args[1], "EventCreate", "timing", &a1)`)
 	assert.Contains(t, c, "ret = cudacore_EventCreate((long long int)a0, (char)a1);")
 	assert.Contains(t, c, "    free(ret);\n    return r;\n") // gopy's strings are malloc'd
