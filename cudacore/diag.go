@@ -1,10 +1,15 @@
 package cudacore
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -105,4 +110,74 @@ func writeGoStacks() {
 	buf := make([]byte, 4<<20)
 	n := runtime.Stack(buf, true)
 	fmt.Fprintf(os.Stderr, "cudacore: the stacks of every goroutine, %s:\n%s\n", time.Now().Format(time.RFC3339Nano), buf[:n])
+	writeThreadStates(os.Stderr)
+}
+
+// threadSample is one thread of the process as /proc shows it.
+type threadSample struct {
+	name, state, wchan string
+	cpuTicks           int64 // user + system time, in clock ticks
+}
+
+// sampleThreads reads every thread of the process from /proc/self/task (Linux); nil elsewhere.
+func sampleThreads() map[string]threadSample {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return nil
+	}
+	out := make(map[string]threadSample, len(tasks))
+	for _, t := range tasks {
+		dir := "/proc/self/task/" + t.Name() + "/"
+		stat, err := os.ReadFile(dir + "stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ... with utime and stime the 14th and 15th fields; comm may hold spaces.
+		open, end := bytes.IndexByte(stat, '('), bytes.LastIndexByte(stat, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		fields := strings.Fields(string(stat[end+1:]))
+		if len(fields) < 13 {
+			continue
+		}
+		utime, _ := strconv.ParseInt(fields[11], 10, 64)
+		stime, _ := strconv.ParseInt(fields[12], 10, 64)
+		wchan, _ := os.ReadFile(dir + "wchan")
+		out[t.Name()] = threadSample{name: string(stat[open+1 : end]), state: fields[0], wchan: string(wchan), cpuTicks: utime + stime}
+	}
+	return out
+}
+
+// writeThreadStates writes, for every thread of the process, its state, where the kernel has it wait,
+// and how much CPU it used over a short interval: of a thread stuck in a driver call, it tells a spin in
+// user space (busy, state R) from a sleep in the kernel (idle, state S or D, with the kernel function).
+func writeThreadStates(w io.Writer) {
+	const interval = 200 * time.Millisecond
+	before := sampleThreads()
+	if before == nil {
+		return
+	}
+	time.Sleep(interval)
+	after := sampleThreads()
+	tids := make([]string, 0, len(after))
+	for tid := range after {
+		tids = append(tids, tid)
+	}
+	sort.Strings(tids)
+	var b strings.Builder
+	fmt.Fprintf(&b, "cudacore: the threads of the process (CPU ticks used over %v):\n", interval)
+	for _, tid := range tids {
+		a := after[tid]
+		busy := int64(-1)
+		if p, ok := before[tid]; ok {
+			busy = a.cpuTicks - p.cpuTicks
+		}
+		wchan := a.wchan
+		if wchan == "" || wchan == "0" {
+			wchan = "-"
+		}
+		fmt.Fprintf(&b, "  thread %s %-16s state %s  waits in %-28s  cpu %d\n", tid, a.name, a.state, wchan, busy)
+	}
+	fmt.Fprint(w, b.String())
 }

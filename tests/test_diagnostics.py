@@ -15,6 +15,7 @@ import pickle
 import re
 import shutil
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -847,6 +848,9 @@ def test_go_stacks_after_writes_every_goroutine_unless_disarmed() -> None:
     assert r.stdout.strip() == "done"
     assert r.stderr.count("cudacore: the stacks of every goroutine") == 1, r.stderr[-2000:]
     assert "goroutine " in r.stderr
+    if sys.platform == "linux":  # then the threads, each with its state, from /proc
+        assert r.stderr.count("cudacore: the threads of the process") == 1, r.stderr[-2000:]
+        assert re.search(r"thread \d+ .* state [A-Z] .* cpu \d+", r.stderr), r.stderr[-2000:]
 
 
 @pytest.mark.parametrize(("bad", "exc"), [("1", TypeError), (True, TypeError), (-1, ValueError), (float("nan"), ValueError)])
