@@ -11,7 +11,8 @@ Rows: Kernel.launch of an empty kernel with 4 arguments (2 pointers, an int, a f
 RawKernel and cuda.core's launch; Graph.launch of a one-node graph against CuPy's Graph.launch; a 4 KiB
 pinned host-to-device asynchronous copy against CuPy's memcpyAsync; a 64 KiB pageable host-to-device copy,
 synchronous (against CuPy's runtime.memcpy) and asynchronous (against CuPy's ndarray.set, which returns once the
-data is staged); the cold door (a gopy call through the C guard).
+data is staged); Stream.query and Stream.synchronize of an idle stream against CuPy's; the cold door (a
+gopy call through the C guard), beside what the timing loop itself costs per call.
 """
 
 from __future__ import annotations
@@ -44,7 +45,11 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
 
     d = cc.Device(0)
     s = d.create_stream()
-    rows: dict[str, list] = {k: [] for k in ("kernel launch", "graph launch", "4 KiB pinned H2D async", "64 KiB pageable H2D sync", "64 KiB pageable H2D async", "cold door call")}
+    rows: dict[str, list] = {
+        k: []
+        for k in ("kernel launch", "graph launch", "4 KiB pinned H2D async", "64 KiB pageable H2D sync", "64 KiB pageable H2D async",
+                  "stream query, idle", "stream synchronize, idle", "cold door call")
+    }  # fmt: skip
     a, b = d.allocate(1 << 20, stream=s), d.allocate(1 << 20, stream=s)
     pinned = d.allocate_pinned(4 << 10)
     pageable = np.ones(64 << 10, dtype=np.uint8)
@@ -57,7 +62,11 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
     rows["4 KiB pinned H2D async"].append(("cudacore Buffer.copy_from", lambda: small.copy_from(pinned, stream=s), s.synchronize))
     rows["64 KiB pageable H2D sync"].append(("cudacore Buffer.copy_from", lambda: a.copy_from(pageable), lambda: None))
     rows["64 KiB pageable H2D async"].append(("cudacore copy_from(stream=s)", lambda: a.copy_from(pageable, stream=s), s.synchronize))
+    rows["stream query, idle"].append(("cudacore Stream.query", s.query, lambda: None))
+    rows["stream synchronize, idle"].append(("cudacore Stream.synchronize", s.synchronize, lambda: None))
     rows["cold door call"].append(("cudacore call(core.Noop)", lambda: call(core.Noop, 1), lambda: None))
+    # What the timing loop itself costs per call (a Python call of a no-op), to subtract from the row above.
+    rows["cold door call"].append(("the loop alone (no-op)", lambda: None, lambda: None))
     if not sim:
         k = d.load_module(PTX.encode()).function("empty4")
         args = (a, b, 7, 1.5)
@@ -86,6 +95,8 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
             # peer of the asynchronous row; runtime.memcpy is CuPy's synchronous copy.
             rows["64 KiB pageable H2D sync"].insert(0, ("CuPy runtime.memcpy", lambda: cupy.cuda.runtime.memcpy(big.data.ptr, pageable.ctypes.data, 64 << 10, 1), lambda: None))
             rows["64 KiB pageable H2D async"].insert(0, ("CuPy ndarray.set", lambda: big.set(pageable), cupy.cuda.Stream.null.synchronize))
+            rows["stream query, idle"].insert(0, ("CuPy Stream.done", lambda: cg_stream.done, lambda: None))
+            rows["stream synchronize, idle"].insert(0, ("CuPy Stream.synchronize", cg_stream.synchronize, lambda: None))
         except Exception as exc:  # noqa: BLE001 - an optional peer
             print(f"  (CuPy skipped: {type(exc).__name__}: {exc})", file=sys.stderr)
         try:
