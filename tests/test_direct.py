@@ -434,7 +434,8 @@ def test_hot_methods_keep_their_python_signatures_and_docs(dev):
 
     for cls, name, params in ((cc.Stream, "synchronize", ["self"]), (cc.Stream, "query", ["self"]),
                               (cc.Event, "synchronize", ["self"]), (cc.Event, "query", ["self"]),
-                              (cc.Graph, "launch", ["self", "stream"])):  # fmt: skip
+                              (cc.Graph, "launch", ["self", "stream"]),
+                              (cc.Kernel, "launch", ["self", "grid", "block", "args", "shared_mem", "stream"])):  # fmt: skip
         method = getattr(cls, name)
         assert list(inspect.signature(method).parameters) == params, (cls, name)
         assert method.__doc__ and method.__doc__.split()[0][0].isupper(), (cls, name)

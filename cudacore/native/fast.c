@@ -1733,44 +1733,35 @@ PyDoc_STRVAR(launch_direct_doc,
              "throughout. False when not taken (an argument needs the general path, no direct path, or the "
              "driver failed): the caller launches through Go, which checks and reports.");
 
-static PyObject *
-fast_launch_direct(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+/* Kernel.launch on the direct path: v holds gx, gy, gz, bx, by, bz and shared_mem. 1 launched, 0 not
+ * taken (nothing done: the full path decides and explains), -1 error set. */
+static int
+kernel_direct(PyObject *kernel, const int64_t v[7], PyObject *stream, PyObject *args)
 {
-    int64_t v[7];
-    static const char *names[7] = {"gx", "gy", "gz", "bx", "by", "bz", "shared_mem"};
-    if (door_enter("launch", nargs, 10) < 0) {
-        return NULL;
-    }
-    for (int i = 0; i < 7; i++) {
-        if (door_int(args[i + 1], "launch", names[i], &v[i]) < 0) {
-            return NULL;
-        }
-    }
     for (int i = 0; i < 6; i++) {
         if (v[i] < 1 || v[i] > UINT32_MAX) {
-            Py_RETURN_FALSE; /* the full path explains */
+            return 0;
         }
     }
-    if (v[6] < 0 || v[6] > UINT32_MAX) {
-        Py_RETURN_FALSE;
+    if (v[6] < 0 || v[6] > UINT32_MAX || cudacore_forked) {
+        return 0;
     }
-    PyObject *kernel = args[0];
     int64_t fn = int_of(slot_of(&kernel_slots, kernel, 0));
     PyObject *mod = slot_of(&kernel_slots, kernel, 1);
     PyObject *spec = slot_of(&kernel_slots, kernel, 2);
     if (fn <= 0 || mod == NULL || spec == NULL || slot_of(&module_slots, mod, 0) != Py_True) {
-        Py_RETURN_FALSE;
+        return 0;
     }
     int64_t device = ordinal_in(&module_slots, mod, 1);
-    uint64_t stream = device >= 0 ? direct_stream(args[8], device) : 0;
-    if (stream == 0) {
-        Py_RETURN_FALSE;
+    uint64_t handle = device >= 0 ? direct_stream(stream, device) : 0;
+    if (handle == 0) {
+        return 0;
     }
     unsigned char packed[LAUNCH_MAX_PACKED];
     size_t len = 0;
-    int r = launch_pack(args[9], spec, packed, &len); /* runs no Python code: exact ints, floats, Buffers */
+    int r = launch_pack(args, spec, packed, &len); /* runs no Python code: exact ints, floats, Buffers */
     if (r <= 0) {
-        return r < 0 ? NULL : Py_NewRef(Py_False);
+        return r;
     }
     /* The driver reads each parameter through a pointer: each value gets an aligned slot of its own. */
     uint64_t slots[LAUNCH_MAX_PACKED / 4];
@@ -1785,14 +1776,31 @@ fast_launch_direct(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
     }
     const unsigned int grid[3] = {(unsigned int)v[0], (unsigned int)v[1], (unsigned int)v[2]};
     const unsigned int block[3] = {(unsigned int)v[3], (unsigned int)v[4], (unsigned int)v[5]};
-    return PyBool_FromLong(direct_launch(device, (uint64_t)fn, grid, block, (unsigned int)v[6], stream, params));
+    return direct_launch(device, (uint64_t)fn, grid, block, (unsigned int)v[6], handle, params);
+}
+
+static PyObject *
+fast_launch_direct(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t v[7];
+    static const char *names[7] = {"gx", "gy", "gz", "bx", "by", "bz", "shared_mem"};
+    if (door_enter("launch", nargs, 10) < 0) {
+        return NULL;
+    }
+    for (int i = 0; i < 7; i++) {
+        if (door_int(args[i + 1], "launch", names[i], &v[i]) < 0) {
+            return NULL;
+        }
+    }
+    int r = kernel_direct(args[0], v, args[8], args[9]);
+    return r < 0 ? NULL : PyBool_FromLong(r);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Hot methods of the Python classes                                                                     */
 /*
- * Stream.synchronize and query, Event.synchronize and query, and Graph.launch are the inner calls of copy
- * and replay loops, where a Python frame costs a noticeable share of the call. install_methods() replaces
+ * Stream.synchronize and query, Event.synchronize and query, Graph.launch and Kernel.launch are the inner
+ * calls of copy, replay and launch loops, where a Python frame costs a noticeable share of the call. install_methods() replaces
  * each of them on its class with a method descriptor of a C function here. That function makes the call on
  * the direct path when it may (the same conditions as every direct call: direct.h), and otherwise calls the
  * Python function it replaced, so every check, error and wait beyond the direct case stays the Python
@@ -1858,13 +1866,40 @@ direct_spin(int (*query)(int64_t, uint64_t), int64_t device, uint64_t handle)
     }
 }
 
+/* The arguments of a hot method, by position or keyword, into out[0..n) (borrowed; NULL where not given):
+ * 0, or -1 when they do not fit names (the Python method then says what is wrong). */
+static int
+hot_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *const *names, int n, PyObject **out)
+{
+    if (nargs > n) {
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        out[i] = i < nargs ? args[i] : NULL;
+    }
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        const char *key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+        int i = 0;
+        while (i < n && (key == NULL || strcmp(key, names[i]) != 0)) {
+            i++;
+        }
+        if (i == n || out[i] != NULL) {
+            PyErr_Clear();
+            return -1;
+        }
+        out[i] = args[nargs + k];
+    }
+    return 0;
+}
+
 /* The hot halves. Each returns its result, or NULL with an exception, or NULL without one: not taken (the
  * Python method runs instead, with the same arguments). */
 static PyObject *
-hot_stream_synchronize(PyObject *self, PyObject *const *Py_UNUSED(args), Py_ssize_t nargs)
+hot_stream_synchronize(PyObject *self, PyObject *const *Py_UNUSED(args), Py_ssize_t nargs, PyObject *kwnames)
 {
     int64_t device;
-    uint64_t h = nargs == 0 ? direct_own_stream(self, &device) : 0;
+    uint64_t h = nargs == 0 && kwnames == NULL ? direct_own_stream(self, &device) : 0;
     if (h != 0 && direct_spin(direct_stream_query, device, h) == 1) {
         Py_RETURN_NONE;
     }
@@ -1872,19 +1907,19 @@ hot_stream_synchronize(PyObject *self, PyObject *const *Py_UNUSED(args), Py_ssiz
 }
 
 static PyObject *
-hot_stream_query(PyObject *self, PyObject *const *Py_UNUSED(args), Py_ssize_t nargs)
+hot_stream_query(PyObject *self, PyObject *const *Py_UNUSED(args), Py_ssize_t nargs, PyObject *kwnames)
 {
     int64_t device;
-    uint64_t h = nargs == 0 ? direct_own_stream(self, &device) : 0;
+    uint64_t h = nargs == 0 && kwnames == NULL ? direct_own_stream(self, &device) : 0;
     int r = h != 0 ? direct_stream_query(device, h) : -1;
     return r < 0 ? NULL : PyBool_FromLong(r);
 }
 
 static PyObject *
-hot_event_synchronize(PyObject *self, PyObject *const *Py_UNUSED(args), Py_ssize_t nargs)
+hot_event_synchronize(PyObject *self, PyObject *const *Py_UNUSED(args), Py_ssize_t nargs, PyObject *kwnames)
 {
     int64_t device;
-    uint64_t h = nargs == 0 ? direct_event(self, &device) : 0;
+    uint64_t h = nargs == 0 && kwnames == NULL ? direct_event(self, &device) : 0;
     if (h != 0 && direct_spin(direct_event_query, device, h) == 1) {
         Py_RETURN_NONE;
     }
@@ -1892,32 +1927,61 @@ hot_event_synchronize(PyObject *self, PyObject *const *Py_UNUSED(args), Py_ssize
 }
 
 static PyObject *
-hot_event_query(PyObject *self, PyObject *const *Py_UNUSED(args), Py_ssize_t nargs)
+hot_event_query(PyObject *self, PyObject *const *Py_UNUSED(args), Py_ssize_t nargs, PyObject *kwnames)
 {
     int64_t device;
-    uint64_t h = nargs == 0 ? direct_event(self, &device) : 0;
+    uint64_t h = nargs == 0 && kwnames == NULL ? direct_event(self, &device) : 0;
     int r = h != 0 ? direct_event_query(device, h) : -1;
     return r < 0 ? NULL : PyBool_FromLong(r);
 }
 
 static PyObject *
-hot_graph_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+hot_graph_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (nargs == 1 && graph_direct(self, args[0])) {
+    static const char *const names[] = {"stream"};
+    PyObject *stream;
+    if (hot_args(args, nargs, kwnames, names, 1, &stream) == 0 && stream != NULL && graph_direct(self, stream)) {
         Py_RETURN_NONE;
     }
     return NULL;
 }
 
+/* launch(grid, block, args, shared_mem, stream) with an int grid and block, an int shared_mem and a Stream. */
+static PyObject *
+hot_kernel_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"grid", "block", "args", "shared_mem", "stream"};
+    PyObject *a[5];
+    if (hot_args(args, nargs, kwnames, names, 5, a) < 0 || a[0] == NULL || a[1] == NULL || a[2] == NULL ||
+        a[4] == NULL) {
+        return NULL;
+    }
+    int64_t grid = int_of(a[0]), block = int_of(a[1]), shared = a[3] == NULL ? 0 : int_of(a[3]);
+    if (grid < 1 || block < 1 || shared < 0) {
+        return NULL;
+    }
+    const int64_t v[7] = {grid, 1, 1, block, 1, 1, shared};
+    int r = kernel_direct(self, v, a[4], a[2]);
+    return r < 0 ? NULL : r == 1 ? Py_NewRef(Py_None) : NULL;
+}
+
 typedef struct {
-    int cls;             /* which class of install_methods' arguments: 0 Stream, 1 Event, 2 Graph */
+    int cls;             /* which class of install_methods' arguments: 0 Stream, 1 Event, 2 Graph, 3 Kernel */
     const char *name;    /* the method's name on it */
     const char *sig;     /* its text signature, for inspect.signature and help() */
-    PyObject *(*hot)(PyObject *, PyObject *const *, Py_ssize_t);
+    PyObject *(*hot)(PyObject *, PyObject *const *, Py_ssize_t, PyObject *);
     PyObject *fallback;  /* the Python function it replaced; set by install_methods */
 } hot_method;
 
-enum { HOT_STREAM_SYNCHRONIZE, HOT_STREAM_QUERY, HOT_EVENT_SYNCHRONIZE, HOT_EVENT_QUERY, HOT_GRAPH_LAUNCH, HOT_N };
+enum {
+    HOT_STREAM_SYNCHRONIZE,
+    HOT_STREAM_QUERY,
+    HOT_EVENT_SYNCHRONIZE,
+    HOT_EVENT_QUERY,
+    HOT_GRAPH_LAUNCH,
+    HOT_KERNEL_LAUNCH,
+    HOT_N
+};
 
 static hot_method hot_methods[HOT_N] = {
     [HOT_STREAM_SYNCHRONIZE] = {0, "synchronize", "($self, /)", hot_stream_synchronize, NULL},
@@ -1925,6 +1989,8 @@ static hot_method hot_methods[HOT_N] = {
     [HOT_EVENT_SYNCHRONIZE] = {1, "synchronize", "($self, /)", hot_event_synchronize, NULL},
     [HOT_EVENT_QUERY] = {1, "query", "($self, /)", hot_event_query, NULL},
     [HOT_GRAPH_LAUNCH] = {2, "launch", "($self, /, stream=None)", hot_graph_launch, NULL},
+    [HOT_KERNEL_LAUNCH] = {3, "launch", "($self, /, grid=1, block=1, args=(), shared_mem=0, stream=None)",
+                           hot_kernel_launch, NULL},
 };
 
 /* Call method i: its hot half, then, if that did not take the call, the Python function with self and the
@@ -1932,11 +1998,9 @@ static hot_method hot_methods[HOT_N] = {
 static PyObject *
 hot_dispatch(int i, PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (kwnames == NULL) {
-        PyObject *r = hot_methods[i].hot(self, args, nargs);
-        if (r != NULL || PyErr_Occurred()) {
-            return r;
-        }
+    PyObject *r = hot_methods[i].hot(self, args, nargs, kwnames);
+    if (r != NULL || PyErr_Occurred()) {
+        return r;
     }
     Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
     PyObject *small[8];
@@ -1946,7 +2010,7 @@ hot_dispatch(int i, PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyO
     }
     stack[0] = self;
     memcpy(stack + 1, args, (size_t)total * sizeof(PyObject *));
-    PyObject *r = PyObject_Vectorcall(hot_methods[i].fallback, stack, (size_t)(nargs + 1), kwnames);
+    r = PyObject_Vectorcall(hot_methods[i].fallback, stack, (size_t)(nargs + 1), kwnames);
     if (stack != small) {
         PyMem_Free(stack);
     }
@@ -1963,6 +2027,7 @@ HOT_ENTRY(HOT_STREAM_QUERY, entry_stream_query)
 HOT_ENTRY(HOT_EVENT_SYNCHRONIZE, entry_event_synchronize)
 HOT_ENTRY(HOT_EVENT_QUERY, entry_event_query)
 HOT_ENTRY(HOT_GRAPH_LAUNCH, entry_graph_launch)
+HOT_ENTRY(HOT_KERNEL_LAUNCH, entry_kernel_launch)
 #undef HOT_ENTRY
 
 static PyCFunctionWithKeywords hot_entries[HOT_N] = {
@@ -1971,11 +2036,12 @@ static PyCFunctionWithKeywords hot_entries[HOT_N] = {
     [HOT_EVENT_SYNCHRONIZE] = (PyCFunctionWithKeywords)(void (*)(void))entry_event_synchronize,
     [HOT_EVENT_QUERY] = (PyCFunctionWithKeywords)(void (*)(void))entry_event_query,
     [HOT_GRAPH_LAUNCH] = (PyCFunctionWithKeywords)(void (*)(void))entry_graph_launch,
+    [HOT_KERNEL_LAUNCH] = (PyCFunctionWithKeywords)(void (*)(void))entry_kernel_launch,
 };
 
 PyDoc_STRVAR(install_methods_doc,
-             "install_methods(Stream, Event, Graph) -> None\n\n"
-             "Replace Stream.synchronize and query, Event.synchronize and query, and Graph.launch with method "
+             "install_methods(Stream, Event, Graph, Kernel) -> None\n\n"
+             "Replace Stream.synchronize and query, Event.synchronize and query, Graph.launch and Kernel.launch with method "
              "descriptors that make the call on the direct path when they may and call the replaced Python "
              "method otherwise. Once per process: a second call changes nothing.");
 
@@ -1983,8 +2049,9 @@ static PyObject *
 fast_install_methods(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     static const char *const event_names[] = {"_handle", "_device"};
-    if (nargs != 3 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyType_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "install_methods(Stream, Event, Graph)");
+    if (nargs != 4 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyType_Check(args[2]) ||
+        !PyType_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "install_methods(Stream, Event, Graph, Kernel)");
         return NULL;
     }
     if (hot_methods[0].fallback != NULL) {

@@ -458,7 +458,8 @@ class Kernel:
         # Once Go has launched the kernel, a launch on an open Stream this process owns, while nothing
         # captures and the module is loaded, goes to the driver from C (the direct path: cudacore/direct.go).
         # C makes those checks with the GIL held until the driver has the call; unload() and Stream.close()
-        # clear what it reads before they reach Go. False: take the full path.
+        # clear what it reads before they reach Go. With an int grid and block, this method's C
+        # descriptor (fast.install_methods) has tried that already; False: take the full path.
         if self._direct and _launch_direct(self, *g, *b, shm, stream, args):
             return
         h = stream._handle if type(stream) is _Stream else stream_handle(stream, self._module._device._ordinal)

@@ -620,7 +620,7 @@ class Graph:
 
     def launch(self, stream: Stream | int | None = None) -> None:
         """Launch the graph on ``stream`` (None: the current stream of the graph's device). It does not wait."""
-        # A hot method (see install_methods at the end of this module): once Go has launched the graph and
+        # A hot method (fast.install_methods, called with the other classes' in _device): once Go has launched the graph and
         # handed out its executable graph, C launches it on an open Stream this process owns, while nothing
         # captures, without entering this function (the direct path: cudacore/direct.go). C reads the
         # stream and the executable graph with the GIL held until the driver has the call; destroy() and
@@ -683,9 +683,3 @@ class Graph:
         info = self._info()
         return f"<cudacore.Graph {info['node_count']} nodes, {info['memory_held']} bytes held, device {self._device.device_id}>"
 
-
-# The hot methods: Stream.synchronize and query, Event.synchronize and query, and Graph.launch become method
-# descriptors of C functions that make the call on the direct path when they may (an open Stream this
-# process owns, a live Event, a launched Graph, no capture anywhere) and otherwise call the definitions
-# above, which stay what runs, and what help() and type checkers read.
-fast.install_methods(Stream, Event, Graph)
