@@ -79,8 +79,14 @@ CAPTURE_OPS = {"alloc_on": 4, "h2d_on": 4, "d2d_on": 3, "d2h_on": 3, "close_buf"
 MODES = ("thread_local", "global", "relaxed")
 
 
+#: Operations left out of every table (``--without``; the workers read it from the environment): for
+#: narrowing down which kind of operation a failure needs.
+WITHOUT = frozenset(o for o in os.environ.get("CUDACORE_FUZZ_WITHOUT", "").split(",") if o)
+
+
 def _pick(rng: random.Random, table: dict[str, int]) -> str:
-    return rng.choices(list(table), weights=list(table.values()))[0]
+    names = [k for k in table if k not in WITHOUT] or list(table)
+    return rng.choices(names, weights=[table[k] for k in names])[0]
 
 
 def _op(rng: random.Random, name: str, depth: int) -> list[Any]:
@@ -1465,7 +1471,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hunt-from", type=int, metavar="FIRST",
                     help="the first program of SEED's worker (default: SEED rounded down to a multiple of --batch)")
     ap.add_argument("--rounds", type=int, default=200, help="rounds of --hunt (default 200)")
+    ap.add_argument("--without", default="", metavar="OPS",
+                    help="comma-separated operations never to draw (e.g. h2d,d2h), to narrow down what a failure "
+                         "needs; the programs then differ from those of the same seeds without it")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.without:
+        known = set(TOP_OPS) | set(CAPTURE_OPS)
+        unknown = sorted(set(args.without.split(",")) - known)
+        if unknown:
+            ap.error(f"--without: unknown operations {unknown}; known: {sorted(known)}")
+        os.environ["CUDACORE_FUZZ_WITHOUT"] = args.without
+        global WITHOUT
+        WITHOUT = frozenset(args.without.split(","))
     context = _context(list(sys.argv[1:] if argv is None else argv))
 
     def failed_here(rec: dict[str, Any]) -> str:

@@ -173,3 +173,25 @@ def test_known_bug_programs(bug: str) -> None:
         env=fuzz._worker_env(), capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_without_leaves_operations_out_of_every_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    def names(prog: list) -> set[str]:
+        out: set[str] = set()
+        for op in prog:
+            out.add(op[0])
+            for sub in op[1:]:
+                if isinstance(sub, list) and sub and isinstance(sub[0], list):
+                    for inner in sub:  # a capture's body, or a burst's threads
+                        out |= names(inner if inner and isinstance(inner[0], list) else [inner])
+        return out
+
+    everything = set().union(*(names(fuzz.generate(s)) for s in range(40)))
+    assert {"h2d", "h2d_on", "capture"} <= everything
+    monkeypatch.setattr(fuzz, "WITHOUT", frozenset({"h2d", "h2d_on", "capture"}))
+    left = set().union(*(names(fuzz.generate(s)) for s in range(40)))
+    assert not left & {"h2d", "h2d_on", "capture"}
+    assert left, "the other operations are still drawn"
+    r = subprocess.run([sys.executable, str(Path(fuzz.__file__)), "--programs", "1", "--without", "h2d,nonsense"],
+                       check=False, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "unknown operations ['nonsense']" in r.stderr, r.stderr
