@@ -261,11 +261,10 @@ func ManagedPrefetch(ordinal, ptr, size, dst, stream int) (int, error) {
 			return 0, err
 		}
 		h, streams := cuda.Stream(uintptr(stream)), d.Streams()
-		if err := streams.Use("prefetch", h); err != nil {
-			return 0, err // a destroyed stream's handle must never reach the driver
-		}
-		defer streams.Done(h)
-		return 0, streams.Enqueue("prefetch", h, func() error {
+		// A destroyed stream's handle must never reach the driver: EnqueueOn refuses it, and holds the
+		// stream around the prefetch only, not across the handling of a capture failure (which takes it
+		// again).
+		return 0, streams.EnqueueOn("prefetch", h, func() error {
 			return d.Driver().MemPrefetchAsync(d.Context(), cuda.DevicePtr(uint64(ptr)), uint64(size), dst, h)
 		})
 	})

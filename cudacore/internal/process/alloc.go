@@ -156,14 +156,13 @@ func (d *Device) Order(op string, waiter, producer cuda.Stream) error {
 		return cuda.NewError("cudacore."+op, cuda.ErrorClosed, fmt.Sprintf(
 			"the consumer's stream %#x was closed; pass a live stream (or -1 for no ordering)", uint64(waiter)))
 	}
-	if err := streams.Use(op, producer); err != nil {
-		if streams.Destroyed(producer) {
-			return nil
-		}
-		return err
+	// Order brackets the producer itself, around its enqueue only (a bracket held across the call would be
+	// taken again by the handling of a capture failure: stream.Manager.EnqueueOn).
+	err := streams.Order(op, waiter, producer)
+	if err != nil && cuda.ResultOf(err) == cuda.ErrorClosed && streams.Destroyed(producer) {
+		return nil
 	}
-	defer streams.Done(producer)
-	return streams.Order(op, waiter, producer)
+	return err
 }
 
 // tileResource is the device's allocator as AllocateTiles uses it, with the rules of a free and of a
