@@ -53,8 +53,9 @@ func (r *Registry) Defer(fn func()) {
 // RunOrDefer runs fn now if no capture is in progress, holding the registry so that no capture can
 // begin while it runs, else when the last capture ends (as Defer). It is for calls that a capture
 // forbids (a synchronous free): with Defer a capture begun on another thread between the check and the
-// call would be invalidated by it. fn must not begin or end a capture. It returns fn's error when fn
-// ran now; a deferred fn's error is dropped (no caller is left to take it).
+// call would be invalidated by it. fn must not begin or end a capture, nor take a lock that is held
+// while the registry's mutex is taken (an allocator's in-flight lock: use Steady and Defer then). It
+// returns fn's error when fn ran now; a deferred fn's error is dropped (no caller is left to take it).
 func (r *Registry) RunOrDefer(fn func() error) error {
 	r.mu.Lock()
 	if r.active.Load() > 0 {
