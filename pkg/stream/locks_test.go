@@ -91,3 +91,68 @@ func waitUntilBlocked(t *testing.T, fn string) {
 		}
 	}
 }
+
+// A graph destroy that waits for the captures to end has no caller left when it runs (Destroy returned
+// nil, and the facade forgot the graph's number): a failure of the driver there was dropped, and the
+// graph, with the memory its allocations hold, leaked for good. The Manager keeps it and retries it: at
+// a later Destroy (at most once per retryEvery), in RetryDestroys and in Close.
+func TestDeferredGraphDestroyFailureIsKeptAndRetried(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	e := newEnv(t)
+	s, other := e.stream(t, true), e.stream(t, true)
+	a := e.alloc(t, 64)
+	// A graph with graph memory no launch made real: its destruction makes that memory void.
+	require.NoError(t, other.BeginCapture(cuda.CaptureModeThreadLocal))
+	p, err := e.stack.Allocate(4096, other.Handle())
+	require.NoError(t, err)
+	e.m.NoteAllocate(other.Handle(), p, 4096)
+	g, err := other.EndCapture()
+	require.NoError(t, err)
+	require.NoError(t, g.Instantiate())
+
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeGlobal))
+	require.NoError(t, e.m.CopyDtoD(a, a, 64, s))
+	require.NoError(t, g.Destroy(), "waits for the capture to end")
+	e.drv.InjectFault("cuGraphExecDestroy", 1, cuda.ErrorUnknown)
+	captured, err := s.EndCapture()
+	require.NoError(t, err)
+	assert.Zero(t, e.m.Registry().Deferred())
+	assert.Empty(t, e.m.TakeVoided(), "the deferred destroy failed: the graph still holds its memory")
+	assert.Equal(t, 1, e.m.DestroysKept(), "the graph is kept for a retry")
+	assert.Equal(t, uint64(1), e.m.DestroyFailures())
+	assert.True(t, g.Destroyed(), "and stays unusable")
+
+	// A later Destroy retries it; this retry fails too, and the graph stays kept.
+	calls := e.drv.Calls("cuGraphExecDestroy")
+	e.drv.InjectFault("cuGraphExecDestroy", 1, cuda.ErrorUnknown)
+	require.NoError(t, captured.Destroy())
+	assert.Equal(t, calls+1, e.drv.Calls("cuGraphExecDestroy"), "retried by a later Destroy")
+	assert.Equal(t, 1, e.m.DestroysKept())
+	assert.Equal(t, uint64(2), e.m.DestroyFailures(), "each attempt counts")
+
+	// Within retryEvery of that retry, a later Destroy does not retry again.
+	e.m.fd.mu.Lock()
+	e.m.fd.last = time.Now()
+	e.m.fd.mu.Unlock()
+	spare := e.graph(t, s, a)
+	require.NoError(t, spare.Destroy())
+	assert.Equal(t, calls+2, e.drv.Calls("cuGraphExecDestroy"), "the spare's own destroy, no retry within retryEvery")
+	assert.Equal(t, 1, e.m.DestroysKept())
+
+	require.NoError(t, e.m.Close(), "Close retries it at once, and it succeeds")
+	assert.Equal(t, 0, e.m.DestroysKept())
+	assert.Equal(t, []cuda.DevicePtr{p}, e.m.TakeVoided(), "destroyed: the memory it held is given back")
+	require.NoError(t, g.Destroy(), "idempotent")
+}
+
+// graph captures a copy on s into a graph, instantiated.
+func (e *env) graph(t *testing.T, s *Stream, a cuda.DevicePtr) *Graph {
+	t.Helper()
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeThreadLocal))
+	require.NoError(t, e.m.CopyDtoD(a, a, 64, s))
+	g, err := s.EndCapture()
+	require.NoError(t, err)
+	require.NoError(t, g.Instantiate())
+	return g
+}
