@@ -33,6 +33,10 @@ type statsJSON struct {
 	Strategy       string `json:"strategy"`
 	LiveTracked    int    `json:"live_tracked"`
 	TrackingActive bool   `json:"tracking"`
+	// The driver's refusals to destroy a graph (every attempt), and the graphs whose destroy, deferred
+	// until the captures ended, failed and is retried later (stream.Manager.DestroysKept).
+	GraphDestroyFailures uint64 `json:"graph_destroy_failures"`
+	GraphDestroysPending int    `json:"graph_destroys_pending"`
 }
 
 // MemoryStats returns the device allocator's counters as a JSON object (see statsJSON). Cached and
@@ -56,6 +60,7 @@ func MemoryStats(ordinal int) (string, error) {
 			out.LiveTracked = len(m.Live())
 		}
 		out.ManagedInUse, out.ManagedLive = d.ManagedInUse()
+		out.GraphDestroyFailures, out.GraphDestroysPending = d.Streams().DestroyFailures(), d.Streams().DestroysKept()
 		b, err := json.Marshal(out)
 		return string(b), err
 	})
@@ -261,11 +266,10 @@ func ManagedPrefetch(ordinal, ptr, size, dst, stream int) (int, error) {
 			return 0, err
 		}
 		h, streams := cuda.Stream(uintptr(stream)), d.Streams()
-		if err := streams.Use("prefetch", h); err != nil {
-			return 0, err // a destroyed stream's handle must never reach the driver
-		}
-		defer streams.Done(h)
-		return 0, streams.Enqueue("prefetch", h, func() error {
+		// A destroyed stream's handle must never reach the driver: EnqueueOn refuses it, and holds the
+		// stream around the prefetch only, not across the handling of a capture failure (which takes it
+		// again).
+		return 0, streams.EnqueueOn("prefetch", h, func() error {
 			return d.Driver().MemPrefetchAsync(d.Context(), cuda.DevicePtr(uint64(ptr)), uint64(size), dst, h)
 		})
 	})

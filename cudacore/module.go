@@ -138,14 +138,13 @@ func FunctionLaunch(handle, gx, gy, gz, bx, by, bz, sharedMem, stream int, args 
 			return 0, err
 		}
 		h, streams := cuda.Stream(uintptr(stream)), d.Streams()
-		if err := streams.Use("launch", h); err != nil {
-			return 0, err // a destroyed stream's handle must never reach the driver
-		}
-		defer streams.Done(h)
 		if process.Capturing() {
 			streams.NoteUses(h, module.Pointers(a)) // the graph keeps the memory it uses alive
 		}
-		err = streams.Enqueue("launch", h, func() error {
+		// A destroyed stream's handle must never reach the driver: EnqueueOn refuses it, and holds the
+		// stream around the launch only, not across the handling of a capture failure (which takes it
+		// again).
+		err = streams.EnqueueOn("launch", h, func() error {
 			return f.Launch(module.Config{Grid: grid, Block: block, SharedMem: uint32(sharedMem), Stream: h}, a)
 		})
 		if err != nil || !f.ParamsKnown() {

@@ -53,8 +53,9 @@ func (r *Registry) Defer(fn func()) {
 // RunOrDefer runs fn now if no capture is in progress, holding the registry so that no capture can
 // begin while it runs, else when the last capture ends (as Defer). It is for calls that a capture
 // forbids (a synchronous free): with Defer a capture begun on another thread between the check and the
-// call would be invalidated by it. fn must not begin or end a capture. It returns fn's error when fn
-// ran now; a deferred fn's error is dropped (no caller is left to take it).
+// call would be invalidated by it. fn must not begin or end a capture, nor take a lock that is held
+// while the registry's mutex is taken (an allocator's in-flight lock: use Steady and Defer then). It
+// returns fn's error when fn ran now; a deferred fn's error is dropped (no caller is left to take it).
 func (r *Registry) RunOrDefer(fn func() error) error {
 	r.mu.Lock()
 	if r.active.Load() > 0 {
@@ -339,17 +340,53 @@ func (m *Manager) checkDeviceSync(op string) error {
 // (a kernel launch), under the capture rules: refused on the legacy stream while a blocking stream
 // captures (906), and when the driver still fails with a capture error, the invalidated captures are
 // ended so that the streams work again (see after).
+//
+// Enqueue does not bracket h (Use/Done): for a handle that may name a stream this Manager destroys, use
+// EnqueueOn, which brackets it around the driver call only (a bracket held across Enqueue can deadlock,
+// see EnqueueOn).
 func (m *Manager) Enqueue(op string, h cuda.Stream, enqueue func() error) error {
+	s, ran, err := m.enqueueChecked(op, h, enqueue)
+	if !ran {
+		return err
+	}
+	return m.after(op, s, err)
+}
+
+// EnqueueOn is Enqueue for work on a stream handle the caller has not bracketed: a stream this Manager
+// destroyed is refused before its handle reaches the driver (Use), h cannot be destroyed while enqueue
+// runs, and the driver's result is handled (after) once h is released again (Done).
+//
+// The bracket is a read lock, and the capture-failure handling of after takes it again on the same
+// goroutine: ending the invalidated captures runs the frees deferred until then, each of which brackets
+// its own stream (UseForFree). A read lock taken twice by one goroutine deadlocks once a writer (a
+// stream created or destroyed on another thread, Create or Destroy) waits in between, so after must run
+// outside the bracket.
+func (m *Manager) EnqueueOn(op string, h cuda.Stream, enqueue func() error) error {
+	if err := m.Use(op, h); err != nil {
+		return err
+	}
+	s, ran, err := m.enqueueChecked(op, h, enqueue)
+	m.Done(h)
+	if !ran {
+		return err
+	}
+	return m.after(op, s, err)
+}
+
+// enqueueChecked runs enqueue on h unless the capture rules refuse it (checkEnqueue): it returns the
+// stream whose capture the result concerns (for after; nil if none), whether enqueue ran, and its error
+// or the refusal.
+func (m *Manager) enqueueChecked(op string, h cuda.Stream, enqueue func() error) (*Stream, bool, error) {
 	s := m.lookup(h)
 	if s == nil && (h == 0 || h == cuda.StreamLegacy) {
 		s = m.legacy
 	}
 	if s != nil {
 		if err := m.checkEnqueue(op, s); err != nil {
-			return err
+			return s, false, err
 		}
 	}
-	return m.after(op, s, enqueue())
+	return s, true, enqueue()
 }
 
 // checkEnqueue is the rule for enqueueing work on s: on the legacy stream it conflicts with capturing
@@ -690,9 +727,10 @@ func (m *Manager) after(op string, s *Stream, err error) error {
 // an event on the device (the host does not wait). It is how a buffer's stream order reaches a consumer's
 // stream (the DLPack export). Both enqueues obey the capture rules of Enqueue: the legacy stream is
 // refused while a blocking stream captures, and a capture error from the driver ends the invalidated
-// captures. The caller brackets producer (Use/Done) when it is a stream of this Manager, so that a
-// destroyed stream's handle never reaches the driver; waiter is the consumer's and its owner keeps it
-// alive. Equal streams need no ordering and make no driver call.
+// captures. producer is bracketed here around its enqueue (EnqueueOn): a stream of this Manager that was
+// destroyed is refused with a closed error before its handle reaches the driver, and the caller must not
+// hold the bracket itself. waiter is the consumer's and its owner keeps it alive. Equal streams need no
+// ordering and make no driver call.
 //
 // While either stream captures, the ordering would cross the capture's boundary (the driver answers 905
 // and invalidates the capture), so it is refused here, before the driver sees it.
@@ -715,7 +753,7 @@ func (m *Manager) Order(op string, waiter, producer cuda.Stream) error {
 	}
 	// An event may be destroyed while a wait on it is queued: the driver releases it once the wait is done.
 	defer func() { _ = m.drv.EventDestroy(m.ctx, ev) }()
-	if err := m.Enqueue(op, producer, func() error { return m.drv.EventRecord(m.ctx, ev, producer) }); err != nil {
+	if err := m.EnqueueOn(op, producer, func() error { return m.drv.EventRecord(m.ctx, ev, producer) }); err != nil {
 		return err
 	}
 	return m.Enqueue(op, waiter, func() error { return m.drv.StreamWaitEvent(m.ctx, waiter, ev) })

@@ -391,8 +391,9 @@ func (m *Manager) StagingStats() (allocated, busy int) {
 	return len(p.all), len(p.busy)
 }
 
-// Close frees the staging buffers and events once their copies complete. The manager can still be used
-// afterwards (the pool fills again).
+// Close frees the staging buffers and events once their copies complete, and retries the destroys of the
+// graphs kept after a failure (RetryDestroys). The manager can still be used afterwards (the pool fills
+// again).
 func (m *Manager) Close() error {
 	p := m.staging
 	p.mu.Lock()
@@ -404,6 +405,9 @@ func (m *Manager) Close() error {
 		if first == nil {
 			first = err
 		}
+	}
+	if err := m.RetryDestroys(); err != nil { // the graphs whose deferred destroy failed
+		keep(err)
 	}
 	for _, b := range busy {
 		if err := m.drv.EventSynchronize(m.ctx, b.ev); err != nil {

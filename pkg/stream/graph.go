@@ -3,6 +3,8 @@ package stream
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 )
@@ -235,8 +237,19 @@ func (g *Graph) Update(other *Graph) error {
 // everything that follows them, run when the captures end.
 //
 // A driver failure leaves what it failed to destroy in place, and the graph unusable but not gone:
-// calling Destroy again retries it, so a transient failure frees nothing for good.
+// calling Destroy again retries it, so a transient failure frees nothing for good. A failure of the
+// destroy that waited for the captures to end has no caller left to retry it: the Manager keeps the
+// graph and retries it (failedDestroys).
+//
+// Each Destroy also retries the destroys the Manager keeps, at most once per retryEvery.
 func (g *Graph) Destroy() error {
+	err := g.destroy()
+	g.m.retryDestroys(false)
+	return err
+}
+
+// destroy is Destroy without the retry of the destroys the Manager keeps.
+func (g *Graph) destroy() error {
 	g.mu.Lock()
 	err := g.destroyLocked()
 	var run []func()
@@ -262,13 +275,19 @@ func (g *Graph) destroyLocked() error {
 		g.mu.Lock()
 		g.queued = false
 		g.mu.Unlock()
-		_ = g.Destroy() // a failure is left to the caller's next Destroy, as ever
+		g.m.retryDestroys(false) // the destroys kept before this one
+		// The caller was told the graph is destroyed (the facade forgot its number): a failure is kept
+		// by the Manager, not left to a Destroy that may never come.
+		if g.destroy() != nil {
+			g.m.keepFailed(g)
+		}
 	})
 	if !ran {
 		g.queued = true
 		return nil
 	}
 	if err != nil {
+		g.m.fd.failures.Add(1)
 		return err
 	}
 	g.gone = true
@@ -286,3 +305,72 @@ func (g *Graph) destroyAtDriver() error {
 	}
 	return g.m.drv.GraphDestroy(g.m.ctx, g.g)
 }
+
+// failedDestroys keeps the graphs whose destroy, deferred until the captures ended (Destroy), the driver
+// refused. No caller is left to retry it (Destroy returned, and the facade forgot the graph's number), so
+// dropping the failure would leak the graph and the memory its allocations hold: the Manager keeps the
+// graph, with its handles, and retries its destroy at each later Destroy of any graph and at the end of
+// each later deferred destroy, at most once per retryEvery (a driver that refuses a destroy usually goes
+// on refusing, and each attempt counts as a failure), and at once in RetryDestroys and Close.
+type failedDestroys struct {
+	mu     sync.Mutex
+	graphs []*Graph     // kept, not being retried
+	last   time.Time    // the last retry
+	kept   atomic.Int64 // graphs kept, those being retried included
+	// failures counts the driver's refusals of a graph's destroy, every attempt (Destroy's own too).
+	failures atomic.Uint64
+}
+
+// retryEvery spaces the retries of kept destroys made by later Destroys.
+const retryEvery = time.Second
+
+// keepFailed keeps g, whose deferred destroy failed, for a retry.
+func (m *Manager) keepFailed(g *Graph) {
+	m.fd.mu.Lock()
+	m.fd.graphs = append(m.fd.graphs, g)
+	m.fd.mu.Unlock()
+	m.fd.kept.Add(1)
+}
+
+// RetryDestroys retries now the destroys the Manager keeps after a failure (failedDestroys) and returns
+// the first error; a graph that fails again stays kept.
+func (m *Manager) RetryDestroys() error { return m.retryDestroys(true) }
+
+// retryDestroys retries the kept destroys: now, or only if the last retry was retryEvery ago.
+func (m *Manager) retryDestroys(now bool) error {
+	fd := &m.fd
+	if fd.kept.Load() == 0 {
+		return nil
+	}
+	fd.mu.Lock()
+	if len(fd.graphs) == 0 || !now && time.Since(fd.last) < retryEvery {
+		fd.mu.Unlock()
+		return nil
+	}
+	fd.last = time.Now()
+	retry := fd.graphs
+	fd.graphs = nil
+	fd.mu.Unlock()
+	var first error
+	for _, g := range retry {
+		// nil also when the destroy waits for the captures again: its own deferred run keeps it on failure.
+		if err := g.destroy(); err != nil {
+			fd.mu.Lock()
+			fd.graphs = append(fd.graphs, g)
+			fd.mu.Unlock()
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		fd.kept.Add(-1)
+	}
+	return first
+}
+
+// DestroysKept returns how many graphs the Manager keeps because their deferred destroy failed
+// (failedDestroys): their driver objects, and the memory their allocations hold, are not yet given back.
+func (m *Manager) DestroysKept() int { return int(m.fd.kept.Load()) }
+
+// DestroyFailures returns how many times the driver refused to destroy a graph, every attempt counted.
+func (m *Manager) DestroyFailures() uint64 { return m.fd.failures.Load() }

@@ -85,8 +85,9 @@ type Manager struct {
 	syncMu   sync.Mutex
 	syncDone chan error // the device synchronize in flight (SynchronizeDevice with a timeout), or nil
 
-	life lifetimes   // destroyed stream handles, for the allocation paths (lifetime.go)
-	gm   graphMemory // graph memory and the memory graphs use (graphmem.go)
+	life lifetimes      // destroyed stream handles, for the allocation paths (lifetime.go)
+	gm   graphMemory    // graph memory and the memory graphs use (graphmem.go)
+	fd   failedDestroys // graphs whose deferred destroy failed, kept for a retry (graph.go)
 }
 
 // New returns the Manager of d.

@@ -156,14 +156,13 @@ func (d *Device) Order(op string, waiter, producer cuda.Stream) error {
 		return cuda.NewError("cudacore."+op, cuda.ErrorClosed, fmt.Sprintf(
 			"the consumer's stream %#x was closed; pass a live stream (or -1 for no ordering)", uint64(waiter)))
 	}
-	if err := streams.Use(op, producer); err != nil {
-		if streams.Destroyed(producer) {
-			return nil
-		}
-		return err
+	// Order brackets the producer itself, around its enqueue only (a bracket held across the call would be
+	// taken again by the handling of a capture failure: stream.Manager.EnqueueOn).
+	err := streams.Order(op, waiter, producer)
+	if err != nil && cuda.ResultOf(err) == cuda.ErrorClosed && streams.Destroyed(producer) {
+		return nil
 	}
-	defer streams.Done(producer)
-	return streams.Order(op, waiter, producer)
+	return err
 }
 
 // tileResource is the device's allocator as AllocateTiles uses it, with the rules of a free and of a
@@ -185,22 +184,38 @@ func (t tileResource) Allocate(size uint64, h cuda.Stream) (p cuda.DevicePtr, er
 
 // Deallocate frees a tile of a failed call by Free's rules (free): graph memory of a capture, in progress
 // or ended meanwhile, follows its graph's rules, and a free while a capture runs is a free node of h's own
-// capture or waits for the captures to end. The free made at once holds the capture registry, so that a
-// capture begun on another thread meanwhile cannot see it (an unsafe call in GLOBAL mode).
+// capture or waits for the captures to end. The free made at once runs while no capture can begin
+// (steadyOrDefer), so that a capture begun on another thread meanwhile cannot see it (an unsafe call in
+// GLOBAL mode).
 func (t tileResource) Deallocate(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	d := t.d
 	return d.free(p, size, h, func(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
-		return captures.RunOrDefer(func() error { return d.freeNow(p, size, h) })
+		return steadyOrDefer(func() error { return d.freeNow(p, size, h) })
 	})
 }
 
 // Release gives the cache back after a failed call, once no capture runs (a release is unsafe during
-// one), with the registry held so that none begins meanwhile.
+// one), while none can begin (steadyOrDefer).
 func (t tileResource) Release() error {
-	return captures.RunOrDefer(func() error {
+	return steadyOrDefer(func() error {
 		t.d.inFlight.RLock()
 		defer t.d.inFlight.RUnlock()
 		return t.d.Memory().Release()
+	})
+}
+
+// steadyOrDefer runs fn, a call that a capture forbids, now if no capture is in progress, while none can
+// begin or end (Steady), else once the last one ends (Defer: the deferred calls run while the capture
+// that ended still holds the registry's change lock, so that none begins then either). fn takes the
+// allocator (inFlight), so it must not run under the registry's mutex as RunOrDefer runs it: the mutex
+// comes after the allocator in the lock order (Device.inFlight). It returns fn's error when fn ran now.
+func steadyOrDefer(fn func() error) error {
+	return captures.Steady(func() error {
+		if Capturing() {
+			DeferUntilNoCapture(func() { _ = fn() })
+			return nil
+		}
+		return fn()
 	})
 }
 

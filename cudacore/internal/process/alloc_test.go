@@ -147,14 +147,50 @@ func TestTilesRolledBackWhileAStreamIsCreated(t *testing.T) {
 	assert.Equal(t, before, d.Memory().Stats().InUse, "the tile was freed")
 }
 
-// waitUntilBlocked waits until a goroutine is blocked in a function whose name contains fn (or a second
-// has passed: the caller's test then checks less, and never fails for it).
+// The lock order (Device.inFlight): the allocator (inFlight) before the capture registry's mutex, as
+// Allocate takes them while a capture runs. The rollback of AllocateTiles held the registry's mutex
+// (RunOrDefer) while it waited for the allocator to free a tile: with the allocator taken for writing
+// (SetStrategy) or a writer waiting, and an Allocate holding it for reading and waiting for the
+// registry, the three threads hung. While the rollback waits for the allocator, the registry must be free.
+func TestTileRollbackDoesNotHoldTheRegistryWhileWaitingForTheAllocator(t *testing.T) {
+	d := simDevice(t)
+	before := d.Memory().Stats().InUse
+	p, err := d.Allocate(4096, cuda.StreamLegacy) // a tile of a failed call
+	require.NoError(t, err)
+
+	d.inFlight.Lock() // as SetStrategy holds it
+	rolledBack := make(chan error, 1)
+	go func() { rolledBack <- tileResource{d}.Deallocate(p, 4096, cuda.StreamLegacy) }()
+	waitUntilWaiting(t, "(*Device).freeNow", "sync.(*RWMutex).RLock") // the rollback waits for the allocator
+	registry := make(chan int, 1)
+	go func() { registry <- captures.Deferred() }() // takes the registry's mutex, as Allocate does
+	select {
+	case <-registry:
+		d.inFlight.Unlock()
+	case <-time.After(5 * time.Second):
+		t.Error("the tile rollback holds the capture registry while it waits for the allocator")
+		d.inFlight.Unlock()
+		<-registry
+	}
+	require.NoError(t, <-rolledBack)
+	assert.Equal(t, before, d.Memory().Stats().InUse, "the tile was freed")
+}
+
+// waitUntilBlocked waits until a goroutine is blocked taking a write lock in a function whose name
+// contains fn (or a second has passed: the caller's test then checks less, and never fails for it).
 func waitUntilBlocked(t *testing.T, fn string) {
+	t.Helper()
+	waitUntilWaiting(t, fn, "sync.(*RWMutex).Lock")
+}
+
+// waitUntilWaiting waits until a goroutine is blocked in lock (a function name, such as
+// "sync.(*RWMutex).RLock") called from a function whose name contains fn, or a second has passed.
+func waitUntilWaiting(t *testing.T, fn, lock string) {
 	t.Helper()
 	buf := make([]byte, 1<<20)
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
-			if strings.Contains(g, fn) && strings.Contains(g, "sync.(*RWMutex).Lock") {
+			if strings.Contains(g, fn) && strings.Contains(g, lock) {
 				return
 			}
 		}

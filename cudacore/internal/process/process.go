@@ -58,6 +58,14 @@ type Device struct {
 	// inFlight is held for reading by every allocation and free, and for writing by SetStrategy: an
 	// allocator is replaced only between calls, so a block is always freed through the allocator that
 	// made it (a switch racing an allocation once freed a block through the new one).
+	//
+	// Lock order: the capture registry's change lock (Steady; held for writing while a capture begins or
+	// ends, and so by the frees deferred until the captures end), then inFlight, then a stream's lifetime
+	// (Manager.Use and UseForFree), then the capture registry's mutex. Allocate takes the registry's mutex
+	// while it holds inFlight (CheckAllocate, NoteAllocate), so nothing that holds the registry's mutex
+	// (Registry.RunOrDefer, RunOrDeferUnsafe) may take inFlight: with a writer of inFlight waiting, the
+	// two would deadlock. Calls that a capture forbids and that take inFlight wait for the captures with
+	// steadyOrDefer instead.
 	inFlight sync.RWMutex
 	// managed holds the device's managed (unified) memory allocations (managed.go).
 	managed managedTable
