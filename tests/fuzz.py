@@ -82,6 +82,8 @@ MODES = ("thread_local", "global", "relaxed")
 #: Operations left out of every table (``--without``; the workers read it from the environment): for
 #: narrowing down which kind of operation a failure needs.
 WITHOUT = frozenset(o for o in os.environ.get("CUDACORE_FUZZ_WITHOUT", "").split(",") if o)
+#: Never use the per-thread default stream (``--no-per-thread``; the workers read it from the environment).
+NO_PER_THREAD = os.environ.get("CUDACORE_FUZZ_NO_PER_THREAD") == "1"
 
 
 def _pick(rng: random.Random, table: dict[str, int]) -> str:
@@ -208,7 +210,7 @@ class State:
         """None (the legacy stream), a stream of the program, or the per-thread default stream."""
         with self.lock:
             choices: list[Any] = [None, *self.streams]
-        if r % 13 == 0:
+        if r % 13 == 0 and not NO_PER_THREAD:
             return self.cc.Stream.per_thread(self.dev)
         return choices[r % len(choices)]
 
@@ -1474,7 +1476,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--without", default="", metavar="OPS",
                     help="comma-separated operations never to draw (e.g. h2d,d2h), to narrow down what a failure "
                          "needs; the programs then differ from those of the same seeds without it")  # fmt: skip
+    ap.add_argument("--no-per-thread", action="store_true",
+                    help="never pass the per-thread default stream (the programs then differ from those of the same seeds without it)")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.no_per_thread:
+        os.environ["CUDACORE_FUZZ_NO_PER_THREAD"] = "1"
+        global NO_PER_THREAD
+        NO_PER_THREAD = True
     if args.without:
         known = set(TOP_OPS) | set(CAPTURE_OPS)
         unknown = sorted(set(args.without.split(",")) - known)

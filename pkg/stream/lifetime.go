@@ -66,6 +66,9 @@ func (l *lifetimes) reborn(h cuda.Stream) {
 // allocator; in between, h cannot be destroyed.
 func (m *Manager) UseForFree(h cuda.Stream) cuda.Stream {
 	if isDefault(h) {
+		if h == cuda.StreamPerThread {
+			m.notePerThread()
+		}
 		return h
 	}
 	m.life.mu.RLock()
@@ -83,6 +86,9 @@ func (m *Manager) UseForAlloc(h cuda.Stream) error { return m.Use("allocate", h)
 // destroyed stream, else the caller queues the work and then calls Done(h).
 func (m *Manager) Use(op string, h cuda.Stream) error {
 	if isDefault(h) {
+		if h == cuda.StreamPerThread {
+			m.notePerThread()
+		}
 		return nil
 	}
 	m.life.mu.RLock()
@@ -108,4 +114,20 @@ func (m *Manager) Destroyed(h cuda.Stream) bool {
 	defer m.life.mu.RUnlock()
 	_, dead := m.life.dead[h]
 	return dead
+}
+
+// PerThreadDrainer is implemented by drivers that can synchronize a thread's per-thread default stream
+// when the thread exits (libcuda.Driver): the real driver can stall for good when it tears down, at
+// thread exit, a per-thread default stream with stream-ordered pool memory and copies still in flight.
+type PerThreadDrainer interface {
+	DrainPerThreadAtExit(ctx cuda.Context) bool
+}
+
+// notePerThread is called, on the calling OS thread, for every use of the per-thread default stream:
+// the thread will drain that stream before it exits. A cgo call on the calling thread; drivers without
+// the need (the simulator) cost a type assertion.
+func (m *Manager) notePerThread() {
+	if d, ok := m.drv.(PerThreadDrainer); ok {
+		d.DrainPerThreadAtExit(m.ctx)
+	}
 }

@@ -145,8 +145,12 @@ func (m *Manager) Legacy() *Stream { return m.legacy }
 
 // PerThread returns the per-thread default stream (CU_STREAM_PER_THREAD): a different stream on every OS
 // thread, blocking with respect to the legacy stream. It cannot be destroyed, and cudacore does not
-// capture it (create a stream to capture).
-func (m *Manager) PerThread() *Stream { return m.perTh }
+// capture it (create a stream to capture). The calling thread will drain it before it exits (see
+// PerThreadDrainer), since work is about to be queued on it.
+func (m *Manager) PerThread() *Stream {
+	m.notePerThread()
+	return m.perTh
+}
 
 // PriorityRange returns the device's stream priorities: least (the default, numerically largest) and
 // greatest (numerically smallest).

@@ -414,6 +414,14 @@ func (d *Driver) StreamDestroy(ctx cuda.Context, s cuda.Stream) error {
 }
 
 // StreamSynchronize waits until s has finished its work (cuStreamSynchronize).
+// DrainPerThreadAtExit makes the calling OS thread, when it exits, synchronize its per-thread default
+// stream in ctx before the driver destroys that stream (see cc_drainPerThreadAtExit in shim.c: why, and
+// how). It is cheap to call again; false when it could not be arranged (more than 16 contexts on one
+// thread).
+func (d *Driver) DrainPerThreadAtExit(ctx cuda.Context) bool {
+	return C.cc_drainPerThreadAtExit(d.tab, cctx(ctx)) == 0
+}
+
 func (d *Driver) StreamSynchronize(ctx cuda.Context, s cuda.Stream) error {
 	if r := C.cc_streamSynchronize(d.tab, cctx(ctx), cstream(s)); r != 0 {
 		return d.fail(symStreamSynchronize, r)

@@ -3,6 +3,7 @@
 // CUDA contexts are per thread, so a separate "set current" call from Go could bind the wrong thread.
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -284,6 +285,56 @@ CUresult cc_streamSynchronize(const cc_table *t, uintptr_t ctx, uintptr_t s) {
 	ENSURE;
 	return t->cuStreamSynchronize((CUstream)s);
 }
+// Draining per-thread default streams at thread exit. The driver destroys a thread's per-thread default
+// stream when the thread exits; measured on the H100 (driver 580), stream-ordered pool memory allocated
+// or freed on such a stream while copies are in flight can then leave the device waiting for good, and
+// every later call of the process blocks. Synchronizing the stream before the thread goes prevents it.
+// The drain runs as a thread_local destructor (__cxa_thread_atexit_impl), which glibc runs before the
+// destructors of pthread keys, where the driver keeps its per-thread state. A forked child inherits the
+// forking thread's list and must not call the driver: the atfork handler empties it there.
+#define CC_DRAIN_MAX 16
+typedef struct {
+	const cc_table *t;
+	uintptr_t ctx;
+} cc_drain;
+static __thread cc_drain cc_drains[CC_DRAIN_MAX];
+static __thread int cc_ndrains;
+static __thread int cc_drain_armed;
+
+extern int __cxa_thread_atexit_impl(void (*dtor)(void *), void *obj, void *dso);
+extern void *__dso_handle;
+
+static void cc_drain_run(void *unused) {
+	(void)unused;
+	for (int i = 0; i < cc_ndrains; i++) {
+		const cc_table *t = cc_drains[i].t;
+		uintptr_t ctx = cc_drains[i].ctx;
+		if (cc_ensure(t, ctx) == CUDA_SUCCESS) (void)t->cuStreamSynchronize((CUstream)(uintptr_t)0x2); // CU_STREAM_PER_THREAD
+	}
+	cc_ndrains = 0;
+}
+
+static void cc_drain_forget(void) { cc_ndrains = 0; }
+
+static pthread_once_t cc_drain_once = PTHREAD_ONCE_INIT;
+static void cc_drain_atfork(void) { (void)pthread_atfork(NULL, NULL, cc_drain_forget); }
+
+int cc_drainPerThreadAtExit(const cc_table *t, uintptr_t ctx) {
+	for (int i = 0; i < cc_ndrains; i++) {
+		if (cc_drains[i].ctx == ctx) return 0;
+	}
+	if (cc_ndrains == CC_DRAIN_MAX || ctx == 0) return 1;
+	if (!cc_drain_armed) {
+		(void)pthread_once(&cc_drain_once, cc_drain_atfork);
+		if (__cxa_thread_atexit_impl(cc_drain_run, NULL, &__dso_handle) != 0) return 2;
+		cc_drain_armed = 1;
+	}
+	cc_drains[cc_ndrains].t = t;
+	cc_drains[cc_ndrains].ctx = ctx;
+	cc_ndrains++;
+	return 0;
+}
+
 CUresult cc_streamQuery(const cc_table *t, uintptr_t ctx, uintptr_t s) {
 	ENSURE;
 	return t->cuStreamQuery((CUstream)s);

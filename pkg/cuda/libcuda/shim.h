@@ -229,6 +229,10 @@ CUresult cc_memsetD8Async(const cc_table *t, uintptr_t ctx, CUdeviceptr dst, uns
 CUresult cc_streamCreate(const cc_table *t, uintptr_t ctx, unsigned int flags, int prio, uintptr_t *s);
 CUresult cc_streamDestroy(const cc_table *t, uintptr_t ctx, uintptr_t s);
 CUresult cc_streamSynchronize(const cc_table *t, uintptr_t ctx, uintptr_t s);
+// cc_drainPerThreadAtExit arranges for the calling thread, when it exits, to synchronize its per-thread
+// default stream in ctx before the driver tears that stream down (once per thread and context; up to 16
+// contexts a thread). 0 when arranged (or already), nonzero when it could not be.
+int cc_drainPerThreadAtExit(const cc_table *t, uintptr_t ctx);
 CUresult cc_streamQuery(const cc_table *t, uintptr_t ctx, uintptr_t s);
 CUresult cc_streamWaitEvent(const cc_table *t, uintptr_t ctx, uintptr_t s, uintptr_t e);
 CUresult cc_streamBeginCapture(const cc_table *t, uintptr_t ctx, uintptr_t s, int mode);
