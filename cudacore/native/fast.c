@@ -1879,9 +1879,11 @@ hot_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char 
     }
     Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t k = 0; k < nkw; k++) {
-        const char *key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+        /* With its length: a keyword with an embedded NUL ("stream\0x") is no parameter's name. */
+        Py_ssize_t len = 0;
+        const char *key = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(kwnames, k), &len);
         int i = 0;
-        while (i < n && (key == NULL || strcmp(key, names[i]) != 0)) {
+        while (i < n && (key == NULL || (size_t)len != strlen(names[i]) || memcmp(key, names[i], (size_t)len) != 0)) {
             i++;
         }
         if (i == n || out[i] != NULL) {

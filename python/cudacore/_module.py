@@ -558,6 +558,11 @@ class Module:
     def __exit__(self, *exc: object) -> None:
         self.unload()
 
+    def __reduce__(self) -> Any:
+        # A copy would share the loaded module: unloading it (or its collection) would leave this one's
+        # kernels launching, from C, a function of an unloaded module.
+        raise TypeError("a cudacore.Module cannot be pickled or copied: load the image again where it is needed")
+
     def __repr__(self) -> str:
         names = ", ".join(self.kernel_names) if self.kernel_names is not None else "?"
         state = "unloaded" if self.closed else f"device {self._device.device_id}"

@@ -367,6 +367,15 @@ class Stream:
             with suppress(Exception):  # interpreter shutdown or a dead driver: nothing to do
                 self.close()
 
+    def __reduce__(self) -> Any:
+        # A stream this process created is its driver object: a copy would own it too, and destroy it (at
+        # its close or garbage collection) under the original, whose calls would then hand the driver a
+        # destroyed stream (the direct path makes them without Go's check). The default streams are no
+        # one's: they travel as what they are.
+        if not self._owned and not self._closed and self._handle in (1, 2):
+            return (Stream.legacy if self._handle == 1 else Stream.per_thread, (self._device,))
+        raise TypeError("a cudacore.Stream cannot be pickled or copied: create a stream where it is needed (Device.create_stream())")
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stream) and other._handle == self._handle and other._device == self._device
 
