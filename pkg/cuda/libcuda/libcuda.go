@@ -158,6 +158,8 @@ package libcuda
 #cgo nocallback cc_streamQuery
 #cgo noescape cc_streamSynchronize
 #cgo nocallback cc_streamSynchronize
+#cgo noescape cc_drainPerThreadAtExit
+#cgo nocallback cc_drainPerThreadAtExit
 #cgo noescape cc_streamWaitEvent
 #cgo nocallback cc_streamWaitEvent
 #cgo noescape cc_deviceCanAccessPeer
