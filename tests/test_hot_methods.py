@@ -2,9 +2,10 @@
 are C method descriptors that take the direct path when they may and otherwise call the Python definitions
 with the same arguments. Whatever C does, the answer or the error must be the Python method's."""
 
+# ruff: noqa: B023 - each lambda made in a loop is called by same() within the iteration that made it
 from __future__ import annotations
-
 import __future__
+
 import copy
 import inspect
 import itertools
@@ -39,7 +40,7 @@ def _python_classes() -> dict[str, type]:
         for name in names:
             ns = dict(vars(mod))
             src = inspect.getsource(getattr(mod, name))
-            exec(compile(src, mod.__file__, "exec", __future__.annotations.compiler_flag, dont_inherit=True), ns)
+            exec(compile(src, mod.__file__, "exec", __future__.annotations.compiler_flag, dont_inherit=True), ns)  # noqa: S102 - the package's own source
             out[name] = ns[name]
     return out
 
@@ -47,7 +48,7 @@ def _python_classes() -> dict[str, type]:
 def _outcome(f: Any) -> tuple[str, str]:
     try:
         return ("ok", repr(f()))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any outcome is compared, the error types included
         return (type(exc).__name__, str(exc))
 
 

@@ -872,3 +872,34 @@ def test_scalar_cold_entries_are_the_generated_wrappers_and_keep_the_funnel(dev)
         call(core.EventCreate, dev.device_id, None)
     with pytest.raises(TypeError, match=r"Noop\(\) takes exactly 1 argument \(2 given\)"):
         call(core.Noop, 1, 2)
+
+
+def test_the_package_calls_only_wrappers_that_raise_typed_errors() -> None:
+    """The Python layer calls ``core.Name(...)`` directly: each such name must be a generated cold wrapper,
+    which turns a Go error into its typed exception itself; gopy's own wrappers need ``call``."""
+    import re
+
+    from cudacore._native import core
+
+    pkg = ROOT / "python" / "cudacore"
+    # Calls in code, not in docs: ``cuda.core.Device(i)`` and ``core.Name(...)`` in prose are not calls.
+    code = r"^[^#`\n]*?(?<![.\w])core\.([A-Z]\w+)\("
+    called = {m for f in pkg.glob("*.py") for m in re.findall(code, f.read_text(), re.MULTILINE)}
+    assert len(called) > 40, "the package's cold calls are found"
+    cold = {n.removeprefix("cudacore_") for n in dir(fast.cold) if n.startswith("cudacore_")}
+    assert called <= cold, f"called directly but not generated wrappers: {sorted(called - cold)}"
+    for name in called:
+        assert getattr(core, name) is getattr(fast.cold, "cudacore_" + name), name
+
+
+def test_a_cold_wrapper_raises_the_typed_error_with_gopys_as_its_cause() -> None:
+    from cudacore._native import core
+
+    with pytest.raises(cc.InvalidValueError, match="unknown limit") as ei:
+        core.DeviceLimit(0, "bogus")
+    assert type(ei.value.__cause__) is RuntimeError, "gopy's RuntimeError, with the wire text, is the cause"
+    assert ei.value.name == "CUDA_ERROR_INVALID_VALUE"
+    with pytest.raises(TypeError, match=r"Noop\(\): x must be an int, not bool"):
+        core.Noop(True)
+    with pytest.raises(cc.InvalidValueError, match=r"tile_size must be an integer in \[-2\*\*63, 2\*\*63\)"):
+        core.AllocateTiles(0, 1, 2**64, 0)

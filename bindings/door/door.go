@@ -581,11 +581,12 @@ func (e Entry) GoExport() string { return "cudacore_" + e.Name }
 
 // GenerateCold writes cold_gen.c: for every scalar entry (Entry.Scalar), a METH_FASTCALL function named
 // like gopy's C function (cudacore_<Name>) that converts its arguments with the C guard's converters
-// (door.h, naming the function and the argument as gopy's wrapper names them) and calls gopy's cgo
-// export, which keeps gopy's GIL handling (as patched by package gil) and its error path: a Go error
-// becomes a RuntimeError carrying the wire text, which cudacore._fast.call turns into the typed
-// exception. What it replaces is pybindgen's wrapper of the same export: an argument tuple,
-// PyArg_ParseTupleAndKeywords and Py_BuildValue on every call.
+// (door.h, naming the function, and the argument as Python spells it) and calls gopy's cgo export, which
+// keeps gopy's GIL handling (as patched by package gil) and its error path: a Go error becomes a
+// RuntimeError carrying the wire text, which the wrapper turns into the typed exception through the one
+// funnel (door_translate), so the Python layer calls these functions directly. What it replaces is
+// pybindgen's wrapper of the same export: an argument tuple, PyArg_ParseTupleAndKeywords and
+// Py_BuildValue on every call.
 //
 // The file includes gopy's export header (exportHeader, core_go.h), which cgo writes in the build's first
 // pass, so the C compiler checks every call against gopy's own prototypes. That first pass compiles the
@@ -649,11 +650,11 @@ func writeColdWrapper(w *bytes.Buffer, e Entry) {
 	fmt.Fprintf(w, "    %sret = %s(%s);\n", withSpace(gopyCType(e.Result)), e.GoExport(), strings.Join(args, ", "))
 	if e.Result == String {
 		// gopy returns a malloc'd string, an empty one with the error.
-		fmt.Fprintf(w, "    if (PyErr_Occurred() || ret == NULL) {\n        free(ret);\n        return PyErr_Occurred() ? NULL : PyErr_NoMemory();\n    }\n")
+		fmt.Fprintf(w, "    if (PyErr_Occurred() || ret == NULL) {\n        free(ret);\n        return PyErr_Occurred() ? door_translate() : PyErr_NoMemory();\n    }\n")
 		fmt.Fprintf(w, "    PyObject *r = PyUnicode_FromString(ret);\n    free(ret);\n    return r;\n}\n\n")
 		return
 	}
-	fmt.Fprintf(w, "    if (PyErr_Occurred()) {\n        return NULL;\n    }\n    return %s;\n}\n\n", pyScalar(e.Result, "ret"))
+	fmt.Fprintf(w, "    if (PyErr_Occurred()) {\n        return door_translate();\n    }\n    return %s;\n}\n\n", pyScalar(e.Result, "ret"))
 }
 
 // withSpace ends a C type with the space or star that separates it from a name.

@@ -1546,10 +1546,10 @@ fast_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(name);
         return NULL;
     }
-    /* A cold wrapper (cold_gen.c) checks its own arguments, naming them, after the fork check: straight in. */
+    /* A cold wrapper (cold_gen.c) checks its own arguments, naming them, after the fork check, and raises
+     * the typed exception itself: straight in. */
     if (PyCFunction_Check(args[0]) && (PyCFunction_GET_FLAGS(args[0]) & METH_FASTCALL) != 0) {
-        PyObject *r = PyObject_Vectorcall(args[0], args + 1, (size_t)(nargs - 1), NULL);
-        return r != NULL || !PyErr_ExceptionMatches(PyExc_RuntimeError) ? r : door_translate();
+        return PyObject_Vectorcall(args[0], args + 1, (size_t)(nargs - 1), NULL);
     }
     /* gopy's wrappers take Go ints as C long long: a Python int beyond int64 would be a bare OverflowError
      * naming nothing. Refuse it here, naming the function and the argument's position. */

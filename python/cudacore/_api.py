@@ -1,8 +1,10 @@
 """The cold door into Go: gopy's generated functions, called through the C guard.
 
-Every call of a generated function goes through :func:`call`, which is ``cudacore._fast.call``: the fork
-check runs in C before Go is entered, and a Go error becomes its typed exception through the one funnel
-(:func:`cudacore._errors.from_wire`). The hot entries are generated METH_FASTCALL functions of
+``core.Name(...)`` calls a facade function through its generated METH_FASTCALL wrapper (``fast.cold``):
+the fork check and the argument checks run in C before Go is entered, and a Go error becomes its typed
+exception through the one funnel (:func:`cudacore._errors.from_wire`), in the wrapper itself. The few
+entries whose parameters are not all scalars keep gopy's Python wrapper, which raises RuntimeError: call
+those through :func:`call`, which translates. The hot entries are generated METH_FASTCALL functions of
 ``cudacore._fast`` itself and pass the same guard.
 """
 
@@ -14,9 +16,9 @@ from typing import Any
 from . import _errors
 from ._native import core, fast
 
-#: ``call(fn, *args)``: call a generated function through the guard and return its result; a Go error
+#: ``call(fn, *args)``: call any generated function through the guard and return its result; a Go error
 #: raises its typed exception (the RuntimeError from gopy is its ``__cause__``). It is the C function
-#: itself, so a cold call adds no Python frame.
+#: itself, so it adds no Python frame; for a generated wrapper (most of ``core``) it only passes the call on.
 call: Callable[..., Any] = fast.call
 
 

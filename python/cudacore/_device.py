@@ -9,7 +9,7 @@ import threading
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import _diagnostics, _ipc, _memory
-from ._api import call, core
+from ._api import core
 from ._display import device_html
 from ._errors import error
 from ._external import asbuffer
@@ -38,7 +38,7 @@ _device_allocate = fast.device_allocate
 def _configure_direct(ordinal: int) -> None:
     """Tell the direct path of the hot calls how it reaches the device's driver (cudacore/direct.go);
     ``CUDACORE_DIRECT=0`` sends every call through Go instead."""
-    kind, ctx, table, pageable_max = (int(x) for x in call(core.DirectInfo, ordinal).split())
+    kind, ctx, table, pageable_max = (int(x) for x in core.DirectInfo(ordinal).split())
     if os.environ.get("CUDACORE_DIRECT", "1") == "0":
         kind = 0
     fast.configure_direct(ordinal, kind, ctx, table, pageable_max)
@@ -48,18 +48,18 @@ __all__ = ["Device", "backend", "current_device", "device_count", "devices", "dr
 
 def backend() -> str:
     """The backend this process uses: ``"cuda"`` (the real driver) or ``"sim"`` (the simulator)."""
-    return call(core.Backend)
+    return core.Backend()
 
 
 def driver_version() -> tuple[int, int]:
     """The CUDA version of the driver as ``(major, minor)``, for example ``(13, 0)``."""
-    v = call(core.DriverVersion)
+    v = core.DriverVersion()
     return v // 1000, v % 1000 // 10
 
 
 def device_count() -> int:
     """The number of devices the driver sees."""
-    return call(core.DeviceCount)
+    return core.DeviceCount()
 
 
 def devices() -> list[Device]:
@@ -128,7 +128,7 @@ class Device:
             return dev
         if ordinal < 0:
             raise error("CUDA_ERROR_INVALID_VALUE", f"device ordinal must be >= 0, got {ordinal}", op="cudacore.device")
-        props = json.loads(call(core.DeviceProperties, ordinal))
+        props = json.loads(core.DeviceProperties(ordinal))
         with cls._lock:
             dev = cls._cache.get(ordinal)
             if dev is None:
@@ -223,7 +223,7 @@ class Device:
 
     def memory_info(self) -> tuple[int, int]:
         """``(free, total)`` device memory in bytes, as the driver reports it now."""
-        return call(core.DeviceFreeMemory, self._ordinal), self._props["total_memory"]
+        return core.DeviceFreeMemory(self._ordinal), self._props["total_memory"]
 
     @property
     def limits(self) -> Limits:
@@ -276,7 +276,7 @@ class Device:
         CaptureError
             While a stream of this device captures (the driver's error 900).
         """
-        while not call(core.DeviceSynchronize, self._ordinal, WAIT_SLICE_MS):
+        while not core.DeviceSynchronize(self._ordinal, WAIT_SLICE_MS):
             pass
 
     # -- several devices -------------------------------------------------------------------------------
@@ -287,7 +287,7 @@ class Device:
         False for the device itself. Copies between any two devices work either way
         (:func:`cudacore.device_to_device`); without peer access the driver stages them through the host.
         """
-        return bool(call(core.CanAccessPeer, self._ordinal, _peer_ordinal(peer)))
+        return bool(core.CanAccessPeer(self._ordinal, _peer_ordinal(peer)))
 
     def enable_peer_access(self, peer: Device | int) -> None:
         """Let this device access ``peer``'s memory: kernels here may then read and write ``peer``'s
@@ -302,7 +302,7 @@ class Device:
         other = _peer_ordinal(peer)
         if other == self._ordinal:
             raise error("CUDA_ERROR_INVALID_VALUE", f"device {other} is this device; peer access is between two devices", op="cudacore.enable_peer_access")
-        call(core.EnablePeerAccess, self._ordinal, other)
+        core.EnablePeerAccess(self._ordinal, other)
 
     # -- memory -----------------------------------------------------------------------------------------
 
@@ -412,13 +412,13 @@ class Device:
 
     def reset_peak_memory_stats(self) -> int:
         """Set ``peak_in_use`` to what is in use now; returns it."""
-        return call(core.MemoryResetPeak, self._ordinal)
+        return core.MemoryResetPeak(self._ordinal)
 
     def release_cached_memory(self) -> int:
         """Give the allocator's cached memory back to the device, and what the exportable pool of
         :meth:`allocate_shareable` keeps for reuse; returns the bytes the allocator still caches."""
-        cached = call(core.MemoryRelease, self._ordinal)  # synchronizes the device first
-        call(core.ShareRelease, self._ordinal)
+        cached = core.MemoryRelease(self._ordinal)  # synchronizes the device first
+        core.ShareRelease(self._ordinal)
         return cached
 
     @property
@@ -430,7 +430,7 @@ class Device:
     def memory_limit(self, nbytes: int | None) -> None:
         if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int)):
             raise TypeError(f"memory_limit must be an int number of bytes or None, not {type(nbytes).__name__}")
-        call(core.MemorySetLimit, self._ordinal, 0 if nbytes is None else nbytes)
+        core.MemorySetLimit(self._ordinal, 0 if nbytes is None else nbytes)
 
     def set_allocation_strategy(self, strategy: str = "auto", *, track: bool = False) -> None:
         """Rebuild this device's allocator: ``"auto"``, ``"pool"`` or ``"sync"``.
@@ -447,14 +447,14 @@ class Device:
                 f"unknown allocation strategy {strategy!r}: use \"auto\", \"pool\" or \"sync\"",
                 op="cudacore.allocation_strategy",
             )
-        self._set_props(json.loads(call(core.DeviceSetAllocationStrategy, self._ordinal, strategy, bool(track))))
+        self._set_props(json.loads(core.DeviceSetAllocationStrategy(self._ordinal, strategy, bool(track))))
         if track:  # live allocations then name the Python line that made each
             _diagnostics.track_python_stacks()
 
     def live_allocations(self) -> list[dict[str, Any]]:
         """The allocations alive now (with ``track=True``; else empty): ptr, size, stream, where (the
         innermost Python frames that made it, ``file:line in function``, innermost first)."""
-        return json.loads(call(core.MemoryLive, self._ordinal))
+        return json.loads(core.MemoryLive(self._ordinal))
 
     def _repr_html_(self) -> str:
         return device_html(self)

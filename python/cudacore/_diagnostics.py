@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _errors
-from ._api import call, core, fast
+from ._api import core, fast
 from ._display import format_bytes
 from ._errors import OutOfMemoryError
 from ._handles import as_device
@@ -83,14 +83,14 @@ def configure_flight_recorder(
         cap = 0 if capacity is None else _ensure_int("capacity", capacity)
         if capacity is not None and cap <= 0:
             raise _errors.error("CUDA_ERROR_INVALID_VALUE", f"capacity must be positive, got {cap}", op="cudacore.flight_recorder")
-        call(core.RecorderConfigure, -1 if enabled is None else int(bool(enabled)), cap)
+        core.RecorderConfigure(-1 if enabled is None else int(bool(enabled)), cap)
     if python_stacks is not None:
         frames = 8 if python_stacks is True else 0 if python_stacks is False else _ensure_int("python_stacks", python_stacks)
         fast.set_stack_frames(frames, _PACKAGE_DIR)
         _state["stack_frames"] = frames
     if path is not False:
         _state["path"] = None if path is None else os.fspath(path)  # type: ignore[arg-type]
-    status = json.loads(call(core.RecorderEvents, 0, 1))
+    status = json.loads(core.RecorderEvents(0, 1))
     return {
         "enabled": status["enabled"],
         "capacity": status["capacity"],
@@ -123,7 +123,7 @@ def flight_record(limit: int | None = None, *, device: int | None = None, after:
         Only events with a ``seq`` above this.
     """
     n = 0 if limit is None else _ensure_int("limit", limit)
-    events: list[dict[str, Any]] = json.loads(call(core.RecorderEvents, _ensure_int("after", after), n))["events"]
+    events: list[dict[str, Any]] = json.loads(core.RecorderEvents(_ensure_int("after", after), n))["events"]
     if device is not None:
         events = [e for e in events if e["device"] == device]
     return events
@@ -298,7 +298,7 @@ def log_allocations(enabled: bool = True, *, level: int = logging.DEBUG, interva
             _drain(level)
         if not enabled:
             return
-        _log["after"] = json.loads(call(core.RecorderEvents, 0, 1))["last"]
+        _log["after"] = json.loads(core.RecorderEvents(0, 1))["last"]
         stop = threading.Event()
 
         def run() -> None:

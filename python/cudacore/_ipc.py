@@ -40,7 +40,7 @@ import weakref
 from multiprocessing import context, reduction
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._api import call, core
+from ._api import core
 from ._errors import CUDAError, error
 from ._handles import as_device, stream_handle
 from ._memory import Buffer
@@ -188,7 +188,7 @@ class _Share:
             holders = self.lease.close_if_free()
             if holders:
                 return holders
-        call(core.ShareFree, self.device_id, self.ptr, self.kind, self.stream)
+        core.ShareFree(self.device_id, self.ptr, self.kind, self.stream)
         self.freed = True
         _exported.pop((self.device_id, self.ptr), None)
         if self.lease is not None:
@@ -280,7 +280,7 @@ class SharedBuffer(Buffer):
         if share.exported is None:
             # The handle of an allocation never changes, nor does its pool's descriptor: the driver is asked
             # once, and later exports duplicate what it gave.
-            info = json.loads(call(core.ShareExport, self.device_id, share.ptr, share.kind))
+            info = json.loads(core.ShareExport(self.device_id, share.ptr, share.kind))
             if info["fd"] >= 0:
                 with _pending_lock:
                     if _pool_fds.setdefault(self.device_id, info["fd"]) != info["fd"]:
@@ -339,8 +339,8 @@ def allocate_shareable(device: Device, nbytes: int, stream: object = None, kind:
         _reap()
     handle = stream_handle(stream, device.device_id)
     ordinal = device.device_id
-    kind = kind or call(core.ShareKind, ordinal)
-    ptr = call(core.ShareAllocate, ordinal, nbytes, handle, kind)
+    kind = kind or core.ShareKind(ordinal)
+    ptr = core.ShareAllocate(ordinal, nbytes, handle, kind)
     share = _Share(ordinal, ptr, nbytes, kind, handle)
     _exported[(ordinal, ptr)] = weakref.ref(share)
     buf = fast.borrow(SharedBuffer, ordinal, ptr, nbytes, handle, share)
@@ -364,7 +364,7 @@ class _Mapping:
             return
         self.closed = True
         try:
-            call(core.ShareClose, self.device_id, self.ptr, self.kind)
+            core.ShareClose(self.device_id, self.ptr, self.kind)
         finally:
             if self.lease is not None:
                 self.lease.give_back(os.getpid())
@@ -469,7 +469,7 @@ class IpcHandle:
             raise
         try:
             pool_fd = -1 if self.pool_fd is None else self.pool_fd
-            ptr = call(core.ShareImport, dev.device_id, self.kind, self.handle, pool_fd, self.pool_id)
+            ptr = core.ShareImport(dev.device_id, self.kind, self.handle, pool_fd, self.pool_id)
         except BaseException:
             lease.give_back(os.getpid())
             lease.release()

@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ._api import call, core
+from ._api import core
 from ._errors import CUDAError, error
 
 # The overrides in force, by (device ordinal, limit name): the value before the first of them, and each
@@ -137,7 +137,7 @@ class Limits:
         """The current value of the limit called ``name``, as the driver reports it."""
         if not isinstance(name, str):
             raise TypeError(f"limit name must be a str, not {type(name).__name__}")
-        return call(core.DeviceLimit, self._ordinal, name)
+        return core.DeviceLimit(self._ordinal, name)
 
     def set(self, name: str, value: int, *, strict: bool | None = None) -> int:
         """Set a limit, read it back and return the value the driver applied.
@@ -159,7 +159,7 @@ class Limits:
             raise TypeError(f"limit name must be a str, not {type(name).__name__}")
         v = _value(name, value)
         is_strict = self.strict if strict is None else bool(strict)
-        result = json.loads(call(core.DeviceSetLimit, self._ordinal, name, v, is_strict))
+        result = json.loads(core.DeviceSetLimit(self._ordinal, name, v, is_strict))
         if result["clamped"]:
             # The warning points at the caller's line: stacklevel counts this frame, set() or __setitem__
             # (3), or the property setter and __setattr__ (4).
@@ -184,7 +184,7 @@ class Limits:
 
     def as_dict(self) -> dict[str, int | None]:
         """Every limit's current value by name; ``None`` for a limit the device does not support."""
-        data = json.loads(call(core.DeviceLimits, self._ordinal))
+        data = json.loads(core.DeviceLimits(self._ordinal))
         values = data["values"]
         return {name: values.get(name) for name in LIMIT_NAMES}
 
@@ -250,7 +250,7 @@ class Limits:
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", LimitClampedWarning)
-                    call(core.DeviceSetLimit, self._ordinal, name, old, False)
+                    core.DeviceSetLimit(self._ordinal, name, old, False)
             except CUDAError as exc:
                 if failed is not None:
                     if hasattr(failed, "add_note"):  # Python 3.11+

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _copy, _errors
-from ._api import call, core
+from ._api import core
 from ._display import MemoryStats, buffer_html, format_bytes
 from ._errors import OutOfMemoryError, error
 from ._handles import as_device, stream_handle
@@ -158,7 +158,7 @@ class ManagedBuffer(Buffer):
         InvalidDeviceError
             If ``to`` names no device of this machine.
         """
-        call(core.ManagedPrefetch, self.device_id, self.ptr, self.size, _location(to, "prefetch"), stream_handle(stream, self.device_id))
+        core.ManagedPrefetch(self.device_id, self.ptr, self.size, _location(to, "prefetch"), stream_handle(stream, self.device_id))
 
     def advise(self, advice: str, device: object) -> None:
         """Tell the driver how the memory will be used by ``device`` (a :class:`Device`, an ordinal, or
@@ -174,7 +174,7 @@ class ManagedBuffer(Buffer):
         code = ADVICE.get(advice) if isinstance(advice, str) else None
         if code is None:
             raise error("CUDA_ERROR_INVALID_VALUE", f"unknown advice {advice!r}: use one of {', '.join(ADVICE)}", op="cudacore.advise")
-        call(core.ManagedAdvise, self.device_id, self.ptr, self.size, code, _location(device, "advise"))
+        core.ManagedAdvise(self.device_id, self.ptr, self.size, code, _location(device, "advise"))
 
     def __repr__(self) -> str:
         if self.closed:
@@ -186,7 +186,7 @@ def allocate_managed(device: Device, nbytes: int) -> ManagedBuffer:
     """Managed memory of ``nbytes``; see :meth:`Device.allocate_managed`."""
     _positive("nbytes", nbytes)
     ordinal = device.device_id
-    ptr = call(core.ManagedAllocate, ordinal, nbytes)
+    ptr = core.ManagedAllocate(ordinal, nbytes)
     buf: ManagedBuffer = fast.wrap(ordinal, ptr, nbytes, 0, ManagedBuffer)
     return buf
 
@@ -250,7 +250,7 @@ def allocate_tiles(
     ordinal = device.device_id
     callback, bar = _progress(progress, count, tile_size)
     if callback is None:
-        text = call(core.AllocateTiles, ordinal, count, tile_size, handle)
+        text = core.AllocateTiles(ordinal, count, tile_size, handle)
         out = [fast.wrap(ordinal, int(p), tile_size, handle) for p in text.split(",")]
         if capturing_streams:
             note_capture_buffers(out)
@@ -263,11 +263,11 @@ def allocate_tiles(
         while len(tiles) < count:
             n = min(batch, count - len(tiles))
             try:
-                text = call(core.AllocateTiles, ordinal, n, tile_size, handle)
+                text = core.AllocateTiles(ordinal, n, tile_size, handle)
             except OutOfMemoryError as exc:
                 done = len(tiles) + int(exc.fields.get("tiles_allocated", "0"))
                 _release_all(tiles)
-                call(core.MemoryRelease, ordinal)
+                core.MemoryRelease(ordinal)
                 raise _tiles_oom(device, exc, done, count, tile_size) from exc
             tiles.extend(fast.wrap(ordinal, int(p), tile_size, handle) for p in text.split(","))
             if callback(len(tiles), count) is False:
@@ -326,8 +326,8 @@ def _progress(progress: Any, count: int, tile_size: int) -> tuple[Callable[[int,
 def would_fit(device: Device, count: int, tile_size: int) -> dict[str, Any]:
     _positive("count", count)
     _positive("tile_size", tile_size)
-    return json.loads(call(core.AdmitTiles, device.device_id, count, tile_size))
+    return json.loads(core.AdmitTiles(device.device_id, count, tile_size))
 
 
 def memory_stats(device: Device) -> MemoryStats:
-    return MemoryStats(json.loads(call(core.MemoryStats, device.device_id)))
+    return MemoryStats(json.loads(core.MemoryStats(device.device_id)))

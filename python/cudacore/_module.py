@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from . import _api
-from ._api import call, core
+from ._api import core
 from ._errors import CUDAError, error
 from ._handles import stream_handle
 from ._native import fast
@@ -364,7 +364,7 @@ class Kernel:
     __slots__ = ("_direct", "_handle", "_module", "_spec", "attributes", "name", "params")
 
     def __init__(self, module: Module, handle: int) -> None:
-        info = json.loads(call(core.FunctionInfo, handle))
+        info = json.loads(core.FunctionInfo(handle))
         self._handle = handle
         self._direct = 0  # the driver's function handle for the direct path, once Go has launched it
         self._module = module  # keeps the module loaded while the kernel is reachable
@@ -483,7 +483,7 @@ def _unload(handle: int) -> None:
     if _api.forked():
         return
     try:
-        call(core.ModuleUnload, handle)
+        core.ModuleUnload(handle)
     except CUDAError:
         pass
 
@@ -505,7 +505,7 @@ class Module:
     )
 
     def __init__(self, device: Device, handle: int) -> None:
-        info = json.loads(call(core.ModuleInfo, handle))
+        info = json.loads(core.ModuleInfo(handle))
         self._handle = handle
         self._device = device
         self.kind: str = info["kind"]
@@ -534,7 +534,7 @@ class Module:
         k = self._kernels.get(name)
         if k is not None:
             return k
-        handle = call(core.ModuleFunction, self._handle, name)
+        handle = core.ModuleFunction(self._handle, name)
         with self._lock:
             k = self._kernels.get(name)
             if k is None:
@@ -548,7 +548,7 @@ class Module:
         if self._finalizer.alive:
             self._loaded = False  # before Go unloads it: no direct launch of its kernels from now on
             self._finalizer.detach()
-            call(core.ModuleUnload, self._handle)
+            core.ModuleUnload(self._handle)
 
     close = unload
 
@@ -600,5 +600,5 @@ def load_module(device: Device, image: ImageLike) -> Module:
         ``image`` is a path that does not exist.
     """
     data = _read_image(image)
-    handle = call(core.ModuleLoad, device.device_id, base64.b64encode(data).decode("ascii"))
+    handle = core.ModuleLoad(device.device_id, base64.b64encode(data).decode("ascii"))
     return Module(device, handle)

@@ -5,8 +5,9 @@ process: two Go c-shared libraries in one process crash).
 
 - ``core``: the cold door's functions, one per facade function (``core.Noop(5)``): generated METH_FASTCALL
   wrappers of gopy's exports where every argument and the result are scalars (``fast.cold``), else
-  gopy's generated C functions, or gopy's Python wrapper where it converts an argument. Their calls raise
-  RuntimeError with the wire-format message; ``_api.call`` turns that into typed exceptions.
+  gopy's generated C functions, or gopy's Python wrapper where it converts an argument. The generated
+  wrappers raise the typed exception of a Go error themselves; the others raise RuntimeError with the
+  wire-format message, which ``_api.call`` turns into the typed exception.
 - ``fast``: the hand-written module ``cudacore._fast`` (bindings/fastpath.c), loaded from the same file.
   CPython dlopens the same path again, which returns the same handle, and calls PyInit__fast.
 """

@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 from . import _handles
-from ._api import call, core
+from ._api import core
 from ._errors import closed_error, error
 from ._handles import as_device, current_stream_of, pop_current, push_current, stream_handle
 from ._native import fast
@@ -61,7 +61,7 @@ fast.configure_streams(_handles.__dict__, stream_handle, capturing_streams, note
 
 def void_buffers(device_id: int) -> None:
     """Mark closed the Buffers whose graph memory Go reports void."""
-    text = call(core.GraphVoided, device_id)
+    text = core.GraphVoided(device_id)
     if text:
         closed = []
         for p in text.split(","):
@@ -72,7 +72,7 @@ def void_buffers(device_id: int) -> None:
         # No free of these will come, so Go stops keeping them void. A Buffer closed before (its free
         # may still wait for a capture to end) is not reported: its free forgets the address itself.
         if closed:
-            call(core.GraphForgetVoid, device_id, ",".join(closed))
+            core.GraphForgetVoid(device_id, ",".join(closed))
 
 
 #: The capture modes: see :meth:`Stream.capture`.
@@ -142,9 +142,9 @@ class Stream:
         self._closed = False
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"create_stream(): priority must be an int, not {type(priority).__name__}")
-        self._handle = call(core.StreamCreate, dev.device_id, bool(non_blocking), priority)
+        self._handle = core.StreamCreate(dev.device_id, bool(non_blocking), priority)
         self._owned = True
-        info = json.loads(call(core.StreamInfo, dev.device_id, self._handle))
+        info = json.loads(core.StreamInfo(dev.device_id, self._handle))
         self._non_blocking = info["non_blocking"]
         self._priority = info["priority"]
 
@@ -172,7 +172,7 @@ class Stream:
     @staticmethod
     def priority_range(device: Device | int | None = None) -> tuple[int, int]:
         """``(least, greatest)`` stream priority of the device; greatest is the smallest number."""
-        least, greatest = json.loads(call(core.StreamPriorityRange, _device(device).device_id))
+        least, greatest = json.loads(core.StreamPriorityRange(_device(device).device_id))
         return least, greatest
 
     @property
@@ -211,7 +211,7 @@ class Stream:
         return self._info()["mode"]
 
     def _info(self) -> dict[str, Any]:
-        return json.loads(call(core.StreamInfo, self._device.device_id, self._handle))
+        return json.loads(core.StreamInfo(self._device.device_id, self._handle))
 
     def query(self) -> bool:
         """Whether all work on the stream has finished (without waiting)."""
@@ -254,7 +254,7 @@ class Stream:
         fresh = key not in capturing_streams
         capturing_streams.add(key)
         try:
-            call(core.StreamBeginCapture, self._device.device_id, self._handle, mode)
+            core.StreamBeginCapture(self._device.device_id, self._handle, mode)
         except BaseException:
             if fresh:
                 capturing_streams.discard(key)
@@ -272,7 +272,7 @@ class Stream:
             If the stream is not capturing.
         """
         try:
-            graph_id = call(core.StreamEndCapture, self._device.device_id, self._handle)
+            graph_id = core.StreamEndCapture(self._device.device_id, self._handle)
         except BaseException as exc:
             # Refused on a thread other than the one that began a GLOBAL or THREAD_LOCAL capture, the capture
             # goes on: it stays listed (the direct path and the capture-time allocations read the list).
@@ -293,7 +293,7 @@ class Stream:
     def abort_capture(self) -> None:
         """End the capture in progress, if any, and discard it."""
         try:
-            call(core.StreamAbortCapture, self._device.device_id, self._handle)
+            core.StreamAbortCapture(self._device.device_id, self._handle)
         finally:
             self._capture_over()
 
@@ -339,7 +339,7 @@ class Stream:
         if self._owned:
             self._owned = False
             self._closed = True
-            call(core.StreamDestroy, self._device.device_id, self._handle)
+            core.StreamDestroy(self._device.device_id, self._handle)
             if (self._device.device_id, self._handle) in capturing_streams:
                 self._capture_over()  # destroying a capturing stream discards its capture
 
@@ -421,9 +421,9 @@ class Event:
                     "an interprocess event cannot measure time (the driver forbids it): leave timing out or pass timing=False",
                     op="cudacore.create_event",
                 )
-            self._handle = call(core.EventCreateInterprocess, dev.device_id)
+            self._handle = core.EventCreateInterprocess(dev.device_id)
         else:
-            self._handle = call(core.EventCreate, dev.device_id, self._timing)
+            self._handle = core.EventCreate(dev.device_id, self._timing)
 
     @classmethod
     def _adopt(cls, device: Device, handle: int) -> Event:
@@ -446,7 +446,7 @@ class Event:
                 "this event was not created for other processes: create it with Event(device, interprocess=True)",
                 op="cudacore.ipc_event",
             )
-        return EventHandle(self._device.device_id, call(core.EventIpcHandle, self._live()))
+        return EventHandle(self._device.device_id, core.EventIpcHandle(self._live()))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Only an interprocess event means something in another process: it travels as its handle.
@@ -489,13 +489,13 @@ class Event:
         """Milliseconds from this event's completion to ``end``'s (both timing events, recorded)."""
         if not isinstance(end, Event):
             raise TypeError(f"elapsed_time() takes an Event, not {type(end).__name__}")
-        return call(core.EventElapsed, self._live(), end._live())
+        return core.EventElapsed(self._live(), end._live())
 
     def close(self) -> None:
         """Destroy the event. Idempotent."""
         handle, self._handle = self._handle, 0
         if handle:
-            call(core.EventDestroy, handle)
+            core.EventDestroy(handle)
 
     def __del__(self) -> None:
         if getattr(self, "_handle", 0):
@@ -522,7 +522,7 @@ class EventHandle:
         """The event in this process: streams here can wait on it (``stream.wait_event(ev)``) and the host
         can synchronize it. Not in the process that made it (the driver refuses; use the event itself)."""
         dev = _device(self.device_id if device is None else device)
-        return Event._adopt(dev, call(core.EventOpenIpc, dev.device_id, self.handle))
+        return Event._adopt(dev, core.EventOpenIpc(dev.device_id, self.handle))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (EventHandle, (self.device_id, self.handle))
@@ -588,7 +588,7 @@ class Graph:
         return self._destroyed
 
     def _info(self) -> dict[str, Any]:
-        return json.loads(call(core.GraphInfo, self._live("inspect")))
+        return json.loads(core.GraphInfo(self._live("inspect")))
 
     @property
     def node_count(self) -> int:
@@ -619,7 +619,7 @@ class Graph:
 
     def instantiate(self) -> Graph:
         """Make the executable graph now rather than at the first launch; returns self."""
-        call(core.GraphInstantiate, self._live("instantiate"))
+        core.GraphInstantiate(self._live("instantiate"))
         return self
 
     def _stream_args(self, stream: Stream | int | None) -> tuple[int, int]:
@@ -654,7 +654,7 @@ class Graph:
         """
         if not isinstance(other, Graph):
             raise TypeError(f"update() takes a Graph, not {type(other).__name__}")
-        call(core.GraphUpdate, self._live("update"), other._live("update"))
+        core.GraphUpdate(self._live("update"), other._live("update"))
 
     def __reduce__(self) -> Any:
         # A graph is this process's driver object: a copy would alias it (and destroy it twice).
@@ -666,7 +666,7 @@ class Graph:
             return
         self._exec = 0  # before Go destroys it: no direct launch from now on
         if self._id:
-            call(core.GraphDestroy, self._id)  # a failure leaves the graph to destroy again
+            core.GraphDestroy(self._id)  # a failure leaves the graph to destroy again
             void_buffers(self._device.device_id)  # its memory, if it was never launched
         self._destroyed = True
         self._id = 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any, TextIO
 
-from ._api import call, core
+from ._api import core
 from ._device import Device, device_count
 
 __all__ = ["render_topology", "topology"]
@@ -29,8 +29,8 @@ def topology() -> dict[str, Any]:
     device's exportable pool, as the first shareable allocation would.
     """
     n = device_count()
-    peers = [[i != j and bool(call(core.CanAccessPeer, i, j)) for j in range(n)] for i in range(n)]
-    ipc = [json.loads(call(core.IpcProbe, Device(i).device_id)) for i in range(n)]
+    peers = [[i != j and bool(core.CanAccessPeer(i, j)) for j in range(n)] for i in range(n)]
+    ipc = [json.loads(core.IpcProbe(Device(i).device_id)) for i in range(n)]
     return {"peer_access": peers, "ipc": ipc}
 
 

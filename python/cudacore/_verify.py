@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ._api import call, core
+from ._api import core
 from ._device import backend, device_count
 from ._display import format_bytes
 
@@ -25,7 +25,7 @@ def verify(device: int | None = None) -> dict[str, Any]:
     ordinals = range(device_count()) if device is None else [device]
     return {
         "backend": backend(),
-        "devices": [{"ordinal": i, "probes": json.loads(call(core.VerifyDevice, i))} for i in ordinals],
+        "devices": [{"ordinal": i, "probes": json.loads(core.VerifyDevice(i))} for i in ordinals],
     }
 
 

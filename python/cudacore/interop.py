@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _external
-from ._api import call, core
+from ._api import core
 from ._device import Device
 from ._errors import error, from_wire
 from ._external import ExternalBuffer, asbuffer, from_dlpack
@@ -109,7 +109,7 @@ def last_error() -> Exception | None:
     """The error the last failed call of the PyTorch allocator entry points (``cudacore_torch_alloc`` /
     ``cudacore_torch_free``) recorded, as a typed cudacore exception (for example
     :class:`cudacore.OutOfMemoryError`), and forget it; None when there is none. Process-wide."""
-    text = call(core.InteropLastError)
+    text = core.InteropLastError()
     if not text:
         return None
     typed = from_wire(text)
@@ -118,7 +118,7 @@ def last_error() -> Exception | None:
 
 def torch_live_allocations() -> int:
     """How many allocations made through cudacore's PyTorch allocator are alive."""
-    return int(call(core.TorchLive))
+    return int(core.TorchLive())
 
 
 def torch_allocator() -> Any:
@@ -212,7 +212,7 @@ def _cuda_core_resource_class() -> type:
             if handle and handle != buf.stream_handle:
                 # Freed in the order of the stream cuda.core names, which is alive now; the allocating stream
                 # may be gone already (cuda.core does not tell), and its handle must not reach the driver.
-                call(core.Free, self._device.device_id, addr, size, handle)
+                core.Free(self._device.device_id, addr, size, handle)
                 buf._void()
             else:
                 buf.close()
@@ -310,7 +310,7 @@ def _numba_manager_class() -> type:
                 )
             base = _pointer_value(memory.owner.handle)
             offset = _pointer_value(memory.handle) - base
-            info = json.loads(call(core.ShareExport, dev.device_id, base, "ipc"))
+            info = json.loads(core.ShareExport(dev.device_id, base, "ipc"))
             raw = bytes.fromhex(info["handle"])
             # Numba's own rebuild makes the handle of its driver binding from these bytes (signed for ctypes).
             ary: Any = raw if getattr(nbdriver, "USE_NV_BINDING", False) else tuple(b - 256 if b > 127 else b for b in raw)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ._api import call, core
+from ._api import core
 from ._device import Device
 
 __all__ = ["clear_faults", "fail_allocations", "go_stacks_after", "inject_fault", "inject_faults", "set_memory_conditions"]
@@ -34,7 +34,7 @@ def set_memory_conditions(device: int, conditions: dict[str, Any]) -> int:
     InvalidValueError
         For an unknown key, a pid that is not positive, memory that does not fit, or an unknown device.
     """
-    return int(call(core.SimSetMemoryConditions, device, json.dumps(conditions)))
+    return int(core.SimSetMemoryConditions(device, json.dumps(conditions)))
 
 
 def inject_faults(spec: str) -> int:
@@ -49,7 +49,7 @@ def inject_faults(spec: str) -> int:
     InvalidValueError
         For a malformed spec or an unknown entry point.
     """
-    return call(core.SimInjectFaults, spec)
+    return core.SimInjectFaults(spec)
 
 
 def inject_fault(entry: str, nth: int = 1, code: int | str = "CUDA_ERROR_OUT_OF_MEMORY") -> None:
@@ -59,7 +59,7 @@ def inject_fault(entry: str, nth: int = 1, code: int | str = "CUDA_ERROR_OUT_OF_
 
 def clear_faults() -> int:
     """Remove every pending simulator fault; returns how many were pending (injected, never reached)."""
-    return call(core.SimClearFaults)
+    return core.SimClearFaults()
 
 
 def fail_allocations(device: int = 0, nth: int = 1, code: int | str = "CUDA_ERROR_OUT_OF_MEMORY") -> None:
@@ -87,4 +87,4 @@ def go_stacks_after(seconds: float | None) -> None:
         raise TypeError(f"go_stacks_after() takes a number of seconds or None, not {type(seconds).__name__}")
     if seconds is not None and not 0 <= seconds < 2**53 / 1000:
         raise ValueError(f"go_stacks_after(): seconds must be >= 0 and finite, got {seconds!r}")
-    call(core.GoStacksAfter, int(seconds * 1000) if seconds else 0)
+    core.GoStacksAfter(int(seconds * 1000) if seconds else 0)
