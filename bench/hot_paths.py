@@ -40,7 +40,6 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
     import numpy as np
 
     import cudacore as cc
-    from cudacore._api import call
     from cudacore._native import core
 
     d = cc.Device(0)
@@ -64,7 +63,7 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
     rows["64 KiB pageable H2D async"].append(("cudacore copy_from(stream=s)", lambda: a.copy_from(pageable, stream=s), s.synchronize))
     rows["stream query, idle"].append(("cudacore Stream.query", s.query, lambda: None))
     rows["stream synchronize, idle"].append(("cudacore Stream.synchronize", s.synchronize, lambda: None))
-    rows["cold door call"].append(("cudacore call(core.Noop)", lambda: call(core.Noop, 1), lambda: None))
+    rows["cold door call"].append(("cudacore core.Noop", lambda: core.Noop(1), lambda: None))
     # What the timing loop itself costs per call (a Python call of a no-op), to subtract from the row above.
     rows["cold door call"].append(("the loop alone (no-op)", lambda: None, lambda: None))
     if not sim:
