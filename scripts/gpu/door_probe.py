@@ -50,7 +50,7 @@ groups: dict[str, dict] = {
     "door floor": {
         "fast.noop": lambda: fast.noop(1),
         "call(core.Noop)": lambda: fast.call(core.Noop, 1),
-        "core.Noop (gopy wrapper)": lambda: core.Noop(1),
+        "core.Noop (generated wrapper)": lambda: core.Noop(1),
     },
 }
 try:
