@@ -1,6 +1,7 @@
 // Package libcuda is the real CUDA driver behind cuda.Driver: it loads libcuda.so.1 with dlopen at run
 // time and calls the driver API through a table of entry points found with dlsym. It is the only package
-// in cudacore with dlopen, dlsym or cgo.
+// in cudacore with dlopen, dlsym or cgo (with internal/shimtest, which compiles the shim against a fake
+// table for tests).
 //
 // Nothing links against CUDA at build time, so the package builds, and programs that import it start, on
 // any Linux machine. Without a driver, Open returns an error matching cuda.ErrDriverNotFound that says
