@@ -102,14 +102,7 @@ func TestDeferredGraphDestroyFailureIsKeptAndRetried(t *testing.T) {
 	e := newEnv(t)
 	s, other := e.stream(t, true), e.stream(t, true)
 	a := e.alloc(t, 64)
-	// A graph with graph memory no launch made real: its destruction makes that memory void.
-	require.NoError(t, other.BeginCapture(cuda.CaptureModeThreadLocal))
-	p, err := e.stack.Allocate(4096, other.Handle())
-	require.NoError(t, err)
-	e.m.NoteAllocate(other.Handle(), p, 4096)
-	g, err := other.EndCapture()
-	require.NoError(t, err)
-	require.NoError(t, g.Instantiate())
+	g, p := e.unlaunchedGraphMemory(t, other)
 
 	require.NoError(t, s.BeginCapture(cuda.CaptureModeGlobal))
 	require.NoError(t, e.m.CopyDtoD(a, a, 64, s))

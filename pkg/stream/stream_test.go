@@ -683,14 +683,7 @@ func TestGraphDestroyedDuringACaptureLeavesItValid(t *testing.T) {
 				e := newEnv(t)
 				s, other := e.stream(t, true), e.stream(t, true)
 				a := e.alloc(t, 64)
-				// A graph with graph memory no launch made real: its destruction makes that memory void.
-				require.NoError(t, other.BeginCapture(cuda.CaptureModeThreadLocal))
-				p, err := e.stack.Allocate(4096, other.Handle())
-				require.NoError(t, err)
-				e.m.NoteAllocate(other.Handle(), p, 4096)
-				g, err := other.EndCapture()
-				require.NoError(t, err)
-				require.NoError(t, g.Instantiate())
+				g, p := e.unlaunchedGraphMemory(t, other)
 
 				require.NoError(t, s.BeginCapture(mode))
 				require.NoError(t, e.m.CopyDtoD(a, a, 64, s))
@@ -782,4 +775,18 @@ func TestNoCaptureBeginsOrEndsDuringSteady(t *testing.T) {
 		require.NoError(t, <-done, step.name)
 		assert.Equal(t, step.want, s.Capturing(), step.name)
 	}
+}
+
+// unlaunchedGraphMemory captures on other, and instantiates, a graph holding 4 KiB of graph memory (at p)
+// that no launch made real: destroying the graph makes that memory void.
+func (e *env) unlaunchedGraphMemory(t *testing.T, other *Stream) (*Graph, cuda.DevicePtr) {
+	t.Helper()
+	require.NoError(t, other.BeginCapture(cuda.CaptureModeThreadLocal))
+	p, err := e.stack.Allocate(4096, other.Handle())
+	require.NoError(t, err)
+	e.m.NoteAllocate(other.Handle(), p, 4096)
+	g, err := other.EndCapture()
+	require.NoError(t, err)
+	require.NoError(t, g.Instantiate())
+	return g, p
 }
