@@ -1476,6 +1476,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--without", default="", metavar="OPS",
                     help="comma-separated operations never to draw (e.g. h2d,d2h), to narrow down what a failure "
                          "needs; the programs then differ from those of the same seeds without it")  # fmt: skip
+    ap.add_argument("--verbose", action="store_true",
+                    help="with --inline, print each operation to stderr before it runs (the last lines before a crash name it)")  # fmt: skip
     ap.add_argument("--no-per-thread", action="store_true",
                     help="never pass the per-thread default stream (the programs then differ from those of the same seeds without it)")  # fmt: skip
     args = ap.parse_args(argv)
@@ -1519,7 +1521,9 @@ def main(argv: list[str] | None = None) -> int:
         t0, failed, known, total_ops = time.monotonic(), [], 0, 0
         ran: list[int] = []
         for seed in range(args.seed, args.seed + args.programs):
-            rec = run_program(cc, seed)
+            if args.verbose:
+                print(f"== program {seed}", file=sys.stderr, flush=True)
+            rec = run_program(cc, seed, verbose=args.verbose)
             total_ops += rec["ops"]
             if rec["violations"] and rec["unexplained"]:
                 failed.append(seed)
