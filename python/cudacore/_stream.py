@@ -218,7 +218,9 @@ class Stream:
         return _stream_query(self._device.device_id, self._handle)
 
     def synchronize(self) -> None:
-        """Wait until all work on the stream has finished. Other threads run meanwhile; Ctrl-C stops the wait.
+        """Wait until all work on the stream has finished. For the first 20 µs the wait queries with the
+        GIL held (most waits end there); a longer one releases the GIL in slices, so other threads run
+        meanwhile and Ctrl-C stops it.
 
         Raises
         ------
@@ -482,7 +484,8 @@ class Event:
         return _event_query(self._live())
 
     def synchronize(self) -> None:
-        """Wait for the work the event recorded. Other threads run meanwhile; Ctrl-C stops the wait."""
+        """Wait for the work the event recorded: as :meth:`Stream.synchronize`, 20 µs with the GIL held,
+        then in GIL-released slices that let other threads run and Ctrl-C stop the wait."""
         _wait(_event_wait, self._live())
 
     def elapsed_time(self, end: Event) -> float:
