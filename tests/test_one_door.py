@@ -15,7 +15,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -637,6 +638,19 @@ def test_object_arrays_are_refused_and_left_intact(dev, stream) -> None:
 # -- the hot case of Buffer.copy_from / copy_to runs in C; every other call takes the general path ----------
 
 
+@contextmanager
+def _only_the_c_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail the test if Buffer's general copy path (the Python _copy_from / _copy_to) runs in the block."""
+
+    def general(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the general path ran for the hot case")
+
+    with monkeypatch.context() as m:
+        m.setattr(cc.Buffer, "_copy_from", general)
+        m.setattr(cc.Buffer, "_copy_to", general)
+        yield
+
+
 def test_pinned_copies_on_a_stream_take_the_c_path_and_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
     d = cc.Device(0)
     s = d.create_stream()
@@ -644,13 +658,7 @@ def test_pinned_copies_on_a_stream_take_the_c_path_and_round_trip(monkeypatch: p
     buf = d.allocate(4096, stream=s)
     try:
         src.numpy()[:] = np.arange(4096, dtype=np.uint32).astype(np.uint8)
-
-        def general(*args: object, **kwargs: object) -> None:
-            raise AssertionError("the general path ran for the hot case")
-
-        with monkeypatch.context() as m:
-            m.setattr(cc.Buffer, "_copy_from", general)
-            m.setattr(cc.Buffer, "_copy_to", general)
+        with _only_the_c_path(monkeypatch):
             buf.copy_from(src, stream=s)
             buf.copy_to(dst, s)
         s.synchronize()
@@ -683,13 +691,7 @@ def test_pageable_copies_on_a_stream_take_the_c_path_and_round_trip(monkeypatch:
     want = src.copy()
     out, raw = np.zeros(n, dtype=np.uint8), bytearray(n)
     try:
-
-        def general(*args: object, **kwargs: object) -> None:
-            raise AssertionError("the general path ran for the hot case")
-
-        with monkeypatch.context() as m:
-            m.setattr(cc.Buffer, "_copy_from", general)
-            m.setattr(cc.Buffer, "_copy_to", general)
+        with _only_the_c_path(monkeypatch):
             buf.copy_from(src, stream=s)
             src[:] = 0  # staged already: this must not reach the device
             buf.copy_to(out, stream=s)
