@@ -139,46 +139,33 @@ direct_launch(int64_t device, uint64_t fn, const unsigned int grid[3], const uns
     return cc_launchKernel(d->table, d->ctx, (uintptr_t)fn, grid, block, shared, (uintptr_t)stream, params) == 0;
 }
 
-/* A query's answer as direct.h says: the driver's result (the shim's failure flags make any other value
- * differ from both), or the simulator door's. */
+/* A query of the stream or event handle h on device: the driver's entry (the shim's cc_streamQuery or
+ * cc_eventQuery) or the simulator's door, with the answer as direct.h says. The shim's failure flags make
+ * any result but success and NOT_READY a failure. */
 static int
-query_answer(unsigned int r)
+direct_query(int64_t device, uint64_t h, unsigned int (*cc)(const void *, uintptr_t, uintptr_t),
+             char *(*sim)(int64_t, int64_t, int64_t *))
 {
-    return r == 0 ? 1 : r == DIRECT_NOT_READY ? 0 : -1;
-}
-
-static int
-sim_answer(char *err, int64_t ret)
-{
-    return door_done(err) ? (ret != 0) : -1;
+    const direct_device *d = device_of(device);
+    if (d == NULL || h == 0) {
+        return -1;
+    }
+    if (d->kind == DIRECT_CUDA) {
+        unsigned int r = cc(d->table, d->ctx, (uintptr_t)h);
+        return r == 0 ? 1 : r == DIRECT_NOT_READY ? 0 : -1;
+    }
+    int64_t ret = 0;
+    return door_done(sim(device, (int64_t)h, &ret)) ? (ret != 0) : -1;
 }
 
 int
 direct_stream_query(int64_t device, uint64_t stream)
 {
-    const direct_device *d = device_of(device);
-    if (d == NULL || stream == 0) {
-        return -1;
-    }
-    if (d->kind == DIRECT_CUDA) {
-        return query_answer(cc_streamQuery(d->table, d->ctx, (uintptr_t)stream));
-    }
-    int64_t ret = 0;
-    char *err = cudacore_door_SimDirectStreamQuery(device, (int64_t)stream, &ret);
-    return sim_answer(err, ret);
+    return direct_query(device, stream, cc_streamQuery, cudacore_door_SimDirectStreamQuery);
 }
 
 int
 direct_event_query(int64_t device, uint64_t event)
 {
-    const direct_device *d = device_of(device);
-    if (d == NULL || event == 0) {
-        return -1;
-    }
-    if (d->kind == DIRECT_CUDA) {
-        return query_answer(cc_eventQuery(d->table, d->ctx, (uintptr_t)event));
-    }
-    int64_t ret = 0;
-    char *err = cudacore_door_SimDirectEventQuery(device, (int64_t)event, &ret);
-    return sim_answer(err, ret);
+    return direct_query(device, event, cc_eventQuery, cudacore_door_SimDirectEventQuery);
 }
