@@ -3,6 +3,8 @@ package cudacore
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -47,6 +49,30 @@ func GraphInstantiate(id int) (int, error) {
 			return 0, err
 		}
 		return 0, g.Instantiate()
+	})
+}
+
+// GraphDebugDot writes the graph as a Graphviz DOT file at path, with every node's parameters when
+// verbose; it returns 0. The file's folder must exist: a path that is empty, holds a NUL or lies in no
+// folder is an InvalidValue error that names it, before the driver sees it.
+//
+//cudacore:gil release
+func GraphDebugDot(id int, path string, verbose bool) (int, error) {
+	return guard("cudacore.graph_debug_dot", func() (int, error) {
+		const op = "cudacore.graph_debug_dot"
+		g, err := graphOf(op, id)
+		if err != nil {
+			return 0, err
+		}
+		if path == "" || strings.ContainsRune(path, 0) {
+			return 0, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf(
+				"path %q is not a file name: give the DOT file's path", path))
+		}
+		if st, err := os.Stat(filepath.Dir(path)); err != nil || !st.IsDir() {
+			return 0, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf(
+				"cannot write %q: its folder %q does not exist", path, filepath.Dir(path)))
+		}
+		return 0, g.DebugDot(path, verbose)
 	})
 }
 

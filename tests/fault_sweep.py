@@ -31,6 +31,7 @@ import random
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -180,6 +181,8 @@ class Workload:
             if g is not None:
                 graphs.append(g)
                 step("graph_info", lambda g=g: (g.node_count, g.memory_held, g.allocations))
+                dot = os.path.join(tempfile.gettempdir(), f"cudacore-fault-sweep-{os.getpid()}.dot")
+                step("debug_dot", lambda g=g, dot=dot: (g.debug_dot(dot, verbose=True), os.unlink(dot)))
                 step("upload", lambda g=g: g.upload(s))
                 step("launch", lambda g=g: g.launch(s))
         # Two graphs of one topology (no graph memory, which makes every capture's own): update one from the other.

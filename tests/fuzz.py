@@ -47,6 +47,7 @@ import random
 import select
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -858,10 +859,20 @@ class Ops:
                 st.graphs.remove(g)
 
     @staticmethod
-    def op_graph_info(st: State, a: int, *_: Any) -> None:
+    def op_graph_info(st: State, a: int, b: int, *_: Any) -> None:
         g = st.pick(st.graphs, a)
         if g is not None:
             _ = g.graph.node_count, g.graph.memory_held, g.graph.allocations, repr(g.graph)
+            fd, path = tempfile.mkstemp(suffix=".dot")
+            os.close(fd)
+            try:
+                g.graph.debug_dot(path, verbose=bool(b & 1))
+                with open(path) as f:
+                    head = f.read(64)
+                if not head.lstrip().startswith("digraph"):
+                    raise AssertionError(f"debug_dot wrote {head!r}, not a DOT graph")
+            finally:
+                os.unlink(path)
 
     # interop ---------------------------------------------------------------------------------------------
 

@@ -211,6 +211,36 @@ def test_a_graph_keeps_a_garbage_collected_buffer_alive(dev: cc.Device) -> None:
     s.close()
 
 
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+@pytest.mark.parametrize("op", ["copy_from", "onto_itself"])
+def test_a_buffer_closed_inside_the_capture_that_uses_it_lives_as_long_as_the_graph(dev: cc.Device, mode: str, op: str) -> None:
+    """The free of a Buffer closed inside the capture that uses it waits for the capture's end, and then
+    for the graph: it used to run before the graph took the capture's uses, so the graph named freed
+    memory, and on the H100 cuGraphInstantiate crashed the process (the fuzzer found it)."""
+    s = dev.create_stream()
+    src = dev.allocate_pinned(N)
+    memoryview(src)[:] = b"\x05" * N
+    before = in_use(dev)
+    target = dev.allocate(N, stream=s)
+    s.synchronize()
+    with s.capture(mode) as g:
+        if op == "copy_from":
+            target.copy_from(src, stream=s)
+        else:
+            cc.device_to_device(target, target, stream=s)
+        target.close()
+        assert target.closed
+    assert in_use(dev) == before + N, "the graph keeps the memory it names"
+    assert g.node_count == 1
+    for _ in range(2):
+        g.launch(s)
+    s.synchronize()
+    g.destroy()
+    assert in_use(dev) == before, "the free ran when the graph was destroyed"
+    src.close()
+    s.close()
+
+
 @pytest.mark.gpu
 def test_gpu_a_graph_keeps_the_memory_its_kernel_writes_alive(dev: cc.Device) -> None:
     from pathlib import Path

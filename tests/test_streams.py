@@ -243,6 +243,45 @@ def test_graph_update(dev):
     g1.close()
 
 
+def test_graph_debug_dot(dev, tmp_path):
+    s = dev.create_stream()
+    pin_in, pin_out = dev.allocate_pinned(N), dev.allocate_pinned(N)
+    buf = dev.allocate(N, stream=s)
+    with s.capture() as g:
+        with pytest.raises(cc.IllegalStateError, match="before its capture ends"):
+            g.debug_dot(tmp_path / "pending.dot")
+        buf.copy_from(pin_in, stream=s)
+        buf.copy_to(pin_out, stream=s)
+    plain, verbose = tmp_path / "plain.dot", tmp_path / "verbose.dot"
+    g.debug_dot(plain)
+    g.debug_dot(str(verbose), verbose=True)
+    text, detail = plain.read_text(), verbose.read_text()
+    assert text.lstrip().startswith("digraph"), text[:200]
+    assert len(detail) > len(text)
+    if os.environ["CUDACORE_BACKEND"] == "sim":  # the simulator's own rendering: one node per copy, in order
+        assert [ln.split(": ", 1)[1].split('"')[0] for ln in text.splitlines() if "label=" in ln] == ["MEMCPY HtoD", "MEMCPY DtoH"]
+        assert f"{buf.ptr:#x}" in detail
+    g.launch(s)  # written before instantiation, and after it too
+    s.synchronize()
+    g.debug_dot(plain)
+    assert plain.read_text() == text
+
+    with pytest.raises(cc.InvalidValueError, match="does not exist"):
+        g.debug_dot(tmp_path / "no" / "such" / "folder.dot")
+    with pytest.raises(cc.InvalidValueError, match="not a file name"):
+        g.debug_dot("")
+    with pytest.raises(TypeError, match="as path"):
+        g.debug_dot(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="as verbose"):
+        g.debug_dot(plain, verbose="yes")  # type: ignore[arg-type]
+    g.destroy()
+    with pytest.raises(cc.InvalidHandleError) as closed:
+        g.debug_dot(plain)
+    assert closed.value.name == "CUDACORE_ERROR_CLOSED"
+    for x in (buf, pin_in, pin_out, s):
+        x.close()
+
+
 def _blocking_capture(dev, mode):
     s = dev.create_stream(non_blocking=False)
     other = dev.create_stream()

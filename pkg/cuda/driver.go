@@ -235,6 +235,9 @@ type Driver interface {
 	GraphDestroy(Context, Graph) error                  // cuGraphDestroy
 	GraphNodeCount(Context, Graph) (int, error)         // cuGraphGetNodes (count only)
 	DeviceGraphMemTrim(Context, Device) error           // cuDeviceGraphMemTrim: give back graph memory not in use
+	// GraphDebugDot writes g as a Graphviz DOT file at path (cuGraphDebugDotPrint); verbose adds every
+	// node's parameters. The driver opens and writes the file itself.
+	GraphDebugDot(ctx Context, g Graph, path string, verbose bool) error
 
 	ModuleLoadData(Context, []byte) (Module, error)                     // cuModuleLoadData
 	ModuleUnload(Context, Module) error                                 // cuModuleUnload

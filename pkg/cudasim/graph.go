@@ -1,7 +1,10 @@
 package cudasim
 
 import (
+	"fmt"
+	"os"
 	"slices"
+	"strings"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 )
@@ -78,10 +81,55 @@ func (d *Driver) GraphInstantiate(c cuda.Context, gh cuda.Graph) (cuda.GraphExec
 	if err != nil {
 		return 0, err
 	}
+	if err := d.checkNodesLive(op, v, g); err != nil {
+		return 0, err
+	}
 	h := cuda.GraphExec(v.handle(kindExecHandle))
 	g.mem.refs++
 	v.execs[h] = &graphExec{nodes: slices.Clone(g.nodes), mem: g.mem}
 	return h, nil
+}
+
+// checkNodesLive does what the real driver does when g names device memory that is no longer allocated
+// (freed after the capture): on the H100 cuGraphInstantiate crashes the process for a copy node whose
+// memory cuMemFree gave back, and returns CUDA_ERROR_INVALID_VALUE for a memset node. The simulator ends
+// the process for the copy (the fatal hook), so that a CI run on it catches any path that frees memory a
+// graph still names. Called with the device locked; it returns with it locked.
+func (d *Driver) checkNodesLive(op string, v *device, g *graph) error {
+	for i := range g.nodes {
+		n := &g.nodes[i]
+		var p cuda.DevicePtr
+		var size uint64
+		switch n.kind {
+		case nodeHtoD:
+			p, size = n.dst, uint64(len(n.host))
+		case nodeDtoH:
+			p, size = n.src, uint64(len(n.host))
+		case nodeDtoD:
+			if _, _, ok := v.find(n.src, n.n); !ok && n.n > 0 {
+				p, size = n.src, n.n
+				break
+			}
+			p, size = n.dst, n.n
+		case nodeMemset:
+			if _, _, ok := v.find(n.dst, n.n); !ok && n.n > 0 {
+				return errf(op, cuda.ErrorInvalidValue, "node %d of graph %#x sets device memory %#x (%d bytes) that is not allocated", i, uint64(g.handle), uint64(n.dst), n.n)
+			}
+			continue
+		default:
+			continue
+		}
+		if _, _, ok := v.find(p, size); ok || size == 0 {
+			continue
+		}
+		func() {
+			v.mu.Unlock() // the fatal hook may panic in tests: leave the device locked for the caller
+			defer v.mu.Lock()
+			d.fatal(fmt.Sprintf("%s was handed graph %#x, whose copy node %d names device memory %#x (%d bytes) that is not allocated (freed after the capture)", op, uint64(g.handle), i, uint64(p), size))
+		}()
+		return errf(op, cuda.ErrorIllegalAddress, "node %d of graph %#x names freed device memory %#x", i, uint64(g.handle), uint64(p))
+	}
+	return nil
 }
 
 func (d *Driver) GraphUpload(c cuda.Context, eh cuda.GraphExec, sh cuda.Stream) error {
@@ -244,4 +292,40 @@ func (d *Driver) GraphNodeCount(c cuda.Context, gh cuda.Graph) (int, error) {
 		return 0, err
 	}
 	return len(g.nodes), nil
+}
+
+var nodeNames = map[nodeKind]string{nodeHtoD: "MEMCPY HtoD", nodeDtoH: "MEMCPY DtoH", nodeDtoD: "MEMCPY DtoD",
+	nodeMemset: "MEMSET", nodeAlloc: "MEM_ALLOC", nodeFree: "MEM_FREE"}
+
+// GraphDebugDot writes the graph's chain of nodes as DOT, with each node's addresses and size when
+// verbose. As with the driver, a file that cannot be written is CUDA_ERROR_OPERATING_SYSTEM.
+func (d *Driver) GraphDebugDot(c cuda.Context, gh cuda.Graph, path string, verbose bool) error {
+	const op = "cuGraphDebugDotPrint"
+	v, err := d.ctx(op, c)
+	if err != nil {
+		return err
+	}
+	g, err := d.graph(op, v, gh)
+	if err != nil {
+		v.mu.Unlock()
+		return err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "digraph cudasim_graph_%#x {\n", uint64(gh))
+	for i, n := range g.nodes {
+		label := nodeNames[n.kind]
+		if verbose {
+			label += fmt.Sprintf("\\ndst %#x src %#x\\n%d bytes", uint64(n.dst), uint64(n.src), n.n)
+		}
+		fmt.Fprintf(&b, "\tn%d [label=\"%d: %s\"];\n", i, i, label)
+		if i > 0 {
+			fmt.Fprintf(&b, "\tn%d -> n%d;\n", i-1, i)
+		}
+	}
+	b.WriteString("}\n")
+	v.mu.Unlock() // the file is written without the device's lock
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		return errf(op, cuda.ErrorOperatingSystem, "%v", err)
+	}
+	return nil
 }

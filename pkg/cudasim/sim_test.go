@@ -407,6 +407,66 @@ func TestDestroyedStreamIsFatal(t *testing.T) {
 	assert.NoError(t, d.StreamSynchronize(c, s2))
 }
 
+// A graph that names device memory freed after the capture: on the H100, cuGraphInstantiate crashes for a
+// copy node (of either end) and returns CUDA_ERROR_INVALID_VALUE for a memset node. The simulator calls
+// the fatal hook for the copy, and gives the memset's error.
+func TestInstantiatingAGraphThatNamesFreedMemory(t *testing.T) {
+	type fatal struct{ msg string }
+	e := start(t, cudasim.WithFatal(func(msg string) { panic(fatal{msg}) }))
+	d, c := e.d, e.ctx
+	s, err := d.StreamCreate(c, 0, 0)
+	require.NoError(t, err)
+	const n = 4096
+	host := make([]byte, n)
+	tests := []struct {
+		name    string
+		capture func(freed, live cuda.DevicePtr) error
+		fatal   bool
+	}{
+		{"d2d onto itself", func(p, _ cuda.DevicePtr) error { return d.MemcpyDtoDAsync(c, p, p, n, s) }, true},
+		{"d2d from freed", func(p, q cuda.DevicePtr) error { return d.MemcpyDtoDAsync(c, q, p, n, s) }, true},
+		{"d2d into freed", func(p, q cuda.DevicePtr) error { return d.MemcpyDtoDAsync(c, p, q, n, s) }, true},
+		{"h2d into freed", func(p, _ cuda.DevicePtr) error { return d.MemcpyHtoDAsync(c, p, host, s) }, true},
+		{"d2h from freed", func(p, _ cuda.DevicePtr) error { return d.MemcpyDtoHAsync(c, host, p, s) }, true},
+		{"memset of freed", func(p, _ cuda.DevicePtr) error { return d.MemsetD8Async(c, p, 7, n, s) }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := d.MemAlloc(c, n)
+			require.NoError(t, err)
+			q, err := d.MemAlloc(c, n)
+			require.NoError(t, err)
+			defer func() { assert.NoError(t, d.MemFree(c, q)) }()
+			require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeGlobal))
+			require.NoError(t, tt.capture(p, q))
+			g, err := d.StreamEndCapture(c, s)
+			require.NoError(t, err)
+			defer func() { assert.NoError(t, d.GraphDestroy(c, g)) }()
+
+			x, err := d.GraphInstantiate(c, g) // while the memory lives, the graph is fine
+			require.NoError(t, err)
+			require.NoError(t, d.GraphExecDestroy(c, x))
+			require.NoError(t, d.MemFree(c, p))
+			var got any
+			func() {
+				defer func() { got = recover() }()
+				_, err = d.GraphInstantiate(c, g)
+			}()
+			if tt.fatal {
+				if assert.IsType(t, fatal{}, got) {
+					assert.Contains(t, got.(fatal).msg, "cuGraphInstantiateWithFlags")
+					assert.Contains(t, got.(fatal).msg, fmt.Sprintf("%#x", uint64(p)))
+				}
+				return
+			}
+			assert.Nil(t, got)
+			requireResult(t, cuda.ErrorInvalidValue, "cuGraphInstantiateWithFlags", err)
+		})
+	}
+	// The device still works after the hook returned control.
+	assert.NoError(t, d.StreamSynchronize(c, s))
+}
+
 func TestInvalidHandlesAndDevices(t *testing.T) {
 	e := start(t)
 	d, c := e.d, e.ctx

@@ -546,13 +546,17 @@ func (s *Stream) BeginCapture(mode cuda.CaptureMode) error {
 		st.SetCapturing(s.h, true)
 	}
 	if err := m.drv.StreamBeginCapture(m.ctx, s.h, mode); err != nil {
-		m.unregister(c)
+		runAll(m.unregister(c))
 		return err
 	}
 	return nil
 }
 
-func (m *Manager) unregister(c *capture) {
+// unregister forgets c. When it was the last capture, it returns the calls deferred until the captures
+// ended, for the caller to run once the capture's graph, if any, is adopted: a deferred free of memory
+// the new graph uses must find the graph among the users (FreeGraphAware) and wait for its destruction,
+// not free memory that the graph's nodes name (the real driver crashes instantiating such a graph).
+func (m *Manager) unregister(c *capture) (ready []func()) {
 	m.reg.mu.Lock()
 	if _, ok := m.reg.caps[c]; ok {
 		delete(m.reg.caps, c)
@@ -561,15 +565,19 @@ func (m *Manager) unregister(c *capture) {
 	if c.stream.cap == c {
 		c.stream.cap = nil
 	}
-	var run []func()
 	if m.reg.active.Load() == 0 {
-		run, m.reg.deferred = m.reg.deferred, nil
+		ready, m.reg.deferred = m.reg.deferred, nil
 	}
 	m.reg.mu.Unlock()
 	if st := c.stream.m.memory(); st != nil {
 		st.SetCapturing(c.stream.h, false)
 	}
-	for _, fn := range run {
+	return ready
+}
+
+// runAll runs the deferred calls that unregister returned, in order.
+func runAll(fns []func()) {
+	for _, fn := range fns {
 		fn()
 	}
 }
@@ -589,11 +597,12 @@ func (m *Manager) abandon(c *capture, failed *cuda.Error) {
 	m.reg.change.Lock() // ended at the driver and unregistered as one change (Steady)
 	defer m.reg.change.Unlock()
 	g, err := sm.drv.StreamEndCapture(sm.ctx, c.stream.h)
-	sm.unregister(c)
+	ready := sm.unregister(c)
 	if err == nil && g != 0 {
 		sm.destroyGraph(g)
 	}
 	sm.discard(c.ptrs)
+	runAll(ready)
 	if failed != nil {
 		m.reg.mu.Lock()
 		c.stream.failed = failed
@@ -638,12 +647,13 @@ func (s *Stream) EndCapture() (*Graph, error) {
 			return nil, fmt.Errorf("ending the capture on %s failed, and the stream still captures; end or abort it again: %w", s, err)
 		}
 	}
-	m.unregister(c)
+	ready := m.unregister(c)
 	if err != nil {
 		if g != 0 {
 			m.destroyGraph(g)
 		}
 		m.discard(c.ptrs)
+		runAll(ready)
 		if IsCaptureResult(cuda.ResultOf(err)) {
 			return nil, CaptureError(cuda.ResultOf(err), op, fmt.Sprintf(
 				"the capture on %s was invalidated by an operation cudacore did not see (made through another library?), so no graph was made; the stream works again: %v",
@@ -651,7 +661,9 @@ func (s *Stream) EndCapture() (*Graph, error) {
 		}
 		return nil, err
 	}
-	return m.newGraph(g, c)
+	gr, err := m.newGraph(g, c)
+	runAll(ready) // after the graph took the capture's uses (unregister)
+	return gr, err
 }
 
 // AbortCapture ends s's capture, if any, and discards it and any pending failure. It is what a `with`

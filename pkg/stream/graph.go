@@ -103,6 +103,17 @@ func (g *Graph) exec(op string) (cuda.GraphExec, error) {
 	return g.x, nil
 }
 
+// DebugDot writes the captured graph as a Graphviz DOT file at path, with every node's parameters when
+// verbose (cuGraphDebugDotPrint). It works before and after instantiation, and not after Destroy.
+func (g *Graph) DebugDot(path string, verbose bool) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.gone || g.dying {
+		return g.dead("graph_debug_dot")
+	}
+	return g.m.drv.GraphDebugDot(g.m.ctx, g.g, path, verbose)
+}
+
 // Instantiate makes the executable graph (it is also made on first Upload or Launch).
 func (g *Graph) Instantiate() error {
 	g.mu.Lock()

@@ -10,6 +10,7 @@ invalidated anyway is ended by cudacore, so the stream always works again.
 from __future__ import annotations
 
 import json
+import os
 import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -624,6 +625,37 @@ class Graph:
         """Make the executable graph now rather than at the first launch; returns self."""
         core.GraphInstantiate(self._live("instantiate"))
         return self
+
+    def debug_dot(self, path: str | os.PathLike[str], *, verbose: bool = False) -> None:
+        """Write the captured graph as a Graphviz DOT file, for reading or rendering (``dot -Tsvg``).
+
+        It shows every node the driver holds, including those cudacore did not issue (a kernel's own
+        allocations, a library's copies), which :attr:`node_count` only counts. It works before and
+        after instantiation.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The file to write (created or replaced); its folder must exist.
+        verbose : bool
+            Add every node's parameters: addresses, sizes, kernel arguments, events.
+
+        Raises
+        ------
+        InvalidValueError
+            If ``path`` is empty or its folder does not exist.
+        InvalidHandleError
+            If the graph was destroyed (``CUDACORE_ERROR_CLOSED``).
+        CUDAError
+            ``CUDA_ERROR_OPERATING_SYSTEM`` if the driver cannot write the file.
+        """
+        try:
+            name = os.fsdecode(os.fspath(path))
+        except TypeError:
+            raise TypeError(f"debug_dot() takes a file path (str or os.PathLike) as path, not {type(path).__name__}") from None
+        if not isinstance(verbose, bool):
+            raise TypeError(f"debug_dot() takes True or False as verbose, not {type(verbose).__name__}")
+        core.GraphDebugDot(self._live("debug_dot"), os.path.abspath(name) if name else name, verbose)
 
     def _stream_args(self, stream: Stream | int | None) -> tuple[int, int]:
         if isinstance(stream, Stream) and stream.device != self._device:

@@ -10,6 +10,8 @@ package conformance
 import (
 	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -511,6 +513,15 @@ func testCaptureReplay(t *testing.T, e *env) {
 	require.NoError(t, err)
 	assert.Equal(t, 3, cnt)
 	assert.Equal(t, bytes.Repeat([]byte{0xEE}, n), out, "captured copies do not run during capture")
+	dot := filepath.Join(t.TempDir(), "graph.dot")
+	if err := d.GraphDebugDot(c, g, dot, true); !errors.Is(err, cuda.ErrNotSupported) { // CUDA 11.3
+		require.NoError(t, err)
+		text, err := os.ReadFile(dot)
+		require.NoError(t, err)
+		assert.True(t, bytes.HasPrefix(bytes.TrimSpace(text), []byte("digraph")), "a DOT graph: %.200s", text)
+	}
+	assert.Error(t, d.GraphDebugDot(c, g, filepath.Join(t.TempDir(), "no", "folder", "graph.dot"), false),
+		"a file the driver cannot create is an error")
 
 	x, err := d.GraphInstantiate(c, g)
 	require.NoError(t, err)

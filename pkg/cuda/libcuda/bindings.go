@@ -77,6 +77,7 @@ const (
 	symGraphDestroy
 	symGraphGetNodes
 	symDeviceGraphMemTrim
+	symGraphDebugDotPrint
 	symModuleLoadData
 	symModuleUnload
 	symModuleGetFunction
@@ -183,6 +184,7 @@ var bindings = [numSyms]binding{
 	// driver exports it, is taken to keep the (graph, nodes, count) prototype, which is all cudacore uses.
 	symGraphGetNodes:      req("cuGraphGetNodes", "cuGraphGetNodes_v2", "cuGraphGetNodes"),
 	symDeviceGraphMemTrim: opt("cuDeviceGraphMemTrim", "11.4", "cuDeviceGraphMemTrim"),
+	symGraphDebugDotPrint: opt("cuGraphDebugDotPrint", "11.3", "cuGraphDebugDotPrint"),
 	symModuleLoadData:     req("cuModuleLoadData", "cuModuleLoadData"),
 	symModuleUnload:       req("cuModuleUnload", "cuModuleUnload"),
 	symModuleGetFunction:  req("cuModuleGetFunction", "cuModuleGetFunction"),

@@ -71,6 +71,8 @@ package libcuda
 #cgo nocallback cc_funcGetAttribute
 #cgo noescape cc_getErrorName
 #cgo nocallback cc_getErrorName
+#cgo noescape cc_graphDebugDotPrint
+#cgo nocallback cc_graphDebugDotPrint
 #cgo noescape cc_graphDestroy
 #cgo nocallback cc_graphDestroy
 #cgo noescape cc_graphExecDestroy

@@ -230,6 +230,9 @@ var fakeBodies = map[string]string{
 	"cuStreamSynchronize": `int cuStreamSynchronize(void *s) { return 12345; }`,
 	"cuEventElapsedTime":  `int cuEventElapsedTime(float *ms, void *a, void *b) { *ms = 1.5f; return 0; }`,
 	"cuGraphGetNodes":     `int cuGraphGetNodes(void *g, void **nodes, size_t *n) { if (nodes) return 1; *n = 7; return 0; }`,
+	"cuGraphDebugDotPrint": `int cuGraphDebugDotPrint(void *g, const char *path, unsigned flags) {
+		FILE *f = fopen(path, "w"); if (!f) return 304;
+		fprintf(f, "digraph g%p flags %u\n", g, flags); fclose(f); return 0; }`,
 	"cuGetErrorName": `int cuGetErrorName(int r, const char **s) {
 		if (r != 12345) return 1; *s = "CUDA_ERROR_FAKE_FROM_THE_FUTURE"; return 0; }`,
 	"cuLaunchKernel": `int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
@@ -375,6 +378,19 @@ func TestFakeDriver(t *testing.T) {
 	nodes, err := d.GraphNodeCount(ctx, 0x20)
 	require.NoError(t, err)
 	assert.Equal(t, 7, nodes)
+
+	// The path reaches the driver as a C string and verbose as CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE.
+	dot := filepath.Join(t.TempDir(), "g.dot")
+	require.NoError(t, d.GraphDebugDot(ctx, 0x20, dot, true))
+	text, err := os.ReadFile(dot)
+	require.NoError(t, err)
+	assert.Equal(t, "digraph g0x20 flags 1\n", string(text))
+	require.NoError(t, d.GraphDebugDot(ctx, 0x20, dot, false))
+	text, _ = os.ReadFile(dot)
+	assert.Equal(t, "digraph g0x20 flags 0\n", string(text))
+	err = d.GraphDebugDot(ctx, 0x20, filepath.Join(dot, "under-a-file.dot"), false)
+	assert.ErrorIs(t, err, cuda.ErrUnknown)
+	assert.Contains(t, err.Error(), "CUDA_ERROR_OPERATING_SYSTEM")
 }
 
 func TestFakeErrors(t *testing.T) {

@@ -619,6 +619,25 @@ func (d *Driver) GraphNodeCount(ctx cuda.Context, g cuda.Graph) (int, error) {
 	return int(n), nil
 }
 
+// GraphDebugDot writes g as a Graphviz DOT file at path (cuGraphDebugDotPrint, CUDA 11.3); verbose asks
+// for every node's parameters. The driver creates or truncates the file; one it cannot open is
+// CUDA_ERROR_OPERATING_SYSTEM.
+func (d *Driver) GraphDebugDot(ctx cuda.Context, g cuda.Graph, path string, verbose bool) error {
+	if err := d.need(symGraphDebugDotPrint); err != nil {
+		return err
+	}
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var flags C.uint
+	if verbose {
+		flags = 1 // CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE
+	}
+	if r := C.cc_graphDebugDotPrint(d.tab, cctx(ctx), C.uintptr_t(g), cpath, flags); r != 0 {
+		return d.fail(symGraphDebugDotPrint, r)
+	}
+	return nil
+}
+
 // ModuleLoadData loads a module from a cubin, fatbin or PTX image (cuModuleLoadData); the caller owns it
 // and unloads it with ModuleUnload. The image is copied to C memory with a terminating NUL first: the
 // driver reads PTX up to a NUL that a Go slice need not have. An empty image is CUDA_ERROR_INVALID_VALUE.

@@ -435,6 +435,11 @@ CUresult cc_graphNodeCount(const cc_table *t, uintptr_t ctx, uintptr_t g, unsign
 	*n = x;
 	return r;
 }
+CUresult cc_graphDebugDotPrint(const cc_table *t, uintptr_t ctx, uintptr_t g, const char *path, unsigned int flags) {
+	NEED(cuGraphDebugDotPrint);
+	ENSURE;
+	return t->cuGraphDebugDotPrint((CUgraph)g, path, flags);
+}
 CUresult cc_moduleLoadData(const cc_table *t, uintptr_t ctx, const void *image, uintptr_t *mod) {
 	CUmodule m = NULL;
 	CUresult r;

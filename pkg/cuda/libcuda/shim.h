@@ -136,6 +136,7 @@ typedef struct {
 	CUresult (*cuGraphDestroy)(CUgraph);
 	CUresult (*cuGraphGetNodes)(CUgraph, CUgraphNode *, size_t *);
 	CUresult (*cuDeviceGraphMemTrim)(CUdevice);
+	CUresult (*cuGraphDebugDotPrint)(CUgraph, const char *, unsigned int);
 	CUresult (*cuModuleLoadData)(CUmodule *, const void *);
 	CUresult (*cuModuleUnload)(CUmodule);
 	CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
@@ -252,6 +253,7 @@ CUresult cc_graphExecUpdate(const cc_table *t, uintptr_t ctx, uintptr_t exec, ui
 CUresult cc_graphExecDestroy(const cc_table *t, uintptr_t ctx, uintptr_t exec);
 CUresult cc_graphDestroy(const cc_table *t, uintptr_t ctx, uintptr_t g);
 CUresult cc_graphNodeCount(const cc_table *t, uintptr_t ctx, uintptr_t g, unsigned long long *n);
+CUresult cc_graphDebugDotPrint(const cc_table *t, uintptr_t ctx, uintptr_t g, const char *path, unsigned int flags);
 CUresult cc_moduleLoadData(const cc_table *t, uintptr_t ctx, const void *image, uintptr_t *mod);
 CUresult cc_moduleUnload(const cc_table *t, uintptr_t ctx, uintptr_t mod);
 CUresult cc_moduleGetFunction(const cc_table *t, uintptr_t ctx, uintptr_t mod, const char *name, uintptr_t *fn);
