@@ -241,6 +241,62 @@ def test_a_buffer_closed_inside_the_capture_that_uses_it_lives_as_long_as_the_gr
     s.close()
 
 
+def test_a_graph_launched_into_a_capture_hands_its_uses_to_the_capture_s_graph(dev: cc.Device) -> None:
+    """A graph launched on a capturing stream becomes part of the capture's graph (a child graph, whose
+    copies name the same memory): the outer graph must keep that memory alive too. It used to take none of
+    the inner graph's uses, so closing the Buffer and destroying the inner graph freed memory the outer
+    graph names (its instantiation crashes the H100: the simulator's fatal hook, exit 139)."""
+    s1, s2 = dev.create_stream(), dev.create_stream()
+    src = dev.allocate_pinned(N)
+    memoryview(src)[:] = b"\x09" * N
+    before = in_use(dev)
+    target = dev.allocate(N, stream=s1)
+    s1.synchronize()
+    with s1.capture() as inner:
+        target.copy_from(src, stream=s1)
+    s2.begin_capture()
+    inner.launch(s2)
+    outer = s2.end_capture()
+    target.close()
+    inner.destroy()
+    assert in_use(dev) == before + N, "the outer graph keeps the memory its child graph names"
+    outer.launch(s2)  # instantiated now, with the memory still allocated
+    s2.synchronize()
+    outer.destroy()
+    assert in_use(dev) == before
+    src.close()
+    s1.close()
+    s2.close()
+
+
+def test_an_updated_graph_keeps_the_memory_of_the_graph_it_took_alive(dev: cc.Device) -> None:
+    """Graph.update takes the other graph's copies into the executable graph: it names the other graph's
+    memory from then on, and must keep it alive after the other graph and its Buffers are gone. It used
+    to keep only its own, so a later launch wrote into freed memory (the simulator refuses the launch)."""
+    s = dev.create_stream()
+    src = dev.allocate_pinned(N)
+    memoryview(src)[:] = b"\x0b" * N
+    before = in_use(dev)
+    a, b = dev.allocate(N, stream=s), dev.allocate(N, stream=s)
+    s.synchronize()
+    with s.capture() as g1:
+        a.copy_from(src, stream=s)
+    with s.capture() as g2:
+        b.copy_from(src, stream=s)
+    g1.update(g2)
+    b.close()
+    g2.destroy()
+    assert in_use(dev) == before + 2 * N, "g1 names b's memory since the update"
+    g1.launch(s)
+    s.synchronize()
+    a.close()
+    assert in_use(dev) == before + 2 * N, "and still names a's in its graph"
+    g1.destroy()
+    assert in_use(dev) == before
+    src.close()
+    s.close()
+
+
 @pytest.mark.gpu
 def test_gpu_a_graph_keeps_the_memory_its_kernel_writes_alive(dev: cc.Device) -> None:
     from pathlib import Path

@@ -25,8 +25,10 @@ type Graph struct {
 	queued bool // the driver's destroys wait for the captures to end (Destroy)
 
 	allocPtrs []cuda.DevicePtr // the graph memory it allocates (graphmem.go); fixed at capture
-	uses      []span           // the device memory its work uses, merged and sorted; fixed at capture
-	deferred  []func()         // frees of memory it uses, run once it is destroyed
+	// uses is the device memory its work uses, merged and sorted: fixed at capture, and grown by Update
+	// (under g.mu and the Manager's graph memory lock).
+	uses     []span
+	deferred []func() // frees of memory it uses, run once it is destroyed
 	// escapes: work cudacore issued during the capture that is not in the graph (the capture's list, its
 	// first maxEscapes entries, and their total count).
 	escapes []string
@@ -173,6 +175,7 @@ func (g *Graph) onStream(op string, s *Stream, call func(cuda.Context, cuda.Grap
 			g.mu.Unlock()
 			return err
 		}
+		g.m.noteGraphUses(s, g) // launched into a capture, g's nodes join it
 	}
 	err = call(g.m.ctx, x, s.h)
 	if err == nil && launch {
@@ -235,6 +238,7 @@ func (g *Graph) Update(other *Graph) error {
 		}
 		return err
 	}
+	g.m.takeUses(g, other) // g's launches name other's memory now
 	return nil
 }
 

@@ -97,6 +97,38 @@ func (m *Manager) NoteUses(h cuda.Stream, ptrs []cuda.DevicePtr) {
 	}
 }
 
+// noteGraphUses records that the capture on s, if it captures, uses what g uses: g launched on s joins
+// the capture as a child graph whose nodes name the same memory, so the capture's graph must keep it alive
+// as g does. Caller holds g.mu.
+func (m *Manager) noteGraphUses(s *Stream, g *Graph) {
+	if s == nil || len(g.uses) == 0 || m.reg.active.Load() == 0 {
+		return
+	}
+	m.reg.mu.Lock()
+	defer m.reg.mu.Unlock()
+	if c := s.cap; c != nil {
+		c.uses = append(c.uses, g.uses...)
+	}
+}
+
+// takeUses adds other's uses to g's, once g's executable graph took other's parameters (Update): its
+// launches name other's memory from then on, and its graph still names its own. Caller holds g.mu and
+// other.mu.
+func (m *Manager) takeUses(g, other *Graph) {
+	if len(other.uses) == 0 {
+		return
+	}
+	gm := &m.gm
+	gm.mu.Lock() // FreeGraphAware reads g.uses under gm.mu alone
+	defer gm.mu.Unlock()
+	g.uses = mergeSpans(append(slices.Clone(g.uses), other.uses...))
+	if gm.users == nil {
+		gm.users = map[*Graph]struct{}{}
+	}
+	gm.users[g] = struct{}{}
+	gm.count()
+}
+
 // NoteFree records that graph memory p of h's capture was freed inside the capture (a free node): the
 // graph then holds no allocation of p beyond its launches.
 func (m *Manager) NoteFree(h cuda.Stream, p cuda.DevicePtr) {
