@@ -2,7 +2,9 @@ package cudacore
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -69,8 +71,15 @@ func GraphDebugDot(id int, path string, verbose bool) (int, error) {
 				"path %q is not a file name: give the DOT file's path", path))
 		}
 		if st, err := os.Stat(filepath.Dir(path)); err != nil || !st.IsDir() {
+			why := "does not exist"
+			switch {
+			case err == nil:
+				why = "is not a folder"
+			case !errors.Is(err, fs.ErrNotExist):
+				why = "cannot be looked up: " + err.Error() // too long a name, a folder not searchable
+			}
 			return 0, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf(
-				"cannot write %q: its folder %q does not exist", path, filepath.Dir(path)))
+				"cannot write %q: its folder %q %s", path, filepath.Dir(path), why))
 		}
 		return 0, g.DebugDot(path, verbose)
 	})

@@ -261,6 +261,7 @@ def test_graph_debug_dot(dev, tmp_path):
     if os.environ["CUDACORE_BACKEND"] == "sim":  # the simulator's own rendering: one node per copy, in order
         assert [ln.split(": ", 1)[1].split('"')[0] for ln in text.splitlines() if "label=" in ln] == ["MEMCPY HtoD", "MEMCPY DtoH"]
         assert f"{buf.ptr:#x}" in detail
+        assert detail.count(f"\\n{N} bytes") == 2, detail  # a host copy's size too
     g.launch(s)  # written before instantiation, and after it too
     s.synchronize()
     g.debug_dot(plain)
@@ -270,6 +271,14 @@ def test_graph_debug_dot(dev, tmp_path):
         g.debug_dot(tmp_path / "no" / "such" / "folder.dot")
     with pytest.raises(cc.InvalidValueError, match="not a file name"):
         g.debug_dot("")
+    with pytest.raises(cc.InvalidValueError, match="not valid UTF-8"):  # not a bare UnicodeEncodeError
+        g.debug_dot(bytes(tmp_path / "x") + b"\xff.dot")
+    with pytest.raises(cc.InvalidValueError, match="is not a folder"):
+        g.debug_dot(plain / "under-a-file.dot")
+    with pytest.raises(cc.InvalidValueError, match="cannot be looked up: .*too long"):
+        g.debug_dot(tmp_path.joinpath(*["d" * 200] * 30, "x.dot"))
+    g.debug_dot(bytes(verbose))  # a bytes path is a path
+    assert verbose.read_text() == text
     with pytest.raises(TypeError, match="as path"):
         g.debug_dot(3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="as verbose"):

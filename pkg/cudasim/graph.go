@@ -315,7 +315,11 @@ func (d *Driver) GraphDebugDot(c cuda.Context, gh cuda.Graph, path string, verbo
 	for i, n := range g.nodes {
 		label := nodeNames[n.kind]
 		if verbose {
-			label += fmt.Sprintf("\\ndst %#x src %#x\\n%d bytes", uint64(n.dst), uint64(n.src), n.n)
+			size := n.n
+			if n.kind == nodeHtoD || n.kind == nodeDtoH {
+				size = uint64(len(n.host)) // a host copy's size is its host slice's
+			}
+			label += fmt.Sprintf("\\ndst %#x src %#x\\n%d bytes", uint64(n.dst), uint64(n.src), size)
 		}
 		fmt.Fprintf(&b, "\tn%d [label=\"%d: %s\"];\n", i, i, label)
 		if i > 0 {

@@ -643,7 +643,7 @@ class Graph:
         Raises
         ------
         InvalidValueError
-            If ``path`` is empty or its folder does not exist.
+            If ``path`` is empty, not valid UTF-8, or its folder does not exist.
         InvalidHandleError
             If the graph was destroyed (``CUDACORE_ERROR_CLOSED``).
         CUDAError
@@ -655,6 +655,10 @@ class Graph:
             raise TypeError(f"debug_dot() takes a file path (str or os.PathLike) as path, not {type(path).__name__}") from None
         if not isinstance(verbose, bool):
             raise TypeError(f"debug_dot() takes True or False as verbose, not {type(verbose).__name__}")
+        try:
+            name.encode()
+        except UnicodeEncodeError:  # undecodable bytes (surrogateescape): the path reaches Go as UTF-8
+            raise error("CUDA_ERROR_INVALID_VALUE", f"path {name!r} is not valid UTF-8: give a path that is", op="cudacore.graph_debug_dot") from None
         core.GraphDebugDot(self._live("debug_dot"), os.path.abspath(name) if name else name, verbose)
 
     def _stream_args(self, stream: Stream | int | None) -> tuple[int, int]:
