@@ -269,6 +269,33 @@ def test_a_graph_launched_into_a_capture_hands_its_uses_to_the_capture_s_graph(d
     s2.close()
 
 
+def test_launched_graph_memory_that_another_graph_uses_lives_as_long_as_that_graph(dev: cc.Device) -> None:
+    """Once launched, graph memory is an ordinary allocation; a graph captured later that copies into it
+    must keep it alive as for any Buffer. Its close used to free it at once (the graph memory rule came
+    before the users'), so once the allocating graph was gone the later graph named freed memory (its
+    instantiation crashes the H100: the simulator's fatal hook, exit 139)."""
+    s1, s2 = dev.create_stream(), dev.create_stream()
+    src = dev.allocate_pinned(N)
+    before = in_use(dev)
+    with s1.capture() as alloc_graph:
+        buf = dev.allocate(N, stream=s1)
+    alloc_graph.launch(s1)
+    s1.synchronize()
+    s2.begin_capture()
+    buf.copy_from(src, stream=s2)
+    user = s2.end_capture()
+    buf.close()
+    alloc_graph.destroy()
+    assert in_use(dev) == before + N, "the later graph keeps the memory it copies into"
+    user.launch(s2)
+    s2.synchronize()
+    user.destroy()
+    assert in_use(dev) == before
+    src.close()
+    s1.close()
+    s2.close()
+
+
 def test_an_updated_graph_keeps_the_memory_of_the_graph_it_took_alive(dev: cc.Device) -> None:
     """Graph.update takes the other graph's copies into the executable graph: it names the other graph's
     memory from then on, and must keep it alive after the other graph and its Buffers are gone. It used

@@ -284,6 +284,13 @@ func (m *Manager) FreeGraphAware(p cuda.DevicePtr, size uint64, free func() erro
 			gm.mu.Unlock()
 			return true, nil
 		case gmLive:
+			// Another live graph may name it (a copy captured after the launch): the free waits for that
+			// graph, as for ordinary memory. The allocating graph's own uses do not hold it.
+			if holder := m.userLocked(p, size, a.g); holder != nil {
+				gm.mu.Unlock()
+				holder.afterDestroy(later)
+				return true, nil
+			}
 			gm.mu.Unlock()
 			if err := free(); err != nil {
 				return true, err
@@ -297,19 +304,24 @@ func (m *Manager) FreeGraphAware(p cuda.DevicePtr, size uint64, free func() erro
 		}
 		// An orphan has no owner: a free of it is a second free, which the allocator reports.
 	}
-	var holder *Graph
-	for g := range gm.users {
-		if g.usesRange(p, size) {
-			holder = g
-			break
-		}
-	}
+	holder := m.userLocked(p, size, nil)
 	gm.mu.Unlock()
 	if holder == nil {
 		return false, nil
 	}
 	holder.afterDestroy(later)
 	return true, nil
+}
+
+// userLocked returns a live graph other than except that uses any byte of [p, p+size), or nil. Caller
+// holds gm.mu.
+func (m *Manager) userLocked(p cuda.DevicePtr, size uint64, except *Graph) *Graph {
+	for g := range m.gm.users {
+		if g != except && g.usesRange(p, size) {
+			return g
+		}
+	}
+	return nil
 }
 
 // checkLaunchInto refuses a launch of g, which allocates memory, on s while s captures. The launch would
