@@ -147,7 +147,8 @@ func (d *Driver) GraphUpload(c cuda.Context, eh cuda.GraphExec, sh cuda.Stream) 
 }
 
 // GraphLaunch implements cuGraphLaunch: the recorded nodes run in order now, reading and writing host
-// memory as it is at this moment. Launched into a capturing stream, the graph's nodes join the capture.
+// memory as it is at this moment. On a capturing stream it fails with 900 and invalidates the capture,
+// as the real driver does.
 func (d *Driver) GraphLaunch(c cuda.Context, eh cuda.GraphExec, sh cuda.Stream) error {
 	const op = "cuGraphLaunch"
 	v, err := d.ctx(op, c)
@@ -164,8 +165,9 @@ func (d *Driver) GraphLaunch(c cuda.Context, eh cuda.GraphExec, sh cuda.Stream) 
 		return err
 	}
 	if s.cap != nil {
-		s.cap.nodes = append(s.cap.nodes, e.nodes...)
-		return nil
+		// Measured on the H100 (driver 580), in every capture mode: 900, and the capture is invalidated.
+		d.invalidate(s.cap)
+		return errf(op, cuda.ErrorStreamCaptureUnsupported, "a graph cannot be launched on a capturing stream; the capture is now invalidated")
 	}
 	// What the simulator refuses, it refuses before any node runs, so a failed launch has no effect (no
 	// graph allocation made live, no bytes moved): the driver refuses a live allocation's relaunch up front.

@@ -175,7 +175,6 @@ func (g *Graph) onStream(op string, s *Stream, call func(cuda.Context, cuda.Grap
 			g.mu.Unlock()
 			return err
 		}
-		g.m.noteGraphUses(s, g) // launched into a capture, g's nodes join it
 	}
 	err = call(g.m.ctx, x, s.h)
 	if err == nil && launch {

@@ -97,20 +97,6 @@ func (m *Manager) NoteUses(h cuda.Stream, ptrs []cuda.DevicePtr) {
 	}
 }
 
-// noteGraphUses records that the capture on s, if it captures, uses what g uses: g launched on s joins
-// the capture as a child graph whose nodes name the same memory, so the capture's graph must keep it alive
-// as g does. Caller holds g.mu.
-func (m *Manager) noteGraphUses(s *Stream, g *Graph) {
-	if s == nil || len(g.uses) == 0 || m.reg.active.Load() == 0 {
-		return
-	}
-	m.reg.mu.Lock()
-	defer m.reg.mu.Unlock()
-	if c := s.cap; c != nil {
-		c.uses = append(c.uses, g.uses...)
-	}
-}
-
 // takeUses adds other's uses to g's, once g's executable graph took other's parameters (Update): its
 // launches name other's memory from then on, and its graph still names its own. Caller holds g.mu and
 // other.mu.
@@ -324,28 +310,22 @@ func (m *Manager) userLocked(p cuda.DevicePtr, size uint64, except *Graph) *Grap
 	return nil
 }
 
-// checkLaunchInto refuses a launch of g, which allocates memory, on s while s captures. The launch would
-// run nothing: the driver adds g's nodes to the capture (a child graph), so no allocation is made now,
-// and the capture's graph would allocate g's addresses at its own launches, which g's books do not
-// follow. Counted as a launch of g, its allocations would become live here while the driver never made
-// them: their Buffers' closes would reach the driver as frees of memory no launch allocated, and g's
-// later launches would be refused. Another thread may
-// have begun the capture since the caller looked, so it is checked here, under g.mu, before the driver
-// sees the launch: a capture begins in the registry before it begins at the driver, and ends at the
-// driver before it leaves the registry, so a stream the registry does not list is not capturing. Caller
-// holds g.mu.
+// checkLaunchInto refuses a launch of g on s while s captures, leaving the capture going. The driver
+// refuses every graph launch on a capturing stream, in every capture mode, with 900, and invalidates the
+// capture (measured on the H100, driver 580: scripts/gpu/graph_launch_capture.py). Refused here, the
+// capture is kept and the error says why. Another thread may have begun the capture since the caller
+// looked, so it is checked here, under g.mu, before the driver sees the launch: a capture begins in the
+// registry before it begins at the driver, and ends at the driver before it leaves the registry, so a
+// stream the registry does not list is not capturing. Caller holds g.mu.
 func (m *Manager) checkLaunchInto(op string, g *Graph, s *Stream) error {
-	if len(g.allocPtrs) == 0 {
-		return nil
-	}
 	c := s.capturing()
 	if c == nil {
 		return nil
 	}
 	return CaptureError(cuda.ErrorStreamCaptureUnsupported, op, fmt.Sprintf(
-		"%s allocates memory (graph memory), and %s: launched there it would only add its nodes to that "+
-			"capture and allocate nothing, and the allocations of the capture's graph would be ones cudacore does not "+
-			"follow; launch it on a stream that does not capture, or after the capture ends", g, c.describe()))
+		"%s cannot be launched on a stream that captures, and %s: the driver refuses a graph launch there "+
+			"in every capture mode (and would end the capture); the capture goes on. Launch the graph before or "+
+			"after the capture, or on a stream that does not capture", g, c.describe()))
 }
 
 // checkLaunch refuses a launch of g while an allocation of its last launch is still held by its owner:

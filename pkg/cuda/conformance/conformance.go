@@ -542,6 +542,15 @@ func testCaptureReplay(t *testing.T, e *env) {
 	require.NoError(t, err)
 	assert.NoError(t, d.GraphExecUpdate(c, x, g2))
 	assert.NoError(t, d.GraphDestroy(c, g2))
+
+	// A graph is never launched on a capturing stream: 900 in every mode, and the capture is invalidated.
+	for _, mode := range []cuda.CaptureMode{cuda.CaptureModeGlobal, cuda.CaptureModeThreadLocal, cuda.CaptureModeRelaxed} {
+		require.NoError(t, d.StreamBeginCapture(c, s, mode))
+		assertResult(t, cuda.ErrorStreamCaptureUnsupported, d.GraphLaunch(c, x, s), "GraphLaunch on a capturing stream")
+		_, err = d.StreamEndCapture(c, s)
+		assertResult(t, cuda.ErrorStreamCaptureInvalidated, err, "EndCapture after a graph launch into the capture")
+	}
+	require.NoError(t, d.StreamSynchronize(c, s), "the stream works again")
 }
 
 // testGraphMemory checks the lifetime of an allocation made on a capturing stream (an alloc node), which
