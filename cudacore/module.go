@@ -138,6 +138,11 @@ func FunctionLaunch(handle, gx, gy, gz, bx, by, bz, sharedMem, stream int, args 
 			return 0, err
 		}
 		h, streams := cuda.Stream(uintptr(stream)), d.Streams()
+		if streams.PendingUsePossible() { // graph memory no launch made real has no memory behind it
+			if err := streams.CheckGraphMemoryUse("launch", h, module.Pointers(a)); err != nil {
+				return 0, err
+			}
+		}
 		if process.Capturing() {
 			streams.NoteUses(h, module.Pointers(a)) // the graph keeps the memory it uses alive
 		}

@@ -427,3 +427,83 @@ def test_a_graph_that_allocates_is_not_launched_into_a_capture(dev: cc.Device) -
     assert in_use(dev) == before
     s.close()
     other.close()
+
+
+# ---- use of graph memory before its graph's first launch ----------------------------------------------
+
+
+def test_graph_memory_used_in_another_capture_before_any_launch_is_refused(dev: cc.Device) -> None:
+    base = dev.memory_stats()["in_use"]
+    s1, s2 = dev.create_stream(), dev.create_stream()
+    pin = dev.allocate_pinned(N)
+    with s1.capture() as ga:
+        p = dev.allocate(N, stream=s1)
+    s2.begin_capture()
+    with pytest.raises(cc.IllegalStateError, match="launch the graph first"):
+        p.copy_from(pin, stream=s2)
+    gb = s2.end_capture()
+    ga.destroy()  # p's memory never existed
+    gb.instantiate()  # holds no copy naming p: nothing crashes
+    gb.destroy()
+    assert p.closed
+    p.close()
+    pin.close()
+    s1.close()
+    s2.close()
+    assert dev.memory_stats()["in_use"] == base
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_graph_memory_used_before_its_graph_s_first_launch_is_refused_then_works_after(dev: cc.Device, stream: bool) -> None:
+    base = dev.memory_stats()["in_use"]
+    s1, s2 = dev.create_stream(), dev.create_stream()
+    pin = dev.allocate_pinned(N)
+    other = dev.allocate(N)
+    with s1.capture() as ga:
+        p = dev.allocate(N, stream=s1)
+    kw = {"stream": s2} if stream else {}
+    with pytest.raises(cc.IllegalStateError, match="never launched"):
+        p.copy_from(pin, **kw)
+    with pytest.raises(cc.IllegalStateError):
+        p.copy_to(pin, **kw)
+    with pytest.raises(cc.IllegalStateError):
+        cc.device_to_device(other, p, **kw)
+    with pytest.raises(cc.IllegalStateError):
+        cc.device_to_device(p, other, **kw)
+    ga.launch(s1)
+    s1.synchronize()
+    pin.numpy()[:] = 7
+    p.copy_from(pin, **kw)
+    cc.device_to_device(other, p, **kw)
+    pin.numpy()[:] = 0
+    other.copy_to(pin, **kw)
+    s2.synchronize()
+    assert (pin.numpy() == 7).all()
+    p.close()
+    ga.destroy()
+    other.close()
+    pin.close()
+    s1.close()
+    s2.close()
+    assert dev.memory_stats()["in_use"] == base
+
+
+def test_graph_memory_used_inside_its_capture_still_works(dev: cc.Device) -> None:
+    base = dev.memory_stats()["in_use"]
+    s1 = dev.create_stream()
+    pin = dev.allocate_pinned(N)
+    pin.numpy()[:] = 3
+    out = dev.allocate_pinned(N)
+    with s1.capture() as ga:
+        p = dev.allocate(N, stream=s1)
+        p.copy_from(pin, stream=s1)
+        p.copy_to(out, stream=s1)
+    ga.launch(s1)
+    s1.synchronize()
+    assert (out.numpy() == 3).all()
+    p.close()
+    ga.destroy()
+    pin.close()
+    out.close()
+    s1.close()
+    assert dev.memory_stats()["in_use"] == base

@@ -492,6 +492,18 @@ static PyObject *str_open_blocks;
 
 static PyObject *capturing_set; /* cudacore._stream.capturing_streams: nonempty while any stream captures */
 
+/* The count of graph memory allocations that no launch has made real (cudacore/internal/process/graphmem.go).
+ * While it is not zero, copies and kernel launches go through Go, whose checks refuse such memory named
+ * outside its capture: the direct path cannot tell which addresses it covers. */
+extern volatile int cudacore_graph_memory_pending;
+
+/* Whether the direct path may make a call that names device memory: no graph memory is pending. */
+static inline int
+no_pending_graph_memory(void)
+{
+    return __atomic_load_n(&cudacore_graph_memory_pending, __ATOMIC_SEQ_CST) == 0;
+}
+
 /* Direct reads of the __slots__ the direct path checks. A __slots__ attribute of a Python class is a
  * member at a fixed offset of its instances; reading it there costs a load where PyObject_GetAttr costs a
  * lookup through the type, a noticeable share of a launch. configure_slots() records each offset from the
@@ -617,7 +629,7 @@ copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
         return -1;
     }
     /* Direct, any size: the driver only enqueues a copy from pinned memory, with the GIL held throughout. */
-    uint64_t direct = direct_stream(stream, self->device);
+    uint64_t direct = no_pending_graph_memory() ? direct_stream(stream, self->device) : 0;
     if (direct != 0 &&
         (to_device ? direct_copy_to_device(self->device, self->ptr, (const void *)(uintptr_t)h->ptr, (size_t)h->size, direct)
                    : direct_copy_to_host(self->device, (void *)(uintptr_t)h->ptr, self->ptr, (size_t)h->size, direct))) {
@@ -699,7 +711,8 @@ copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh
          * stages it and returns once it has read the host memory; memory the driver knows as pinned is
          * read when the stream gets there, as documented for pinned memory). */
         uint64_t direct;
-        if (to_device && direct_pageable(device, (size_t)n) && (direct = direct_stream(stream, device)) != 0 &&
+        if (to_device && direct_pageable(device, (size_t)n) && no_pending_graph_memory() &&
+            (direct = direct_stream(stream, device)) != 0 &&
             direct_copy_to_device(device, (uint64_t)ptr, view.buf, (size_t)n, direct)) {
             PyBuffer_Release(&view);
             return 1;
@@ -1753,7 +1766,7 @@ kernel_direct(PyObject *kernel, const int64_t v[7], PyObject *stream, PyObject *
         return 0;
     }
     int64_t device = ordinal_in(&module_slots, mod, 1);
-    uint64_t handle = device >= 0 ? direct_stream(stream, device) : 0;
+    uint64_t handle = device >= 0 && no_pending_graph_memory() ? direct_stream(stream, device) : 0;
     if (handle == 0) {
         return 0;
     }

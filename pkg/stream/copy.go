@@ -45,6 +45,9 @@ const (
 
 // CopyHtoD copies src to device memory at dst, on s (nil: synchronously).
 func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
+	if err := m.checkPendingUse(opCopyFrom, s, span{dst, dst + cuda.DevicePtr(uint64(len(src)))}); err != nil {
+		return err
+	}
 	if s == nil {
 		if err := m.checkSyncCopy(opCopyFrom, "a synchronous host-to-device copy",
 			"copy from a PinnedBuffer with copy_from(pinned, stream=<the capturing stream>) instead"); err != nil {
@@ -90,6 +93,9 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 
 // CopyDtoH copies device memory at src into dst, on s (nil: synchronously).
 func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
+	if err := m.checkPendingUse(opCopyTo, s, span{src, src + cuda.DevicePtr(uint64(len(dst)))}); err != nil {
+		return err
+	}
 	if s == nil {
 		if err := m.checkSyncCopy(opCopyTo, "a synchronous device-to-host copy",
 			"copy into a PinnedBuffer with copy_to(pinned, stream=<the capturing stream>) instead"); err != nil {
@@ -165,6 +171,9 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 
 // CopyDtoD copies n bytes of device memory from src to dst, on s (nil: synchronously).
 func (m *Manager) CopyDtoD(dst, src cuda.DevicePtr, n uint64, s *Stream) error {
+	if err := m.checkPendingUse(opCopyDev, s, span{dst, dst + cuda.DevicePtr(n)}, span{src, src + cuda.DevicePtr(n)}); err != nil {
+		return err
+	}
 	if s == nil {
 		if err := m.checkSyncCopy(opCopyDev, "a synchronous device-to-device copy",
 			"pass the capturing stream (stream=<the capturing stream>)"); err != nil {

@@ -41,6 +41,8 @@ type graphMemory struct {
 	void   map[cuda.DevicePtr]uint64 // void pointers (by size) whose owner has not let go yet
 	voided []cuda.DevicePtr          // void pointers not yet reported by TakeVoided
 	users  map[*Graph]struct{}       // live graphs that use memory they did not allocate
+	// pending counts the allocs in state gmPending (see checkPendingUse and pendingTotal).
+	pending int
 }
 
 type graphAllocState uint8
@@ -144,9 +146,13 @@ func (m *Manager) adopt(g *Graph, ptrs map[cuda.DevicePtr]uint64, uses []span) {
 			gm.allocs = map[cuda.DevicePtr]*graphAlloc{}
 		}
 		for p, size := range ptrs {
+			if old := gm.allocs[p]; old != nil && old.state == gmPending {
+				m.pendingAdd(-1) // replaced: counted once below
+			}
 			gm.allocs[p] = &graphAlloc{g: g, size: size}
 			g.allocPtrs = append(g.allocPtrs, p)
 		}
+		m.pendingAdd(len(ptrs))
 	}
 	if len(uses) > 0 {
 		g.uses = mergeSpans(uses)
@@ -267,6 +273,7 @@ func (m *Manager) FreeGraphAware(p cuda.DevicePtr, size uint64, free func() erro
 				_ = st.Forget(p, size)
 			}
 			a.state = gmOrphan
+			m.pendingAdd(-1)
 			gm.mu.Unlock()
 			return true, nil
 		case gmLive:
@@ -364,6 +371,7 @@ func (m *Manager) launched(g *Graph, s *Stream) {
 		switch a.state {
 		case gmPending:
 			a.state = gmLive
+			m.pendingAdd(-1)
 		case gmOrphan:
 			orphans = append(orphans, p)
 		}
@@ -392,6 +400,7 @@ func (m *Manager) graphGone(g *Graph) {
 		}
 		delete(gm.allocs, p)
 		if a.state == gmPending {
+			m.pendingAdd(-1)
 			m.voidLocked(p, a.size)
 		}
 	}
@@ -444,4 +453,159 @@ func (g *Graph) afterDestroy(fn func()) {
 	}
 	g.mu.Unlock()
 	fn()
+}
+
+// ---- use of graph memory that no launch has made real --------------------------------------------------
+
+// pendingTotal counts, across the managers of the process, the graph memory allocations that no launch has
+// made real (gmPending); pendingHook, when set, is called after each change (under the changing manager's
+// gm.mu) so that the direct path of the hot calls, which never enters Go, can leave such memory to the
+// checks here.
+var (
+	pendingTotal atomic.Int32
+	pendingHook  atomic.Pointer[func(total int32)]
+)
+
+// SetPendingHook sets the function told the process-wide count of graph memory allocations that no launch
+// has made real each time it changes (nil: none). It is told the current count at once.
+func SetPendingHook(fn func(total int32)) {
+	if fn == nil {
+		pendingHook.Store(nil)
+		return
+	}
+	pendingHook.Store(&fn)
+	fn(pendingTotal.Load())
+}
+
+// PendingGraphMemory returns the process-wide count of graph memory allocations that no launch has made
+// real.
+func PendingGraphMemory() int { return int(pendingTotal.Load()) }
+
+// pendingAdd changes the count of pending allocations by d. Caller holds gm.mu.
+func (m *Manager) pendingAdd(d int) {
+	if d == 0 {
+		return
+	}
+	m.gm.pending += d
+	t := pendingTotal.Add(int32(d))
+	if h := pendingHook.Load(); h != nil {
+		(*h)(t)
+	}
+}
+
+// pendingUseFix is the end of the error for a use of graph memory that no launch has made real.
+const pendingUseFix = "graph memory of a graph that was never launched has no memory behind it yet: " +
+	"launch the graph first, or use the Buffer inside its capture"
+
+// checkPendingUse refuses op on stream s (nil: a synchronous call) naming the device ranges given when
+// any byte of them is graph memory that no launch has made real, unless the use is inside the capture
+// that allocated it (on its capturing stream, or on a stream joined to a capture): the driver has no
+// memory behind such an address, and a copy or kernel naming it fails or, in a graph, brings the process
+// down at instantiation. One atomic load each when no graph memory and no capture exists.
+func (m *Manager) checkPendingUse(op string, s *Stream, ranges ...span) error {
+	var h cuda.Stream
+	if s != nil {
+		h = s.h
+	}
+	return m.checkPendingUseOn(op, h, s != nil, ranges)
+}
+
+// CheckGraphMemoryUse is checkPendingUse for work enqueued on stream handle h (a kernel launch) that names
+// the device addresses ptrs (its pointer-sized arguments; an integer that only looks like a pointer into
+// such memory is refused too, as the driver could not tell either).
+func (m *Manager) CheckGraphMemoryUse(op string, h cuda.Stream, ptrs []cuda.DevicePtr) error {
+	if !m.PendingUsePossible() {
+		return nil
+	}
+	ranges := make([]span, 0, len(ptrs))
+	for _, p := range ptrs {
+		if p != 0 {
+			ranges = append(ranges, span{p, p + 1})
+		}
+	}
+	return m.checkPendingUseOn(op, h, true, ranges)
+}
+
+// PendingUsePossible says whether CheckGraphMemoryUse can refuse anything now: false (one or two atomic
+// loads) while the device has no graph memory and nothing captures.
+func (m *Manager) PendingUsePossible() bool {
+	return m.gm.active.Load() != 0 || m.reg.active.Load() != 0
+}
+
+func overlaps(p cuda.DevicePtr, size uint64, r span) bool {
+	return r.lo < p+cuda.DevicePtr(size) && p < r.hi
+}
+
+func (m *Manager) checkPendingUseOn(op string, h cuda.Stream, onStream bool, ranges []span) error {
+	if len(ranges) == 0 || (m.gm.active.Load() == 0 && m.reg.active.Load() == 0) {
+		return nil
+	}
+	if m.gm.active.Load() != 0 {
+		gm := &m.gm
+		gm.mu.Lock()
+		if gm.pending > 0 {
+			for p, a := range gm.allocs {
+				if a.state != gmPending {
+					continue
+				}
+				for _, r := range ranges {
+					if overlaps(p, a.size, r) {
+						g := a.g
+						size := a.size
+						gm.mu.Unlock()
+						return cuda.NewError("cudacore."+op, cuda.ErrorIllegalState, fmt.Sprintf(
+							"%s names the %d bytes at %#x that %s allocates (graph memory), and that graph was never launched; %s",
+							op, size, uint64(p), g, pendingUseFix))
+					}
+				}
+			}
+		}
+		gm.mu.Unlock()
+	}
+	if m.reg.active.Load() == 0 {
+		return nil
+	}
+	m.reg.mu.Lock()
+	var owner *capture
+	var at cuda.DevicePtr
+	var atSize uint64
+	for c := range m.reg.caps {
+		if c.stream.m != m || len(c.ptrs) == 0 {
+			continue
+		}
+		for p, size := range c.ptrs {
+			for _, r := range ranges {
+				if overlaps(p, size, r) {
+					if onStream && c.stream.h == h {
+						continue // inside its own capture: the allocation node precedes the use
+					}
+					owner, at, atSize = c, p, size
+				}
+			}
+		}
+	}
+	var desc string
+	origin := false // h is the stream of a capture of its own: not joined to owner's
+	if owner != nil {
+		desc = owner.describe()
+		for c := range m.reg.caps {
+			if c.stream.m == m && c.stream.h == h {
+				origin = true
+			}
+		}
+	}
+	m.reg.mu.Unlock()
+	if owner == nil {
+		return nil
+	}
+	if onStream && !origin && h != 0 && h != cuda.StreamLegacy && h != cuda.StreamPerThread {
+		// A stream joined to a capture (it waited on an event the capture recorded) captures too, and its
+		// work follows the allocation node.
+		if st, err := m.drv.StreamIsCapturing(m.ctx, h); err == nil && st == cuda.CaptureStatusActive {
+			return nil
+		}
+	}
+	return cuda.NewError("cudacore."+op, cuda.ErrorIllegalState, fmt.Sprintf(
+		"%s names the %d bytes at %#x allocated during the capture in progress (%s), outside that capture; %s",
+		op, atSize, uint64(at), desc, pendingUseFix))
 }

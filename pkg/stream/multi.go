@@ -26,6 +26,18 @@ func (m *Manager) CopyPeer(dst cuda.DevicePtr, dstDev Peer, src cuda.DevicePtr, 
 			"the copy is from device %d to device %d but the stream belongs to device %d; use a stream of either",
 			srcDev.Ordinal(), dstDev.Ordinal(), own))
 	}
+	// m's books hold the graph memory of m's device only: the side of the copy on it is checked.
+	own := m.dev.Ordinal()
+	if own == dstDev.Ordinal() {
+		if err := m.checkPendingUse(opCopyPeer, s, span{dst, dst + cuda.DevicePtr(n)}); err != nil {
+			return err
+		}
+	}
+	if own == srcDev.Ordinal() {
+		if err := m.checkPendingUse(opCopyPeer, s, span{src, src + cuda.DevicePtr(n)}); err != nil {
+			return err
+		}
+	}
 	if s == nil {
 		if err := m.checkSyncCopy(opCopyPeer, "a synchronous peer copy",
 			"pass the capturing stream (stream=<the capturing stream>)"); err != nil {
