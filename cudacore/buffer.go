@@ -102,3 +102,19 @@ func DLPackOrder(ordinal, bufferStream, consumer int) (int, error) {
 		return 0, d.Order("dlpack", cuda.Stream(uint64(consumer)), cuda.Stream(uint64(bufferStream)))
 	})
 }
+
+// CheckDLPackExport refuses the DLPack export of size bytes at device address ptr of the device at ordinal
+// when they are graph memory of a graph that was never launched (no memory is behind them yet: an
+// IllegalStateError). The direct path calls it only while such memory exists. It returns 0.
+//
+//cudacore:gil hold
+//cudacore:door native
+func CheckDLPackExport(ordinal, ptr, size int) (int, error) {
+	return guard("cudacore.dlpack", func() (int, error) {
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		return 0, d.Streams().CheckGraphMemoryExport("dlpack", cuda.DevicePtr(uint64(ptr)), uint64(max(size, 0)))
+	})
+}

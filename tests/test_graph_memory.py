@@ -470,8 +470,12 @@ def test_graph_memory_used_before_its_graph_s_first_launch_is_refused_then_works
         cc.device_to_device(other, p, **kw)
     with pytest.raises(cc.IllegalStateError):
         cc.device_to_device(p, other, **kw)
+    with pytest.raises(cc.IllegalStateError):
+        p.__dlpack__(stream=-1)
     ga.launch(s1)
     s1.synchronize()
+    del_capsule = p.__dlpack__(stream=-1)  # exported once launched
+    del del_capsule
     pin.numpy()[:] = 7
     p.copy_from(pin, **kw)
     cc.device_to_device(other, p, **kw)

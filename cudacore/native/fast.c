@@ -33,6 +33,18 @@
 #include "door_gen.h"
 #include "recycle.h"
 
+/* The count of graph memory allocations that no launch has made real (cudacore/internal/process/graphmem.go).
+ * While it is not zero, copies and kernel launches go through Go, whose checks refuse such memory named
+ * outside its capture: the direct path cannot tell which addresses it covers. */
+extern volatile int cudacore_graph_memory_pending;
+
+/* Whether the direct path may make a call that names device memory: no graph memory is pending. */
+static inline int
+no_pending_graph_memory(void)
+{
+    return __atomic_load_n(&cudacore_graph_memory_pending, __ATOMIC_SEQ_CST) == 0;
+}
+
 static PyTypeObject *buffer_type;   /* the registered subclass of Buffer; NULL until configure() */
 static PyTypeObject *pinned_type;   /* likewise for PinnedBuffer */
 static PyTypeObject *stream_type;   /* cudacore.Stream, for the copies' hot case; NULL until configure() */
@@ -416,6 +428,14 @@ buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kwargs)
      * stream and makes the consumer's stream wait on it, under the stream-lifetime and capture rules: the
      * host never waits, and a destroyed stream's handle never reaches the driver. A borrowed buffer's
      * order is its owner's business. */
+    if (!no_pending_graph_memory()) {
+        /* Graph memory of a graph never launched has no memory behind it: Go refuses its export. */
+        int64_t ret;
+        char *err = cudacore_door_CheckDLPackExport(self->device, (int64_t)self->ptr, (int64_t)self->size, &ret);
+        if (err != NULL) {
+            return door_raise(err);
+        }
+    }
     if (!self->borrowed) {
         int64_t ret;
         char *err = cudacore_door_DLPackOrder(self->device, (int64_t)self->stream, consumer, &ret);
@@ -492,17 +512,6 @@ static PyObject *str_open_blocks;
 
 static PyObject *capturing_set; /* cudacore._stream.capturing_streams: nonempty while any stream captures */
 
-/* The count of graph memory allocations that no launch has made real (cudacore/internal/process/graphmem.go).
- * While it is not zero, copies and kernel launches go through Go, whose checks refuse such memory named
- * outside its capture: the direct path cannot tell which addresses it covers. */
-extern volatile int cudacore_graph_memory_pending;
-
-/* Whether the direct path may make a call that names device memory: no graph memory is pending. */
-static inline int
-no_pending_graph_memory(void)
-{
-    return __atomic_load_n(&cudacore_graph_memory_pending, __ATOMIC_SEQ_CST) == 0;
-}
 
 /* Direct reads of the __slots__ the direct path checks. A __slots__ attribute of a Python class is a
  * member at a fixed offset of its instances; reading it there costs a load where PyObject_GetAttr costs a

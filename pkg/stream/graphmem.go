@@ -540,6 +540,17 @@ func (m *Manager) checkPendingUseOn(op string, h cuda.Stream, onStream bool, ran
 	if len(ranges) == 0 || (m.gm.active.Load() == 0 && m.reg.active.Load() == 0) {
 		return nil
 	}
+	if err := m.checkPendingEnded(op, ranges); err != nil {
+		return err
+	}
+	if m.reg.active.Load() == 0 {
+		return nil
+	}
+	return m.checkPendingCapture(op, h, onStream, ranges)
+}
+
+// checkPendingEnded refuses ranges that hold graph memory of an ended capture's graph never launched.
+func (m *Manager) checkPendingEnded(op string, ranges []span) error {
 	if m.gm.active.Load() != 0 {
 		gm := &m.gm
 		gm.mu.Lock()
@@ -562,9 +573,11 @@ func (m *Manager) checkPendingUseOn(op string, h cuda.Stream, onStream bool, ran
 		}
 		gm.mu.Unlock()
 	}
-	if m.reg.active.Load() == 0 {
-		return nil
-	}
+	return nil
+}
+
+// checkPendingCapture refuses ranges that hold graph memory of a capture in progress, named outside it.
+func (m *Manager) checkPendingCapture(op string, h cuda.Stream, onStream bool, ranges []span) error {
 	m.reg.mu.Lock()
 	var owner *capture
 	var at cuda.DevicePtr
@@ -608,4 +621,14 @@ func (m *Manager) checkPendingUseOn(op string, h cuda.Stream, onStream bool, ran
 	return cuda.NewError("cudacore."+op, cuda.ErrorIllegalState, fmt.Sprintf(
 		"%s names the %d bytes at %#x allocated during the capture in progress (%s), outside that capture; %s",
 		op, atSize, uint64(at), desc, pendingUseFix))
+}
+
+// CheckGraphMemoryExport refuses op, an export of [p, p+size) to another library (DLPack), when any byte
+// of it is graph memory of a graph that no launch has made real. Memory of a capture still in progress
+// may be exported: the consumer may well use it inside that capture, which cudacore cannot see.
+func (m *Manager) CheckGraphMemoryExport(op string, p cuda.DevicePtr, size uint64) error {
+	if m.gm.active.Load() == 0 {
+		return nil
+	}
+	return m.checkPendingEnded(op, []span{{p, p + cuda.DevicePtr(max(size, 1))}})
 }
