@@ -447,3 +447,89 @@ def test_hot_methods_keep_their_python_signatures_and_docs(dev):
     g.launch(s)
     s.synchronize()
     g.destroy(), buf.close(), pinned.close(), s.close()
+
+
+def _copy_goes_direct(d: cc.Device, s: cc.Stream) -> bool:
+    """Whether a small pinned copy to ordinary device memory takes the direct path: one fault on it is
+    absorbed there (the full path retries) and raised through Go."""
+    buf, pinned = d.allocate(4096, stream=s), d.allocate_pinned(4096)
+    testing.inject_fault("cuMemcpyHtoDAsync_v2", 1, "CUDA_ERROR_UNKNOWN")
+    try:
+        buf.copy_from(pinned, stream=s)
+    except cc.CUDAError:
+        return False
+    finally:
+        testing.clear_faults()
+        s.synchronize()
+        buf.close()
+        pinned.close()
+    return True
+
+
+def _fate_launched(d, s):
+    with s.capture() as g:
+        buf = d.allocate(4096, stream=s)
+    assert not _copy_goes_direct(d, s), "graph memory pending: copies go through Go"
+    g.launch(s)
+    s.synchronize()
+    buf.close()
+    g.destroy()
+
+
+def _fate_destroyed(d, s):
+    with s.capture() as g:
+        buf = d.allocate(4096, stream=s)
+    assert not _copy_goes_direct(d, s)
+    g.destroy()
+    buf.close()
+
+
+def _fate_orphan(d, s):
+    with s.capture() as g:
+        buf = d.allocate(4096, stream=s)
+    buf.close()
+    g.launch(s)
+    s.synchronize()
+    g.destroy()
+
+
+def _fate_aborted(d, s):
+    with pytest.raises(ZeroDivisionError), s.capture():
+        d.allocate(4096, stream=s)
+        1 / 0  # noqa: B018
+
+
+def _fate_collected(d, s):
+    import gc
+
+    with s.capture() as g:
+        buf = d.allocate(4096, stream=s)
+    assert not _copy_goes_direct(d, s)
+    del g
+    gc.collect()
+    buf.close()
+
+
+def _fate_tiles(d, s):
+    with s.capture() as g:
+        tiles = d.allocate_tiles(4, 4096, stream=s)
+    assert not _copy_goes_direct(d, s)
+    g.launch(s)
+    s.synchronize()
+    for t in tiles:
+        t.close()
+    g.destroy()
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize(
+    "fate", [_fate_launched, _fate_destroyed, _fate_orphan, _fate_aborted, _fate_collected, _fate_tiles]
+)
+def test_the_direct_path_comes_back_once_no_graph_memory_is_pending(dev, fate):
+    """While graph memory that no launch made real exists, copies leave the direct path (it cannot tell
+    which addresses that memory covers); once none is left, whatever its fate, they take it again."""
+    s = dev.create_stream()
+    assert _copy_goes_direct(dev, s), "nothing pending: direct"
+    fate(dev, s)
+    assert _copy_goes_direct(dev, s), "the count went back to zero"
+    s.close()
