@@ -745,3 +745,63 @@ def test_release_cached_memory_gives_back_the_exportable_pool() -> None:
     assert d.memory_info()[0] < free  # the freed block stays reserved for reuse
     d.release_cached_memory()
     assert d.memory_info()[0] == free
+
+
+# -- an importer whose unmapping fails (found by tests/fault_sweep.py) ---------------------------------------
+
+_UNMAP_FAILS = """
+import json, sys
+import cudacore as cc
+from cudacore import _ipc, testing
+from cudacore._native import core
+meta, fds, fault = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+with _ipc._from_meta(meta, fds) as h:
+    buf = h.open()
+ptr = buf.ptr
+testing.inject_faults(fault)
+try:
+    buf.close()
+    print("closed", flush=True)
+except cc.CUDAError as e:
+    print("failed", type(e).__name__, flush=True)
+sys.stdin.readline()  # the exporter tries to free it now
+testing.clear_faults()
+buf.close()  # again, the fault gone: this unmaps it
+try:
+    core.ShareClose(0, ptr, meta["kind"])
+    print("still mapped", flush=True)
+except cc.CUDAError:
+    print("unmapped", flush=True)
+"""
+
+
+@pytest.mark.parametrize(("kind", "fault"), [("ipc", "cuIpcCloseMemHandle:1:CUDA_ERROR_UNKNOWN"), ("pool", "cuMemFree_v2:1:CUDA_ERROR_UNKNOWN")])
+def test_an_import_whose_unmapping_failed_stays_open_until_closed_again(kind: str, fault: str) -> None:
+    """A failed unmapping (cuIpcCloseMemHandle, or cuMemFree of a pool import) leaves the memory mapped: the
+    importer keeps holding it (the exporter cannot free it) and a second close() unmaps it. It used to
+    mark the mapping closed and give the hold back: the second close did nothing and the mapping leaked."""
+    import subprocess
+    import sys
+
+    d = cc.Device(0)
+    sb = d.allocate_shareable(4096, kind=kind)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDACORE_")}
+    env["CUDACORE_BACKEND"] = "sim"
+    with sb.export() as h:
+        fds = h.fds()
+        p = subprocess.Popen([sys.executable, "-c", _UNMAP_FAILS, json.dumps(h._meta()), json.dumps(fds), fault], pass_fds=fds,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        assert p.stdout is not None and p.stdin is not None
+        assert p.stdout.readline().split() == ["failed", "CUDAError"]
+        with pytest.raises(cc.IllegalStateError, match="still hold"):
+            sb.close()  # the importer still maps it
+        p.stdin.write("\n")
+        p.stdin.flush()
+        out, err = p.communicate(timeout=60)
+        assert out.split() == ["unmapped"], out + err
+        assert p.returncode == 0, err
+    finally:
+        if p.poll() is None:
+            p.kill()
+    sb.close()

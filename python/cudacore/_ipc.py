@@ -362,13 +362,13 @@ class _Mapping:
     def close(self) -> None:
         if self.closed:
             return
+        # A failed unmapping leaves the memory mapped: it stays open, and held (the exporter must not free
+        # it), so that close() can be called again.
+        core.ShareClose(self.device_id, self.ptr, self.kind)
         self.closed = True
-        try:
-            core.ShareClose(self.device_id, self.ptr, self.kind)
-        finally:
-            if self.lease is not None:
-                self.lease.give_back(os.getpid())
-                self.lease.release()
+        if self.lease is not None:
+            self.lease.give_back(os.getpid())
+            self.lease.release()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
