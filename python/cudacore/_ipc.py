@@ -353,19 +353,21 @@ def allocate_shareable(device: Device, nbytes: int, stream: object = None, kind:
 class _Mapping:
     """Owns one opened import (the owner of its ImportedBuffer)."""
 
-    __slots__ = ("closed", "device_id", "kind", "lease", "ptr")
+    __slots__ = ("closed", "device_id", "kind", "lease", "lock", "ptr")
 
     def __init__(self, device_id: int, ptr: int, kind: str, lease: _Lease | None) -> None:
         self.device_id, self.ptr, self.kind, self.lease = device_id, ptr, kind, lease
         self.closed = False
+        self.lock = threading.Lock()  # one unmapping, however many threads close at once
 
     def close(self) -> None:
-        if self.closed:
-            return
-        # A failed unmapping leaves the memory mapped: it stays open, and held (the exporter must not free
-        # it), so that close() can be called again.
-        core.ShareClose(self.device_id, self.ptr, self.kind)
-        self.closed = True
+        with self.lock:
+            if self.closed:
+                return
+            # A failed unmapping leaves the memory mapped: it stays open, and held (the exporter must not
+            # free it), so that close() can be called again.
+            core.ShareClose(self.device_id, self.ptr, self.kind)
+            self.closed = True
         if self.lease is not None:
             self.lease.give_back(os.getpid())
             self.lease.release()
