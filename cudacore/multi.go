@@ -94,6 +94,18 @@ func copyPeer(streamOrdinal, dstOrdinal, dst, srcOrdinal, src, n, stream int) (i
 	if err != nil {
 		return 0, err
 	}
+	// The stream's Manager checks its own device's side for graph memory no launch made real; the other
+	// device's Manager checks the other side.
+	for _, side := range []struct {
+		d *process.Device
+		p cuda.DevicePtr
+	}{{dd, dp}, {sd, sp}} {
+		if side.d.Ordinal() != streamOrdinal {
+			if err := side.d.Streams().CheckForeignUse("copy_peer", side.p, uint64(n)); err != nil {
+				return 0, err
+			}
+		}
+	}
 	return n, m.CopyPeer(dp, dd, sp, sd, uint64(n), s)
 }
 

@@ -128,6 +128,45 @@ def test_peer_copies_sync_async_and_ordered_with_events() -> None:
     ]
 
 
+def test_a_peer_copy_never_names_graph_memory_no_launch_made_real() -> None:
+    """Graph memory has no memory behind it before its graph's first launch; a peer copy naming it is
+    refused on whichever device's stream it runs, the far device's side included."""
+    out = _run(
+        """
+        import cudacore as cc
+        d0, d1, _ = cc.devices()
+        n = 1 << 16
+        a = d0.allocate(n)
+        a.copy_from(b"\\x05" * n)
+        s0, s1 = d0.create_stream(), d1.create_stream()
+        with s1.capture() as g:
+            b = d1.allocate(n, stream=s1)        # graph memory of device 1, not real until g is launched
+        for label, dst, src, stream in [("far side", b, a, s0), ("near side", a, b, s1), ("sync", b, a, None)]:
+            try:
+                cc.device_to_device(dst, src, stream)
+                print(label, "copied")
+            except cc.IllegalStateError as e:
+                print(label, "refused:", "never launched" in str(e))
+        g.launch(s1)
+        s1.synchronize()
+        cc.device_to_device(b, a, s0)            # real now
+        s0.synchronize()
+        out = bytearray(n)
+        b.copy_to(out)
+        print("after the launch:", out == b"\\x05" * n)
+        b.close(); g.destroy(); a.close()
+        print("in use:", d0.memory_stats()["in_use"], d1.memory_stats()["in_use"])
+        """
+    )
+    assert out.splitlines() == [
+        "far side refused: True",
+        "near side refused: True",
+        "sync refused: True",
+        "after the launch: True",
+        "in use: 0 0",
+    ]
+
+
 def test_peer_copies_from_many_threads() -> None:
     """Every operation runs in the right context from any thread: threads that never touched a device copy
     between all pairs at once."""

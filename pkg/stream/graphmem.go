@@ -623,6 +623,14 @@ func (m *Manager) checkPendingCapture(op string, h cuda.Stream, onStream bool, r
 		op, atSize, uint64(at), desc, pendingUseFix))
 }
 
+// CheckForeignUse refuses op, work enqueued on a stream of another device (the far side of a peer copy)
+// that names [p, p+n) of m's device, when any byte of it is graph memory of m's device that no launch has
+// made real: memory of an ended capture's graph never launched, or of a capture in progress (a stream of
+// another device is not inside it).
+func (m *Manager) CheckForeignUse(op string, p cuda.DevicePtr, n uint64) error {
+	return m.checkPendingUseOn(op, 0, false, []span{{p, p + cuda.DevicePtr(max(n, 1))}})
+}
+
 // CheckGraphMemoryExport refuses op, an export of [p, p+size) to another library (DLPack), when any byte
 // of it is graph memory of a graph that no launch has made real. Memory of a capture still in progress
 // may be exported: the consumer may well use it inside that capture, which cudacore cannot see.

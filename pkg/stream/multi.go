@@ -26,7 +26,8 @@ func (m *Manager) CopyPeer(dst cuda.DevicePtr, dstDev Peer, src cuda.DevicePtr, 
 			"the copy is from device %d to device %d but the stream belongs to device %d; use a stream of either",
 			srcDev.Ordinal(), dstDev.Ordinal(), own))
 	}
-	// m's books hold the graph memory of m's device only: the side of the copy on it is checked.
+	// m's books hold the graph memory of m's device only: the side of the copy on it is checked here, the
+	// other device's side by its own Manager (CheckForeignUse, called by the caller, which has it).
 	own := m.dev.Ordinal()
 	if own == dstDev.Ordinal() {
 		if err := m.checkPendingUse(opCopyPeer, s, span{dst, dst + cuda.DevicePtr(n)}); err != nil {
