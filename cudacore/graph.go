@@ -55,8 +55,9 @@ func GraphInstantiate(id int) (int, error) {
 }
 
 // GraphDebugDot writes the graph as a Graphviz DOT file at path, with every node's parameters when
-// verbose; it returns 0. The file's folder must exist: a path that is empty, holds a NUL or lies in no
-// folder is an InvalidValue error that names it, before the driver sees it.
+// verbose; it returns 0. The file's folder must exist: a path that is empty, holds a NUL, lies in no
+// folder or names a folder, pipe or socket is an InvalidValue error that names it, before the driver sees
+// it.
 //
 //cudacore:gil release
 func GraphDebugDot(id int, path string, verbose bool) (int, error) {
@@ -80,6 +81,15 @@ func GraphDebugDot(id int, path string, verbose bool) (int, error) {
 			}
 			return 0, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf(
 				"cannot write %q: its folder %q %s", path, filepath.Dir(path), why))
+		}
+		// The driver opens the file itself and writes it while the graph is locked: a pipe with no reader
+		// would block there, and every launch and destroy of the graph behind it.
+		if st, err := os.Stat(path); err == nil && st.Mode()&(fs.ModeNamedPipe|fs.ModeSocket|fs.ModeDir) != 0 {
+			kind := "pipe or socket"
+			if st.IsDir() {
+				kind = "folder"
+			}
+			return 0, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf("cannot write %q: it is a %s, not a file", path, kind))
 		}
 		return 0, g.DebugDot(path, verbose)
 	})

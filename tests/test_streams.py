@@ -271,6 +271,11 @@ def test_graph_debug_dot(dev, tmp_path):
         g.debug_dot(tmp_path / "no" / "such" / "folder.dot")
     with pytest.raises(cc.InvalidValueError, match="not a file name"):
         g.debug_dot("")
+    with pytest.raises(cc.InvalidValueError, match="folder, not a file"):
+        g.debug_dot(tmp_path)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(cc.InvalidValueError, match="pipe or socket, not a file"):
+        g.debug_dot(tmp_path / "fifo")  # no reader: the write would block for good
     with pytest.raises(cc.InvalidValueError, match="not valid UTF-8"):  # not a bare UnicodeEncodeError
         g.debug_dot(bytes(tmp_path / "x") + b"\xff.dot")
     with pytest.raises(cc.InvalidValueError, match="is not a folder"):

@@ -643,7 +643,8 @@ class Graph:
         Raises
         ------
         InvalidValueError
-            If ``path`` is empty, not valid UTF-8, or its folder does not exist.
+            If ``path`` is empty, not valid UTF-8, names a folder, pipe or socket, or its folder does not
+            exist.
         InvalidHandleError
             If the graph was destroyed (``CUDACORE_ERROR_CLOSED``).
         CUDAError
