@@ -15,7 +15,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,6 +55,19 @@ def _collect_earlier_garbage() -> None:
     caught exception, say) is freed whenever the collector runs, and a test that counts the memory in use
     would otherwise see it leave in the middle."""
     gc.collect()
+
+
+@pytest.fixture
+def dev() -> Iterator[Any]:
+    """Device 0; on the simulator, the faults a test injected are cleared after it. Files whose tests need
+    more (a memory check, a skip) define their own."""
+    import cudacore as cc
+    from cudacore import testing
+
+    d = cc.Device(0)
+    yield d
+    if cc.backend() == "sim":
+        testing.clear_faults()
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

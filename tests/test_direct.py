@@ -24,14 +24,6 @@ from conftest import run_python
 FILL_PTX = Path(__file__).parent / "kernels" / "fill.ptx"
 
 
-@pytest.fixture
-def dev():
-    d = cc.Device(0)
-    yield d
-    if cc.backend() == "sim":
-        testing.clear_faults()
-
-
 def _one_copy_graph(d: cc.Device, s: cc.Stream) -> tuple[cc.Graph, cc.Buffer, cc.PinnedBuffer]:
     buf = d.allocate(4096, stream=s)
     pinned = d.allocate_pinned(4096)

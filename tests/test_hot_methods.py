@@ -18,19 +18,11 @@ from typing import Any
 import pytest
 
 import cudacore as cc
-from cudacore import _module, _stream, testing
+from cudacore import _module, _stream
 
 from conftest import run_python
 
 FILL_PTX = Path(__file__).parent / "kernels" / "fill.ptx"
-
-
-@pytest.fixture
-def dev():
-    d = cc.Device(0)
-    yield d
-    if cc.backend() == "sim":
-        testing.clear_faults()
 
 
 def _python_classes() -> dict[str, type]:

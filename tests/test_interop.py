@@ -20,11 +20,6 @@ pytestmark = pytest.mark.sim
 _api = ctypes.pythonapi
 
 
-@pytest.fixture
-def dev() -> cc.Device:
-    return cc.Device(0)
-
-
 def _capsule_struct(capsule: object, name: bytes, kind: type) -> ctypes.Structure:
     assert _api.PyCapsule_IsValid(capsule, name) == 1
     return kind.from_address(_api.PyCapsule_GetPointer(capsule, name))

@@ -35,11 +35,6 @@ FILL_PTX = ROOT / "tests" / "kernels" / "fill.ptx"
 _api = ctypes.pythonapi
 
 
-@pytest.fixture
-def dev() -> cc.Device:
-    return cc.Device(0)
-
-
 def _capsule_tensor(capsule: object) -> ctypes.Structure:
     assert _api.PyCapsule_IsValid(capsule, b"dltensor") == 1
     return _DLManagedTensor.from_address(_api.PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor

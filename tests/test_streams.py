@@ -25,11 +25,6 @@ N = 64 << 10
 MODES = ["global", "thread_local", "relaxed"]
 
 
-@pytest.fixture
-def dev() -> cc.Device:
-    return cc.Device(0)
-
-
 def objects() -> dict[str, int]:
     return json.loads(_api.call(_api.core.StreamObjects))
 
