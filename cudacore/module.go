@@ -138,13 +138,13 @@ func FunctionLaunch(handle, gx, gy, gz, bx, by, bz, sharedMem, stream int, args 
 			return 0, err
 		}
 		h, streams := cuda.Stream(uintptr(stream)), d.Streams()
-		if streams.PendingUsePossible() { // graph memory no launch made real has no memory behind it
-			if err := streams.CheckGraphMemoryUse("launch", h, module.Pointers(a)); err != nil {
+		if streams.PendingUsePossible() || process.Capturing() {
+			ptrs := module.Pointers(a)
+			// Graph memory no launch made real has no memory behind it.
+			if err := streams.CheckGraphMemoryUse("launch", h, ptrs); err != nil {
 				return 0, err
 			}
-		}
-		if process.Capturing() {
-			streams.NoteUses(h, module.Pointers(a)) // the graph keeps the memory it uses alive
+			streams.NoteUses(h, ptrs) // if h captures, its graph keeps the memory it uses alive
 		}
 		// A destroyed stream's handle must never reach the driver: EnqueueOn refuses it, and holds the
 		// stream around the launch only, not across the handling of a capture failure (which takes it

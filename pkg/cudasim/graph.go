@@ -98,36 +98,19 @@ func (d *Driver) GraphInstantiate(c cuda.Context, gh cuda.Graph) (cuda.GraphExec
 func (d *Driver) checkNodesLive(op string, v *device, g *graph) error {
 	for i := range g.nodes {
 		n := &g.nodes[i]
-		var p cuda.DevicePtr
-		var size uint64
-		switch n.kind {
-		case nodeHtoD:
-			p, size = n.dst, uint64(len(n.host))
-		case nodeDtoH:
-			p, size = n.src, uint64(len(n.host))
-		case nodeDtoD:
-			if _, _, ok := v.find(n.src, n.n); !ok && n.n > 0 {
-				p, size = n.src, n.n
-				break
-			}
-			p, size = n.dst, n.n
-		case nodeMemset:
-			if _, _, ok := v.find(n.dst, n.n); !ok && n.n > 0 {
-				return errf(op, cuda.ErrorInvalidValue, "node %d of graph %#x sets device memory %#x (%d bytes) that is not allocated", i, uint64(g.handle), uint64(n.dst), n.n)
-			}
-			continue
-		default:
+		err := v.check(op, n) // the ranges a launch of the node touches (copy.go)
+		if err == nil {
 			continue
 		}
-		if _, _, ok := v.find(p, size); ok || size == 0 {
-			continue
+		if n.kind == nodeMemset {
+			return err // CUDA_ERROR_INVALID_VALUE, as the driver answers
 		}
 		func() {
 			v.mu.Unlock() // the fatal hook may panic in tests: leave the device locked for the caller
 			defer v.mu.Lock()
-			d.fatal(fmt.Sprintf("%s was handed graph %#x, whose copy node %d names device memory %#x (%d bytes) that is not allocated (freed after the capture)", op, uint64(g.handle), i, uint64(p), size))
+			d.fatal(fmt.Sprintf("%s was handed graph %#x, whose copy node %d names device memory that is not allocated (freed after the capture): %v", op, uint64(g.handle), i, err))
 		}()
-		return errf(op, cuda.ErrorIllegalAddress, "node %d of graph %#x names freed device memory %#x", i, uint64(g.handle), uint64(p))
+		return errf(op, cuda.ErrorIllegalAddress, "node %d of graph %#x names freed device memory", i, uint64(g.handle))
 	}
 	return nil
 }
