@@ -463,18 +463,20 @@ func (g *Graph) afterDestroy(fn func()) {
 // checks here.
 var (
 	pendingTotal atomic.Int32
-	pendingHook  atomic.Pointer[func(total int32)]
+	pendingHook  atomic.Pointer[func()]
 )
 
-// SetPendingHook sets the function told the process-wide count of graph memory allocations that no launch
-// has made real each time it changes (nil: none). It is told the current count at once.
-func SetPendingHook(fn func(total int32)) {
+// SetPendingHook sets the function called each time the process-wide count of graph memory allocations
+// that no launch has made real changes (nil: none), and calls it once at once. It reads the count with
+// PendingGraphMemory: changes on two devices' managers may call it in either order, so a count passed
+// along could be stale, while one read under the hook's own lock is not.
+func SetPendingHook(fn func()) {
 	if fn == nil {
 		pendingHook.Store(nil)
 		return
 	}
 	pendingHook.Store(&fn)
-	fn(pendingTotal.Load())
+	fn()
 }
 
 // PendingGraphMemory returns the process-wide count of graph memory allocations that no launch has made
@@ -487,9 +489,9 @@ func (m *Manager) pendingAdd(d int) {
 		return
 	}
 	m.gm.pending += d
-	t := pendingTotal.Add(int32(d))
+	pendingTotal.Add(int32(d))
 	if h := pendingHook.Load(); h != nil {
-		(*h)(t)
+		(*h)()
 	}
 }
 

@@ -23,7 +23,7 @@ var pendingMu sync.Mutex
 
 func init() {
 	// Under a mutex, with the count read inside it: the last writer has read the latest count.
-	stream.SetPendingHook(func(int32) {
+	stream.SetPendingHook(func() {
 		pendingMu.Lock()
 		C.cudacore_set_graph_memory_pending(C.int(stream.PendingGraphMemory()))
 		pendingMu.Unlock()
