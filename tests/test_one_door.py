@@ -161,6 +161,7 @@ def child(wfd):
     expect("Graph.launch", lambda: g.launch(s))
     expect("Graph.upload", lambda: g.upload(s))
     expect("Graph.node_count", lambda: g.node_count)
+    expect("Graph.debug_dot", lambda: g.debug_dot(os.devnull))
     expect("Buffer.copy_from(pinned, stream)", lambda: buf.copy_from(pinned, stream=s))
     expect("Buffer.copy_from(bytes)", lambda: buf.copy_from(b"x" * 64))
     expect("Buffer.copy_to(pinned, stream)", lambda: buf.copy_to(pinned, stream=s))
