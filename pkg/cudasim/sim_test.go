@@ -432,6 +432,8 @@ func TestInstantiatingAGraphThatNamesFreedMemory(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			runtime.LockOSThread() // a THREAD_LOCAL or GLOBAL capture must end on the thread that began it
+			defer runtime.UnlockOSThread()
 			p, err := d.MemAlloc(c, n)
 			require.NoError(t, err)
 			q, err := d.MemAlloc(c, n)

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -706,6 +707,8 @@ var _ = cudasim.New
 // While a stream is captured, the cache keeps out: allocations and frees reach the driver (graph memory
 // nodes) and graph memory never enters the free lists, even when freed after the capture.
 func TestCacheKeepsOutOfCapture(t *testing.T) {
+	runtime.LockOSThread() // a THREAD_LOCAL or GLOBAL capture must end on the thread that began it
+	defer runtime.UnlockOSThread()
 	drv, d := openSim(t)
 	s := newStack(t, d, StackOptions{})
 	a := newStream(t, drv, d)

@@ -84,6 +84,8 @@ func TestPendingGraphMemoryUse(t *testing.T) {
 		}},
 	} {
 		t.Run("refused/"+tc.name, func(t *testing.T) {
+			runtime.LockOSThread() // a subtest's goroutine is not the parent's locked thread
+			defer runtime.UnlockOSThread()
 			requireResult(t, cuda.ErrorIllegalState, tc.use())
 		})
 	}
@@ -118,8 +120,6 @@ func TestPendingGraphMemoryUse(t *testing.T) {
 // The pending count goes back to zero however graph memory leaves the pending state, and never goes
 // negative: a count left over would turn the direct path off for the rest of the process.
 func TestPendingGraphMemoryCount(t *testing.T) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	for _, tc := range []struct {
 		name string
 		run  func(t *testing.T, e *env, s *Stream)
@@ -198,6 +198,8 @@ func TestPendingGraphMemoryCount(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			runtime.LockOSThread() // a subtest's goroutine is not the parent's locked thread
+			defer runtime.UnlockOSThread()
 			base := PendingGraphMemory()
 			e := newEnv(t)
 			s := e.stream(t, true)

@@ -220,8 +220,6 @@ func TestCaptureReplay(t *testing.T) {
 // capturing stream: each is refused with its CaptureError before the driver sees it (or allowed where
 // the mode allows it), and afterwards the capture still ends with a graph and the stream works.
 func TestIllegalDuringCapture(t *testing.T) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	type op struct {
 		name    string
 		want    cuda.Result // Success: allowed
@@ -293,6 +291,9 @@ func TestIllegalDuringCapture(t *testing.T) {
 	for _, mode := range modes {
 		for _, o := range ops {
 			t.Run(ModeName(mode)+"/"+o.name, func(t *testing.T) {
+				// Each subtest runs on its own goroutine: the parent's locked thread is not its thread.
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
 				e := newEnv(t)
 				s, other := e.stream(t, false), e.stream(t, true)
 				pin, page := e.pinned(t, 4096), make([]byte, 4096)
@@ -330,11 +331,12 @@ func TestIllegalDuringCapture(t *testing.T) {
 // TestDriverFailureEndsCapture: where the driver itself fails with a capture error, cudacore ends the
 // capture, the stream works again, and EndCapture reports the first failing operation.
 func TestDriverFailureEndsCapture(t *testing.T) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	for _, code := range []cuda.Result{cuda.ErrorStreamCaptureImplicit, cuda.ErrorStreamCaptureUnsupported, cuda.ErrorStreamCaptureInvalidated} {
 		for _, mode := range modes {
 			t.Run(ModeName(mode)+"/"+code.String(), func(t *testing.T) {
+				// Each subtest runs on its own goroutine: the parent's locked thread is not its thread.
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
 				e := newEnv(t)
 				s := e.stream(t, true)
 				pin := e.pinned(t, 4096)

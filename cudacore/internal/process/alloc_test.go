@@ -23,6 +23,8 @@ func TestTilesRolledBackUnderACaptureBegunMeanwhile(t *testing.T) {
 		h    cuda.Stream
 	}{{"legacy", cuda.StreamLegacy}, {"per-thread", cuda.StreamPerThread}} {
 		t.Run(tc.name, func(t *testing.T) {
+			runtime.LockOSThread() // a THREAD_LOCAL or GLOBAL capture must end on the thread that began it
+			defer runtime.UnlockOSThread()
 			d := simDevice(t)
 			before := d.Memory().Stats().InUse
 			s, err := d.Streams().Create(true, 0)

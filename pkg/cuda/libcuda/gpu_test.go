@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -227,6 +228,8 @@ func TestRealDriver(t *testing.T) {
 	})
 
 	t.Run("capture and graphs", func(t *testing.T) {
+		runtime.LockOSThread() // a THREAD_LOCAL or GLOBAL capture must end on the thread that began it
+		defer runtime.UnlockOSThread()
 		const n = 4096
 		p, err := d.MemAlloc(ctx, n)
 		require.NoError(t, err)
