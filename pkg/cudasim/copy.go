@@ -149,7 +149,7 @@ func (d *Driver) asyncOp(op string, c cuda.Context, sh cuda.Stream, n node) erro
 		return err
 	}
 	if s.cap != nil {
-		s.cap.nodes = append(s.cap.nodes, n)
+		s.cap.add(s, n)
 		return nil
 	}
 	return d.run(op, v, &n)

@@ -410,7 +410,7 @@ func (d *Driver) poolAlloc(op string, v *device, p *pool, size uint64, sh cuda.S
 			return 0, err
 		}
 		s.cap.allocs = append(s.cap.allocs, a)
-		s.cap.nodes = append(s.cap.nodes, node{kind: nodeAlloc, dst: cuda.DevicePtr(a.base), n: size})
+		s.cap.add(s, node{kind: nodeAlloc, dst: cuda.DevicePtr(a.base), n: size})
 		return cuda.DevicePtr(a.base), nil
 	}
 	block, ok := roundUp(size)
@@ -480,7 +480,7 @@ func (d *Driver) MemFreeAsync(c cuda.Context, ptr cuda.DevicePtr, sh cuda.Stream
 		if a == nil || a.kind != kindGraph {
 			return errf(op, cuda.ErrorInvalidValue, "%#x is not graph memory: during capture only memory allocated in a graph can be freed", uint64(ptr))
 		}
-		s.cap.nodes = append(s.cap.nodes, node{kind: nodeFree, dst: ptr})
+		s.cap.add(s, node{kind: nodeFree, dst: ptr})
 		return nil
 	}
 	a := v.exact(ptr)

@@ -2,6 +2,7 @@ package cudasim
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
@@ -22,16 +23,72 @@ type stream struct {
 	cap         *capture // guarded by dev.mu; nil when not capturing
 }
 
-// capture is one capture sequence. nodes and allocs are guarded by the device mutex; invalid by
-// Driver.capMu, because an unsafe call on another device (GLOBAL mode) invalidates it too.
+// capture is one capture sequence. nodes, allocs, joined and tails are guarded by the device mutex;
+// invalid by Driver.capMu, because an unsafe call on another device (GLOBAL mode) invalidates it too.
+//
+// The nodes form a chain in the order they were captured, which is how a launch replays them (a valid
+// order, since the simulator runs work at once). Their dependencies are kept beside them only to find
+// work that was not joined back to the origin stream (cuStreamEndCapture's 904).
 type capture struct {
 	dev     *device
-	stream  *stream
+	stream  *stream // the origin: the stream that began the capture and alone may end it
 	mode    cuda.CaptureMode
 	tid     int
 	invalid bool
 	nodes   []node
-	allocs  []*alloc // graph memory allocated during the capture
+	allocs  []*alloc  // graph memory allocated during the capture
+	joined  []*stream // streams that joined by waiting on an event recorded in the capture
+	deps    [][]int   // deps[i]: the nodes that node i depends on
+	tails   map[*stream][]int
+}
+
+// add appends n, captured on s (the origin or a joined stream), after s's current tail.
+func (c *capture) add(s *stream, n node) {
+	c.deps = append(c.deps, c.tails[s])
+	c.tails[s] = []int{len(c.nodes)}
+	c.nodes = append(c.nodes, n)
+}
+
+// blocking says whether a stream of c synchronizes with the legacy stream (906 for its work).
+func (c *capture) blocking() bool {
+	if !c.stream.nonBlocking {
+		return true
+	}
+	for _, s := range c.joined {
+		if !s.nonBlocking {
+			return true
+		}
+	}
+	return false
+}
+
+// unjoined returns how many nodes the origin's tail does not depend on, directly or through others: work
+// of a joined stream that no wait of the origin's brought back.
+func (c *capture) unjoined() int {
+	seen := make([]bool, len(c.nodes))
+	todo := slices.Clone(c.tails[c.stream])
+	for len(todo) > 0 {
+		i := todo[len(todo)-1]
+		todo = todo[:len(todo)-1]
+		if !seen[i] {
+			seen[i] = true
+			todo = append(todo, c.deps[i]...)
+		}
+	}
+	n := 0
+	for _, ok := range seen {
+		if !ok {
+			n++
+		}
+	}
+	return n
+}
+
+// leave takes the joined stream s out of c.
+func (c *capture) leave(s *stream) {
+	c.joined = slices.DeleteFunc(c.joined, func(j *stream) bool { return j == s })
+	delete(c.tails, s)
+	s.cap = nil
 }
 
 type nodeKind uint8
@@ -63,6 +120,7 @@ type event struct {
 	recorded   bool
 	at         time.Time
 	capturedIn *capture // last recorded inside this capture
+	deps       []int    // then: the nodes of capturedIn that a stream waiting on it depends on
 }
 
 // resolve finds a stream of v without capture checks.
@@ -126,7 +184,7 @@ func (d *Driver) implicitSync(op string, v *device) error {
 	defer d.capMu.Unlock()
 	hit := false
 	for c := range d.caps {
-		if c.dev == v && !c.stream.nonBlocking {
+		if c.dev == v && c.blocking() {
 			c.invalid, hit = true, true
 		}
 	}
@@ -171,6 +229,9 @@ func (d *Driver) endCaptureLocked(c *capture, keep bool) {
 	delete(d.caps, c)
 	d.capMu.Unlock()
 	c.stream.cap = nil
+	for _, s := range c.joined {
+		s.cap = nil
+	}
 	if !keep {
 		for _, a := range c.allocs {
 			c.dev.release(a)
@@ -207,8 +268,13 @@ func (d *Driver) StreamDestroy(c cuda.Context, sh cuda.Stream) error {
 		d.checkDead(op, v, sh)
 		return errf(op, cuda.ErrorInvalidHandle, "stream %#x is not a live stream of device %d", uint64(sh), v.index)
 	}
-	if s.cap != nil {
+	switch {
+	case s.cap != nil && s.cap.stream == s:
 		d.endCaptureLocked(s.cap, false)
+	case s.cap != nil:
+		// A joined stream destroyed before it was joined back: its work can never rejoin the origin.
+		d.invalidate(s.cap)
+		s.cap.leave(s)
 	}
 	delete(v.streams, sh)
 	if v.dead == nil {
@@ -304,16 +370,51 @@ func (d *Driver) StreamWaitEvent(c cuda.Context, sh cuda.Stream, eh cuda.Event) 
 	if err != nil {
 		return err
 	}
-	if e.capturedIn != nil && e.capturedIn != s.cap {
+	return d.joinOrWait(op, s, e)
+}
+
+// joinOrWait applies the capture rules of a stream s waiting on event e of the same device: an event
+// recorded in a capture in progress joins s to that capture (its later work depends on the event's
+// nodes); a capturing stream may wait only on events of its own capture.
+func (d *Driver) joinOrWait(op string, s *stream, e *event) error {
+	cp := e.capturedIn
+	if cp != nil {
 		d.capMu.Lock()
-		_, active := d.caps[e.capturedIn]
+		_, active := d.caps[cp]
 		d.capMu.Unlock()
-		if active {
-			return errf(op, cuda.ErrorNotSupported, "the simulator does not model joining another stream into a capture (fork/join)")
+		if !active {
+			return errf(op, cuda.ErrorCapturedEvent, "the event was last recorded in a stream capture that has ended")
 		}
-		return errf(op, cuda.ErrorCapturedEvent, "the event was last recorded in a stream capture")
+	}
+	switch {
+	case cp != nil && s.cap == cp:
+		s.cap.tails[s] = mergeDeps(s.cap.tails[s], e.deps)
+	case cp != nil && s.cap != nil:
+		d.invalidate(s.cap)
+		d.invalidate(cp)
+		return errf(op, cuda.ErrorStreamCaptureMerge, "the stream captures into another capture than the one the event was recorded in; both are now invalidated")
+	case cp != nil && s.legacy:
+		d.invalidate(cp)
+		return errf(op, cuda.ErrorStreamCaptureImplicit, "the legacy stream cannot join a capture; the capture is now invalidated")
+	case cp != nil:
+		if cp.invalid {
+			return errf(op, cuda.ErrorStreamCaptureInvalidated, "the event's capture was invalidated by an earlier error")
+		}
+		s.cap = cp
+		cp.joined = append(cp.joined, s)
+		cp.tails[s] = slices.Clone(e.deps)
+	case s.cap != nil && e.recorded:
+		d.invalidate(s.cap)
+		return errf(op, cuda.ErrorStreamCaptureIsolation, "a capturing stream cannot wait on an event recorded outside its capture; the capture is now invalidated")
 	}
 	return nil
+}
+
+// mergeDeps returns the union of two sorted node lists.
+func mergeDeps(a, b []int) []int {
+	out := slices.Concat(a, b)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 func (d *Driver) StreamBeginCapture(c cuda.Context, sh cuda.Stream, mode cuda.CaptureMode) error {
@@ -336,7 +437,7 @@ func (d *Driver) StreamBeginCapture(c cuda.Context, sh cuda.Stream, mode cuda.Ca
 	if s.cap != nil {
 		return errf(op, cuda.ErrorIllegalState, "the stream is already capturing")
 	}
-	cp := &capture{dev: v, stream: s, mode: mode, tid: gettid()}
+	cp := &capture{dev: v, stream: s, mode: mode, tid: gettid(), tails: map[*stream][]int{}}
 	s.cap = cp
 	d.capMu.Lock()
 	d.caps[cp] = struct{}{}
@@ -359,6 +460,10 @@ func (d *Driver) StreamEndCapture(c cuda.Context, sh cuda.Stream) (cuda.Graph, e
 	if cp == nil {
 		return 0, errf(op, cuda.ErrorIllegalState, "the stream is not capturing")
 	}
+	if cp.stream != s {
+		d.invalidate(cp)
+		return 0, errf(op, cuda.ErrorStreamCaptureUnmatched, "the stream joined a capture that another stream began; only that stream may end it")
+	}
 	d.capMu.Lock()
 	inv := cp.invalid
 	d.capMu.Unlock()
@@ -369,6 +474,10 @@ func (d *Driver) StreamEndCapture(c cuda.Context, sh cuda.Stream) (cuda.Graph, e
 	}
 	if cp.mode != cuda.CaptureModeRelaxed && cp.tid != gettid() {
 		return 0, errf(op, cuda.ErrorStreamCaptureWrongThread, "a GLOBAL or THREAD_LOCAL capture must be ended by the thread that began it")
+	}
+	if n := cp.unjoined(); n > 0 {
+		d.endCaptureLocked(cp, false)
+		return 0, errf(op, cuda.ErrorStreamCaptureUnjoined, "%d captured operations of joined streams were not joined back to the origin stream; no graph was made", n)
 	}
 	d.endCaptureLocked(cp, true)
 	g := &graph{handle: cuda.Graph(v.handle(kindGraphHandle)), nodes: cp.nodes, mem: &graphMem{allocs: cp.allocs, refs: 1}}
@@ -391,7 +500,7 @@ func (d *Driver) StreamIsCapturing(c cuda.Context, sh cuda.Stream) (cuda.Capture
 	defer d.capMu.Unlock()
 	if s.legacy {
 		for cp := range d.caps {
-			if cp.dev == v && !cp.stream.nonBlocking {
+			if cp.dev == v && cp.blocking() {
 				return 0, errf(op, cuda.ErrorStreamCaptureImplicit, "the legacy stream depends on a capturing blocking stream")
 			}
 		}
@@ -468,10 +577,10 @@ func (d *Driver) EventRecord(c cuda.Context, eh cuda.Event, sh cuda.Stream) erro
 		return err
 	}
 	if s.cap != nil {
-		e.capturedIn = s.cap
+		e.capturedIn, e.deps = s.cap, slices.Clone(s.cap.tails[s])
 		return nil
 	}
-	e.recorded, e.at, e.capturedIn = true, time.Now(), nil
+	e.recorded, e.at, e.capturedIn, e.deps = true, time.Now(), nil, nil
 	return nil
 }
 

@@ -126,6 +126,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) cuda.Driver) {
 		}
 	})
 	t.Run("CaptureReplay", func(t *testing.T) { testCaptureReplay(t, setup(t, newDriver)) })
+	t.Run("CaptureJoin", func(t *testing.T) { testCaptureJoin(t, setup(t, newDriver)) })
 	t.Run("GraphMemoryLifetime", func(t *testing.T) { testGraphMemory(t, setup(t, newDriver)) })
 	t.Run("ManagedPrefetchAdvise", func(t *testing.T) { testManaged(t, setup(t, newDriver)) })
 	t.Run("CaptureQueries", func(t *testing.T) { testCaptureQueries(t, setup(t, newDriver)) })
@@ -551,6 +552,117 @@ func testCaptureReplay(t *testing.T, e *env) {
 		assertResult(t, cuda.ErrorStreamCaptureInvalidated, err, "EndCapture after a graph launch into the capture")
 	}
 	require.NoError(t, d.StreamSynchronize(c, s), "the stream works again")
+}
+
+// testCaptureJoin checks capture across streams: a stream that waits on an event recorded in a capture
+// joins it (its work goes into the same graph), the capture ends only on the stream that began it, and
+// only once every joined stream's work was joined back to that stream. Where the outcome after an error
+// is not asserted exactly, the streams are only brought back to work.
+func testCaptureJoin(t *testing.T, e *env) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d, c := e.drv, e.ctx
+	const n = 4096
+	newStream := func() cuda.Stream {
+		s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
+		require.NoError(t, err)
+		t.Cleanup(func() { assert.NoError(t, d.StreamDestroy(c, s)) })
+		return s
+	}
+	newEvent := func() cuda.Event {
+		ev, err := d.EventCreate(c, cuda.EventDisableTiming)
+		require.NoError(t, err)
+		t.Cleanup(func() { assert.NoError(t, d.EventDestroy(c, ev)) })
+		return ev
+	}
+	status := func(s cuda.Stream) cuda.CaptureStatus {
+		st, err := d.StreamIsCapturing(c, s)
+		require.NoError(t, err)
+		return st
+	}
+	a, err := d.MemAlloc(c, n)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFree(c, a)) }()
+	b, err := d.MemAlloc(c, n)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFree(c, b)) }()
+	in, err := d.MemHostAlloc(c, n, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFreeHost(c, in)) }()
+	out, err := d.MemHostAlloc(c, n, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFreeHost(c, out)) }()
+
+	t.Run("fork and join", func(t *testing.T) {
+		s, j, fork, join := newStream(), newStream(), newEvent(), newEvent()
+		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
+		require.NoError(t, d.MemcpyHtoDAsync(c, a, in, s))
+		require.NoError(t, d.EventRecord(c, fork, s))
+		require.NoError(t, d.StreamWaitEvent(c, j, fork))
+		assert.Equal(t, cuda.CaptureStatusActive, status(j), "waiting on a captured event joins the capture")
+		require.NoError(t, d.MemcpyDtoDAsync(c, b, a, n, j))
+		require.NoError(t, d.EventRecord(c, join, j))
+		require.NoError(t, d.StreamWaitEvent(c, s, join))
+		require.NoError(t, d.MemcpyDtoHAsync(c, out, b, s))
+		g, err := d.StreamEndCapture(c, s)
+		require.NoError(t, err)
+		defer func() { assert.NoError(t, d.GraphDestroy(c, g)) }()
+		assert.Equal(t, cuda.CaptureStatusNone, status(j), "ending the capture takes the joined stream out too")
+		cnt, err := d.GraphNodeCount(c, g)
+		require.NoError(t, err)
+		assert.Equal(t, 3, cnt, "the joined stream's copy is in the graph; events make edges, not nodes")
+		x, err := d.GraphInstantiate(c, g)
+		require.NoError(t, err)
+		defer func() { assert.NoError(t, d.GraphExecDestroy(c, x)) }()
+		copy(in, pattern(n, 0x5C))
+		require.NoError(t, d.GraphLaunch(c, x, s))
+		require.NoError(t, d.StreamSynchronize(c, s))
+		assert.Equal(t, pattern(n, 0x5C), []byte(out[:n]), "the work of both streams ran, in order")
+	})
+	t.Run("unjoined work fails the capture", func(t *testing.T) {
+		s, j, fork := newStream(), newStream(), newEvent()
+		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
+		require.NoError(t, d.EventRecord(c, fork, s))
+		require.NoError(t, d.StreamWaitEvent(c, j, fork))
+		require.NoError(t, d.MemsetD8Async(c, a, 1, n, j))
+		_, err := d.StreamEndCapture(c, s)
+		assertResult(t, cuda.ErrorStreamCaptureUnjoined, err, "EndCapture with a joined stream's work not joined back")
+		assert.Equal(t, cuda.CaptureStatusNone, status(s))
+		assert.Equal(t, cuda.CaptureStatusNone, status(j))
+		require.NoError(t, d.StreamSynchronize(c, j), "the joined stream works again")
+	})
+	t.Run("only the origin ends the capture", func(t *testing.T) {
+		s, j, fork := newStream(), newStream(), newEvent()
+		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
+		require.NoError(t, d.EventRecord(c, fork, s))
+		require.NoError(t, d.StreamWaitEvent(c, j, fork))
+		_, err := d.StreamEndCapture(c, j)
+		assertResult(t, cuda.ErrorStreamCaptureUnmatched, err, "EndCapture on a joined stream")
+		if g, err := d.StreamEndCapture(c, s); err == nil {
+			assert.NoError(t, d.GraphDestroy(c, g))
+		}
+		assert.Equal(t, cuda.CaptureStatusNone, status(j))
+	})
+	t.Run("two captures never merge", func(t *testing.T) {
+		s1, s2, ev := newStream(), newStream(), newEvent()
+		require.NoError(t, d.StreamBeginCapture(c, s1, cuda.CaptureModeRelaxed))
+		require.NoError(t, d.StreamBeginCapture(c, s2, cuda.CaptureModeRelaxed))
+		require.NoError(t, d.EventRecord(c, ev, s1))
+		assertResult(t, cuda.ErrorStreamCaptureMerge, d.StreamWaitEvent(c, s2, ev), "waiting on another capture's event")
+		for _, s := range []cuda.Stream{s1, s2} {
+			if g, err := d.StreamEndCapture(c, s); err == nil {
+				assert.NoError(t, d.GraphDestroy(c, g))
+			}
+		}
+	})
+	t.Run("a capture waits only on its own events", func(t *testing.T) {
+		s, other, ev := newStream(), newStream(), newEvent()
+		require.NoError(t, d.EventRecord(c, ev, other))
+		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeRelaxed))
+		assertResult(t, cuda.ErrorStreamCaptureIsolation, d.StreamWaitEvent(c, s, ev), "waiting on an event recorded outside the capture")
+		_, err := d.StreamEndCapture(c, s)
+		assertResult(t, cuda.ErrorStreamCaptureInvalidated, err, "EndCapture after the refused wait")
+	})
 }
 
 // testGraphMemory checks the lifetime of an allocation made on a capturing stream (an alloc node), which
