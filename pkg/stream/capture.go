@@ -105,9 +105,13 @@ func (r *Registry) Active() int { return int(r.active.Load()) }
 
 // capture is one capture sequence on a stream. Fields after stream are guarded by the registry's mutex.
 type capture struct {
-	stream *Stream
+	stream *Stream // the origin: the stream that began the capture, the only one that may end it
 	mode   cuda.CaptureMode
 	tid    int
+	// joined lists the streams that joined the capture by waiting on an event recorded in it (WaitEvent):
+	// their work goes into the same graph, under the same rules, until the origin ends the capture.
+	joined []*Stream
+	onEnd  []func() // run once the capture has ended (the destroy of a joined stream closed meanwhile)
 	allocs int
 	bytes  uint64
 	ptrs   map[cuda.DevicePtr]uint64 // the allocations made on the capturing stream (graph memory), by size
@@ -120,6 +124,34 @@ type capture struct {
 
 // maxEscapes bounds the escapes a capture lists (it counts all of them).
 const maxEscapes = 32
+
+// member returns the stream of m with handle h if it captures into c (its origin or a joined stream),
+// else nil. The registry's mutex must be held.
+func (c *capture) member(m *Manager, h cuda.Stream) *Stream {
+	if c.stream.m == m && c.stream.h == h {
+		return c.stream
+	}
+	for _, s := range c.joined {
+		if s.m == m && s.h == h {
+			return s
+		}
+	}
+	return nil
+}
+
+// blocking says whether a stream of c synchronizes with the legacy stream, so that work on the legacy
+// stream would depend on the capture (906). The registry's mutex must be held.
+func (c *capture) blocking() bool {
+	if c.stream.blocking() {
+		return true
+	}
+	for _, s := range c.joined {
+		if s.blocking() {
+			return true
+		}
+	}
+	return false
+}
 
 // NoteEscape records that op ran on the stream with handle h (0 or legacy: the legacy stream) while
 // captures were in progress, for the escape audit: unless h itself captures, the work ran at once and is
@@ -195,7 +227,7 @@ func CaptureError(r cuda.Result, op, msg string) *cuda.Error {
 func IsCaptureResult(r cuda.Result) bool {
 	switch r {
 	case cuda.ErrorStreamCaptureUnsupported, cuda.ErrorStreamCaptureInvalidated, cuda.ErrorStreamCaptureImplicit,
-		cuda.ErrorCapturedEvent, cuda.ErrorStreamCaptureWrongThread, cuda.ErrorStreamCaptureMerge,
+		cuda.ErrorCapturedEvent, cuda.ErrorStreamCaptureWrongThread, cuda.ErrorStreamCaptureMerge, cuda.ErrorStreamCaptureUnmatched,
 		cuda.ErrorStreamCaptureIsolation, cuda.ErrorStreamCaptureUnjoined:
 		return true
 	}
@@ -213,7 +245,7 @@ func (m *Manager) blockingCapture() *capture {
 	m.reg.mu.Lock()
 	defer m.reg.mu.Unlock()
 	for c := range m.reg.caps {
-		if c.stream.m.dev == m.dev && c.stream.blocking() {
+		if c.stream.m.dev == m.dev && c.blocking() {
 			return c
 		}
 	}
@@ -467,7 +499,7 @@ func (m *Manager) NoteAllocate(h cuda.Stream, p cuda.DevicePtr, size uint64) {
 	}
 	m.reg.mu.Lock()
 	for c := range m.reg.caps {
-		if c.stream.h == h && c.stream.m == m {
+		if c.member(m, h) != nil {
 			c.allocs++
 			c.bytes += size
 			if c.ptrs == nil {
@@ -491,7 +523,7 @@ func (m *Manager) GraphMemory(h cuda.Stream, p cuda.DevicePtr) bool {
 	m.reg.mu.Lock()
 	defer m.reg.mu.Unlock()
 	for c := range m.reg.caps {
-		if c.stream.h == h && c.stream.m == m {
+		if c.member(m, h) != nil {
 			_, ok := c.ptrs[p]
 			return ok
 		}
@@ -499,13 +531,14 @@ func (m *Manager) GraphMemory(h cuda.Stream, p cuda.DevicePtr) bool {
 	return false
 }
 
-// lookup finds a capturing stream of m by handle (only capturing streams are registered).
+// lookup finds a capturing stream of m by handle (only capturing streams are registered: origins and
+// the streams joined to them).
 func (m *Manager) lookup(h cuda.Stream) *Stream {
 	m.reg.mu.Lock()
 	defer m.reg.mu.Unlock()
 	for c := range m.reg.caps {
-		if c.stream.h == h && c.stream.m == m {
-			return c.stream
+		if s := c.member(m, h); s != nil {
+			return s
 		}
 	}
 	return nil
@@ -531,8 +564,12 @@ func (s *Stream) BeginCapture(mode cuda.CaptureMode) error {
 	m.reg.change.Lock() // registered and begun at the driver as one change (Steady)
 	defer m.reg.change.Unlock()
 	m.reg.mu.Lock()
-	if s.cap != nil {
+	if c := s.cap; c != nil {
 		m.reg.mu.Unlock()
+		if c.stream != s {
+			return cuda.NewError("cudacore."+op, cuda.ErrorIllegalState, fmt.Sprintf(
+				"%s joined the capture on %s (it waited on an event recorded there); it captures into that graph until the capture ends", s, c.stream))
+		}
 		return cuda.NewError("cudacore."+op, cuda.ErrorIllegalState, fmt.Sprintf("%s is already capturing; end that capture first", s))
 	}
 	c := &capture{stream: s, mode: mode, tid: gettid()}
@@ -552,25 +589,33 @@ func (s *Stream) BeginCapture(mode cuda.CaptureMode) error {
 	return nil
 }
 
-// unregister forgets c. When it was the last capture, it returns the calls deferred until the captures
-// ended, for the caller to run once the capture's graph, if any, is adopted: a deferred free of memory
-// the new graph uses must find the graph among the users (FreeGraphAware) and wait for its destruction,
-// not free memory that the graph's nodes name (the real driver crashes instantiating such a graph).
+// unregister forgets c, with the streams joined to it. It returns the calls that waited for c's end,
+// and when c was the last capture the calls deferred until the captures ended, for the caller to run
+// once the capture's graph, if any, is adopted: a deferred free of memory the new graph uses must find
+// the graph among the users (FreeGraphAware) and wait for its destruction, not free memory that the
+// graph's nodes name (the real driver crashes instantiating such a graph).
 func (m *Manager) unregister(c *capture) (ready []func()) {
 	m.reg.mu.Lock()
 	if _, ok := m.reg.caps[c]; ok {
 		delete(m.reg.caps, c)
 		m.reg.active.Add(-1)
 	}
-	if c.stream.cap == c {
-		c.stream.cap = nil
+	streams := append([]*Stream{c.stream}, c.joined...)
+	for _, s := range streams {
+		if s.cap == c {
+			s.cap = nil
+		}
 	}
 	if m.reg.active.Load() == 0 {
 		ready, m.reg.deferred = m.reg.deferred, nil
 	}
+	ready = append(ready, c.onEnd...)
+	c.onEnd = nil
 	m.reg.mu.Unlock()
-	if st := c.stream.m.memory(); st != nil {
-		st.SetCapturing(c.stream.h, false)
+	for _, s := range streams {
+		if st := s.m.memory(); st != nil {
+			st.SetCapturing(s.h, false)
+		}
 	}
 	return ready
 }
@@ -632,6 +677,9 @@ func (s *Stream) EndCapture() (*Graph, error) {
 		return nil, cuda.NewError("cudacore."+op, cuda.ErrorIllegalState, fmt.Sprintf(
 			"%s is not capturing: call begin_capture() first (or use `with stream.capture() as graph:`)", s))
 	}
+	if c.stream != s {
+		return nil, notOrigin(op, s, c)
+	}
 	if c.mode != cuda.CaptureModeRelaxed && c.tid != gettid() {
 		return nil, CaptureError(cuda.ErrorStreamCaptureWrongThread, op, fmt.Sprintf(
 			"a %s capture must be ended by the thread that began it (the driver's error 908); end it there, or capture in \"relaxed\" mode",
@@ -654,6 +702,13 @@ func (s *Stream) EndCapture() (*Graph, error) {
 		}
 		m.discard(c.ptrs)
 		runAll(ready)
+		if cuda.ResultOf(err) == cuda.ErrorStreamCaptureUnjoined {
+			return nil, CaptureError(cuda.ErrorStreamCaptureUnjoined, op, fmt.Sprintf(
+				"work captured on %s was not joined back to %s, so the capture failed and no graph was made (the driver's error 904); "+
+					"before ending a capture, make the stream that began it wait for each joined stream's last work "+
+					"(origin.wait(joined.record())); the streams work again: %v",
+				joinedNames(c), s, err))
+		}
 		if IsCaptureResult(cuda.ResultOf(err)) {
 			return nil, CaptureError(cuda.ResultOf(err), op, fmt.Sprintf(
 				"the capture on %s was invalidated by an operation cudacore did not see (made through another library?), so no graph was made; the stream works again: %v",
@@ -667,17 +722,43 @@ func (s *Stream) EndCapture() (*Graph, error) {
 }
 
 // AbortCapture ends s's capture, if any, and discards it and any pending failure. It is what a `with`
-// block that raised does.
+// block that raised does. A stream joined to another stream's capture cannot abort it: that is the
+// origin's to end.
 func (s *Stream) AbortCapture() error {
 	m := s.m
 	m.reg.mu.Lock()
 	c := s.cap
+	if c != nil && c.stream != s {
+		m.reg.mu.Unlock()
+		return notOrigin("abort_capture", s, c)
+	}
 	s.failed = nil
 	m.reg.mu.Unlock()
 	if c != nil {
 		m.abandon(c, nil)
 	}
 	return nil
+}
+
+// notOrigin is the refusal of op, the end of c, on s, a stream joined to c (the driver's 903, which
+// would invalidate the capture): only the stream that began a capture ends it.
+func notOrigin(op string, s *Stream, c *capture) error {
+	return CaptureError(cuda.ErrorStreamCaptureUnmatched, op, fmt.Sprintf(
+		"%s joined the capture that %s began (it waited on an event recorded there), and only that stream can end it (the driver's error 903); "+
+			"join this stream back (origin.wait(joined.record())) and end or abort the capture on %s; the capture goes on",
+		s, c.stream, c.stream))
+}
+
+// joinedNames names the streams joined to c, for messages.
+func joinedNames(c *capture) string {
+	names := make([]string, 0, len(c.joined))
+	for _, s := range c.joined {
+		names = append(names, s.String())
+	}
+	if len(names) == 0 {
+		return "a stream joined to the capture outside cudacore"
+	}
+	return strings.Join(names, " and ")
 }
 
 // after handles the result of a driver call made for op on stream s (nil: none in particular). A capture
@@ -700,15 +781,19 @@ func (m *Manager) after(op string, s *Stream, err error) error {
 	}
 	m.reg.mu.Lock()
 	caps := make([]*capture, 0, len(m.reg.caps))
+	var own *capture // s's capture, whether s began it or joined it
 	for c := range m.reg.caps {
 		caps = append(caps, c)
+	}
+	if s != nil {
+		own = s.cap
 	}
 	m.reg.mu.Unlock()
 	var ended []string
 	for _, c := range caps {
 		sm := c.stream.m
 		st, qerr := sm.drv.StreamIsCapturing(sm.ctx, c.stream.h)
-		if c.stream != s && qerr == nil && st == cuda.CaptureStatusActive {
+		if c != own && qerr == nil && st == cuda.CaptureStatusActive {
 			continue
 		}
 		if c.mode != cuda.CaptureModeRelaxed && c.tid != gettid() {

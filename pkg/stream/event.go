@@ -22,8 +22,9 @@ type Event struct {
 	use    sync.RWMutex // as Stream.use: waiting driver calls on h against Destroy
 
 	mu       sync.Mutex
-	captured bool // last recorded inside a capture: host waits on it fail with 907 until recorded outside one
-	recorded bool
+	captured bool     // last recorded inside a capture: host waits on it fail with 907 until recorded outside one
+	in       *capture // that capture; a stream waiting on the event while it is in progress joins it
+	recorded bool     // last recorded outside a capture
 }
 
 // NewEvent creates an event; timing events can measure ElapsedTime, others are cheaper to record.
@@ -100,9 +101,9 @@ func (e *Event) Record(s *Stream) error {
 	if err := e.m.after(op, s, e.m.drv.EventRecord(e.m.ctx, e.h, s.h)); err != nil {
 		return err
 	}
-	inCapture := s.capturing() != nil
+	c := s.capturing()
 	e.mu.Lock()
-	e.captured, e.recorded = inCapture, !inCapture
+	e.captured, e.recorded, e.in = c != nil, c == nil, c
 	e.mu.Unlock()
 	return nil
 }

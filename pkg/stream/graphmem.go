@@ -88,7 +88,7 @@ func (m *Manager) NoteUses(h cuda.Stream, ptrs []cuda.DevicePtr) {
 	m.reg.mu.Lock()
 	defer m.reg.mu.Unlock()
 	for c := range m.reg.caps {
-		if c.stream.h == h && c.stream.m == m {
+		if c.member(m, h) != nil {
 			for _, p := range ptrs {
 				if p != 0 {
 					c.uses = append(c.uses, span{p, p + 1})
@@ -126,7 +126,7 @@ func (m *Manager) NoteFree(h cuda.Stream, p cuda.DevicePtr) {
 	m.reg.mu.Lock()
 	defer m.reg.mu.Unlock()
 	for c := range m.reg.caps {
-		if c.stream.h == h && c.stream.m == m {
+		if c.member(m, h) != nil {
 			delete(c.ptrs, p)
 			return
 		}
@@ -591,7 +591,7 @@ func (m *Manager) checkPendingCapture(op string, h cuda.Stream, onStream bool, r
 		for p, size := range c.ptrs {
 			for _, r := range ranges {
 				if overlaps(p, size, r) {
-					if onStream && c.stream.h == h {
+					if onStream && c.member(m, h) != nil {
 						continue // inside its own capture: the allocation node precedes the use
 					}
 					owner, at, atSize = c, p, size
@@ -600,25 +600,12 @@ func (m *Manager) checkPendingCapture(op string, h cuda.Stream, onStream bool, r
 		}
 	}
 	var desc string
-	origin := false // h is the stream of a capture of its own: not joined to owner's
 	if owner != nil {
 		desc = owner.describe()
-		for c := range m.reg.caps {
-			if c.stream.m == m && c.stream.h == h {
-				origin = true
-			}
-		}
 	}
 	m.reg.mu.Unlock()
 	if owner == nil {
 		return nil
-	}
-	if onStream && !origin && h != 0 && h != cuda.StreamLegacy && h != cuda.StreamPerThread {
-		// A stream joined to a capture (it waited on an event the capture recorded) captures too, and its
-		// work follows the allocation node.
-		if st, err := m.drv.StreamIsCapturing(m.ctx, h); err == nil && st == cuda.CaptureStatusActive {
-			return nil
-		}
 	}
 	return cuda.NewError("cudacore."+op, cuda.ErrorIllegalState, fmt.Sprintf(
 		"%s names the %d bytes at %#x allocated during the capture in progress (%s), outside that capture; %s",

@@ -25,6 +25,7 @@ package stream
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -267,10 +268,22 @@ func (s *Stream) Destroy() error {
 	}
 	s.m.reg.mu.Lock()
 	c := s.cap
+	if c != nil && c.stream != s {
+		// Joined to another stream's capture: its work belongs to that capture, which may still join it
+		// back. The stream is closed to cudacore now, and destroyed at the driver when the capture ends.
+		c.onEnd = append(c.onEnd, func() { _ = s.destroy() })
+		s.m.reg.mu.Unlock()
+		return nil
+	}
 	s.m.reg.mu.Unlock()
 	if c != nil {
 		s.m.abandon(c, nil)
 	}
+	return s.destroy()
+}
+
+// destroy destroys s at the driver, once it captures no more; Destroy has marked it destroyed.
+func (s *Stream) destroy() error {
 	// Frees recorded against this stream after it is gone go to the legacy stream (lifetime.go), which
 	// does not wait for a non-blocking stream's work: finish that work first, where the capture rules
 	// allow a synchronize.
@@ -348,7 +361,81 @@ func (s *Stream) WaitEvent(e *Event) error {
 	if err := s.m.checkEnqueue(op, s); err != nil {
 		return err
 	}
+	if s.m.reg.active.Load() > 0 {
+		joined, err := s.join(op, e)
+		if joined { // the driver's result
+			return s.m.after(op, s, err)
+		}
+		if err != nil { // refused before the driver: the captures go on
+			return err
+		}
+	}
 	return s.m.after(op, s, s.m.drv.StreamWaitEvent(s.m.ctx, s.h, e.h))
+}
+
+// join applies the capture rules of s waiting on e while captures are in progress. An event last
+// recorded in a capture in progress joins s to that capture: the wait is made here, and joined is true.
+// A wait that the driver would refuse and that would invalidate a capture is refused first: joining a
+// stream that captures into another capture (902), the legacy or per-thread stream, or a stream of
+// another device; and a capturing stream waiting on an event recorded outside any capture (905). Otherwise
+// joined is false and err nil: the caller makes the wait as usual.
+func (s *Stream) join(op string, e *Event) (joined bool, err error) {
+	m := s.m
+	e.mu.Lock()
+	ec, recorded := e.in, e.recorded
+	e.mu.Unlock()
+	m.reg.change.Lock() // registered and joined at the driver as one change (Steady)
+	defer m.reg.change.Unlock()
+	m.reg.mu.Lock()
+	if _, live := m.reg.caps[ec]; !live {
+		ec = nil
+	}
+	sc := s.cap
+	var refuse error
+	switch {
+	case ec == sc:
+		// Within one capture (an edge of its graph), or no capture concerned.
+	case ec == nil && recorded:
+		refuse = CaptureError(cuda.ErrorStreamCaptureIsolation, op, fmt.Sprintf(
+			"%s captures, and %s was recorded outside the capture: the wait would cross the capture's boundary (the driver's error 905, which would end the capture); "+
+				"record the event inside the capture, or wait before it begins", s, e))
+	case ec == nil:
+		// An event never recorded, or last recorded in a capture that has ended: the driver decides.
+	case sc != nil:
+		refuse = CaptureError(cuda.ErrorStreamCaptureMerge, op, fmt.Sprintf(
+			"%s was recorded in the capture on %s, and %s captures into another one: two captures cannot merge (the driver's error 902, which would end both); "+
+				"capture both streams into one capture, or order them after the captures end", e, ec.stream, s))
+	case s.legacy || s.perThread:
+		refuse = CaptureError(cuda.ErrorStreamCaptureUnsupported, op, fmt.Sprintf(
+			"%s was recorded in the capture on %s, and %s cannot join a capture; join a stream you created: d.create_stream()", e, ec.stream, s))
+	case e.m != m:
+		refuse = CaptureError(cuda.ErrorNotSupported, op, fmt.Sprintf(
+			"%s was recorded in the capture on %s, of another device than %s; cudacore captures one device at a time", e, ec.stream, s))
+	default:
+		s.cap, s.failed = ec, nil
+		ec.joined = append(ec.joined, s)
+		m.reg.mu.Unlock()
+		// The cache is told first, so no cached block can be handed out on s once the driver captures.
+		st := m.memory()
+		if st != nil {
+			st.SetCapturing(s.h, true)
+		}
+		if err := m.drv.StreamWaitEvent(m.ctx, s.h, e.h); err != nil {
+			m.reg.mu.Lock()
+			ec.joined = slices.DeleteFunc(ec.joined, func(j *Stream) bool { return j == s })
+			if s.cap == ec {
+				s.cap = nil
+			}
+			m.reg.mu.Unlock()
+			if st != nil {
+				st.SetCapturing(s.h, false)
+			}
+			return true, err
+		}
+		return true, nil
+	}
+	m.reg.mu.Unlock()
+	return false, refuse
 }
 
 // Record records e on s (cuEventRecord) and returns e.
