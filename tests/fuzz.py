@@ -76,7 +76,9 @@ INNER_OPS = {k: v for k, v in TOP_OPS.items() if k not in ("threads", "strategy"
 #: Operations inside a ``with stream.capture()`` block: work on the capturing stream, plus a few that the
 #: capture forbids (they must fail typed and leave the stream usable).
 CAPTURE_OPS = {"alloc_on": 4, "h2d_on": 4, "d2d_on": 3, "d2h_on": 3, "close_buf": 2, "record": 1, "wait_event": 1,
-               "sync_stream": 1, "sync_device": 1, "h2d": 1, "gc": 1, "verify": 1}
+               "sync_stream": 1, "sync_device": 1, "h2d": 1, "gc": 1, "verify": 1, "fork_on": 2}
+#: Operations on a stream joined to a capture (``fork_on``), between its fork and its join.
+FORK_OPS = {"alloc_on": 3, "h2d_on": 3, "d2d_on": 3, "d2h_on": 2, "close_buf": 1, "sync_stream": 1}
 MODES = ("thread_local", "global", "relaxed")
 
 
@@ -97,6 +99,8 @@ def _op(rng: random.Random, name: str, depth: int) -> list[Any]:
     args: list[Any] = [rng.randrange(1 << 30) for _ in range(6)]
     if name == "capture":
         args.append([_op(rng, _pick(rng, CAPTURE_OPS), depth + 1) for _ in range(rng.randrange(0, 7))])
+    elif name == "fork_on":
+        args.append([_op(rng, _pick(rng, FORK_OPS), depth + 1) for _ in range(rng.randrange(0, 4))])
     elif name == "threads":
         n = rng.randrange(2, 5)
         args.append([[_op(rng, _pick(rng, INNER_OPS), depth + 1) for _ in range(rng.randrange(3, 15))] for _ in range(n)])
@@ -177,7 +181,8 @@ class State:
         self.streams: list[Any] = []
         self.events: list[Any] = []
         self.graphs: list[G] = []
-        self.caps: dict[Any, Cap] = {}  # stream -> capture begun explicitly and not ended
+        self.caps: dict[Any, Cap] = {}  # stream -> capture it began or joined, not yet ended
+        self.event_caps: dict[int, Cap | None] = {}  # id(event) -> the capture it was last recorded in
         self.errors: dict[str, int] = {}
         self.violations: list[str] = []
         # Every operation as it ran, with its thread, and the typed errors: the order the threads took is
@@ -288,6 +293,12 @@ class State:
             if not typed(self.cc, exc):
                 raise Violation(f"{name}: untyped {type(exc).__name__}: {exc}\n{''.join(traceback.format_exception(exc))}") from exc
             self.note(exc)
+
+    def drop_cap(self, cap: Cap) -> None:
+        """Forget cap's streams, the one that began it and those joined to it: the capture has ended."""
+        with self.lock:
+            for s in [s for s, c in self.caps.items() if c is cap]:
+                del self.caps[s]
 
     def capturing(self, stream: Any) -> Cap | None:
         with self.lock:
@@ -619,7 +630,8 @@ class Ops:
             st.streams.remove(s)
             cap = st.caps.pop(s, None)
         s.close()
-        if cap is not None:
+        if cap is not None and cap.stream is s:  # closing a joined stream leaves its capture going
+            st.drop_cap(cap)
             Ops._dead(st, cap)
             for b in cap.bufs:
                 if isinstance(b, Buf):
@@ -652,13 +664,22 @@ class Ops:
     def op_record(st: State, a: int, b: int, *_: Any) -> None:
         e = st.pick(st.events, a)
         if e is not None:
-            e.record(st.stream_arg(b))
+            s = st.stream_arg(b)
+            e.record(s)
+            with st.lock:
+                st.event_caps[id(e)] = st.capturing(s)
 
     @staticmethod
     def op_wait_event(st: State, a: int, b: int, *_: Any) -> None:
         e, s = st.pick(st.events, a), st.pick(st.streams, b)
         if e is not None and s is not None:
             s.wait(e)
+            with st.lock:
+                cap = st.event_caps.get(id(e))
+                joined = cap is not None and s not in st.caps and cap in st.caps.values()
+            if joined and s.capturing:  # the event was recorded in a capture in progress: s joined it
+                with st.lock:
+                    st.caps[s] = cap
 
     @staticmethod
     def op_sync_event(st: State, a: int, *_: Any) -> None:
@@ -716,8 +737,7 @@ class Ops:
                 return
             raise
         finally:
-            with st.lock:
-                st.caps.pop(s, None)
+            st.drop_cap(cap)
         Ops._adopt_graph(st, graph, cap)
 
     @staticmethod
@@ -732,6 +752,26 @@ class Ops:
         cap.dead = True
         if cap.deferred_free:
             st.known.add("#8")
+
+    @staticmethod
+    def op_fork_on(st: State, a: int, b: int, c: int, d: int, e: int, f: int, sub: list[list[Any]], stream: Any = None) -> None:
+        """Inside a capture on ``stream``: join another stream to it (fork), work there, and join it back,
+        except once in a while, when the capture's end then fails with 904."""
+        cap = st.capturing(stream)
+        if cap is None:
+            return
+        with st.lock:
+            idle = [s for s in st.streams if s not in st.caps]
+        if not idle:
+            return
+        side = idle[a % len(idle)]
+        side.wait(stream.record())
+        with st.lock:
+            st.caps[side] = cap
+        for op in sub:
+            st.run(op, stream=side)
+        if b % 7:
+            stream.wait(side.record())
 
     @staticmethod
     def op_begin_capture(st: State, a: int, b: int, *_: Any) -> None:
@@ -762,8 +802,7 @@ class Ops:
                     raise
                 Ops._adopt_graph(st, graph, cap)
         finally:
-            with st.lock:
-                st.caps.pop(cap.stream, None)
+            st.drop_cap(cap)
 
     @staticmethod
     def op_end_capture(st: State, a: int, *_: Any) -> None:
@@ -1126,7 +1165,7 @@ def cleanup(st: State) -> list[str]:
             else:
                 st.note(exc)
 
-    for cap in list(st.caps.values()):
+    for cap in {id(c): c for c in st.caps.values()}.values():
         Ops._dead(st, cap)
         attempt("abort capture", cap.stream.abort_capture)
     st.caps.clear()

@@ -98,14 +98,32 @@ func (e *Event) Record(s *Stream) error {
 	if err := e.m.checkEnqueue(op, s); err != nil {
 		return err
 	}
-	if err := e.m.after(op, s, e.m.drv.EventRecord(e.m.ctx, e.h, s.h)); err != nil {
+	if err := e.m.after(op, s, e.record(s)); err != nil {
 		return err
 	}
-	c := s.capturing()
-	e.mu.Lock()
-	e.captured, e.recorded, e.in = c != nil, c == nil, c
-	e.mu.Unlock()
 	return nil
+}
+
+// record records e on s at the driver and notes whether it went into a capture. While captures are in
+// progress both happen in one steady state (Registry.Steady): a capture begun or ended on another thread
+// in between (an end that a failed synchronize makes, without the GIL) would otherwise leave the books
+// saying the opposite of the driver, and a later wait on e would join or refuse wrongly.
+func (e *Event) record(s *Stream) error {
+	note := func() error {
+		if err := e.m.drv.EventRecord(e.m.ctx, e.h, s.h); err != nil {
+			return err
+		}
+		c := s.capturing()
+		e.mu.Lock()
+		e.captured, e.recorded, e.in = c != nil, c == nil, c
+		e.mu.Unlock()
+		return nil
+	}
+	if e.m.reg.active.Load() == 0 {
+		// No capture can begin meanwhile: beginning one takes the GIL, which the caller holds.
+		return note()
+	}
+	return e.m.reg.Steady(note)
 }
 
 func (e *Event) checkHostWait(op string) error {
