@@ -209,6 +209,23 @@ class Workload:
         if len(pair) == 2:
             step("update", lambda: pair[0].update(pair[1]))
             step("launch_updated", lambda: pair[0].launch(s))
+        # A capture across two streams: s2 joins s's capture, allocates graph memory there, and is joined back.
+        if s is not None and s2 is not None and a is not None:
+
+            def forked() -> Any:
+                with s.capture("thread_local") as g:
+                    s2.wait(s.record())
+                    tmp = d.allocate(4096, stream=s2)
+                    try:
+                        cc.device_to_device(tmp, a, stream=s2, nbytes=4096)
+                    finally:
+                        tmp.close()
+                    s.wait(s2.record())
+                return g
+
+            g = keep(step("capture_forked", forked))
+            if g is not None:
+                step("launch_forked", lambda g=g: g.launch(s))
         if s2 is not None and b is not None:
             step("begin_capture", lambda: s2.begin_capture("relaxed"))
             step("copy_in_capture", lambda: cc.device_to_device(b, b, stream=s2))
