@@ -226,7 +226,8 @@ func StreamEndCapture(ordinal, handle int) (int, error) {
 }
 
 // StreamAbortCapture ends the stream's capture, if any, discarding it and any pending failure; it
-// returns 0.
+// returns 0. It is refused, and the capture goes on, on a thread other than the one that began a GLOBAL
+// or THREAD_LOCAL capture, and on a stream joined to another stream's capture.
 //
 //cudacore:gil hold
 func StreamAbortCapture(ordinal, handle int) (int, error) {

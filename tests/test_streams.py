@@ -425,6 +425,34 @@ def test_two_captures_at_once(dev):
     assert not errors, errors
 
 
+@pytest.mark.parametrize("mode", ["global", "thread_local"])
+def test_capture_ends_only_on_its_thread(dev, mode):
+    """end_capture and abort_capture from another thread are refused with 908 and the capture goes on,
+    at the driver too: the thread that began it can still end it, and the stream works afterwards."""
+    s = dev.create_stream()
+    s.begin_capture(mode)
+    errors: list[BaseException] = []
+
+    def other() -> None:
+        for end in (s.end_capture, s.abort_capture):
+            try:
+                end()
+            except cc.CaptureError as exc:
+                errors.append(exc)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(30)
+    assert [e.code for e in errors] == [908, 908], errors
+    assert s.capturing
+    assert (dev.device_id, s._handle) in _stream.capturing_streams, "still listed: the direct path stays off"
+    s.abort_capture()
+    assert not s.capturing
+    assert (dev.device_id, s._handle) not in _stream.capturing_streams
+    s.synchronize()
+    assert objects()["captures"] == 0
+
+
 def test_capture_bad_input(dev):
     for legacy in (cc.Stream.legacy(dev), cc.Stream.per_thread(dev)):
         with pytest.raises(cc.CaptureError, match="create_stream"):

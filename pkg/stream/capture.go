@@ -636,12 +636,19 @@ func (m *Manager) StreamCapturing(h cuda.Stream) bool {
 }
 
 // abandon ends c at the driver, discarding any graph, and forgets it; failed, if not nil, is what
-// EndCapture of its stream will return.
-func (m *Manager) abandon(c *capture, failed *cuda.Error) {
+// EndCapture of its stream will return. If the driver fails to end it and the stream still captures, c
+// stays registered, so that its rules still apply and it can be ended again, and the error is returned;
+// unless force (the stream is being destroyed, which ends the capture at the driver too).
+func (m *Manager) abandon(c *capture, failed *cuda.Error, force bool) error {
 	sm := c.stream.m
 	m.reg.change.Lock() // ended at the driver and unregistered as one change (Steady)
 	defer m.reg.change.Unlock()
 	g, err := sm.drv.StreamEndCapture(sm.ctx, c.stream.h)
+	if err != nil && !force {
+		if st, qerr := sm.drv.StreamIsCapturing(sm.ctx, c.stream.h); qerr == nil && st != cuda.CaptureStatusNone {
+			return err
+		}
+	}
 	ready := sm.unregister(c)
 	if err == nil && g != 0 {
 		sm.destroyGraph(g)
@@ -653,6 +660,7 @@ func (m *Manager) abandon(c *capture, failed *cuda.Error) {
 		c.stream.failed = failed
 		m.reg.mu.Unlock()
 	}
+	return nil
 }
 
 // EndCapture ends s's capture and returns the graph (not yet instantiated). If cudacore ended the
@@ -681,9 +689,7 @@ func (s *Stream) EndCapture() (*Graph, error) {
 		return nil, notOrigin(op, s, c)
 	}
 	if c.mode != cuda.CaptureModeRelaxed && c.tid != gettid() {
-		return nil, CaptureError(cuda.ErrorStreamCaptureWrongThread, op, fmt.Sprintf(
-			"a %s capture must be ended by the thread that began it (the driver's error 908); end it there, or capture in \"relaxed\" mode",
-			strings.ToUpper(ModeName(c.mode))))
+		return nil, wrongThread(op, c)
 	}
 	g, err := m.drv.StreamEndCapture(m.ctx, s.h)
 	if err != nil && !IsCaptureResult(cuda.ResultOf(err)) && g == 0 {
@@ -722,22 +728,43 @@ func (s *Stream) EndCapture() (*Graph, error) {
 }
 
 // AbortCapture ends s's capture, if any, and discards it and any pending failure. It is what a `with`
-// block that raised does. A stream joined to another stream's capture cannot abort it: that is the
-// origin's to end.
+// block that raised does. As with EndCapture, a GLOBAL or THREAD_LOCAL capture is aborted only on the
+// thread that began it (the driver would refuse with 908 and go on capturing), and a stream joined to
+// another stream's capture cannot abort it: that is the origin's to end. Refused, the capture goes on.
 func (s *Stream) AbortCapture() error {
+	const op = "abort_capture"
 	m := s.m
 	m.reg.mu.Lock()
 	c := s.cap
 	if c != nil && c.stream != s {
 		m.reg.mu.Unlock()
-		return notOrigin("abort_capture", s, c)
+		return notOrigin(op, s, c)
 	}
+	if c != nil && c.mode != cuda.CaptureModeRelaxed && c.tid != gettid() {
+		m.reg.mu.Unlock()
+		return wrongThread(op, c)
+	}
+	failed := s.failed
 	s.failed = nil
 	m.reg.mu.Unlock()
-	if c != nil {
-		m.abandon(c, nil)
+	if c == nil {
+		return nil
+	}
+	if err := m.abandon(c, nil, false); err != nil {
+		m.reg.mu.Lock()
+		s.failed = failed
+		m.reg.mu.Unlock()
+		return fmt.Errorf("aborting the capture on %s failed, and the stream still captures; abort or end it again: %w", s, err)
 	}
 	return nil
+}
+
+// wrongThread is the refusal of op, the end of c on a thread other than the one that began it, where
+// c's mode forbids that (the driver's 908, after which the capture goes on).
+func wrongThread(op string, c *capture) error {
+	return CaptureError(cuda.ErrorStreamCaptureWrongThread, op, fmt.Sprintf(
+		"a %s capture must be ended by the thread that began it (the driver's error 908); end it there, or capture in \"relaxed\" mode",
+		strings.ToUpper(ModeName(c.mode))))
 }
 
 // notOrigin is the refusal of op, the end of c, on s, a stream joined to c (the driver's 903, which
@@ -807,7 +834,7 @@ func (m *Manager) after(op string, s *Stream, err error) error {
 		first := CaptureError(r, op, fmt.Sprintf(
 			"the capture on %s failed at its first failing operation, %s (the driver's error %d %s from %s); cudacore ended the capture, so the stream works again; capture again without that operation",
 			c.stream, strings.ReplaceAll(op, "_", " "), int(r), r, de.Op))
-		m.abandon(c, first)
+		_ = m.abandon(c, first, false) // one the driver still has stays registered, and its end reports it
 	}
 	what := "no capture was in progress on it"
 	if len(ended) > 0 {

@@ -277,7 +277,7 @@ func (s *Stream) Destroy() error {
 	}
 	s.m.reg.mu.Unlock()
 	if c != nil {
-		s.m.abandon(c, nil)
+		_ = s.m.abandon(c, nil, true) // destroying the stream ends the capture at the driver too
 	}
 	return s.destroy()
 }

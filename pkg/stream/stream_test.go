@@ -386,25 +386,44 @@ func TestBadInput(t *testing.T) {
 	require.NoError(t, e.m.Legacy().Synchronize())
 }
 
+// A THREAD_LOCAL or GLOBAL capture is ended or aborted only on the thread that began it: elsewhere both
+// are refused with 908 and the capture goes on, in cudacore's books as at the driver (an abort that
+// forgot the capture left the driver's stream capturing, so that every later synchronize failed).
 func TestEndCaptureWrongThread(t *testing.T) {
-	e := newEnv(t)
-	s := e.stream(t, true)
-	began, done := make(chan struct{}), make(chan struct{})
-	defer close(done)
-	go func() {
-		runtime.LockOSThread() // held until done, so this OS thread is not the test's
-		defer runtime.UnlockOSThread()
-		assert.NoError(t, s.BeginCapture(cuda.CaptureModeThreadLocal))
-		close(began)
-		<-done
-	}()
-	<-began
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	_, err := s.EndCapture()
-	requireResult(t, cuda.ErrorStreamCaptureWrongThread, err)
-	assert.True(t, s.Capturing())
-	require.NoError(t, s.AbortCapture())
+	for _, mode := range []cuda.CaptureMode{cuda.CaptureModeThreadLocal, cuda.CaptureModeGlobal} {
+		t.Run(ModeName(mode), func(t *testing.T) {
+			e := newEnv(t)
+			s := e.stream(t, true)
+			began, abort, aborted := make(chan struct{}), make(chan struct{}), make(chan error)
+			go func() {
+				runtime.LockOSThread() // held until done, so this OS thread is not the test's
+				defer runtime.UnlockOSThread()
+				assert.NoError(t, s.BeginCapture(mode))
+				close(began)
+				<-abort
+				aborted <- s.AbortCapture()
+			}()
+			<-began
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			_, err := s.EndCapture()
+			requireResult(t, cuda.ErrorStreamCaptureWrongThread, err)
+			assert.True(t, s.Capturing())
+			requireResult(t, cuda.ErrorStreamCaptureWrongThread, s.AbortCapture())
+			assert.True(t, s.Capturing())
+			st, err := e.drv.StreamIsCapturing(e.dev.Context(), s.Handle())
+			require.NoError(t, err)
+			assert.Equal(t, cuda.CaptureStatusActive, st, "the driver goes on capturing too")
+
+			close(abort)
+			require.NoError(t, <-aborted, "the thread that began it aborts it")
+			assert.False(t, s.Capturing())
+			st, err = e.drv.StreamIsCapturing(e.dev.Context(), s.Handle())
+			require.NoError(t, err)
+			assert.Equal(t, cuda.CaptureStatusNone, st)
+			require.NoError(t, s.Synchronize())
+		})
+	}
 }
 
 func TestTwoCapturesAtOnce(t *testing.T) {

@@ -276,11 +276,8 @@ class Stream:
         """
         try:
             graph_id = core.StreamEndCapture(self._device.device_id, self._handle)
-        except BaseException as exc:
-            # Refused on a thread other than the one that began a GLOBAL or THREAD_LOCAL capture, the capture
-            # goes on: it stays listed (the direct path and the capture-time allocations read the list).
-            if getattr(exc, "name", None) != "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD":
-                self._capture_over()
+        except BaseException:
+            self._end_failed()
             raise
         capturing_streams.discard((self._device.device_id, self._handle))
         # A graph destroyed during the capture (where the driver forbids it) went when it ended: the
@@ -293,12 +290,33 @@ class Stream:
         capturing_streams.discard((self._device.device_id, self._handle))
         void_buffers(self._device.device_id)
 
+    def _end_failed(self) -> None:
+        # An end or abort that was refused (on a thread other than the one that began a GLOBAL or
+        # THREAD_LOCAL capture, or on a stream joined to another's capture) or that failed with the stream
+        # still capturing leaves the capture going: it stays listed, since the direct path and the
+        # capture-time allocations read the list. Otherwise the capture is over.
+        try:
+            going = self.capturing
+        except BaseException:  # noqa: BLE001 - a stream that cannot say captures no more
+            going = False
+        if not going:
+            self._capture_over()
+
     def abort_capture(self) -> None:
-        """End the capture in progress, if any, and discard it."""
+        """End the capture in progress, if any, and discard it.
+
+        Raises
+        ------
+        CaptureError
+            On a thread other than the one that began a GLOBAL or THREAD_LOCAL capture (the driver's 908),
+            or on a stream joined to another stream's capture (903). The capture goes on.
+        """
         try:
             core.StreamAbortCapture(self._device.device_id, self._handle)
-        finally:
-            self._capture_over()
+        except BaseException:
+            self._end_failed()
+            raise
+        self._capture_over()
 
     @contextmanager
     def capture(self, mode: str = "thread_local") -> Iterator[Graph]:
