@@ -10,12 +10,19 @@ import (
 	"github.com/cudacore/cudacore/pkg/cuda"
 )
 
-// fork begins a capture on s and joins j to it through an event recorded there.
-func (e *env) fork(t *testing.T, s, j *Stream, mode cuda.CaptureMode) {
+// event creates an event without timing, destroyed when the test ends.
+func (e *env) event(t *testing.T) *Event {
 	t.Helper()
 	ev, err := e.m.NewEvent(false)
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, ev.Destroy()) })
+	return ev
+}
+
+// fork begins a capture on s and joins j to it through an event recorded there.
+func (e *env) fork(t *testing.T, s, j *Stream, mode cuda.CaptureMode) {
+	t.Helper()
+	ev := e.event(t)
 	require.NoError(t, s.BeginCapture(mode))
 	require.NoError(t, ev.Record(s))
 	require.NoError(t, j.WaitEvent(ev))
@@ -25,9 +32,7 @@ func (e *env) fork(t *testing.T, s, j *Stream, mode cuda.CaptureMode) {
 // rejoin makes s wait for the work queued on j so far.
 func (e *env) rejoin(t *testing.T, s, j *Stream) {
 	t.Helper()
-	ev, err := e.m.NewEvent(false)
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, ev.Destroy()) })
+	ev := e.event(t)
 	require.NoError(t, ev.Record(j))
 	require.NoError(t, s.WaitEvent(ev))
 }
@@ -91,9 +96,7 @@ func TestJoinedStreamDestroyWaitsForTheCapture(t *testing.T) {
 	p := e.alloc(t, 64)
 	e.fork(t, s, j, cuda.CaptureModeGlobal)
 	require.NoError(t, e.m.CopyDtoD(p, p, 64, j))
-	ev, err := e.m.NewEvent(false)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, ev.Destroy()) }()
+	ev := e.event(t)
 	require.NoError(t, ev.Record(j))
 
 	destroys := e.drv.Calls("cuStreamDestroy_v2")
@@ -115,9 +118,7 @@ func TestFailedJoinIsUndone(t *testing.T) {
 	defer runtime.UnlockOSThread()
 	e := newEnv(t)
 	s, j := e.stream(t, true), e.stream(t, true)
-	ev, err := e.m.NewEvent(false)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, ev.Destroy()) }()
+	ev := e.event(t)
 	require.NoError(t, s.BeginCapture(cuda.CaptureModeRelaxed))
 	require.NoError(t, ev.Record(s))
 	e.drv.InjectFault("cuStreamWaitEvent", 1, cuda.ErrorUnknown)

@@ -69,6 +69,50 @@ func assertResult(t *testing.T, want cuda.Result, err error, step string) bool {
 	return assert.Equal(t, want, cuda.ResultOf(err), "%s: got %v", step, err)
 }
 
+// mem allocates n bytes of device memory, freed when the test ends.
+func (e *env) mem(t *testing.T, n uint64) cuda.DevicePtr {
+	t.Helper()
+	p, err := e.drv.MemAlloc(e.ctx, n)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, e.drv.MemFree(e.ctx, p)) })
+	return p
+}
+
+// host allocates n bytes of pinned host memory, freed when the test ends.
+func (e *env) host(t *testing.T, n uint64) []byte {
+	t.Helper()
+	b, err := e.drv.MemHostAlloc(e.ctx, n, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, e.drv.MemFreeHost(e.ctx, b)) })
+	return b
+}
+
+// stream creates a stream with flags, destroyed when the test ends.
+func (e *env) stream(t *testing.T, flags uint32) cuda.Stream {
+	t.Helper()
+	s, err := e.drv.StreamCreate(e.ctx, flags, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, e.drv.StreamDestroy(e.ctx, s)) })
+	return s
+}
+
+// event creates an event without timing, destroyed when the test ends.
+func (e *env) event(t *testing.T) cuda.Event {
+	t.Helper()
+	ev, err := e.drv.EventCreate(e.ctx, cuda.EventDisableTiming)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, e.drv.EventDestroy(e.ctx, ev)) })
+	return ev
+}
+
+// captureStatus is cuStreamIsCapturing of s, which must succeed.
+func (e *env) captureStatus(t *testing.T, s cuda.Stream) cuda.CaptureStatus {
+	t.Helper()
+	st, err := e.drv.StreamIsCapturing(e.ctx, s)
+	require.NoError(t, err)
+	return st
+}
+
 func pattern(n int, seed byte) []byte {
 	b := make([]byte, n)
 	for i := range b {
@@ -559,47 +603,29 @@ func testCaptureReplay(t *testing.T, e *env) {
 // only once every joined stream's work was joined back to that stream. Where the outcome after an error
 // is not asserted exactly, the streams are only brought back to work.
 func testCaptureJoin(t *testing.T, e *env) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	d, c := e.drv, e.ctx
 	const n = 4096
-	newStream := func() cuda.Stream {
-		s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
-		require.NoError(t, err)
-		t.Cleanup(func() { assert.NoError(t, d.StreamDestroy(c, s)) })
-		return s
+	a, b, in, out := e.mem(t, n), e.mem(t, n), e.host(t, n), e.host(t, n)
+	// fork begins a THREAD_LOCAL capture on a new stream s, runs before on it, and joins a new stream j to
+	// it through an event recorded there. The calling goroutine stays on its thread until the test ends,
+	// since the capture must end there (a subtest runs on a goroutine of its own).
+	fork := func(t *testing.T, before func(s cuda.Stream)) (s, j cuda.Stream) {
+		runtime.LockOSThread()
+		t.Cleanup(runtime.UnlockOSThread)
+		s, j, ev := e.stream(t, cuda.StreamNonBlocking), e.stream(t, cuda.StreamNonBlocking), e.event(t)
+		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
+		if before != nil {
+			before(s)
+		}
+		require.NoError(t, d.EventRecord(c, ev, s))
+		require.NoError(t, d.StreamWaitEvent(c, j, ev))
+		return s, j
 	}
-	newEvent := func() cuda.Event {
-		ev, err := d.EventCreate(c, cuda.EventDisableTiming)
-		require.NoError(t, err)
-		t.Cleanup(func() { assert.NoError(t, d.EventDestroy(c, ev)) })
-		return ev
-	}
-	status := func(s cuda.Stream) cuda.CaptureStatus {
-		st, err := d.StreamIsCapturing(c, s)
-		require.NoError(t, err)
-		return st
-	}
-	a, err := d.MemAlloc(c, n)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.MemFree(c, a)) }()
-	b, err := d.MemAlloc(c, n)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.MemFree(c, b)) }()
-	in, err := d.MemHostAlloc(c, n, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.MemFreeHost(c, in)) }()
-	out, err := d.MemHostAlloc(c, n, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.MemFreeHost(c, out)) }()
 
 	t.Run("fork and join", func(t *testing.T) {
-		s, j, fork, join := newStream(), newStream(), newEvent(), newEvent()
-		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
-		require.NoError(t, d.MemcpyHtoDAsync(c, a, in, s))
-		require.NoError(t, d.EventRecord(c, fork, s))
-		require.NoError(t, d.StreamWaitEvent(c, j, fork))
-		assert.Equal(t, cuda.CaptureStatusActive, status(j), "waiting on a captured event joins the capture")
+		s, j := fork(t, func(s cuda.Stream) { require.NoError(t, d.MemcpyHtoDAsync(c, a, in, s)) })
+		join := e.event(t)
+		assert.Equal(t, cuda.CaptureStatusActive, e.captureStatus(t, j), "waiting on a captured event joins the capture")
 		require.NoError(t, d.MemcpyDtoDAsync(c, b, a, n, j))
 		require.NoError(t, d.EventRecord(c, join, j))
 		require.NoError(t, d.StreamWaitEvent(c, s, join))
@@ -607,7 +633,7 @@ func testCaptureJoin(t *testing.T, e *env) {
 		g, err := d.StreamEndCapture(c, s)
 		require.NoError(t, err)
 		defer func() { assert.NoError(t, d.GraphDestroy(c, g)) }()
-		assert.Equal(t, cuda.CaptureStatusNone, status(j), "ending the capture takes the joined stream out too")
+		assert.Equal(t, cuda.CaptureStatusNone, e.captureStatus(t, j), "ending the capture takes the joined stream out too")
 		cnt, err := d.GraphNodeCount(c, g)
 		require.NoError(t, err)
 		assert.Equal(t, 3, cnt, "the joined stream's copy is in the graph; events make edges, not nodes")
@@ -620,31 +646,27 @@ func testCaptureJoin(t *testing.T, e *env) {
 		assert.Equal(t, pattern(n, 0x5C), []byte(out[:n]), "the work of both streams ran, in order")
 	})
 	t.Run("unjoined work fails the capture", func(t *testing.T) {
-		s, j, fork := newStream(), newStream(), newEvent()
-		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
-		require.NoError(t, d.EventRecord(c, fork, s))
-		require.NoError(t, d.StreamWaitEvent(c, j, fork))
+		s, j := fork(t, nil)
 		require.NoError(t, d.MemsetD8Async(c, a, 1, n, j))
 		_, err := d.StreamEndCapture(c, s)
 		assertResult(t, cuda.ErrorStreamCaptureUnjoined, err, "EndCapture with a joined stream's work not joined back")
-		assert.Equal(t, cuda.CaptureStatusNone, status(s))
-		assert.Equal(t, cuda.CaptureStatusNone, status(j))
+		assert.Equal(t, cuda.CaptureStatusNone, e.captureStatus(t, s))
+		assert.Equal(t, cuda.CaptureStatusNone, e.captureStatus(t, j))
 		require.NoError(t, d.StreamSynchronize(c, j), "the joined stream works again")
 	})
 	t.Run("only the origin ends the capture", func(t *testing.T) {
-		s, j, fork := newStream(), newStream(), newEvent()
-		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
-		require.NoError(t, d.EventRecord(c, fork, s))
-		require.NoError(t, d.StreamWaitEvent(c, j, fork))
+		s, j := fork(t, nil)
 		_, err := d.StreamEndCapture(c, j)
 		assertResult(t, cuda.ErrorStreamCaptureUnmatched, err, "EndCapture on a joined stream")
 		if g, err := d.StreamEndCapture(c, s); err == nil {
 			assert.NoError(t, d.GraphDestroy(c, g))
 		}
-		assert.Equal(t, cuda.CaptureStatusNone, status(j))
+		assert.Equal(t, cuda.CaptureStatusNone, e.captureStatus(t, j))
 	})
 	t.Run("two captures never merge", func(t *testing.T) {
-		s1, s2, ev := newStream(), newStream(), newEvent()
+		runtime.LockOSThread() // a subtest runs on its own goroutine; the capture ends on the thread that began it
+		defer runtime.UnlockOSThread()
+		s1, s2, ev := e.stream(t, cuda.StreamNonBlocking), e.stream(t, cuda.StreamNonBlocking), e.event(t)
 		require.NoError(t, d.StreamBeginCapture(c, s1, cuda.CaptureModeRelaxed))
 		require.NoError(t, d.StreamBeginCapture(c, s2, cuda.CaptureModeRelaxed))
 		require.NoError(t, d.EventRecord(c, ev, s1))
@@ -656,7 +678,9 @@ func testCaptureJoin(t *testing.T, e *env) {
 		}
 	})
 	t.Run("a capture waits only on its own events", func(t *testing.T) {
-		s, other, ev := newStream(), newStream(), newEvent()
+		runtime.LockOSThread() // a subtest runs on its own goroutine; the capture ends on the thread that began it
+		defer runtime.UnlockOSThread()
+		s, other, ev := e.stream(t, cuda.StreamNonBlocking), e.stream(t, cuda.StreamNonBlocking), e.event(t)
 		require.NoError(t, d.EventRecord(c, ev, other))
 		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeRelaxed))
 		assertResult(t, cuda.ErrorStreamCaptureIsolation, d.StreamWaitEvent(c, s, ev), "waiting on an event recorded outside the capture")
