@@ -256,13 +256,9 @@ func testAllocCopySync(t *testing.T, e *env) {
 
 func testCopyAsync(t *testing.T, e *env) {
 	d, c := e.drv, e.ctx
-	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
+	s := e.stream(t, cuda.StreamNonBlocking)
 	const n = 1 << 20
-	p, err := d.MemAlloc(c, n)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.MemFree(c, p)) }()
+	p := e.mem(t, n)
 	src := pattern(n, 3)
 	got := make([]byte, n)
 	require.NoError(t, d.MemcpyHtoDAsync(c, p, src, s))
@@ -332,9 +328,7 @@ func testOOM(t *testing.T, e *env) {
 	if !e.pools {
 		return
 	}
-	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
+	s := e.stream(t, cuda.StreamNonBlocking)
 	_, err = d.MemAllocAsync(c, 1<<40, s)
 	assertResult(t, cuda.ErrorOutOfMemory, err, "MemAllocAsync of 1 TiB")
 	assert.NoError(t, d.StreamSynchronize(c, s), "the stream is not poisoned")
@@ -357,9 +351,7 @@ func testPoolTrim(t *testing.T, e *env) {
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, d.MemPoolDestroy(c, pool)) }()
 	require.NoError(t, d.MemPoolSetAttribute(c, pool, cuda.PoolAttrReleaseThreshold, ^uint64(0)))
-	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
+	s := e.stream(t, cuda.StreamNonBlocking)
 	const size = 256 << 20
 	p, err := d.MemAllocFromPoolAsync(c, size, pool, s)
 	require.NoError(t, err)
@@ -381,18 +373,10 @@ func testCaptureTable(t *testing.T, e *env, mode cuda.CaptureMode) {
 	d, c := e.drv, e.ctx
 	relaxed := mode == cuda.CaptureModeRelaxed
 	const n = 4096
-	s, err := d.StreamCreate(c, cuda.StreamDefault, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
-	other, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.StreamDestroy(c, other)) }()
-	buf, err := d.MemAlloc(c, n)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.MemFree(c, buf)) }()
-	pinned, err := d.MemHostAlloc(c, n, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.MemFreeHost(c, pinned)) }()
+	s := e.stream(t, cuda.StreamDefault)
+	other := e.stream(t, cuda.StreamNonBlocking)
+	buf := e.mem(t, n)
+	pinned := e.host(t, n)
 	pageable := make([]byte, n)
 
 	require.NoError(t, d.StreamBeginCapture(c, s, mode))
@@ -448,15 +432,9 @@ func testCaptureGraphDestroy(t *testing.T, e *env, mode cuda.CaptureMode) {
 	defer runtime.UnlockOSThread()
 	d, c := e.drv, e.ctx
 	const n = 4096
-	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
-	buf, err := d.MemAlloc(c, n)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.MemFree(c, buf)) }()
-	pinned, err := d.MemHostAlloc(c, n, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.MemFreeHost(c, pinned)) }()
+	s := e.stream(t, cuda.StreamNonBlocking)
+	buf := e.mem(t, n)
+	pinned := e.host(t, n)
 
 	// graph captures one copy outside any other capture and instantiates it.
 	graph := func() (cuda.Graph, cuda.GraphExec) {
@@ -526,21 +504,11 @@ func testCaptureReplay(t *testing.T, e *env) {
 	defer runtime.UnlockOSThread()
 	d, c := e.drv, e.ctx
 	const n = 64 << 10
-	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
-	in, err := d.MemHostAlloc(c, n, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.MemFreeHost(c, in)) }()
-	out, err := d.MemHostAlloc(c, n, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.MemFreeHost(c, out)) }()
-	a, err := d.MemAlloc(c, n)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.MemFree(c, a)) }()
-	b, err := d.MemAlloc(c, n)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.MemFree(c, b)) }()
+	s := e.stream(t, cuda.StreamNonBlocking)
+	in := e.host(t, n)
+	out := e.host(t, n)
+	a := e.mem(t, n)
+	b := e.mem(t, n)
 
 	copy(in, pattern(n, 0x11))
 	for i := range out {
@@ -701,12 +669,8 @@ func testGraphMemory(t *testing.T, e *env) {
 	defer runtime.UnlockOSThread()
 	d, c := e.drv, e.ctx
 	const n = 1 << 20
-	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
-	host, err := d.MemHostAlloc(c, n, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.MemFreeHost(c, host)) }()
+	s := e.stream(t, cuda.StreamNonBlocking)
+	host := e.host(t, n)
 
 	capture := func() (cuda.Graph, cuda.DevicePtr) {
 		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
@@ -753,9 +717,7 @@ func testManaged(t *testing.T, e *env) {
 		t.Skip("no managed memory")
 	}
 	const n = 1 << 20
-	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
+	s := e.stream(t, cuda.StreamNonBlocking)
 	p, err := d.MemAllocManaged(c, n, cuda.MemAttachGlobal)
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, d.MemFree(c, p)) }()
@@ -772,9 +734,7 @@ func testManaged(t *testing.T, e *env) {
 	assert.True(t, bytes.Equal(pattern(n, 0x21), back), "the bytes survive the migrations")
 	assertResult(t, cuda.ErrorInvalidValue, d.MemAdvise(c, p, n, cuda.MemAdvice(99), int(e.dev)), "an unknown hint")
 
-	plain, err := d.MemAlloc(c, n)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.MemFree(c, plain)) }()
+	plain := e.mem(t, n)
 	assertResult(t, cuda.ErrorInvalidValue, d.MemPrefetchAsync(c, plain, n, int(e.dev), s), "prefetch of memory that is not managed")
 }
 
@@ -790,9 +750,7 @@ func testCaptureQueries(t *testing.T, e *env) {
 	d, c := e.drv, e.ctx
 	pool, err := d.DeviceDefaultMemPool(e.dev)
 	require.NoError(t, err)
-	s, err := d.StreamCreate(c, cuda.StreamNonBlocking, 0)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, d.StreamDestroy(c, s)) }()
+	s := e.stream(t, cuda.StreamNonBlocking)
 	survives := func(query func() error) (callErr error, survived bool) {
 		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
 		callErr = query()
