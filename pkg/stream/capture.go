@@ -515,7 +515,9 @@ func (m *Manager) NoteAllocate(h cuda.Stream, p cuda.DevicePtr, size uint64) {
 
 // GraphMemory says whether p was allocated on stream h during the capture h is in now: only such memory
 // may be freed on h while it captures (the free becomes a graph node). Memory from before the capture
-// must wait for it to end (the driver refuses its free on a capturing stream).
+// must wait for it to end (the driver refuses its free on a capturing stream). So must the capture's own
+// memory when h is a joined stream closed meanwhile: a free node there would be work on a stream that no
+// event can join back any more (904 at the capture's end); after the end it follows its graph's rules.
 func (m *Manager) GraphMemory(h cuda.Stream, p cuda.DevicePtr) bool {
 	if m.reg.active.Load() == 0 {
 		return false
@@ -523,9 +525,9 @@ func (m *Manager) GraphMemory(h cuda.Stream, p cuda.DevicePtr) bool {
 	m.reg.mu.Lock()
 	defer m.reg.mu.Unlock()
 	for c := range m.reg.caps {
-		if c.member(m, h) != nil {
+		if s := c.member(m, h); s != nil {
 			_, ok := c.ptrs[p]
-			return ok
+			return ok && !s.destroyed.Load()
 		}
 	}
 	return false

@@ -91,6 +91,14 @@ func (m *Manager) Use(op string, h cuda.Stream) error {
 		}
 		return nil
 	}
+	if m.reg.active.Load() > 0 {
+		// A joined stream closed during a capture lives on at the driver until the capture ends
+		// (Stream.Destroy), but is closed to cudacore: work on it could never be joined back.
+		if s := m.lookup(h); s != nil && s.destroyed.Load() {
+			return cuda.NewError("cudacore."+op, cuda.ErrorClosed,
+				fmt.Sprintf("%s was closed: %s on a live stream", s, op))
+		}
+	}
 	m.life.mu.RLock()
 	if _, dead := m.life.dead[h]; dead {
 		m.life.mu.RUnlock()
