@@ -513,11 +513,13 @@ func (m *Manager) NoteAllocate(h cuda.Stream, p cuda.DevicePtr, size uint64) {
 	m.reissued(p)
 }
 
-// GraphMemory says whether p was allocated on stream h during the capture h is in now: only such memory
-// may be freed on h while it captures (the free becomes a graph node). Memory from before the capture
-// must wait for it to end (the driver refuses its free on a capturing stream). So must the capture's own
-// memory when h is a joined stream closed meanwhile: a free node there would be work on a stream that no
-// event can join back any more (904 at the capture's end); after the end it follows its graph's rules.
+// GraphMemory says whether p was allocated on stream h during the capture h is in now, and may be freed
+// there as a node of the graph. Memory from before the capture must wait for it to end (the driver
+// refuses its free on a capturing stream). So must the capture's own memory once a stream joined the
+// capture: a free node follows only the work of the stream it is made on, so it could come before work
+// of another of the capture's streams that still uses the memory, or, made on a joined stream after its
+// last join back, be work that nothing joins back (904 at the capture's end). Freed after the end, it
+// follows its graph's rules (freed after each launch).
 func (m *Manager) GraphMemory(h cuda.Stream, p cuda.DevicePtr) bool {
 	if m.reg.active.Load() == 0 {
 		return false
@@ -527,7 +529,7 @@ func (m *Manager) GraphMemory(h cuda.Stream, p cuda.DevicePtr) bool {
 	for c := range m.reg.caps {
 		if s := c.member(m, h); s != nil {
 			_, ok := c.ptrs[p]
-			return ok && !s.destroyed.Load()
+			return ok && len(c.joined) == 0
 		}
 	}
 	return false
