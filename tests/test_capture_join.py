@@ -569,3 +569,19 @@ def test_capture_memory_closed_before_a_joined_stream_is_done_with_it(dev, base)
     g.destroy()
     s.close()
     side.close()
+
+
+def test_a_capture_cannot_wait_on_an_event_of_an_ended_capture(dev, base):
+    s, t = dev.create_stream(), dev.create_stream()
+    with t.capture() as first:
+        ev = t.record()
+    with s.capture() as second:
+        with pytest.raises(cc.CaptureError) as info:
+            s.wait(ev)
+        assert info.value.code == 907
+        assert s.capturing, "refused before the driver: the capture goes on"
+    assert second.node_count == 0
+    first.destroy()
+    second.destroy()
+    s.close()
+    t.close()

@@ -377,12 +377,13 @@ func (s *Stream) WaitEvent(e *Event) error {
 // recorded in a capture in progress joins s to that capture: the wait is made here, and joined is true.
 // A wait that the driver would refuse and that would invalidate a capture is refused first: joining a
 // stream that captures into another capture (902), the legacy or per-thread stream, or a stream of
-// another device; and a capturing stream waiting on an event recorded outside any capture (905). Otherwise
+// another device; and a capturing stream waiting on an event recorded outside any capture (905) or last
+// recorded in a capture that has ended (907, which the driver would let end this capture). Otherwise
 // joined is false and err nil: the caller makes the wait as usual.
 func (s *Stream) join(op string, e *Event) (joined bool, err error) {
 	m := s.m
 	e.mu.Lock()
-	ec, recorded := e.in, e.recorded
+	ec, recorded, captured := e.in, e.recorded, e.captured
 	e.mu.Unlock()
 	m.reg.change.Lock() // registered and joined at the driver as one change (Steady)
 	defer m.reg.change.Unlock()
@@ -399,8 +400,12 @@ func (s *Stream) join(op string, e *Event) (joined bool, err error) {
 		refuse = CaptureError(cuda.ErrorStreamCaptureIsolation, op, fmt.Sprintf(
 			"%s captures, and %s was recorded outside the capture: the wait would cross the capture's boundary (the driver's error 905, which would end the capture); "+
 				"record the event inside the capture, or wait before it begins", s, e))
+	case ec == nil && captured && sc != nil:
+		refuse = CaptureError(cuda.ErrorCapturedEvent, op, fmt.Sprintf(
+			"%s was last recorded in a capture that has ended, so %s cannot wait on it (the driver's error 907); record it again outside a capture, or inside this one", e, s))
 	case ec == nil:
-		// An event never recorded, or last recorded in a capture that has ended: the driver decides.
+		// An event never recorded, or (on a stream that does not capture) last recorded in a capture that
+		// has ended: the driver decides.
 	case sc != nil:
 		refuse = CaptureError(cuda.ErrorStreamCaptureMerge, op, fmt.Sprintf(
 			"%s was recorded in the capture on %s, and %s captures into another one: two captures cannot merge (the driver's error 902, which would end both); "+
