@@ -7,19 +7,11 @@ synchronize after it. Run on the GPU machine: python3 scripts/gpu/freed_memory_n
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
-SETUP = """
-from cuda.bindings import driver as cu
-def ok(r):
-    err = r[0] if isinstance(r, tuple) else r
-    assert err == cu.CUresult.CUDA_SUCCESS, err
-    return r[1] if isinstance(r, tuple) and len(r) > 1 else None
-ok(cu.cuInit(0)); dev = ok(cu.cuDeviceGet(0)); ctx = ok(cu.cuDevicePrimaryCtxRetain(dev)); ok(cu.cuCtxSetCurrent(ctx))
-s = ok(cu.cuStreamCreate(1))
-N = 64481
+from _probe import DRIVER_PRELUDE, run_case
+
+SETUP = DRIVER_PRELUDE + """N = 64481
 def alloc(pool):
     if pool:
         p = ok(cu.cuMemAllocAsync(N, s)); ok(cu.cuStreamSynchronize(s)); return p
@@ -55,7 +47,6 @@ for name, body in CASES.items():
         for freed in (False, True):
             code = SETUP + f"\npool = {pool}\n" + textwrap.dedent(body) + ("\nfree(p, pool)" if freed else "") + "\nreport(g)"
             for _ in range(3 if freed else 1):  # a use after free may or may not crash: say how often it did
-                p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
-                out = (p.stdout.strip().splitlines() or [p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""])[-1]
+                rc, out = run_case(code)
                 label = f"{name}, {'pool' if pool else 'cuMemAlloc'}, {'freed' if freed else 'live'}"
-                print(f"{label:45s} exit {p.returncode:4d}  {out[:110]}", flush=True)
+                print(f"{label:45s} exit {rc:4d}  {out[:110]}", flush=True)
