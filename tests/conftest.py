@@ -70,6 +70,20 @@ def dev() -> Iterator[Any]:
         testing.clear_faults()
 
 
+def objects() -> dict[str, int]:
+    """How many streams, events, graphs and captures cudacore holds now (for leak checks)."""
+    from cudacore import _api
+
+    return json.loads(_api.call(_api.core.StreamObjects))
+
+
+def rand(n: int, seed: int) -> Any:
+    """n random bytes (a uint8 NumPy array), the same for the same seed."""
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run code in a fresh interpreter (the backend is per process) with extra environment variables."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CUDACORE_")}

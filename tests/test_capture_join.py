@@ -9,29 +9,21 @@ with CUDACORE_BACKEND=cuda, on the GPU.
 from __future__ import annotations
 
 import gc
-import json
 import threading
 
 import numpy as np
 import pytest
 
 import cudacore as cc
-from cudacore import _api
+
+from conftest import objects, rand
 
 N = 64 << 10
 MODES = ["global", "thread_local", "relaxed"]
 
 
-def objects() -> dict[str, int]:
-    return json.loads(_api.call(_api.core.StreamObjects))
-
-
 def captures() -> int:
     return objects()["captures"]
-
-
-def rand(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
 
 
 @pytest.mark.parametrize("mode", MODES)

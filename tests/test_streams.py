@@ -19,18 +19,10 @@ import pytest
 import cudacore as cc
 from cudacore import _api, _stream, testing
 
-from conftest import run_python
+from conftest import objects, rand, run_python
 
 N = 64 << 10
 MODES = ["global", "thread_local", "relaxed"]
-
-
-def objects() -> dict[str, int]:
-    return json.loads(_api.call(_api.core.StreamObjects))
-
-
-def rand(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
 
 
 # -- streams and events -------------------------------------------------------------------------------
