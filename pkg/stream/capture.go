@@ -624,6 +624,14 @@ func (m *Manager) unregister(c *capture) (ready []func()) {
 	return ready
 }
 
+// stillCaptures says whether the driver still has s capturing (active or invalidated) after a failed
+// attempt to end its capture: then cudacore keeps the capture registered, rather than forget one the
+// driver still has (whose next free would fail and leak).
+func (s *Stream) stillCaptures() bool {
+	st, err := s.m.drv.StreamIsCapturing(s.m.ctx, s.h)
+	return err == nil && st != cuda.CaptureStatusNone
+}
+
 // runAll runs the deferred calls that unregister returned, in order.
 func runAll(fns []func()) {
 	for _, fn := range fns {
@@ -649,7 +657,7 @@ func (m *Manager) abandon(c *capture, failed *cuda.Error, force bool) error {
 	defer m.reg.change.Unlock()
 	g, err := sm.drv.StreamEndCapture(sm.ctx, c.stream.h)
 	if err != nil && !force {
-		if st, qerr := sm.drv.StreamIsCapturing(sm.ctx, c.stream.h); qerr == nil && st != cuda.CaptureStatusNone {
+		if c.stream.stillCaptures() {
 			return err
 		}
 	}
@@ -701,7 +709,7 @@ func (s *Stream) EndCapture() (*Graph, error) {
 		// stream capturing: then the capture stays registered, so that end_capture or abort_capture can
 		// be called again and every rule still applies, rather than cudacore forgetting a capture the
 		// driver still has (whose next free would fail and leak).
-		if st, qerr := m.drv.StreamIsCapturing(m.ctx, s.h); qerr == nil && st != cuda.CaptureStatusNone {
+		if s.stillCaptures() {
 			return nil, fmt.Errorf("ending the capture on %s failed, and the stream still captures; end or abort it again: %w", s, err)
 		}
 	}
