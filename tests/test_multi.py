@@ -844,3 +844,24 @@ def test_an_import_whose_unmapping_failed_stays_open_until_closed_again(kind: st
         if p.poll() is None:
             p.kill()
     sb.close()
+
+
+def test_a_stream_of_another_device_cannot_join_a_capture() -> None:
+    """docs/capture.md: streams of another device cannot join a capture; refused before the driver, and
+    the capture goes on."""
+    out = _run(
+        """
+        import cudacore as cc
+        d0, d1, _ = cc.devices()
+        s, other = d0.create_stream(), d1.create_stream()
+        with s.capture() as g:
+            try:
+                other.wait(s.record())
+            except cc.CUDAError as e:
+                print(type(e).__name__, e.name, "one device at a time" in str(e))
+            print(s.capturing, other.capturing)
+        g.destroy()
+        other.synchronize()
+        """
+    )
+    assert out.splitlines() == ["NotSupportedError CUDA_ERROR_NOT_SUPPORTED True", "True False"]
