@@ -402,6 +402,14 @@ func (d *Driver) poolAlloc(op string, v *device, p *pool, size uint64, sh cuda.S
 	if size == 0 {
 		return 0, errf(op, cuda.ErrorInvalidValue, "cannot allocate 0 bytes")
 	}
+	if s.cap == nil {
+		// Outside a capture, a stream-ordered allocation is a potentially unsafe call (measured on the
+		// H200: 900 and the capture invalidated, on every stream and pool, GLOBAL from any thread and
+		// THREAD_LOCAL from the capturing one).
+		if err := d.unsafeCall(op, v); err != nil {
+			return 0, err
+		}
+	}
 	if s.cap != nil {
 		// Graph memory: reserved now, so later captured copies can check their bounds against it, and
 		// held until the graph and its execs are gone.
@@ -482,6 +490,9 @@ func (d *Driver) MemFreeAsync(c cuda.Context, ptr cuda.DevicePtr, sh cuda.Stream
 		}
 		s.cap.add(s, node{kind: nodeFree, dst: ptr})
 		return nil
+	}
+	if err := d.unsafeCall(op, v); err != nil { // as a stream-ordered allocation outside a capture is
+		return err
 	}
 	a := v.exact(ptr)
 	if err := v.freePtr(op, ptr); err != nil {

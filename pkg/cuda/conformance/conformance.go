@@ -10,6 +10,7 @@ package conformance
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -159,6 +160,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) cuda.Driver) {
 		mode cuda.CaptureMode
 	}{{"Global", cuda.CaptureModeGlobal}, {"ThreadLocal", cuda.CaptureModeThreadLocal}, {"Relaxed", cuda.CaptureModeRelaxed}} {
 		t.Run("CaptureGraphDestroy/"+m.name, func(t *testing.T) { testCaptureGraphDestroy(t, setup(t, newDriver), m.mode) })
+		t.Run("CaptureOutsidePoolCalls/"+m.name, func(t *testing.T) { testCaptureOutsidePoolCalls(t, setup(t, newDriver), m.mode) })
 	}
 	t.Run("CaptureLegacyRejected", func(t *testing.T) {
 		e := setup(t, newDriver)
@@ -495,6 +497,86 @@ func testCaptureGraphDestroy(t *testing.T, e *env, mode cuda.CaptureMode) {
 		err, survived = during(func() error { return d.GraphDestroy(c, g) }, otherThread)
 		assertResult(t, cuda.Success, err, "cuGraphDestroy during capture "+where)
 		assert.True(t, survived, "cuGraphDestroy %s: the capture survives", where)
+	}
+}
+
+// testCaptureOutsidePoolCalls checks that a stream-ordered allocation or free on a stream outside the
+// capture (another stream, the legacy stream, the per-thread default stream; the device's default pool or
+// a pool of its own) is an unsafe call: 900 and the capture invalidated where the mode forbids unsafe
+// calls (GLOBAL: from any thread; THREAD_LOCAL: from the capturing thread), legal otherwise. cudacore
+// therefore refuses such allocations before the driver and keeps such frees until the captures end.
+func testCaptureOutsidePoolCalls(t *testing.T, e *env, mode cuda.CaptureMode) {
+	if !e.pools {
+		t.Skip("no memory pools on this device")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d, c := e.drv, e.ctx
+	const n = 1 << 20
+	s := e.stream(t, cuda.StreamNonBlocking) // captures
+	u := e.stream(t, cuda.StreamNonBlocking) // does not
+	own, err := d.MemPoolCreate(c, e.dev)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, d.MemPoolDestroy(c, own)) })
+
+	var block cuda.DevicePtr // what cuMemFreeAsync frees: allocated on u before the capture
+	calls := map[string]func(h cuda.Stream) (cuda.DevicePtr, error){
+		"cuMemAllocAsync":         func(h cuda.Stream) (cuda.DevicePtr, error) { return d.MemAllocAsync(c, n, h) },
+		"cuMemAllocFromPoolAsync": func(h cuda.Stream) (cuda.DevicePtr, error) { return d.MemAllocFromPoolAsync(c, n, own, h) },
+		"cuMemFreeAsync":          func(h cuda.Stream) (cuda.DevicePtr, error) { return 0, d.MemFreeAsync(c, block, h) },
+	}
+	// onThread runs fn on this thread, or on another one.
+	onThread := func(other bool, fn func()) {
+		if !other {
+			fn()
+			return
+		}
+		done := make(chan struct{})
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			defer close(done)
+			fn()
+		}()
+		<-done
+	}
+	for _, name := range []string{"cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync"} {
+		call := calls[name]
+		for _, h := range []cuda.Stream{u, cuda.StreamLegacy, cuda.StreamPerThread} {
+			for _, other := range []bool{false, true} {
+				forbidden := mode == cuda.CaptureModeGlobal || (mode == cuda.CaptureModeThreadLocal && !other)
+				step := fmt.Sprintf("%s on stream %#x, on another thread: %v", name, uint64(h), other)
+				block = 0
+				if name == "cuMemFreeAsync" {
+					p, err := d.MemAllocFromPoolAsync(c, n, own, u)
+					require.NoError(t, err)
+					require.NoError(t, d.StreamSynchronize(c, u))
+					block = p
+				}
+				require.NoError(t, d.StreamBeginCapture(c, s, mode))
+				var p cuda.DevicePtr
+				var callErr error
+				onThread(other, func() { p, callErr = call(h) })
+				g, endErr := d.StreamEndCapture(c, s)
+				if forbidden {
+					assertResult(t, cuda.ErrorStreamCaptureUnsupported, callErr, step)
+					assertResult(t, cuda.ErrorStreamCaptureInvalidated, endErr, step+": the capture's end")
+				} else {
+					assertResult(t, cuda.Success, callErr, step)
+					assertResult(t, cuda.Success, endErr, step+": the capture's end")
+				}
+				if endErr == nil {
+					assert.NoError(t, d.GraphDestroy(c, g))
+				}
+				if p != 0 {
+					assert.NoError(t, d.MemFreeAsync(c, p, u))
+				}
+				if block != 0 && callErr != nil {
+					assert.NoError(t, d.MemFreeAsync(c, block, u), "the refused free, again after the capture")
+				}
+				require.NoError(t, d.CtxSynchronize(c))
+			}
+		}
 	}
 }
 
