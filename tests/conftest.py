@@ -106,6 +106,18 @@ def run_cli(args: list[str], env: dict[str, str] | None = None, timeout: float =
     )
 
 
+@pytest.fixture
+def base(dev: Any) -> Iterator[tuple[dict[str, int], int, int]]:
+    """A leak check around the test: the live streams, events, graphs and captures, and the device's
+    in_use and pinned_in_use, are back where they started once the test has closed what it made."""
+    gc.collect()
+    before = objects(), dev.memory_stats()["in_use"], dev.memory_stats()["pinned_in_use"]
+    yield before
+    gc.collect()
+    after = objects(), dev.memory_stats()["in_use"], dev.memory_stats()["pinned_in_use"]
+    assert after == before
+
+
 @pytest.fixture(scope="session")
 def wire_examples() -> list[dict]:
     return json.loads((ROOT / "pkg" / "cuda" / "testdata" / "wire_examples.json").read_text())

@@ -215,16 +215,6 @@ def test_closing_a_joined_stream_keeps_its_work_in_the_capture(dev):
 # graphs and captures are back where they started once it has closed what it made.
 
 
-@pytest.fixture
-def base(dev):
-    gc.collect()
-    before = objects(), dev.memory_stats()["in_use"], dev.memory_stats()["pinned_in_use"]
-    yield before
-    gc.collect()
-    after = objects(), dev.memory_stats()["in_use"], dev.memory_stats()["pinned_in_use"]
-    assert after == before
-
-
 def test_close_origin_while_joined(dev, base):
     s, side = dev.create_stream(), dev.create_stream()
     s.begin_capture()

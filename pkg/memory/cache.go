@@ -24,6 +24,11 @@ type CacheOptions struct {
 	// handle to the driver then crashes the process: its blocks go straight back to the pool. nil keeps
 	// blocks of every stream; the default streams are always kept.
 	Keep func(s cuda.Stream) bool
+	// Quiet, when set and true, makes Release free nothing: a stream capture is in progress, during which
+	// a stream-ordered free outside the capture is an unsafe call (the driver's 900 in GLOBAL mode, and in
+	// THREAD_LOCAL mode on the capturing thread) and one on the legacy stream an implicit synchronization
+	// (906): either invalidates the capture, and the block taken out of the cache would be lost.
+	Quiet func() bool
 }
 
 // Cache is the hot path in front of a stream-ordered Pool: a freed block of up to MaxBlock bytes is kept
@@ -51,6 +56,7 @@ type Cache struct {
 	maxCached uint64
 	nClasses  int
 	keep      func(cuda.Stream) bool
+	quiet     func() bool // CacheOptions.Quiet
 
 	// streams is copy-on-write: readers load it with one atomic and scan it (programs use a handful of
 	// streams, so a scan beats hashing); writers, rare, hold tabMu and publish a new slice.
@@ -96,7 +102,7 @@ func NewCache(inner Resource, opts CacheOptions) *Cache {
 	}
 	opts.MaxBlock = min(opts.MaxBlock, 1<<62) // keeps class arithmetic far from overflow
 	idx, _ := classOf(opts.MaxBlock)
-	return &Cache{inner: inner, maxBlock: opts.MaxBlock, maxCached: opts.MaxCached, nClasses: idx + 1, keep: opts.Keep}
+	return &Cache{inner: inner, maxBlock: opts.MaxBlock, maxCached: opts.MaxCached, nClasses: idx + 1, keep: opts.Keep, quiet: opts.Quiet}
 }
 
 // classOf returns the size class of n > 0: its index and its size.
@@ -362,9 +368,13 @@ func (c *Cache) free(s cuda.Stream, blocks []cachedBlock) error {
 }
 
 // Release frees every cached block below, each on the stream it was freed on, then releases what the
-// resource below caches (a pool's reserve). Blocks cached on a stream being captured, and while any
-// stream captures those cached on the legacy stream, stay until the capture ends. It returns the first error and goes on past it.
+// resource below caches (a pool's reserve). While Quiet says a capture runs it frees nothing; without
+// Quiet, blocks cached on a stream being captured, and while any stream captures those cached on the
+// legacy stream, stay until the capture ends. It returns the first error and goes on past it.
 func (c *Cache) Release() error {
+	if c.quiet != nil && c.quiet() {
+		return nil // the blocks stay cached until a release after the capture (CacheOptions.Quiet)
+	}
 	var first error
 	var blocks []cachedBlock
 	for _, b := range c.detach(0, true) {

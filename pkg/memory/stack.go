@@ -19,7 +19,7 @@ type StackOptions struct {
 	OnOOM       func(requested uint64) bool // called by Retry before its one retry; false gives up
 	Track       bool                        // record live allocations (Live) and refuse unknown frees
 	TraceFrames int                         // with Track: stack frames captured per allocation
-	Quiet       func() bool                 // pool strategy: true while the pool must not be queried (WithQuiet)
+	Quiet       func() bool                 // pool strategy: true while a capture runs (WithQuiet, and the Cache's Quiet)
 	// Recorder receives the stack's events (alloc, free, oom, release, trim); nil records nothing.
 	Recorder *Recorder
 	// Others lists other processes' memory on the device, for the out-of-memory verdict (PoolState.Others).
@@ -80,6 +80,9 @@ func NewStack(d *device.Device, opts StackOptions) (*Stack, error) {
 		}
 		s.pool, r = p, p
 		if !opts.NoCache {
+			if opts.Cache.Quiet == nil {
+				opts.Cache.Quiet = opts.Quiet
+			}
 			s.cache = NewCache(p, opts.Cache)
 			r = s.cache
 		}

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -163,5 +164,27 @@ func TestCacheKeepsOnlyStreamsItMayOutlive(t *testing.T) {
 	}
 	require.NoError(t, c.Release())
 	assert.Zero(t, f.liveBytes())
+	assert.Empty(t, f.errs)
+}
+
+func TestCacheReleasesNothingWhileQuiet(t *testing.T) {
+	f := newFake()
+	f.oomEvery, f.badEvery = 0, 0
+	var capturing atomic.Bool
+	c := NewCache(f, CacheOptions{Quiet: capturing.Load})
+	const s = cuda.Stream(0x1000)
+	for _, h := range []cuda.Stream{s, cuda.StreamLegacy} {
+		p, err := c.Allocate(4096, h)
+		require.NoError(t, err)
+		require.NoError(t, c.Deallocate(p, 4096, h))
+	}
+	capturing.Store(true)
+	require.NoError(t, c.Release())
+	assert.Equal(t, uint64(2*4096), f.liveBytes(), "no free reaches the resource below during a capture")
+	assert.Equal(t, uint64(2*4096), c.Cached(), "the blocks stay cached, none lost")
+	capturing.Store(false)
+	require.NoError(t, c.Release())
+	assert.Zero(t, f.liveBytes())
+	assert.Zero(t, c.Cached())
 	assert.Empty(t, f.errs)
 }

@@ -487,7 +487,28 @@ func (m *Manager) CheckAllocate(h cuda.Stream) error {
 				"allocate on the capturing stream (allocate(n, stream=<the capturing stream>)) so it becomes a graph node, or before capture"))
 		}
 	}
+	if m.lookup(h) == nil {
+		// Outside the captures, a stream-ordered allocation is an unsafe call (the driver's 900, which
+		// invalidates the capture): refused whether or not the cache could serve it, so that the answer
+		// does not depend on what happens to be cached.
+		if c := m.unsafeCapture(); c != nil {
+			return CaptureError(cuda.ErrorStreamCaptureUnsupported, op, unsafeMsg(
+				fmt.Sprintf("an allocation on %s, which is not part of a capture,", m.describe(h)), c,
+				"allocate before the capture, or on the capturing stream (it becomes a graph node); the capture goes on"))
+		}
+	}
 	return nil
+}
+
+// describe names stream h of m's device for messages.
+func (m *Manager) describe(h cuda.Stream) string {
+	switch {
+	case h == 0 || h == cuda.StreamLegacy:
+		return fmt.Sprintf("the legacy stream of device %d", m.dev.Ordinal())
+	case h == cuda.StreamPerThread:
+		return fmt.Sprintf("the per-thread default stream of device %d", m.dev.Ordinal())
+	}
+	return fmt.Sprintf("stream %#x of device %d", uint64(h), m.dev.Ordinal())
 }
 
 // NoteAllocate counts a successful allocation p of size bytes on stream h into h's capture, if it

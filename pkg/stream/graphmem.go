@@ -379,8 +379,15 @@ func (m *Manager) launched(g *Graph, s *Stream) {
 	gm.mu.Unlock()
 	for _, p := range orphans {
 		// Ordered after the launch on its stream. A failure is left to the next launch, which the driver
-		// then refuses as if the memory were still live: nothing is freed twice.
-		_ = m.drv.MemFreeAsync(m.ctx, p, s.h)
+		// then refuses as if the memory were still live: nothing is freed twice. The free is an unsafe call
+		// during a capture that forbids them (900, which would invalidate that capture): it then waits for
+		// the captures to end, still ordered after the launch (on the legacy stream if s is gone by then).
+		free := func() error {
+			h := m.UseForFree(s.h)
+			defer m.Done(s.h)
+			return m.drv.MemFreeAsync(m.ctx, p, h)
+		}
+		_, _ = m.reg.RunOrDeferUnsafe(free, func() { _ = free() })
 	}
 }
 

@@ -28,6 +28,10 @@ type lifetimes struct {
 	mu    sync.RWMutex
 	dead  map[cuda.Stream]struct{}
 	order []cuda.Stream
+	// closing holds the streams closed to cudacore whose driver stream lives on until the captures end
+	// (Stream.Destroy): work on them is refused as on a destroyed stream, and a free on one still goes to
+	// it, since its handle is alive at the driver.
+	closing map[cuda.Stream]*Stream
 }
 
 // IsDefault says whether h names a default stream (0 or the legacy stream, or the per-thread stream):
@@ -38,8 +42,18 @@ func isDefault(h cuda.Stream) bool {
 	return h == 0 || h == cuda.StreamLegacy || h == cuda.StreamPerThread
 }
 
+// markClosing records s as closed to cudacore while its driver stream lives on; the caller holds mu
+// for writing.
+func (l *lifetimes) markClosing(s *Stream) {
+	if l.closing == nil {
+		l.closing = map[cuda.Stream]*Stream{}
+	}
+	l.closing[s.h] = s
+}
+
 // markDead records h as destroyed; the caller holds mu for writing.
 func (l *lifetimes) markDead(h cuda.Stream) {
+	delete(l.closing, h)
 	if l.dead == nil {
 		l.dead = map[cuda.Stream]struct{}{}
 	}
@@ -91,19 +105,16 @@ func (m *Manager) Use(op string, h cuda.Stream) error {
 		}
 		return nil
 	}
-	if m.reg.active.Load() > 0 {
-		// A joined stream closed during a capture lives on at the driver until the capture ends
-		// (Stream.Destroy), but is closed to cudacore: work on it could never be joined back.
-		if s := m.lookup(h); s != nil && s.destroyed.Load() {
-			return cuda.NewError("cudacore."+op, cuda.ErrorClosed,
-				fmt.Sprintf("%s was closed: %s on a live stream", s, op))
-		}
-	}
 	m.life.mu.RLock()
 	if _, dead := m.life.dead[h]; dead {
 		m.life.mu.RUnlock()
 		return cuda.NewError("cudacore."+op, cuda.ErrorClosed,
 			fmt.Sprintf("stream %#x of device %d was destroyed: %s on a live stream", uint64(h), m.dev.Ordinal(), op))
+	}
+	if s := m.life.closing[h]; s != nil {
+		m.life.mu.RUnlock()
+		return cuda.NewError("cudacore."+op, cuda.ErrorClosed,
+			fmt.Sprintf("%s was closed: %s on a live stream", s, op))
 	}
 	return nil
 }

@@ -271,6 +271,7 @@ func (s *Stream) Destroy() error {
 	if c != nil && c.stream != s {
 		// Joined to another stream's capture: its work belongs to that capture, which may still join it
 		// back. The stream is closed to cudacore now, and destroyed at the driver when the capture ends.
+		s.m.closing(s)
 		c.onEnd = append(c.onEnd, func() { _ = s.destroy() })
 		s.m.reg.mu.Unlock()
 		return nil
@@ -279,11 +280,27 @@ func (s *Stream) Destroy() error {
 	if c != nil {
 		_ = s.m.abandon(c, nil, true) // destroying the stream ends the capture at the driver too
 	}
-	return s.destroy()
+	return s.m.reg.Steady(s.destroy) // no capture begins between destroy's check and its frees
 }
 
-// destroy destroys s at the driver, once it captures no more; Destroy has marked it destroyed.
+// closing marks s closed to cudacore while its driver stream lives on (lifetimes.closing).
+func (m *Manager) closing(s *Stream) {
+	m.life.mu.Lock()
+	m.life.markClosing(s)
+	m.life.mu.Unlock()
+}
+
+// destroy destroys s at the driver, once it captures no more; Destroy has marked it destroyed. Giving
+// back the stream's cached blocks is a stream-ordered free, which a capture that forbids unsafe calls on
+// this thread refuses (and is invalidated by): then the stream stays alive at the driver, closed to
+// cudacore, and is destroyed when the last capture ends. The caller keeps captures from beginning or
+// ending meanwhile (Steady, or the end of a capture that runs the calls deferred until then).
 func (s *Stream) destroy() error {
+	if s.m.unsafeCapture() != nil {
+		s.m.closing(s)
+		s.m.reg.Defer(func() { _ = s.destroy() })
+		return nil
+	}
 	// Frees recorded against this stream after it is gone go to the legacy stream (lifetime.go), which
 	// does not wait for a non-blocking stream's work: finish that work first, where the capture rules
 	// allow a synchronize.
