@@ -93,12 +93,10 @@ func MemoryRelease(ordinal int) (int, error) {
 		if err := d.Memory().Release(); err != nil {
 			return 0, err
 		}
-		// Graph memory freed by launches stays with the driver for later launches until trimmed (not during
-		// a capture, which a trim could disturb). A driver too old to trim keeps it: no error for a release.
-		if !process.Capturing() {
-			if err := d.Driver().DeviceGraphMemTrim(d.Context(), d.Handle()); err != nil && cuda.ResultOf(err) != cuda.ErrorNotSupported {
-				return 0, err
-			}
+		// Graph memory freed by launches stays with the driver for later launches until trimmed, and the
+		// pinned staging buffers of pageable copies are kept for the next copy: both go back too.
+		if err := d.ReleaseDriverMemory(); err != nil {
+			return 0, err
 		}
 		return int(d.Memory().Cached()), nil
 	})

@@ -1,8 +1,10 @@
 package stream
 
 import (
+	"cmp"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -390,6 +392,34 @@ func (p *staging) recycle(buf []byte, ev cuda.Event) {
 		p.events = append(p.events, ev)
 	}
 	p.mu.Unlock()
+}
+
+// ReleaseStaging frees the staging buffers that no copy holds now (cuMemFreeHost) and the spare events
+// of the pool; the pool allocates again when a copy needs it. A buffer the driver refuses to free stays in
+// the pool. cuMemFreeHost is an unsafe call during a capture: the caller makes sure none runs.
+func (m *Manager) ReleaseStaging() error {
+	p := m.staging
+	p.mu.Lock()
+	p.reapLocked()
+	bufs, evs := p.free, p.events
+	p.free, p.events = nil, nil
+	p.mu.Unlock()
+	var first error
+	for _, b := range bufs {
+		if err := m.drv.MemFreeHost(m.ctx, b); err != nil {
+			first = cmp.Or(first, err)
+			p.recycle(b, 0)
+			continue
+		}
+		base := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+		p.mu.Lock()
+		p.all = slices.DeleteFunc(p.all, func(a uintptr) bool { return a == base })
+		p.mu.Unlock()
+	}
+	for _, ev := range evs {
+		_ = m.drv.EventDestroy(m.ctx, ev) // an event no copy holds: nothing waits on it
+	}
+	return first
 }
 
 // StagingStats returns the number of staging buffers allocated and busy now.

@@ -350,3 +350,26 @@ func TestPageableDirectMax(t *testing.T) {
 		assert.Equal(t, -1, New(e.dev, Options{PageableDirectMax: -1}).opts.PageableDirectMax)
 	})
 }
+
+// TestReleaseStaging: the staging buffers no copy holds are freed, and the pool allocates again for the
+// next copy, whose bytes arrive as before.
+func TestReleaseStaging(t *testing.T) {
+	e := newEnv(t)
+	const n = 3*4096 + 5 // staged in 4 KiB buffers, both of the pool's two in use
+	s := e.stream(t, true)
+	p := e.alloc(t, n)
+	for round := range 2 {
+		src := pattern(n, byte(round))
+		require.NoError(t, e.m.CopyHtoD(p, src, s))
+		got := make([]byte, n)
+		require.NoError(t, e.m.CopyDtoH(got, p, s))
+		require.NoError(t, s.Synchronize())
+		assert.Equal(t, src, got, "round %d", round)
+		allocated, _ := e.m.StagingStats()
+		require.Equal(t, 2, allocated)
+		require.NoError(t, e.m.ReleaseStaging())
+		allocated, busy := e.m.StagingStats()
+		assert.Zero(t, allocated, "round %d: every idle staging buffer freed", round)
+		assert.Zero(t, busy)
+	}
+}

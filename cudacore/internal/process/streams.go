@@ -1,8 +1,10 @@
 package process
 
 import (
-	"github.com/cudacore/cudacore/pkg/cuda"
+	"cmp"
 	"sync"
+
+	"github.com/cudacore/cudacore/pkg/cuda"
 
 	"github.com/cudacore/cudacore/pkg/memory"
 	"github.com/cudacore/cudacore/pkg/stream"
@@ -20,6 +22,23 @@ func Capturing() bool { return captures.Active() > 0 }
 // DeferUntilNoCapture runs fn once no stream of the process captures (now if none does): see
 // stream.Registry.Defer.
 func DeferUntilNoCapture(fn func()) { captures.Defer(fn) }
+
+// ReleaseDriverMemory gives back what the device keeps outside its allocator, unless a capture runs (the
+// calls could invalidate it; nothing is released then): the graph memory the driver keeps for later
+// launches (cuDeviceGraphMemTrim; a driver too old to trim keeps it) and the pinned staging buffers of
+// pageable copies that no copy holds. No capture begins meanwhile (Steady).
+func (d *Device) ReleaseDriverMemory() error {
+	return captures.Steady(func() error {
+		if Capturing() {
+			return nil
+		}
+		err := d.Driver().DeviceGraphMemTrim(d.Context(), d.Handle())
+		if cuda.ResultOf(err) == cuda.ErrorNotSupported {
+			err = nil
+		}
+		return cmp.Or(err, d.Streams().ReleaseStaging())
+	})
+}
 
 // ActiveCaptures returns how many captures are in progress in the process.
 func ActiveCaptures() int { return captures.Active() }
