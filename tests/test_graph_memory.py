@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -511,3 +512,29 @@ def test_graph_memory_used_inside_its_capture_still_works(dev: cc.Device) -> Non
     out.close()
     s1.close()
     assert dev.memory_stats()["in_use"] == base
+
+
+@pytest.mark.sim
+def test_an_address_of_discarded_graph_memory_handed_out_again_is_ordinary_memory(dev: cc.Device, base: Any) -> None:
+    """The real driver hands the address of discarded graph memory out again, to a pool allocation of the
+    same size say (seen under compute-sanitizer on an H200): the new Buffer's free is a real free, not the
+    old owner's no-op, so its bytes leave in_use and go back to the device."""
+    from cudacore import testing
+
+    testing.set_memory_conditions(0, {"reuse_addresses": True})
+    try:
+        s = dev.create_stream()
+        free_before = settled_free(dev)
+        with pytest.raises(RuntimeError, match="boom"), s.capture():
+            discarded = dev.allocate(N, stream=s)
+            addr = discarded.ptr
+            raise RuntimeError("boom")
+        assert discarded.closed
+        again = dev.allocate(N, stream=s)
+        assert again.ptr == addr, "the simulator reused the address, as the driver may"
+        again.close()
+        assert in_use(dev) == 0
+        assert settled_free(dev) == free_before
+        s.close()
+    finally:
+        testing.set_memory_conditions(0, {})

@@ -115,8 +115,9 @@ type device struct {
 	limits      map[cuda.Limit]uint64
 	peers       map[int]bool // devices this context may access (cuCtxEnablePeerAccess)
 
-	conds  MemoryConditions // see SetMemoryConditions
-	others uint64           // the sum of conds.OtherProcesses
+	conds  MemoryConditions    // see SetMemoryConditions
+	others uint64              // the sum of conds.OtherProcesses
+	reuse  map[uint64][]uint64 // with conds.ReuseAddresses: released addresses by block size
 }
 
 func newDevice(d *Driver, i int, cfg DeviceConfig) *device {
@@ -233,7 +234,11 @@ func (v *device) newAlloc(op string, size uint64, kind allocKind) (*alloc, error
 		return nil, errf(op, cuda.ErrorOutOfMemory, "the simulator's address window for device %d is used up", v.index)
 	}
 	a := &alloc{base: v.next, size: size, block: block, kind: kind}
-	v.next += block
+	if bases := v.reuse[block]; v.conds.ReuseAddresses && len(bases) > 0 {
+		a.base, v.reuse[block] = bases[len(bases)-1], bases[:len(bases)-1]
+	} else {
+		v.next += block
+	}
 	v.used += block
 	v.insert(a)
 	return a, nil
@@ -279,6 +284,12 @@ func (v *device) release(a *alloc) {
 	v.remove(a)
 	if a.kind != kindImported && a.kind != kindIpcOpened {
 		v.used -= a.block
+		if v.conds.ReuseAddresses {
+			if v.reuse == nil {
+				v.reuse = map[uint64][]uint64{}
+			}
+			v.reuse[a.block] = append(v.reuse[a.block], a.base)
+		}
 	}
 	a.data = nil
 	a.shm.unmap()

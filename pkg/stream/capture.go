@@ -531,7 +531,7 @@ func (m *Manager) NoteAllocate(h cuda.Stream, p cuda.DevicePtr, size uint64) {
 		}
 	}
 	m.reg.mu.Unlock()
-	m.reissued(p)
+	m.Reissued(p)
 }
 
 // GraphMemory says whether p was allocated on stream h during the capture h is in now, and may be freed

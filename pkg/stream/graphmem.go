@@ -202,9 +202,11 @@ func (m *Manager) discard(ptrs map[cuda.DevicePtr]uint64) {
 	}
 }
 
-// reissued is called when the driver hands out p again (to a later capture): a void p's old owner must
-// not free the new one's memory through it. (The Python layer marks void Buffers closed first.)
-func (m *Manager) reissued(p cuda.DevicePtr) {
+// Reissued is called whenever the driver hands out p, to a capture or as ordinary memory (the real
+// driver may give the address of discarded graph memory to a pool block): a void p is forgotten, so that
+// the new owner's free is a real one, not the old owner's no-op. (The Python layer marks void Buffers
+// closed first, so their owners free nothing.)
+func (m *Manager) Reissued(p cuda.DevicePtr) {
 	gm := &m.gm
 	if gm.active.Load() == 0 {
 		return

@@ -66,7 +66,7 @@ func TestVoidPointersDoNotOutliveTheirOwner(t *testing.T) {
 		m := &Manager{}
 		m.adopt(&Graph{m: m}, map[cuda.DevicePtr]uint64{q: 256}, nil) // other graph memory alive
 		destroyedBeforeLaunch(m)
-		m.reissued(p)
+		m.Reissued(p)
 		assert.Empty(t, m.TakeVoided(), "the new owner's Buffer must not be closed")
 	})
 	t.Run("forgotten, then the address is a new graph's", func(t *testing.T) {

@@ -22,7 +22,11 @@ func (d *Device) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
 	defer d.inFlight.RUnlock()
 	capturing := Capturing()
 	if !capturing && stream.IsDefault(h) {
-		return d.Memory().Allocate(size, h) // the common case: no stream to check, nothing captures
+		p, err := d.Memory().Allocate(size, h) // the common case: no stream to check, nothing captures
+		if err == nil {
+			d.reissued(p)
+		}
+		return p, err
 	}
 	streams := d.Streams()
 	if err := streams.UseForAlloc(h); err != nil {
@@ -41,8 +45,18 @@ func (d *Device) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
 	if capturing {
 		streams.NoteAllocate(h, p, size)
 		streams.NoteEscape("allocate", h)
+	} else {
+		streams.Reissued(p)
 	}
 	return p, nil
+}
+
+// reissued tells the graph-memory books that p was handed out (stream.Manager.Reissued): one atomic load
+// while no graph memory is void.
+func (d *Device) reissued(p cuda.DevicePtr) {
+	if m := d.streams.Load(); m != nil {
+		m.Reissued(p)
+	}
 }
 
 // AllocateTiles allocates count tiles of size bytes ordered on h, all or nothing (memory.Stack's

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/cudasim"
 	"github.com/cudacore/cudacore/pkg/stream"
 )
 
@@ -230,4 +231,47 @@ func TestTilesAllocatedUnderACaptureBegunMeanwhile(t *testing.T) {
 	}
 	require.NoError(t, s.Synchronize())
 	assert.Equal(t, before, d.Memory().Stats().InUse, "every tile off the books once")
+}
+
+// Found under compute-sanitizer on an H200 (fuzzer seeds 5005 to 5026): the driver handed the address of
+// discarded graph memory, still void in the books because its owner had not freed it, to a later
+// ordinary allocation of the same size, and the new owner's free was taken for the old owner's no-op: the
+// bytes stayed in use and allocated for good. Every allocation now forgets a void entry of its address.
+func TestAnAddressOfVoidGraphMemoryHandedOutAgainIsOrdinaryMemory(t *testing.T) {
+	const size = 200000
+	for _, tc := range []struct {
+		name string
+		h    func(s *stream.Stream) cuda.Stream
+	}{
+		{"legacy", func(*stream.Stream) cuda.Stream { return cuda.StreamLegacy }},
+		{"own stream", func(s *stream.Stream) cuda.Stream { return s.Handle() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			d := simDevice(t)
+			sim, ok := d.Driver().(*cudasim.Driver)
+			require.True(t, ok)
+			require.NoError(t, sim.SetMemoryConditions(0, cudasim.MemoryConditions{ReuseAddresses: true}))
+			defer func() { require.NoError(t, sim.SetMemoryConditions(0, cudasim.MemoryConditions{})) }()
+			before := d.Memory().Stats().InUse
+			s, err := d.Streams().Create(true, 0)
+			require.NoError(t, err)
+			defer func() { _ = s.Destroy() }()
+
+			require.NoError(t, s.BeginCapture(cuda.CaptureModeThreadLocal))
+			old, err := d.Allocate(size, s.Handle()) // graph memory; its owner never frees it
+			require.NoError(t, err)
+			require.NoError(t, s.AbortCapture()) // void: the driver never allocated it
+			require.Equal(t, before, d.Memory().Stats().InUse)
+
+			p, err := d.Allocate(size, tc.h(s))
+			require.NoError(t, err)
+			require.Equal(t, old, p, "the simulator handed the address out again, as the driver may")
+			require.NoError(t, d.Free(p, size, tc.h(s)))
+			assert.Equal(t, before, d.Memory().Stats().InUse, "the new owner's free was a real free")
+			require.NoError(t, d.Memory().Release())
+			assert.Error(t, sim.MemFreeAsync(d.Context(), p, cuda.StreamLegacy), "the block went back to the driver")
+		})
+	}
 }

@@ -225,7 +225,11 @@ func (d *Device) shareAllocate(size uint64, h cuda.Stream, kind string) (cuda.De
 	drv, ctx := d.Driver(), d.Context()
 	switch kind {
 	case KindIPC:
-		return drv.MemAlloc(ctx, size)
+		p, err := drv.MemAlloc(ctx, size)
+		if err == nil {
+			d.Streams().Reissued(p)
+		}
+		return p, err
 	case KindPool:
 		if !d.Properties().MemoryPoolsSupported {
 			return 0, cuda.NewError(op, cuda.ErrorNotSupported, fmt.Sprintf(
@@ -243,7 +247,11 @@ func (d *Device) shareAllocate(size uint64, h cuda.Stream, kind string) (cuda.De
 		return 0, err
 	}
 	defer streams.Done(h)
-	return drv.MemAllocFromPoolAsync(ctx, size, pool, h)
+	p, err := drv.MemAllocFromPoolAsync(ctx, size, pool, h)
+	if err == nil {
+		streams.Reissued(p)
+	}
+	return p, err
 }
 
 // ShareFree frees what ShareAllocate returned, in order on h for the pool kind. While a stream captures
