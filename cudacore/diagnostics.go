@@ -133,7 +133,15 @@ func VerifyDevice(ordinal int) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		b, err := json.Marshal(device.Verify(d.Device))
-		return string(b), err
+		var out string
+		err = process.Steady(func() error { // as IpcProbe: no probe during a capture
+			if err := refuseProbeDuringCapture("cudacore.verify"); err != nil {
+				return err
+			}
+			b, err := json.Marshal(device.Verify(d.Device))
+			out = string(b)
+			return err
+		})
+		return out, err
 	})
 }

@@ -90,12 +90,18 @@ func MemoryRelease(ordinal int) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		if err := d.Memory().Release(); err != nil {
-			return 0, err
-		}
-		// Graph memory freed by launches stays with the driver for later launches until trimmed, and the
-		// pinned staging buffers of pageable copies are kept for the next copy: both go back too.
-		if err := d.ReleaseDriverMemory(); err != nil {
+		// The release runs while no capture can begin (process.Steady): the GIL is released, and a GLOBAL
+		// capture begun on another thread while the cached blocks were being freed was invalidated by the
+		// next free, whose block was lost (out of the cache, never freed). Graph memory freed by launches
+		// stays with the driver for later launches until trimmed, and the pinned staging buffers of
+		// pageable copies are kept for the next copy: both go back too, unless a capture runs.
+		err = process.Steady(func() error {
+			if err := d.Memory().Release(); err != nil {
+				return err
+			}
+			return d.ReleaseDriverMemory()
+		})
+		if err != nil {
 			return 0, err
 		}
 		return int(d.Memory().Cached()), nil

@@ -315,9 +315,29 @@ func IpcProbe(ordinal int) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		b, err := json.Marshal(process.ProbeIPC(d))
-		return string(b), err
+		// The probes allocate and free memory (unsafe calls): refused while a capture runs, and made while
+		// none can begin (the GIL is released), rather than invalidate a capture.
+		var out string
+		err = process.Steady(func() error {
+			if err := refuseProbeDuringCapture("cudacore.ipc_probe"); err != nil {
+				return err
+			}
+			b, err := json.Marshal(process.ProbeIPC(d))
+			out = string(b)
+			return err
+		})
+		return out, err
 	})
+}
+
+// refuseProbeDuringCapture refuses a probe of the device (cudacore doctor's), which allocates and frees
+// memory, while a stream captures: those calls would invalidate the capture.
+func refuseProbeDuringCapture(op string) error {
+	if process.Capturing() {
+		return cuda.NewError(op, cuda.ErrorStreamCaptureUnsupported,
+			"the probes allocate and free memory, which would invalidate the stream capture in progress; probe before or after the capture")
+	}
+	return nil
 }
 
 // ShareRelease gives the memory that the device's exportable pool keeps for reuse back to the device (call

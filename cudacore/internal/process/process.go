@@ -219,8 +219,14 @@ func GetDevice(ordinal int) (*Device, error) {
 
 // SetStrategy rebuilds the device's allocator with another strategy ("auto", "pool" or "sync"). It
 // refuses while the current allocator has memory handed out (those pointers belong to it) and while any
-// stream of the process captures.
+// stream of the process captures. The check and the close of the old allocator (which frees its cached
+// blocks and synchronizes) run while no capture can begin (Steady): the call releases the GIL, and a
+// GLOBAL capture begun on another thread in between was invalidated by those frees, whose blocks were lost.
 func (d *Device) SetStrategy(requested string, opts memory.StackOptions) error {
+	return captures.Steady(func() error { return d.setStrategy(requested, opts) })
+}
+
+func (d *Device) setStrategy(requested string, opts memory.StackOptions) error {
 	devMu.Lock()
 	defer devMu.Unlock()
 	d.inFlight.Lock()

@@ -26,19 +26,23 @@ func DeferUntilNoCapture(fn func()) { captures.Defer(fn) }
 // ReleaseDriverMemory gives back what the device keeps outside its allocator, unless a capture runs (the
 // calls could invalidate it; nothing is released then): the graph memory the driver keeps for later
 // launches (cuDeviceGraphMemTrim; a driver too old to trim keeps it) and the pinned staging buffers of
-// pageable copies that no copy holds. No capture begins meanwhile (Steady).
+// pageable copies that no copy holds. The caller keeps captures from beginning meanwhile (Steady).
 func (d *Device) ReleaseDriverMemory() error {
-	return captures.Steady(func() error {
-		if Capturing() {
-			return nil
-		}
-		err := d.Driver().DeviceGraphMemTrim(d.Context(), d.Handle())
-		if cuda.ResultOf(err) == cuda.ErrorNotSupported {
-			err = nil
-		}
-		return cmp.Or(err, d.Streams().ReleaseStaging())
-	})
+	if Capturing() {
+		return nil
+	}
+	err := d.Driver().DeviceGraphMemTrim(d.Context(), d.Handle())
+	if cuda.ResultOf(err) == cuda.ErrorNotSupported {
+		err = nil
+	}
+	return cmp.Or(err, d.Streams().ReleaseStaging())
 }
+
+// Steady runs fn while no capture of the process can begin or end (stream.Registry.Steady): for a call
+// made without the GIL that checks whether a capture runs and then makes a call the capture forbids (an
+// unsafe call, or a stream-ordered free outside it), so that a capture begun on another thread between the
+// check and the call cannot see it. fn must not begin or end a capture, nor call Steady.
+func Steady(fn func() error) error { return captures.Steady(fn) }
 
 // ActiveCaptures returns how many captures are in progress in the process.
 func ActiveCaptures() int { return captures.Active() }
