@@ -90,6 +90,24 @@ func (r *Registry) RunOrDeferUnsafe(now func() error, later func()) (ran bool, e
 	return true, now()
 }
 
+// ForbidsUnsafe says whether a capture in progress forbids potentially unsafe calls (a stream-ordered
+// allocation or free outside it, a synchronous allocation) on the calling thread: a GLOBAL capture
+// anywhere, a THREAD_LOCAL one begun on this thread. One atomic load when nothing captures.
+func (r *Registry) ForbidsUnsafe() bool {
+	if r.active.Load() == 0 {
+		return false
+	}
+	tid := gettid()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for c := range r.caps {
+		if c.forbidsUnsafe(tid) {
+			return true
+		}
+	}
+	return false
+}
+
 // Deferred returns how many deferred calls wait for the captures to end.
 func (r *Registry) Deferred() int {
 	r.mu.Lock()

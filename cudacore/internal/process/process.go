@@ -266,6 +266,12 @@ func (d *Device) setStrategy(requested string, opts memory.StackOptions) error {
 // diagnostics (the flight recorder, other processes' memory).
 func stackOptions(d *device.Device, opts memory.StackOptions) memory.StackOptions {
 	opts.Quiet = Capturing
+	// The cache's release frees nothing only where the driver would refuse its frees (900: a GLOBAL
+	// capture, or a THREAD_LOCAL one on this thread); during other captures (RELAXED ones, other threads'
+	// THREAD_LOCAL ones) it frees the blocks the cache's own rules allow (not those of a capturing stream,
+	// nor the legacy stream's while the device captures), so that an out-of-memory retry outside the
+	// capture can still make room.
+	opts.Cache.Quiet = captures.ForbidsUnsafe
 	opts.Cache.Keep = func(h cuda.Stream) bool {
 		if stream.IsDefault(h) {
 			return true
