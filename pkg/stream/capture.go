@@ -93,19 +93,23 @@ func (r *Registry) RunOrDeferUnsafe(now func() error, later func()) (ran bool, e
 // ForbidsUnsafe says whether a capture in progress forbids potentially unsafe calls (a stream-ordered
 // allocation or free outside it, a synchronous allocation) on the calling thread: a GLOBAL capture
 // anywhere, a THREAD_LOCAL one begun on this thread. One atomic load when nothing captures.
-func (r *Registry) ForbidsUnsafe() bool {
+func (r *Registry) ForbidsUnsafe() bool { return r.forbidding() != nil }
+
+// forbidding returns a capture in progress that forbids potentially unsafe calls on the calling thread
+// (see ForbidsUnsafe), or nil.
+func (r *Registry) forbidding() *capture {
 	if r.active.Load() == 0 {
-		return false
+		return nil
 	}
 	tid := gettid()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for c := range r.caps {
 		if c.forbidsUnsafe(tid) {
-			return true
+			return c
 		}
 	}
-	return false
+	return nil
 }
 
 // Deferred returns how many deferred calls wait for the captures to end.
@@ -273,20 +277,7 @@ func (m *Manager) blockingCapture() *capture {
 // unsafeCapture returns a capture that forbids potentially unsafe calls (synchronous allocation,
 // synchronizing) on the calling thread: a GLOBAL capture anywhere, or a THREAD_LOCAL one begun on this
 // thread. RELAXED captures allow them.
-func (m *Manager) unsafeCapture() *capture {
-	if m.reg.active.Load() == 0 {
-		return nil
-	}
-	tid := gettid()
-	m.reg.mu.Lock()
-	defer m.reg.mu.Unlock()
-	for c := range m.reg.caps {
-		if c.forbidsUnsafe(tid) {
-			return c
-		}
-	}
-	return nil
-}
+func (m *Manager) unsafeCapture() *capture { return m.reg.forbidding() }
 
 // forbidsUnsafe says whether c forbids potentially unsafe calls on thread tid: a GLOBAL capture forbids
 // them everywhere, a THREAD_LOCAL one on the thread that began it, a RELAXED one nowhere.

@@ -384,12 +384,15 @@ func (m *Manager) launched(g *Graph, s *Stream) {
 		// then refuses as if the memory were still live: nothing is freed twice. The free is an unsafe call
 		// during a capture that forbids them (900, which would invalidate that capture): it then waits for
 		// the captures to end, still ordered after the launch (on the legacy stream if s is gone by then).
-		free := func() error {
+		// The stream's lifetime bracket comes before the registry's mutex (RunOrDeferUnsafe), as on the
+		// allocation path: the other order could deadlock against it behind a stream's destroy.
+		h := m.UseForFree(s.h)
+		_, _ = m.reg.RunOrDeferUnsafe(func() error { return m.drv.MemFreeAsync(m.ctx, p, h) }, func() {
 			h := m.UseForFree(s.h)
 			defer m.Done(s.h)
-			return m.drv.MemFreeAsync(m.ctx, p, h)
-		}
-		_, _ = m.reg.RunOrDeferUnsafe(free, func() { _ = free() })
+			_ = m.drv.MemFreeAsync(m.ctx, p, h)
+		})
+		m.Done(s.h)
 	}
 }
 
