@@ -233,10 +233,11 @@ func TestTilesAllocatedUnderACaptureBegunMeanwhile(t *testing.T) {
 	assert.Equal(t, before, d.Memory().Stats().InUse, "every tile off the books once")
 }
 
-// Found under compute-sanitizer on an H200 (fuzzer seeds 5005 to 5026): the driver handed the address of
-// discarded graph memory, still void in the books because its owner had not freed it, to a later
-// ordinary allocation of the same size, and the new owner's free was taken for the old owner's no-op: the
-// bytes stayed in use and allocated for good. Every allocation now forgets a void entry of its address.
+// Graph memory of a discarded capture is void in the books until its owner frees it (a no-op) or the
+// driver hands the address out again, which the real driver may do for any later allocation once the
+// capture released it. Only a capture's allocations used to forget a void entry: an ordinary allocation of
+// the same size at that address then had its free taken for the old owner's no-op, and its bytes stayed in
+// use and allocated for good. Every allocation now forgets a void entry of its address.
 func TestAnAddressOfVoidGraphMemoryHandedOutAgainIsOrdinaryMemory(t *testing.T) {
 	const size = 200000
 	for _, tc := range []struct {
