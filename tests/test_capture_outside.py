@@ -147,3 +147,23 @@ def test_graph_memory_freed_after_a_launch_during_a_forbidding_capture(
     g.destroy()
     t.close()
     s.close()
+
+
+@pytest.mark.parametrize(("mode", "other"), FORBIDDING + ALLOWING)
+def test_a_free_that_waits_from_the_per_thread_stream_is_made_on_the_legacy_stream(
+    pool_dev: cc.Device, base: Any, mode: str, other: bool
+) -> None:
+    """A free that waits for the captures to end runs on whichever thread ends the last one, where the
+    per-thread default stream is that thread's own: it is made on the legacy stream instead, which waits for
+    the work of every blocking stream, each thread's per-thread stream included."""
+    d = pool_dev
+    s = d.create_stream()
+    b = on_thread(other, lambda: d.allocate(N, stream=cc.Stream.per_thread(d)))
+    ptr = b.ptr
+    start = cc.flight_record(1)[-1]["seq"]
+    s.begin_capture(mode)
+    on_thread(other, b.close)
+    s.end_capture().destroy()
+    frees = [e["stream"] for e in cc.flight_record(after=start) if e["kind"] == "free" and e["ptr"] == ptr]
+    assert frees == [cc.Stream.legacy(d).handle]
+    s.close()

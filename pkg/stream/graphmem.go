@@ -388,8 +388,9 @@ func (m *Manager) launched(g *Graph, s *Stream) {
 		// allocation path: the other order could deadlock against it behind a stream's destroy.
 		h := m.UseForFree(s.h)
 		_, _ = m.reg.RunOrDeferUnsafe(func() error { return m.drv.MemFreeAsync(m.ctx, p, h) }, func() {
-			h := m.UseForFree(s.h)
-			defer m.Done(s.h)
+			later := Later(s.h)
+			h := m.UseForFree(later)
+			defer m.Done(later)
 			_ = m.drv.MemFreeAsync(m.ctx, p, h)
 		})
 		m.Done(s.h)

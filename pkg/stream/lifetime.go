@@ -75,6 +75,18 @@ func (l *lifetimes) reborn(h cuda.Stream) {
 	l.mu.Unlock()
 }
 
+// Later is the stream on which a free of a block last used on h is made when it waits (for the captures
+// to end, or for a graph's destruction) and so runs on whichever thread gets there: the legacy stream for
+// the per-thread default stream, h otherwise. A per-thread handle names the stream of the calling thread,
+// which is another thread's then; the legacy stream waits for the work of every blocking stream, each
+// thread's per-thread stream included, so the free still follows the work that used the block.
+func Later(h cuda.Stream) cuda.Stream {
+	if h == cuda.StreamPerThread {
+		return cuda.StreamLegacy
+	}
+	return h
+}
+
 // UseForFree returns the stream on which to free a block last used on h: h itself, or the legacy
 // stream when h was destroyed. Every call must be followed by Done(h) once the free has reached the
 // allocator; in between, h cannot be destroyed.

@@ -118,7 +118,7 @@ func (d *Device) free(p cuda.DevicePtr, size uint64, h cuda.Stream, now func(cud
 	}
 	handled, err := streams.FreeGraphAware(p, size,
 		func() error { return now(p, size, h) },
-		func() { _ = d.Free(p, size, h) })
+		func() { _ = d.Free(p, size, stream.Later(h)) })
 	if handled {
 		return err
 	}
@@ -131,7 +131,8 @@ func (d *Device) free(p cuda.DevicePtr, size uint64, h cuda.Stream, now func(cud
 func (d *Device) freeDuringCapture(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	streams := d.Streams()
 	if !streams.GraphMemory(h, p) {
-		DeferUntilNoCapture(func() { _ = d.Free(p, size, h) })
+		later := stream.Later(h)
+		DeferUntilNoCapture(func() { _ = d.Free(p, size, later) })
 		return nil
 	}
 	if err := d.freeNow(p, size, h); err != nil {
@@ -204,14 +205,19 @@ func (t tileResource) Allocate(size uint64, h cuda.Stream) (p cuda.DevicePtr, er
 func (t tileResource) Deallocate(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	d := t.d
 	return d.free(p, size, h, func(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
-		return steadyOrDefer(func() error { return d.freeNow(p, size, h) })
+		return steadyOrDefer(func(later bool) error {
+			if later {
+				h = stream.Later(h)
+			}
+			return d.freeNow(p, size, h)
+		})
 	})
 }
 
 // Release gives the cache back after a failed call, once no capture runs (a release is unsafe during
 // one), while none can begin (steadyOrDefer).
 func (t tileResource) Release() error {
-	return steadyOrDefer(func() error {
+	return steadyOrDefer(func(bool) error {
 		t.d.inFlight.RLock()
 		defer t.d.inFlight.RUnlock()
 		return t.d.Memory().Release()
@@ -222,14 +228,15 @@ func (t tileResource) Release() error {
 // begin or end (Steady), else once the last one ends (Defer: the deferred calls run while the capture
 // that ended still holds the registry's change lock, so that none begins then either). fn takes the
 // allocator (inFlight), so it must not run under the registry's mutex as RunOrDefer runs it: the mutex
-// comes after the allocator in the lock order (Device.inFlight). It returns fn's error when fn ran now.
-func steadyOrDefer(fn func() error) error {
+// comes after the allocator in the lock order (Device.inFlight). fn is told whether it runs later, on
+// whichever thread ends the last capture (see stream.Later). It returns fn's error when fn ran now.
+func steadyOrDefer(fn func(later bool) error) error {
 	return captures.Steady(func() error {
 		if Capturing() {
-			DeferUntilNoCapture(func() { _ = fn() })
+			DeferUntilNoCapture(func() { _ = fn(true) })
 			return nil
 		}
-		return fn()
+		return fn(false)
 	})
 }
 

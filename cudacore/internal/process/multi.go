@@ -9,6 +9,7 @@ import (
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/device"
+	"github.com/cudacore/cudacore/pkg/stream"
 )
 
 // Several devices and several processes: peer access, shareable memory and its import.
@@ -257,7 +258,7 @@ func (d *Device) shareAllocate(size uint64, h cuda.Stream, kind string) (cuda.De
 // ShareFree frees what ShareAllocate returned, in order on h for the pool kind. While a stream captures
 // the free waits for the capture to end, as every free does.
 func (d *Device) ShareFree(p cuda.DevicePtr, kind string, h cuda.Stream) error {
-	free := func() error {
+	free := func(h cuda.Stream) error {
 		drv, ctx := d.Driver(), d.Context()
 		if kind == KindIPC {
 			return drv.MemFree(ctx, p)
@@ -268,10 +269,11 @@ func (d *Device) ShareFree(p cuda.DevicePtr, kind string, h cuda.Stream) error {
 		return drv.MemFreeAsync(ctx, p, use)
 	}
 	if Capturing() {
-		DeferUntilNoCapture(func() { _ = free() })
+		later := stream.Later(h)
+		DeferUntilNoCapture(func() { _ = free(later) })
 		return nil
 	}
-	return free()
+	return free(h)
 }
 
 // Export is what another process needs to open shareable memory.
