@@ -46,7 +46,13 @@ func TorchMalloc(size, device, stream int) (int, error) {
 			return 0, recordInterop(err)
 		}
 		st := cuda.Stream(uint64(stream))
-		p, err := d.Allocate(uint64(size), st)
+		// PyTorch calls without the GIL: no capture may begin between the capture rules' check and the
+		// driver's allocation (an unsafe call outside the capture: 900, which would invalidate it).
+		var p cuda.DevicePtr
+		err = process.Steady(func() (err error) {
+			p, err = d.Allocate(uint64(size), st)
+			return err
+		})
 		if err != nil {
 			return 0, recordInterop(err)
 		}
@@ -77,7 +83,7 @@ func TorchFree(ptr int) (int, error) {
 		if err != nil {
 			return 0, recordInterop(err)
 		}
-		return 0, recordInterop(d.Free(cuda.DevicePtr(uint64(ptr)), a.Size, a.Stream))
+		return 0, recordInterop(d.FreeSteady(cuda.DevicePtr(uint64(ptr)), a.Size, a.Stream))
 	})
 }
 

@@ -21,6 +21,7 @@ import pytest
 
 import cudacore as cc
 
+BIG = 80 << 20  # above the cache's largest block: every allocation and free reaches the driver
 BLOCKS = 20000  # cached blocks: freeing them all takes long enough for another thread to begin a capture
 
 
@@ -207,3 +208,39 @@ def test_oom_retry_releases_the_cache_during_captures_that_allow_it(mode: str, o
     }, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.split()[-1] == want, r.stdout
+
+
+def test_pytorch_allocator_racing_captures_begun_on_another_thread(pool_dev: cc.Device, base: Any) -> None:
+    """PyTorch calls cudacore's allocator without the GIL (here its generated doors, through ctypes, which
+    drops the GIL too), so a capture may begin on another thread between the capture rules' check and the
+    driver's allocation or free: both run while no capture can begin. (The doors are called rather than the
+    entry points PyTorch loads, which throw a C++ exception for a refused allocation, as PyTorch expects.)"""
+    import ctypes
+
+    from cudacore import interop
+
+    lib = ctypes.CDLL(interop.extension_path())
+    libc = ctypes.CDLL(None)
+    for name, params in (("cudacore_door_TorchMalloc", 3), ("cudacore_door_TorchFree", 1)):
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_void_p  # char *: the error's text, NULL on success
+        fn.argtypes = [ctypes.c_int64] * params + [ctypes.POINTER(ctypes.c_int64)]
+    u = pool_dev.create_stream()
+    out = ctypes.c_int64(0)
+
+    def call(fn: Any, *args: int) -> bool:
+        err = fn(*args, ctypes.byref(out))
+        if err:
+            text = ctypes.string_at(err).decode()
+            libc.free(ctypes.c_void_p(err))
+            assert "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" in text, text  # refused during a capture
+            return False
+        return True
+
+    def alloc_free() -> None:
+        if call(lib.cudacore_door_TorchMalloc, BIG, 0, u.handle):
+            assert call(lib.cudacore_door_TorchFree, out.value)
+
+    assert race_captures(pool_dev, alloc_free, seconds=4) == 0, "a PyTorch allocation or free reached the driver during a GLOBAL capture"
+    assert interop.torch_live_allocations() == 0
+    u.close()

@@ -103,6 +103,25 @@ func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	return d.free(p, size, h, d.freeNow)
 }
 
+// FreeSteady is Free for a caller that does not hold the GIL (PyTorch's allocator), against which a
+// capture may begin on another thread at any moment: a free made at once runs while none can begin
+// (Steady), so that the driver's free cannot meet a capture that began after the check (900 in GLOBAL
+// mode, which would invalidate it). During a capture the free follows Free's rules, which make no call
+// that the capture forbids; it runs outside Steady, since a failed free node of the capture ends it.
+func (d *Device) FreeSteady(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	capturing := false
+	err := captures.Steady(func() error {
+		if capturing = Capturing(); capturing {
+			return nil
+		}
+		return d.free(p, size, h, d.freeNow)
+	})
+	if capturing {
+		return d.Free(p, size, h)
+	}
+	return err
+}
+
 // free is Free, with now as the free made at once when no capture runs (d.freeNow, or the tile rollback's
 // free with the capture registry held): every free of device memory by address takes these rules.
 func (d *Device) free(p cuda.DevicePtr, size uint64, h cuda.Stream, now func(cuda.DevicePtr, uint64, cuda.Stream) error) error {
