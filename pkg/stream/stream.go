@@ -266,12 +266,14 @@ func (s *Stream) Destroy() error {
 	if s.legacy || s.perThread || !s.destroyed.CompareAndSwap(false, true) {
 		return nil
 	}
+	// Closed to cudacore from now on, whether the driver's stream goes now or later (lifetimes.closing).
+	// Marked before the registry's mutex is taken: a stream's lifetime comes first in the lock order.
+	s.m.closing(s)
 	s.m.reg.mu.Lock()
 	c := s.cap
 	if c != nil && c.stream != s {
 		// Joined to another stream's capture: its work belongs to that capture, which may still join it
 		// back. The stream is closed to cudacore now, and destroyed at the driver when the capture ends.
-		s.m.closing(s)
 		c.onEnd = append(c.onEnd, func() { _ = s.destroy() })
 		s.m.reg.mu.Unlock()
 		return nil
@@ -297,7 +299,6 @@ func (m *Manager) closing(s *Stream) {
 // ending meanwhile (Steady, or the end of a capture that runs the calls deferred until then).
 func (s *Stream) destroy() error {
 	if s.m.unsafeCapture() != nil {
-		s.m.closing(s)
 		s.m.reg.Defer(func() { _ = s.destroy() })
 		return nil
 	}
