@@ -243,4 +243,6 @@ def test_pytorch_allocator_racing_captures_begun_on_another_thread(pool_dev: cc.
 
     assert race_captures(pool_dev, alloc_free, seconds=4) == 0, "a PyTorch allocation or free reached the driver during a GLOBAL capture"
     assert interop.torch_live_allocations() == 0
+    left = interop.last_error()  # process-wide: the last refusal, read (and so forgotten) here
+    assert left is None or isinstance(left, cc.CaptureError), left
     u.close()
