@@ -32,6 +32,16 @@ def report(result):
 ok(cu.cuStreamBeginCapture(s, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
 """
 
+JOINED = textwrap.dedent("""
+    r = ok(cu.cuStreamCreate(1))
+    ok(cu.cuStreamBeginCapture(r, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+    e1 = ok(cu.cuEventCreate(2)); e2 = ok(cu.cuEventCreate(2))
+    ok(cu.cuEventRecord(e1, r)); ok(cu.cuStreamWaitEvent(u, e1, 0))
+    ok(cu.cuEventRecord(e2, u)); ok(cu.cuStreamWaitEvent(r, e2, 0))
+    g = ok(cu.cuStreamEndCapture(r))
+    notes.append("after r's end: " + status() + ";")
+""")
+
 CASES = {
     "nothing (control)": "report((cu.CUresult.CUDA_SUCCESS,))",
     "stream synchronize on u (control)": "report(cu.cuStreamSynchronize(u))",
@@ -43,27 +53,10 @@ CASES = {
     "cuEventRecord on u": "e = ok(cu.cuEventCreate(2)); report(cu.cuEventRecord(e, u))",
     "cuStreamQuery of u": "report(cu.cuStreamQuery(u))",
     # The sequence of tests/test_capture_join.py::test_closed_joined_with_other_capture_global: a second,
-    # RELAXED capture on r that u joins and is joined back from, ended; then u is freed on and destroyed.
-    "u joined a RELAXED capture that ended, then destroyed": textwrap.dedent("""
-        r = ok(cu.cuStreamCreate(1))
-        ok(cu.cuStreamBeginCapture(r, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
-        e1 = ok(cu.cuEventCreate(2)); e2 = ok(cu.cuEventCreate(2))
-        ok(cu.cuEventRecord(e1, r)); ok(cu.cuStreamWaitEvent(u, e1, 0))
-        ok(cu.cuEventRecord(e2, u)); ok(cu.cuStreamWaitEvent(r, e2, 0))
-        g = ok(cu.cuStreamEndCapture(r))
-        notes.append("after r's end: " + status() + ";")
-        report(cu.cuStreamDestroy(u))
-    """),
-    "u joined a RELAXED capture that ended, then freed on": textwrap.dedent("""
-        r = ok(cu.cuStreamCreate(1))
-        ok(cu.cuStreamBeginCapture(r, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
-        e1 = ok(cu.cuEventCreate(2)); e2 = ok(cu.cuEventCreate(2))
-        ok(cu.cuEventRecord(e1, r)); ok(cu.cuStreamWaitEvent(u, e1, 0))
-        ok(cu.cuEventRecord(e2, u)); ok(cu.cuStreamWaitEvent(r, e2, 0))
-        g = ok(cu.cuStreamEndCapture(r))
-        notes.append("after r's end: " + status() + ";")
-        report(cu.cuMemFreeAsync(block, u))
-    """),
+    # RELAXED capture on r that u joins and is joined back from, ended (JOINED); then u is destroyed, or
+    # freed on.
+    "u joined a RELAXED capture that ended, then destroyed": JOINED + "report(cu.cuStreamDestroy(u))",
+    "u joined a RELAXED capture that ended, then freed on": JOINED + "report(cu.cuMemFreeAsync(block, u))",
     "a RELAXED capture on r begun and ended, u untouched": textwrap.dedent("""
         r = ok(cu.cuStreamCreate(1))
         ok(cu.cuStreamBeginCapture(r, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
