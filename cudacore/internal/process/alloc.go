@@ -104,19 +104,22 @@ func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 }
 
 // FreeSteady is Free for a caller that does not hold the GIL (PyTorch's allocator), against which a
-// capture may begin on another thread at any moment: a free made at once runs while none can begin
-// (Steady), so that the driver's free cannot meet a capture that began after the check (900 in GLOBAL
-// mode, which would invalidate it). During a capture the free follows Free's rules, which make no call
-// that the capture forbids; it runs outside Steady, since a failed free node of the capture ends it.
+// capture may begin on another thread at any moment: the capture check and whatever follows from it (a
+// free made at once, or one queued until the captures end) run while none can begin or end (Steady), so
+// that the driver's free cannot meet a capture that began after the check (900 in GLOBAL mode, which
+// would invalidate it). Only a free of graph memory of h's own capture, a free node of it, runs outside
+// Steady, since a failed free node of the capture ends it (which takes the change lock); it is a free on
+// the capturing stream, which no other capture forbids. (Deciding inside Steady and freeing through Free
+// outside it let the capture end and another begin between Free's own check and the driver's free.)
 func (d *Device) FreeSteady(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
-	capturing := false
+	node := false
 	err := captures.Steady(func() error {
-		if capturing = Capturing(); capturing {
+		if node = Capturing() && d.Streams().GraphMemory(h, p); node {
 			return nil
 		}
-		return d.free(p, size, h, d.freeNow)
+		return d.free(p, size, h, d.freeNow) // during a capture: queued until it ends (freeDuringCapture)
 	})
-	if capturing {
+	if node {
 		return d.Free(p, size, h)
 	}
 	return err
