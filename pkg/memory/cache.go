@@ -62,9 +62,13 @@ type Cache struct {
 	// streams, so a scan beats hashing); writers, rare, hold tabMu and publish a new slice.
 	streams atomic.Pointer[[]*streamBins]
 	tabMu   sync.Mutex
-	cached  atomic.Uint64 // bytes in all free lists: the MaxCached bound
-	misses  atomic.Uint64
-	hits    atomic.Uint64 // hits of entries detached by Release and ReleaseStream
+	// relMu is held for reading by Release from the detach of the free lists until their blocks are freed,
+	// and for writing by ReleaseStream: once ReleaseStream returns, no block of its stream is still on its
+	// way to the driver (a Release that had detached it would free it on the stream after its destruction).
+	relMu  sync.RWMutex
+	cached atomic.Uint64 // bytes in all free lists: the MaxCached bound
+	misses atomic.Uint64
+	hits   atomic.Uint64 // hits of entries detached by Release and ReleaseStream
 
 	// Blocks allocated during a capture are graph memory: they must never enter the free lists, even
 	// when freed after the capture ended. graphLive counts them so that the hot path pays one atomic
@@ -377,12 +381,14 @@ func (c *Cache) Release() error {
 	}
 	var first error
 	var blocks []cachedBlock
+	c.relMu.RLock()
 	for _, b := range c.detach(0, true) {
 		blocks = c.take(b, blocks[:0])
 		if err := c.free(b.s, blocks); err != nil && first == nil {
 			first = err
 		}
 	}
+	c.relMu.RUnlock()
 	if c.capturing.Load() > 0 {
 		return first // the pool's release synchronizes, which a capture forbids; the free lists are enough
 	}
@@ -396,6 +402,8 @@ func (c *Cache) Release() error {
 func (c *Cache) ReleaseStream(s cuda.Stream) error {
 	s = normStream(s)
 	var first error
+	c.relMu.Lock() // a Release that detached s's blocks has freed them when this returns
+	defer c.relMu.Unlock()
 	for _, b := range c.detach(s, false) {
 		if err := c.free(s, c.take(b, nil)); err != nil && first == nil {
 			first = err
