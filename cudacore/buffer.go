@@ -28,7 +28,13 @@ func Allocate(ordinal, size, stream int) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		p, err := d.Allocate(uint64(size), cuda.Stream(uint64(stream)))
+		// On a device with the synchronous strategy the call runs without the GIL: no capture may begin
+		// between the capture rules' check and the driver's allocation (900, which would invalidate it).
+		var p cuda.DevicePtr
+		err = process.Steady(func() (err error) {
+			p, err = d.Allocate(uint64(size), cuda.Stream(uint64(stream)))
+			return err
+		})
 		return int(p), err
 	})
 }
@@ -43,7 +49,8 @@ func Free(ordinal, ptr, size, stream int) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		return 0, d.Free(cuda.DevicePtr(uint64(ptr)), uint64(size), cuda.Stream(uint64(stream)))
+		// Without the GIL on the synchronous strategy, as PyTorch's free: Device.FreeSteady.
+		return 0, d.FreeSteady(cuda.DevicePtr(uint64(ptr)), uint64(size), cuda.Stream(uint64(stream)))
 	})
 }
 

@@ -268,12 +268,14 @@ func (d *Device) ShareFree(p cuda.DevicePtr, kind string, h cuda.Stream) error {
 		defer streams.Done(h)
 		return drv.MemFreeAsync(ctx, p, use)
 	}
-	if Capturing() {
-		later := stream.Later(h)
-		DeferUntilNoCapture(func() { _ = free(later) })
-		return nil
-	}
-	return free(h)
+	// The call runs without the GIL: the check and the free are made while no capture can begin
+	// (steadyOrDefer), so that a GLOBAL capture begun on another thread in between is not invalidated.
+	return steadyOrDefer(func(later bool) error {
+		if later {
+			return free(stream.Later(h))
+		}
+		return free(h)
+	})
 }
 
 // Export is what another process needs to open shareable memory.
@@ -358,11 +360,7 @@ func (d *Device) ShareClose(p cuda.DevicePtr, kind string) error {
 		}
 		return drv.MemFree(ctx, p)
 	}
-	if Capturing() {
-		DeferUntilNoCapture(func() { _ = closeNow() })
-		return nil
-	}
-	return closeNow()
+	return steadyOrDefer(func(bool) error { return closeNow() }) // without the GIL, as ShareFree
 }
 
 // ProbeIPC tries each way of sharing memory and events with another process on d, exporting only, and

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/device"
+	"github.com/cudacore/cudacore/pkg/memory"
 )
 
 // lockedWorker runs functions, in order, on one goroutine locked to its OS thread (a GLOBAL capture
@@ -126,4 +127,60 @@ func TestFreeSteadyCaptureEndsAndAnotherBeginsBeforeTheDriverFree(t *testing.T) 
 	assert.NoError(t, waitErr(t, "end 2", end2, 2*time.Second), "the capture begun after FreeSteady's check was invalidated")
 	require.NoError(t, waitErr(t, "destroy", w.async(s.Destroy), 2*time.Second))
 	require.NoError(t, u.Destroy())
+}
+
+// The Free door (cudacore/buffer.go) runs without the GIL on a device with the synchronous strategy
+// ("gil device"), as PyTorch's does, and calls Device.Free: its capture check and the driver's free
+// (cuMemFree, an unsafe call) are not made while no capture can begin, so a GLOBAL capture begun on
+// another thread in between is invalidated, the race 04f8e55 closed for the PyTorch doors only. The test
+// widens the window with the allocator's inFlight lock, which freeNow takes after Free's check.
+func TestFreeDoorOfTheSyncStrategyRacesACaptureBegunMeanwhile(t *testing.T) {
+	d := simDevice(t)
+	old := string(d.Strategy())
+	require.NoError(t, d.SetStrategy("sync", memory.StackOptions{}))
+	defer func() { require.NoError(t, d.SetStrategy(old, memory.StackOptions{})) }()
+	const big = 80 << 20 // bypasses the cache: the free reaches the driver
+	var p cuda.DevicePtr
+	require.NoError(t, Steady(func() (err error) { p, err = d.Allocate(big, cuda.StreamLegacy); return err }))
+	s, err := d.Streams().Create(true, 0)
+	require.NoError(t, err)
+	w := newLockedWorker(t)
+
+	d.inFlight.Lock()
+	held := true
+	defer func() {
+		if held {
+			d.inFlight.Unlock()
+		}
+	}()
+	freed := make(chan error, 1)
+	go func() { freed <- freeDoor(d, p, big, cuda.StreamLegacy) }()
+	time.Sleep(50 * time.Millisecond) // past the capture check, waiting for inFlight
+	begin := w.async(func() error { return s.BeginCapture(cuda.CaptureModeGlobal) })
+	select {
+	case err := <-begin:
+		require.NoError(t, err)
+		begin = nil
+	case <-time.After(100 * time.Millisecond): // fixed: the free holds Steady, the capture waits
+	}
+	d.inFlight.Unlock()
+	held = false
+	assert.NoError(t, waitErr(t, "free", freed, 2*time.Second), "the free reached the driver during the GLOBAL capture")
+	if begin != nil {
+		require.NoError(t, waitErr(t, "begin", begin, 2*time.Second))
+	}
+	end := w.async(func() error {
+		g, err := s.EndCapture()
+		if g != nil {
+			_ = g.Destroy()
+		}
+		return err
+	})
+	assert.NoError(t, waitErr(t, "end", end, 2*time.Second), "the capture was invalidated by the free")
+	require.NoError(t, waitErr(t, "destroy", w.async(s.Destroy), 2*time.Second))
+}
+
+// freeDoor is what the Free door of cudacore/buffer.go calls (Device.Free before the fix).
+func freeDoor(d *Device, p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	return d.FreeSteady(p, size, h)
 }
