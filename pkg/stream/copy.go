@@ -51,14 +51,9 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 		return err
 	}
 	if s == nil {
-		if err := m.checkSyncCopy(opCopyFrom, "a synchronous host-to-device copy",
-			"copy from a PinnedBuffer with copy_from(pinned, stream=<the capturing stream>) instead"); err != nil {
-			return err
-		}
-		if len(src) == 0 {
-			return nil
-		}
-		return m.after(opCopyFrom, nil, m.drv.MemcpyHtoD(m.ctx, dst, src))
+		return m.syncCopy(opCopyFrom, "a synchronous host-to-device copy",
+			"copy from a PinnedBuffer with copy_from(pinned, stream=<the capturing stream>) instead",
+			len(src) == 0, func() error { return m.drv.MemcpyHtoD(m.ctx, dst, src) })
 	}
 	pinned, err := m.checkAsyncCopy(opCopyFrom, s, src, "host-to-device", "copy_from(pinned, stream=s)")
 	if err != nil || len(src) == 0 {
@@ -99,14 +94,9 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 		return err
 	}
 	if s == nil {
-		if err := m.checkSyncCopy(opCopyTo, "a synchronous device-to-host copy",
-			"copy into a PinnedBuffer with copy_to(pinned, stream=<the capturing stream>) instead"); err != nil {
-			return err
-		}
-		if len(dst) == 0 {
-			return nil
-		}
-		return m.after(opCopyTo, nil, m.drv.MemcpyDtoH(m.ctx, dst, src))
+		return m.syncCopy(opCopyTo, "a synchronous device-to-host copy",
+			"copy into a PinnedBuffer with copy_to(pinned, stream=<the capturing stream>) instead",
+			len(dst) == 0, func() error { return m.drv.MemcpyDtoH(m.ctx, dst, src) })
 	}
 	pinned, err := m.checkAsyncCopy(opCopyTo, s, dst, "device-to-host", "copy_to(pinned, stream=s)")
 	if err != nil || len(dst) == 0 {
@@ -177,14 +167,9 @@ func (m *Manager) CopyDtoD(dst, src cuda.DevicePtr, n uint64, s *Stream) error {
 		return err
 	}
 	if s == nil {
-		if err := m.checkSyncCopy(opCopyDev, "a synchronous device-to-device copy",
-			"pass the capturing stream (stream=<the capturing stream>)"); err != nil {
-			return err
-		}
-		if n == 0 {
-			return nil
-		}
-		return m.after(opCopyDev, nil, m.drv.MemcpyDtoD(m.ctx, dst, src, n))
+		return m.syncCopy(opCopyDev, "a synchronous device-to-device copy",
+			"pass the capturing stream (stream=<the capturing stream>)",
+			n == 0, func() error { return m.drv.MemcpyDtoD(m.ctx, dst, src, n) })
 	}
 	if err := m.checkStreamArg(opCopyDev, s); err != nil || n == 0 {
 		return err
@@ -192,6 +177,24 @@ func (m *Manager) CopyDtoD(dst, src cuda.DevicePtr, n uint64, s *Stream) error {
 	m.noteUse(s, dst, n)
 	m.noteUse(s, src, n)
 	return m.after(opCopyDev, s, m.drv.MemcpyDtoDAsync(m.ctx, dst, src, n, s.h))
+}
+
+// syncCopy makes a synchronous copy (call) unless checkSyncCopy refuses it: the check and the driver's call
+// run in one steady state (Registry.Steady), since the copy doors run without the GIL and a capture of a
+// blocking stream begun on another thread in between would be invalidated by the copy's implicit
+// synchronization (906). after, which may end captures, runs outside it.
+func (m *Manager) syncCopy(op, what, fix string, empty bool, call func() error) error {
+	var err error
+	if serr := m.reg.Steady(func() error {
+		if err := m.checkSyncCopy(op, what, fix); err != nil || empty {
+			return err
+		}
+		err = call()
+		return nil
+	}); serr != nil || empty {
+		return serr
+	}
+	return m.after(op, nil, err)
 }
 
 func (m *Manager) checkSyncCopy(op, what, fix string) error {
