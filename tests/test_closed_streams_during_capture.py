@@ -1,4 +1,4 @@
-"""Review 2: streams closed during a GLOBAL capture (closed to cudacore at once, destroyed at the driver
+"""Streams closed during a GLOBAL capture (closed to cudacore at once, destroyed at the driver
 when the captures end), and the PyTorch doors."""
 
 from __future__ import annotations

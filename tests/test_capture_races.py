@@ -1,4 +1,4 @@
-"""Review of "nothing cudacore does outside a capture invalidates it" (tests/test_capture_outside.py).
+"""Races with a capture begun on another thread (tests/test_capture_outside.py has the rules themselves).
 
 Calls that release the GIL check whether a capture runs and then call the driver; a capture begun on
 another thread in between saw the call: a free of the allocator's cached blocks (cuMemFreeAsync), the
