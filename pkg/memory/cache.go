@@ -24,10 +24,10 @@ type CacheOptions struct {
 	// handle to the driver then crashes the process: its blocks go straight back to the pool. nil keeps
 	// blocks of every stream; the default streams are always kept.
 	Keep func(s cuda.Stream) bool
-	// Quiet, when set and true, makes Release free nothing: a stream capture is in progress, during which
-	// a stream-ordered free outside the capture is an unsafe call (the driver's 900 in GLOBAL mode, and in
-	// THREAD_LOCAL mode on the capturing thread) and one on the legacy stream an implicit synchronization
-	// (906): either invalidates the capture, and the block taken out of the cache would be lost.
+	// Quiet, when set and true, makes Release free nothing: a capture in progress forbids the frees (a
+	// stream-ordered free outside a capture is an unsafe call: the driver's 900 in GLOBAL mode, and in
+	// THREAD_LOCAL mode on the capturing thread), which would invalidate it, and the block taken out of the
+	// cache would be lost.
 	Quiet func() bool
 }
 
