@@ -28,13 +28,8 @@ func Allocate(ordinal, size, stream int) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		// On a device with the synchronous strategy the call runs without the GIL: no capture may begin
-		// between the capture rules' check and the driver's allocation (900, which would invalidate it).
-		var p cuda.DevicePtr
-		err = process.Steady(func() (err error) {
-			p, err = d.Allocate(uint64(size), cuda.Stream(uint64(stream)))
-			return err
-		})
+		// Without the GIL on the synchronous strategy, as PyTorch's allocation: Device.AllocateSteady.
+		p, err := d.AllocateSteady(uint64(size), cuda.Stream(uint64(stream)))
 		return int(p), err
 	})
 }

@@ -133,15 +133,6 @@ func VerifyDevice(ordinal int) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		var out string
-		err = process.Steady(func() error { // as IpcProbe: no probe during a capture
-			if err := refuseProbeDuringCapture("cudacore.verify"); err != nil {
-				return err
-			}
-			b, err := json.Marshal(device.Verify(d.Device))
-			out = string(b)
-			return err
-		})
-		return out, err
+		return probeJSON("cudacore.verify", func() any { return device.Verify(d.Device) })
 	})
 }

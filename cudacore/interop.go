@@ -46,13 +46,7 @@ func TorchMalloc(size, device, stream int) (int, error) {
 			return 0, recordInterop(err)
 		}
 		st := cuda.Stream(uint64(stream))
-		// PyTorch calls without the GIL: no capture may begin between the capture rules' check and the
-		// driver's allocation (an unsafe call outside the capture: 900, which would invalidate it).
-		var p cuda.DevicePtr
-		err = process.Steady(func() (err error) {
-			p, err = d.Allocate(uint64(size), st)
-			return err
-		})
+		p, err := d.AllocateSteady(uint64(size), st) // PyTorch calls without the GIL
 		if err != nil {
 			return 0, recordInterop(err)
 		}

@@ -315,29 +315,24 @@ func IpcProbe(ordinal int) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		// The probes allocate and free memory (unsafe calls): refused while a capture runs, and made while
-		// none can begin (the GIL is released), rather than invalidate a capture.
-		var out string
-		err = process.Steady(func() error {
-			if err := refuseProbeDuringCapture("cudacore.ipc_probe"); err != nil {
-				return err
-			}
-			b, err := json.Marshal(process.ProbeIPC(d))
-			out = string(b)
-			return err
-		})
-		return out, err
+		return probeJSON("cudacore.ipc_probe", func() any { return process.ProbeIPC(d) })
 	})
 }
 
-// refuseProbeDuringCapture refuses a probe of the device (cudacore doctor's), which allocates and frees
-// memory, while a stream captures: those calls would invalidate the capture.
-func refuseProbeDuringCapture(op string) error {
-	if process.Capturing() {
-		return cuda.NewError(op, cuda.ErrorStreamCaptureUnsupported,
-			"the probes allocate and free memory, which would invalidate the stream capture in progress; probe before or after the capture")
-	}
-	return nil
+// probeJSON runs probe, a probe of a device (cudacore doctor's), and returns its result as JSON. Probes
+// allocate and free memory (unsafe calls), so they are refused while a stream captures, and run while no
+// capture can begin (Steady: the caller runs without the GIL), rather than invalidate a capture.
+func probeJSON(op string, probe func() any) (out string, err error) {
+	err = process.Steady(func() error {
+		if process.Capturing() {
+			return cuda.NewError(op, cuda.ErrorStreamCaptureUnsupported,
+				"the probes allocate and free memory, which would invalidate the stream capture in progress; probe before or after the capture")
+		}
+		b, err := json.Marshal(probe())
+		out = string(b)
+		return err
+	})
+	return out, err
 }
 
 // ShareRelease gives the memory that the device's exportable pool keeps for reuse back to the device (call

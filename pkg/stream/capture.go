@@ -509,7 +509,7 @@ func (m *Manager) CheckAllocate(h cuda.Stream) error {
 	return nil
 }
 
-// describe names stream h of m's device for messages.
+// describe names stream h of m's device for messages (Stream.String too).
 func (m *Manager) describe(h cuda.Stream) string {
 	switch {
 	case h == 0 || h == cuda.StreamLegacy:

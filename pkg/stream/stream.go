@@ -232,15 +232,7 @@ func (s *Stream) IsLegacy() bool { return s.legacy }
 // blocking says whether the stream synchronizes with the legacy stream.
 func (s *Stream) blocking() bool { return !s.nonBlocking && !s.legacy }
 
-func (s *Stream) String() string {
-	switch {
-	case s.legacy:
-		return fmt.Sprintf("the legacy stream of device %d", s.m.dev.Ordinal())
-	case s.perThread:
-		return fmt.Sprintf("the per-thread default stream of device %d", s.m.dev.Ordinal())
-	}
-	return fmt.Sprintf("stream %#x of device %d", uint64(s.h), s.m.dev.Ordinal())
-}
+func (s *Stream) String() string { return s.m.describe(s.h) }
 
 func (s *Stream) alive(op string) error {
 	if s.destroyed.Load() {

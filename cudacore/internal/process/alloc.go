@@ -103,6 +103,18 @@ func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	return d.free(p, size, h, d.freeNow)
 }
 
+// AllocateSteady is Allocate for a caller that may not hold the GIL (PyTorch's allocator, and the
+// Allocate door on a device with the synchronous strategy): the capture rules' check and the driver's
+// allocation run while no capture can begin (Steady), so that a capture begun on another thread between
+// the two cannot see the allocation (900 outside the capture, which would invalidate it).
+func (d *Device) AllocateSteady(size uint64, h cuda.Stream) (p cuda.DevicePtr, err error) {
+	err = captures.Steady(func() error {
+		p, err = d.Allocate(size, h)
+		return err
+	})
+	return p, err
+}
+
 // FreeSteady is Free for a caller that does not hold the GIL (PyTorch's allocator), against which a
 // capture may begin on another thread at any moment: the capture check and whatever follows from it (a
 // free made at once, or one queued until the captures end) run while none can begin or end (Steady), so

@@ -33,20 +33,12 @@ func (d *Device) AllocateManaged(size uint64) (cuda.DevicePtr, error) {
 	if size == 0 {
 		return 0, cuda.NewError("cudacore."+op, cuda.ErrorInvalidValue, "nbytes must be positive")
 	}
-	// The check and the allocation run while no capture can begin (Steady): the call releases the GIL,
-	// and a GLOBAL capture begun on another thread in between would be invalidated by cuMemAllocManaged.
 	var p cuda.DevicePtr
-	err := captures.Steady(func() error {
-		if Capturing() {
-			if err := d.Streams().CheckUnsafe(op, "a managed allocation (cuMemAllocManaged is synchronous)",
-				"allocate before the capture and reuse the buffer inside it"); err != nil {
-				return err
-			}
-		}
-		var err error
-		p, err = d.Driver().MemAllocManaged(d.Context(), size, cuda.MemAttachGlobal)
-		return err
-	})
+	err := d.unsafeSteady(op, "a managed allocation (cuMemAllocManaged is synchronous)",
+		"allocate before the capture and reuse the buffer inside it", func() (err error) {
+			p, err = d.Driver().MemAllocManaged(d.Context(), size, cuda.MemAttachGlobal)
+			return err
+		})
 	if err != nil {
 		return 0, err
 	}

@@ -36,21 +36,12 @@ func (d *Device) AllocPinned(size int64) (uintptr, error) {
 			fmt.Sprintf("size must be positive, got %d", size))
 	}
 	t := d.pinnedTable()
-	// The check and the allocation run while no capture can begin (Steady): the call releases the GIL,
-	// and a GLOBAL capture begun on another thread in between would be invalidated by cuMemHostAlloc.
 	var b []byte
-	err := captures.Steady(func() error {
-		if Capturing() {
-			// cuMemHostAlloc is an unsafe call during capture: the driver answers 900 and invalidates it.
-			if err := d.Streams().CheckUnsafe("allocate_pinned", "allocating pinned host memory (cuMemHostAlloc)",
-				"allocate pinned memory before the capture and reuse it inside"); err != nil {
-				return err
-			}
-		}
-		var err error
-		b, err = t.res.AllocateHost(uint64(size))
-		return err
-	})
+	err := d.unsafeSteady("allocate_pinned", "allocating pinned host memory (cuMemHostAlloc)",
+		"allocate pinned memory before the capture and reuse it inside", func() (err error) {
+			b, err = t.res.AllocateHost(uint64(size))
+			return err
+		})
 	if err != nil {
 		return 0, err
 	}

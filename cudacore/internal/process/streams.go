@@ -44,6 +44,18 @@ func (d *Device) ReleaseDriverMemory() error {
 // check and the call cannot see it. fn must not begin or end a capture, nor call Steady.
 func Steady(fn func() error) error { return captures.Steady(fn) }
 
+// unsafeSteady makes call, an unsafe call (what, for messages), unless a capture forbids it on this
+// thread (900, with fix); the check and the call run while no capture can begin (Steady): the caller
+// runs without the GIL, and a GLOBAL capture begun on another thread in between would be invalidated.
+func (d *Device) unsafeSteady(op, what, fix string, call func() error) error {
+	return captures.Steady(func() error {
+		if err := d.Streams().CheckUnsafe(op, what, fix); err != nil {
+			return err
+		}
+		return call()
+	})
+}
+
 // ActiveCaptures returns how many captures are in progress in the process.
 func ActiveCaptures() int { return captures.Active() }
 
