@@ -3,10 +3,12 @@ when the captures end), and the PyTorch doors."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +16,7 @@ import pytest
 import cudacore as cc
 from cudacore._copy import device_to_device, host_to_device
 
-from conftest import ROOT, objects
+from conftest import objects
 
 N = 1 << 20
 
@@ -149,7 +151,7 @@ print("exiting", flush=True)
 
 def test_exit_with_pending_destroys() -> None:
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(EXIT)], capture_output=True, text=True, timeout=60, check=False,
-                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "python")})
+                       env={**os.environ, "PYTHONPATH": str(Path(cc.__file__).resolve().parents[1])})  # the cudacore under test
     assert r.returncode == 0, r.stderr[-3000:]
     assert "exiting" in r.stdout
 
