@@ -25,9 +25,10 @@ type MemoryConditions struct {
 	// reservation, as on vGPU): past it a pool allocation fails with out of memory while cuMemAlloc still
 	// succeeds. 0: none.
 	PoolReservationLimit uint64 `json:"pool_reservation_limit"`
-	// ReuseAddresses hands the address of a released allocation to the next fresh allocation of the same
-	// block size, as the real driver reuses addresses (the graph memory of a discarded capture for a pool
-	// block, say). Off, addresses are never reused, so a stale pointer never names new memory.
+	// ReuseAddresses hands released addresses to later fresh allocations, lowest first and whatever their
+	// size, as the real driver reuses addresses (the graph memory of a destroyed graph for the next
+	// capture's allocation, or for a pool block). Off, addresses are never reused, so a stale pointer
+	// never names new memory.
 	ReuseAddresses bool `json:"reuse_addresses"`
 	// NoNVML makes ProcessList answer "not available", as on a machine without libnvidia-ml: the
 	// allocator then estimates other processes' memory from the gap in cuMemGetInfo.

@@ -159,7 +159,14 @@ func (d *Driver) GraphLaunch(c cuda.Context, eh cuda.GraphExec, sh cuda.Stream) 
 			return errf(op, cuda.ErrorInvalidValue, "the graph's allocation at %#x from an earlier launch was not freed: free it before launching the graph again", uint64(n.dst))
 		}
 		if (n.kind == nodeHtoD || n.kind == nodeDtoH) && n.pinned && !d.stillPinned(n.pinBase) {
-			return errf(op, cuda.ErrorInvalidValue, "the pinned host memory of a copy was freed")
+			// The real driver launches it and the copy faults the device (CUDA_ERROR_LAUNCH_FAILED at the
+			// next synchronize, the context lost), or cuGraphLaunch itself crashes: fail as loudly.
+			func() {
+				v.mu.Unlock() // the fatal hook may panic in tests: leave the device locked for the caller
+				defer v.mu.Lock()
+				d.fatal(fmt.Sprintf("%s was handed an executable graph whose copy names pinned host memory that was freed after the capture", op))
+			}()
+			return errf(op, cuda.ErrorLaunchFailed, "the pinned host memory of a copy was freed")
 		}
 		if err := v.check(op, &n); err != nil {
 			return err

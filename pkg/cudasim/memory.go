@@ -115,10 +115,13 @@ type device struct {
 	limits      map[cuda.Limit]uint64
 	peers       map[int]bool // devices this context may access (cuCtxEnablePeerAccess)
 
-	conds  MemoryConditions    // see SetMemoryConditions
-	others uint64              // the sum of conds.OtherProcesses
-	reuse  map[uint64][]uint64 // with conds.ReuseAddresses: released addresses by block size
+	conds  MemoryConditions // see SetMemoryConditions
+	others uint64           // the sum of conds.OtherProcesses
+	reuse  []span           // with conds.ReuseAddresses: released address ranges, by address
 }
+
+// span is a released address range that ReuseAddresses hands out again.
+type span struct{ base, block uint64 }
 
 func newDevice(d *Driver, i int, cfg DeviceConfig) *device {
 	v := &device{drv: d, index: i, cfg: cfg}
@@ -139,6 +142,7 @@ func (v *device) resetLocked() {
 	v.releaseShared()
 	v.used = 0
 	v.next = ptrBase + uint64(v.index)*ptrWindow
+	v.reuse = nil
 	v.live = nil
 	v.pools = map[cuda.MemPool]*pool{}
 	v.defaultPool = &pool{handle: cuda.MemPool(v.handle(kindPoolHandle)), isDefault: true}
@@ -234,14 +238,36 @@ func (v *device) newAlloc(op string, size uint64, kind allocKind) (*alloc, error
 		return nil, errf(op, cuda.ErrorOutOfMemory, "the simulator's address window for device %d is used up", v.index)
 	}
 	a := &alloc{base: v.next, size: size, block: block, kind: kind}
-	if bases := v.reuse[block]; v.conds.ReuseAddresses && len(bases) > 0 {
-		a.base, v.reuse[block] = bases[len(bases)-1], bases[:len(bases)-1]
+	if base, ok := v.reused(block); ok {
+		a.base = base
 	} else {
 		v.next += block
 	}
 	v.used += block
 	v.insert(a)
 	return a, nil
+}
+
+// reused takes the lowest released address with room for block bytes, as the real driver hands out the
+// lowest free address of its reservations again whatever size was freed there (the graph memory of a
+// destroyed graph for the next capture's allocation of another size, say); the rest of the range stays
+// released.
+func (v *device) reused(block uint64) (uint64, bool) {
+	if !v.conds.ReuseAddresses {
+		return 0, false
+	}
+	for i, r := range v.reuse {
+		if r.block < block {
+			continue
+		}
+		if r.block == block {
+			v.reuse = slices.Delete(v.reuse, i, i+1)
+		} else {
+			v.reuse[i] = span{r.base + block, r.block - block}
+		}
+		return r.base, true
+	}
+	return 0, false
 }
 
 func (v *device) insert(a *alloc) {
@@ -285,10 +311,8 @@ func (v *device) release(a *alloc) {
 	if a.kind != kindImported && a.kind != kindIpcOpened {
 		v.used -= a.block
 		if v.conds.ReuseAddresses {
-			if v.reuse == nil {
-				v.reuse = map[uint64][]uint64{}
-			}
-			v.reuse[a.block] = append(v.reuse[a.block], a.base)
+			i := sort.Search(len(v.reuse), func(i int) bool { return v.reuse[i].base >= a.base })
+			v.reuse = slices.Insert(v.reuse, i, span{a.base, a.block})
 		}
 	}
 	a.data = nil

@@ -241,7 +241,13 @@ func (c *Cache) Deallocate(p cuda.DevicePtr, size uint64, s cuda.Stream) error {
 	}
 	idx, cs := classOf(size)
 	if c.graphLive.Load() > 0 && c.forgetCaptured(p) {
-		return c.inner.Deallocate(p, cs, s)
+		if err := c.inner.Deallocate(p, cs, s); err != nil {
+			// Still graph memory: a retry must reach the driver again, never the free lists (from which
+			// an address the driver does not hold would be handed to the next allocation).
+			c.rememberCaptured(p)
+			return err
+		}
+		return nil
 	}
 	if s = normStream(s); s == cuda.StreamPerThread || c.keep != nil && s != cuda.StreamLegacy && !c.keep(s) || !c.reserve(cs) {
 		return c.inner.Deallocate(p, cs, s)
@@ -270,14 +276,21 @@ func (c *Cache) allocateCaptured(cs uint64, s cuda.Stream) (cuda.DevicePtr, erro
 	if err != nil {
 		return 0, err
 	}
+	c.rememberCaptured(p)
+	return p, nil
+}
+
+// rememberCaptured records p as allocated during a capture (graph memory): its free goes to the driver.
+func (c *Cache) rememberCaptured(p cuda.DevicePtr) {
 	c.graphMu.Lock()
+	defer c.graphMu.Unlock()
 	if c.graphPtrs == nil {
 		c.graphPtrs = map[cuda.DevicePtr]struct{}{}
 	}
-	c.graphPtrs[p] = struct{}{}
-	c.graphLive.Add(1)
-	c.graphMu.Unlock()
-	return p, nil
+	if _, ok := c.graphPtrs[p]; !ok {
+		c.graphPtrs[p] = struct{}{}
+		c.graphLive.Add(1)
+	}
 }
 
 // forgetCaptured reports whether p was allocated during a capture, forgetting it.

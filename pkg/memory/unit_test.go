@@ -188,3 +188,44 @@ func TestCacheReleasesNothingWhileQuiet(t *testing.T) {
 	assert.Zero(t, c.Cached())
 	assert.Empty(t, f.errs)
 }
+
+// failOnce fails the first free of one address, as the driver's free node fails for graph memory that
+// is not (yet) an allocation, and then frees normally.
+type failOnce struct {
+	*fakeRes
+	ptr    cuda.DevicePtr
+	failed bool
+	frees  int
+}
+
+func (f *failOnce) Deallocate(p cuda.DevicePtr, size uint64, s cuda.Stream) error {
+	f.frees++
+	if p == f.ptr && !f.failed {
+		f.failed = true
+		return cuda.NewError("cuMemFreeAsync", cuda.ErrorInvalidValue, "not an allocation yet")
+	}
+	return f.fakeRes.Deallocate(p, size, s)
+}
+
+func TestCacheFailedFreeOfCapturedBlockStaysCaptured(t *testing.T) {
+	fake := newFake()
+	fake.oomEvery, fake.badEvery = 0, 0
+	inner := &failOnce{fakeRes: fake}
+	c := NewCache(inner, CacheOptions{})
+	const s = cuda.Stream(0x1234)
+	c.SetCapturing(s, true)
+	p, err := c.Allocate(256, s)
+	require.NoError(t, err)
+	inner.ptr = p
+	c.SetCapturing(s, false)
+
+	require.Error(t, c.Deallocate(p, 256, s), "the driver refused the free")
+	require.NoError(t, c.Deallocate(p, 256, s), "the retry reaches the driver")
+	assert.Equal(t, 2, inner.frees, "both frees went to the driver, none to the free lists")
+	assert.Zero(t, fake.liveBytes(), "the block was freed")
+	assert.Zero(t, c.Stats().Cached, "nothing entered the cache")
+	q, err := c.Allocate(256, s)
+	require.NoError(t, err)
+	assert.NotEqual(t, p, q, "the refused block was never handed out again from the cache")
+	require.NoError(t, c.Deallocate(q, 256, s))
+}

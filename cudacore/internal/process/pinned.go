@@ -64,10 +64,7 @@ func (d *Device) FreePinned(addr uintptr) error {
 		return cuda.NewError("cudacore.free_pinned", cuda.ErrorInvalidValue,
 			fmt.Sprintf("0x%x is not pinned memory allocated by cudacore on %s, or it was freed already", addr, d))
 	}
-	// cuMemFreeHost during a GLOBAL (or this thread's THREAD_LOCAL) capture fails with 900 and
-	// invalidates it, and a PinnedBuffer collected by the GC can be freed at any moment: the free runs now
-	// only while no capture can begin, else once the captures end.
-	if err := captures.RunOrDefer(func() error { return t.res.FreeHost(b) }); err != nil {
+	if err := d.releasePinned(t, b); err != nil {
 		// Still allocated: it stays live, so that the caller can free it again (and pinned_in_use, which
 		// still counts it, can come back down).
 		t.mu.Lock()
@@ -76,6 +73,30 @@ func (d *Device) FreePinned(addr uintptr) error {
 		return err
 	}
 	return nil
+}
+
+// releasePinned frees b, a pinned allocation taken out of the table, once nothing can reach it any more,
+// and returns the error of a free made now (one that waits reports nothing: no caller is left).
+//   - A live graph that copies to or from it (or takes it as a kernel argument) would read or write it
+//     at each launch: on the real driver a launch after the free faults the device (the context is lost)
+//     or crashes. The free waits for the destruction of every such graph, as for device memory
+//     (stream.Manager.FreeGraphAware); pinned_in_use counts it until then.
+//   - During a capture it waits for the captures to end: the capture may name it (its graph then holds
+//     it), and cuMemFreeHost during a GLOBAL (or this thread's THREAD_LOCAL) capture fails with 900 and
+//     invalidates it. A PinnedBuffer collected by the GC can be freed at any moment, so the free made now
+//     runs while no capture can begin (RunOrDefer).
+func (d *Device) releasePinned(t *pinnedTable, b []byte) error {
+	later := func() { _ = d.releasePinned(t, b) }
+	if Capturing() {
+		DeferUntilNoCapture(later)
+		return nil
+	}
+	p := cuda.DevicePtr(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
+	// Host addresses are never graph memory: only the uses of live graphs can hold it.
+	if held, _ := d.Streams().FreeGraphAware(p, uint64(len(b)), func() error { return nil }, later); held {
+		return nil
+	}
+	return captures.RunOrDefer(func() error { return t.res.FreeHost(b) })
 }
 
 // PinnedStats returns the pinned resource's counters.
