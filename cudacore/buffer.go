@@ -49,6 +49,22 @@ func Free(ordinal, ptr, size, stream int) (int, error) {
 	})
 }
 
+// GraphFree is Free for a Buffer allocated during a capture, which holds the owner token GraphToken gave
+// it: if its memory went void (the capture was aborted, or its graph destroyed before any launch), the
+// free frees nothing, also when the driver has handed the address to another owner since. It returns 0.
+//
+//cudacore:gil device
+//cudacore:door native
+func GraphFree(ordinal, ptr, size, stream, token int) (int, error) {
+	return guard("cudacore.free", func() (int, error) {
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		return 0, d.FreeOwned(cuda.DevicePtr(uint64(ptr)), uint64(size), cuda.Stream(uint64(stream)), uint64(token))
+	})
+}
+
 // PinnedAllocate allocates size bytes of page-locked host memory for device ordinal and returns its
 // address. Pinning pages can take milliseconds, so the GIL is released.
 //

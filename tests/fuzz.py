@@ -1226,11 +1226,11 @@ def run_program(cc: Any, seed: int, program: list[list[Any]] | None = None, verb
     gpu = cc.backend() == "cuda"
     if not gpu:
         # The real driver hands out the addresses of freed memory again (pool blocks, and the graph memory
-        # of destroyed graphs and discarded captures): so does the simulator here, so that a stale pointer
-        # can name new memory as it does on a GPU.
+        # of destroyed graphs and discarded captures), and the handles of destroyed streams: so does the
+        # simulator here, so that a stale pointer or handle can name a new object as it does on a GPU.
         from cudacore import testing
 
-        testing.set_memory_conditions(0, {"reuse_addresses": True})
+        testing.set_memory_conditions(0, {"reuse_addresses": True, "reuse_handles": True})
     before = snapshot(cc)
     st = State(cc, gpu)
     st.verbose = verbose

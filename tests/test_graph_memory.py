@@ -538,3 +538,43 @@ def test_an_address_of_discarded_graph_memory_handed_out_again_is_ordinary_memor
         s.close()
     finally:
         testing.set_memory_conditions(0, {})
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("reissue", ["ordinary", "capture"])
+def test_a_late_free_of_void_graph_memory_never_frees_the_address_s_next_owner(dev: cc.Device, base: Any, reissue: str) -> None:
+    """A Buffer of a capture, closed while a stream had joined the capture, waits for the captures to end
+    before its free runs. If that capture then fails, its memory is void, and the driver may hand the
+    address to a new owner before the free runs (another capture still going holds it back): the late
+    free must free nothing. By address alone it freed the new owner's memory (the GPU fuzzer: in_use
+    near 2**64, then a failed double free)."""
+    from cudacore import testing
+
+    testing.set_memory_conditions(0, {"reuse_addresses": True})
+    s, j, other, u = (dev.create_stream() for _ in range(4))
+    try:
+        other.begin_capture("relaxed")  # keeps every free that waits for the captures waiting
+        s.begin_capture("relaxed")
+        j.wait(s.record())  # j joins s's capture
+        b = dev.allocate(N, stream=j)
+        addr = b.ptr
+        b.close()  # graph memory of a capture with a joined stream: its free waits for the captures to end
+        with pytest.raises(cc.CaptureError):
+            s.end_capture()  # j's work was never joined back (904): the capture fails, b's memory is void
+        if reissue == "capture":
+            s.begin_capture("relaxed")
+            new = dev.allocate(N, stream=s)
+        else:
+            new = dev.allocate(N, stream=u)
+        assert new.ptr == addr, "the simulator handed the address out again, as the driver may"
+        held = in_use(dev)
+        other.end_capture().destroy()  # the last capture ends: the waiting free runs now
+        assert in_use(dev) == held, "the late free of the void memory took the new owner's bytes"
+        if reissue == "capture":
+            s.end_capture().destroy()  # never launched: its memory is void, and new is closed
+        new.close()
+        assert in_use(dev) == 0
+    finally:
+        testing.set_memory_conditions(0, {})
+        for x in (s, j, other, u):
+            x.close()

@@ -89,6 +89,10 @@ typedef struct {
     Py_ssize_t dlpack_exports;
     /* Allocated by Device.allocate on the legacy stream: its free may go to the recycle log (recycle_ok). */
     char recyclable;
+    /* Allocated during a capture: Go's owner token for it (cudacore.GraphToken; 0 otherwise), which its free
+     * passes back (the GraphFree door), so that a free after its memory went void, when the driver may have
+     * handed the address to another owner, frees nothing. Set by the Python layer when it notes the buffer. */
+    int64_t graph_token;
 } BufferObject;
 
 /* Wait, with the GIL released in between, until another thread's free of this object has returned (it
@@ -135,22 +139,28 @@ buffer_free(BufferObject *self, int dealloc)
         }
         return door_check_fork("Buffer.close");
     }
-    if (self->recyclable && recycle_ok() &&
+    if (self->graph_token == 0 && self->recyclable && recycle_ok() &&
         cc_recycle_free(self->device, self->ptr, self->size, self->stream)) {
         self->closed = 1; /* Go frees it, or accounts for its reuse, before anything else it does */
         return 0;
     }
     char *err;
     int64_t ret;
+    PyThreadState *released = NULL;
     if (door_blocking(self->device)) {
         self->freeing = 1;
-        Py_BEGIN_ALLOW_THREADS
-        err = cudacore_door_Free(self->device, (int64_t)self->ptr, (int64_t)self->size, (int64_t)self->stream, &ret);
-        Py_END_ALLOW_THREADS
-        self->freeing = 0;
+        released = PyEval_SaveThread();
+    }
+    if (self->graph_token != 0) {
+        err = cudacore_door_GraphFree(self->device, (int64_t)self->ptr, (int64_t)self->size, (int64_t)self->stream,
+                                      self->graph_token, &ret);
     } else {
         err = cudacore_door_Free(self->device, (int64_t)self->ptr, (int64_t)self->size, (int64_t)self->stream, &ret);
     }
+    if (released != NULL) {
+        PyEval_RestoreThread(released);
+    }
+    self->freeing = 0;
     if (err != NULL) {
         door_raise(err);
         return -1;
@@ -860,6 +870,8 @@ static PyMemberDef buffer_members[] = {
     {"stream_handle", T_ULONGLONG, offsetof(BufferObject, stream), READONLY,
      "The driver handle of the stream it is ordered on (1: the legacy default stream)."},
     {"closed", T_BOOL, offsetof(BufferObject, closed), READONLY, "Whether close() has freed it."},
+    {"_graph_token", T_LONGLONG, offsetof(BufferObject, graph_token), 0,
+     "Go's owner token of an allocation made during a capture, 0 otherwise (cudacore internal)."},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -30,6 +30,10 @@ type MemoryConditions struct {
 	// capture's allocation, or for a pool block). Off, addresses are never reused, so a stale pointer
 	// never names new memory.
 	ReuseAddresses bool `json:"reuse_addresses"`
+	// ReuseHandles hands the handle of a destroyed stream to the next stream created, as the real driver
+	// does (its handles are host addresses). Off, a destroyed stream's handle stays dead for good, and any
+	// use of it ends the process as the driver's crash would.
+	ReuseHandles bool `json:"reuse_handles"`
 	// NoNVML makes ProcessList answer "not available", as on a machine without libnvidia-ml: the
 	// allocator then estimates other processes' memory from the gap in cuMemGetInfo.
 	NoNVML bool `json:"no_nvml"`

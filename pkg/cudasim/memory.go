@@ -104,7 +104,8 @@ type device struct {
 	defaultPool *pool
 	pools       map[cuda.MemPool]*pool
 	streams     map[cuda.Stream]*stream
-	dead        map[cuda.Stream]struct{} // destroyed streams: handles are never reused, so each stays dead
+	dead        map[cuda.Stream]struct{} // destroyed streams whose handle no new stream has taken
+	deadStreams []cuda.Stream            // with conds.ReuseHandles: destroyed handles to hand out again
 	perThread   map[int]*stream
 	legacy      *stream
 	events      map[cuda.Event]*event
@@ -143,6 +144,7 @@ func (v *device) resetLocked() {
 	v.used = 0
 	v.next = ptrBase + uint64(v.index)*ptrWindow
 	v.reuse = nil
+	v.deadStreams = nil
 	v.live = nil
 	v.pools = map[cuda.MemPool]*pool{}
 	v.defaultPool = &pool{handle: cuda.MemPool(v.handle(kindPoolHandle)), isDefault: true}

@@ -251,7 +251,13 @@ func (d *Driver) StreamCreate(c cuda.Context, flags uint32, priority int) (cuda.
 	}
 	// Out-of-range priorities are clamped, not refused, as the driver does.
 	priority = min(max(priority, greatestPriority), leastPriority)
-	s := &stream{dev: v, handle: cuda.Stream(v.handle(kindStreamHandle)), nonBlocking: flags&cuda.StreamNonBlocking != 0, priority: priority}
+	h := cuda.Stream(v.handle(kindStreamHandle))
+	if n := len(v.deadStreams); v.conds.ReuseHandles && n > 0 {
+		// The driver's stream handles are host addresses, and a destroyed stream's is handed out again.
+		h, v.deadStreams = v.deadStreams[n-1], v.deadStreams[:n-1]
+		delete(v.dead, h)
+	}
+	s := &stream{dev: v, handle: h, nonBlocking: flags&cuda.StreamNonBlocking != 0, priority: priority}
 	v.streams[s.handle] = s
 	return s.handle, nil
 }
@@ -281,6 +287,9 @@ func (d *Driver) StreamDestroy(c cuda.Context, sh cuda.Stream) error {
 		v.dead = map[cuda.Stream]struct{}{}
 	}
 	v.dead[sh] = struct{}{}
+	if v.conds.ReuseHandles {
+		v.deadStreams = append(v.deadStreams, sh)
+	}
 	return nil
 }
 

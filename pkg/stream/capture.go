@@ -528,6 +528,7 @@ func (m *Manager) NoteAllocate(h cuda.Stream, p cuda.DevicePtr, size uint64) {
 		return
 	}
 	m.reg.mu.Lock()
+	captured := false
 	for c := range m.reg.caps {
 		if c.member(m, h) != nil {
 			c.allocs++
@@ -536,11 +537,26 @@ func (m *Manager) NoteAllocate(h cuda.Stream, p cuda.DevicePtr, size uint64) {
 				c.ptrs = map[cuda.DevicePtr]uint64{}
 			}
 			c.ptrs[p] = size
+			captured = true
 			break
 		}
 	}
+	if !captured {
+		m.reg.mu.Unlock()
+		m.Reissued(p)
+		return
+	}
+	// Under the registry, so that the capture cannot end (and void p) before p has its token: a void
+	// entry of p now is an earlier owner's, whose address the driver handed out again.
+	gm := &m.gm
+	gm.mu.Lock()
+	if _, ok := gm.void[p]; ok {
+		m.unvoidLocked(p)
+	}
+	m.tokenLocked(p)
+	gm.count()
+	gm.mu.Unlock()
 	m.reg.mu.Unlock()
-	m.Reissued(p)
 }
 
 // GraphMemory says whether p was allocated on stream h during the capture h is in now, and may be freed

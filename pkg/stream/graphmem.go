@@ -43,6 +43,12 @@ type graphMemory struct {
 	users  map[*Graph]struct{}       // live graphs that use memory they did not allocate
 	// pending counts the allocs in state gmPending (see checkPendingUse and pendingTotal).
 	pending int
+	// Owner tokens (see Token): the token of the current owner of each address allocated during a capture,
+	// and the tokens of owners whose memory went void or whose address was handed out again since.
+	tokens     map[cuda.DevicePtr]uint64
+	stale      map[uint64]cuda.DevicePtr
+	staleOrder []uint64 // stale's tokens, oldest first (some may be gone already)
+	lastToken  uint64
 }
 
 type graphAllocState uint8
@@ -175,7 +181,85 @@ func (m *Manager) voidLocked(p cuda.DevicePtr, size uint64) {
 	}
 	gm.void[p] = size
 	gm.voided = append(gm.voided, p)
+	m.staleLocked(p)
 	gm.count()
+}
+
+// Owner tokens. A void address is only void until the driver hands it out again, and then a free of it
+// names the new owner's memory: by address alone, the late free of a stale owner (a Buffer of an aborted
+// capture that the Python layer has not yet marked closed, on another thread say) would free the new
+// owner's memory. So each allocation made during a capture gets a token (Token), which its owner passes
+// back with its free (TokenFree): a token whose memory went void, or whose address was handed out again,
+// is stale, and its free frees nothing (TokenStale). A token lives until its address is handed out again
+// (when it becomes stale): an owner whose free has run never asks again.
+
+// tokenLocked gives the owner of p, just allocated during a capture, a new token: an earlier owner of the
+// address is stale now. Caller holds gm.mu.
+func (m *Manager) tokenLocked(p cuda.DevicePtr) {
+	gm := &m.gm
+	m.staleLocked(p)
+	if gm.tokens == nil {
+		gm.tokens = map[cuda.DevicePtr]uint64{}
+	}
+	gm.lastToken++
+	gm.tokens[p] = gm.lastToken
+}
+
+// staleLocked makes the token of p's owner, if any, stale. Caller holds gm.mu.
+func (m *Manager) staleLocked(p cuda.DevicePtr) {
+	gm := &m.gm
+	t, ok := gm.tokens[p]
+	if !ok {
+		return
+	}
+	delete(gm.tokens, p)
+	if gm.stale == nil {
+		gm.stale = map[uint64]cuda.DevicePtr{}
+	}
+	gm.stale[t] = p
+	gm.staleOrder = append(gm.staleOrder, t)
+	// Most stale tokens belong to owners that freed their memory before the address was handed out again,
+	// and never ask: past the bound, forget the oldest.
+	for len(gm.stale) > maxStaleTokens {
+		delete(gm.stale, gm.staleOrder[0])
+		gm.staleOrder = gm.staleOrder[1:]
+	}
+	if len(gm.staleOrder) > 2*maxStaleTokens { // tokens asked for meanwhile: compact the order
+		gm.staleOrder = slices.DeleteFunc(gm.staleOrder, func(u uint64) bool { _, ok := gm.stale[u]; return !ok })
+	}
+}
+
+// maxStaleTokens bounds the stale owner tokens remembered (see staleLocked).
+const maxStaleTokens = 1 << 14
+
+// Token returns the owner token of p, allocated during a capture, or 0: for memory allocated otherwise,
+// and for memory of a capture that went void before the owner asked (a stale token found by address
+// could be an earlier owner's: the address may have been handed out again, to the asking owner itself).
+// The owner passes it back with its free (TokenStale).
+func (m *Manager) Token(p cuda.DevicePtr) uint64 {
+	gm := &m.gm
+	gm.mu.Lock()
+	defer gm.mu.Unlock()
+	return gm.tokens[p]
+}
+
+// TokenStale says whether the owner of token t may not free p: the token is stale (the memory went void,
+// so the driver never allocated it, or the address was handed out again since). It then forgets the
+// token, and the void entry of p unless p was handed out again. A live token stays: the owner's free
+// may wait (for the captures to end) and ask again when it runs.
+func (m *Manager) TokenStale(p cuda.DevicePtr, t uint64) bool {
+	gm := &m.gm
+	gm.mu.Lock()
+	defer gm.mu.Unlock()
+	q, ok := gm.stale[t]
+	if !ok || q != p {
+		return false
+	}
+	delete(gm.stale, t)
+	if _, void := gm.void[p]; void && gm.tokens[p] == 0 {
+		m.unvoidLocked(p) // its own void entry: the address was not handed out again
+	}
+	return true
 }
 
 // unvoidLocked forgets void pointer p everywhere: its owner let go, or the driver handed p out again (a
@@ -216,6 +300,7 @@ func (m *Manager) Reissued(p cuda.DevicePtr) {
 	if _, ok := gm.void[p]; ok {
 		m.unvoidLocked(p)
 	}
+	m.staleLocked(p) // an earlier owner of the address, if it still has a token, is stale now
 }
 
 // ForgetVoid says whether p is void (see graphMemory) and, if so, forgets it: its owner has let go.
@@ -223,6 +308,11 @@ func (m *Manager) ForgetVoid(p cuda.DevicePtr) bool {
 	gm := &m.gm
 	gm.mu.Lock()
 	defer gm.mu.Unlock()
+	for t, q := range gm.stale { // the owners of p that the Python layer closed: no free of theirs will come
+		if q == p {
+			delete(gm.stale, t)
+		}
+	}
 	if _, ok := gm.void[p]; !ok {
 		return false
 	}

@@ -93,6 +93,76 @@ func TestVoidPointersDoNotOutliveTheirOwner(t *testing.T) {
 	})
 }
 
+// Owner tokens: an owner whose memory went void must never free the address, whoever holds it now.
+func TestOwnerTokens(t *testing.T) {
+	const p = cuda.DevicePtr(0x1000)
+	issue := func(m *Manager) uint64 { // p allocated during a capture, as NoteAllocate books it
+		m.gm.mu.Lock()
+		m.tokenLocked(p)
+		m.gm.mu.Unlock()
+		return m.Token(p)
+	}
+	t.Run("a live owner frees, and may ask again", func(t *testing.T) {
+		m := &Manager{}
+		tok := issue(m)
+		require.NotZero(t, tok)
+		assert.False(t, m.TokenStale(p, tok))
+		assert.False(t, m.TokenStale(p, tok), "a free that waited asks again when it runs")
+	})
+	t.Run("void, then handed out again: the late free frees nothing", func(t *testing.T) {
+		m := &Manager{}
+		tok := issue(m)
+		m.discard(map[cuda.DevicePtr]uint64{p: 256})
+		m.Reissued(p) // an ordinary allocation got the address
+		assert.True(t, m.TokenStale(p, tok), "stale")
+		assert.False(t, m.TokenStale(p, tok), "once: the token is forgotten")
+		handled, err := m.FreeGraphAware(p, 256, func() error { return nil }, func() {})
+		require.NoError(t, err)
+		assert.False(t, handled, "the new owner's free is an ordinary free")
+	})
+	t.Run("void, not handed out again: the stale free forgets the void entry", func(t *testing.T) {
+		m := &Manager{}
+		tok := issue(m)
+		m.discard(map[cuda.DevicePtr]uint64{p: 256})
+		assert.True(t, m.TokenStale(p, tok))
+		assert.False(t, m.GraphMemoryInUse(), "nothing left on the books")
+	})
+	t.Run("an ordinary allocation at a stale owner's address has no token", func(t *testing.T) {
+		m := &Manager{}
+		tok := issue(m)
+		m.discard(map[cuda.DevicePtr]uint64{p: 256})
+		m.Reissued(p)
+		assert.Zero(t, m.Token(p), "the new owner frees by address, as any ordinary owner")
+		assert.True(t, m.TokenStale(p, tok), "the old owner's token stays stale")
+	})
+	t.Run("a second capture allocation at the address makes the first owner stale", func(t *testing.T) {
+		m := &Manager{}
+		first := issue(m)
+		m.discard(map[cuda.DevicePtr]uint64{p: 256})
+		second := issue(m)
+		assert.NotEqual(t, first, second)
+		assert.True(t, m.TokenStale(p, first))
+		assert.False(t, m.TokenStale(p, second))
+	})
+	t.Run("the Python layer closed the owner: its stale token is dropped", func(t *testing.T) {
+		m := &Manager{}
+		tok := issue(m)
+		m.discard(map[cuda.DevicePtr]uint64{p: 256})
+		require.True(t, m.ForgetVoid(p))
+		assert.Empty(t, m.gm.stale)
+		assert.False(t, m.TokenStale(p, tok))
+	})
+	t.Run("stale tokens are bounded", func(t *testing.T) {
+		m := &Manager{}
+		for i := 0; i < maxStaleTokens+10; i++ {
+			m.gm.mu.Lock()
+			m.tokenLocked(p)
+			m.gm.mu.Unlock()
+		}
+		assert.LessOrEqual(t, len(m.gm.stale), maxStaleTokens)
+	})
+}
+
 // A graph that allocates memory, launched on a stream that another capture holds (a thread began it
 // between the caller's check and the launch: fuzzer seeds 104843 and 104824), would only add its nodes to
 // that capture: nothing is allocated. Counted as a launch, its allocation became "live" in cudacore's

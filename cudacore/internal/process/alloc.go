@@ -100,7 +100,7 @@ func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress f
 // (stream.Manager.FreeGraphAware): a free of memory a live graph uses waits until that graph is
 // destroyed, so that no launch writes into memory handed to someone else.
 func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
-	return d.free(p, size, h, d.freeNow)
+	return d.free(p, size, h, d.freeNow, 0)
 }
 
 // AllocateSteady is Allocate for a caller that may not hold the GIL (PyTorch's allocator, and the
@@ -124,12 +124,22 @@ func (d *Device) AllocateSteady(size uint64, h cuda.Stream) (p cuda.DevicePtr, e
 // the capturing stream, which no other capture forbids. (Deciding inside Steady and freeing through Free
 // outside it let the capture end and another begin between Free's own check and the driver's free.)
 func (d *Device) FreeSteady(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	return d.FreeOwned(p, size, h, 0)
+}
+
+// FreeOwned is FreeSteady for the owner of p that holds an owner token (stream.Manager.Token; 0 for
+// none): a free of stale memory (void graph memory, whose address the driver may have handed to another
+// owner since) frees nothing, now or when a free that waited for the captures to end runs.
+func (d *Device) FreeOwned(p cuda.DevicePtr, size uint64, h cuda.Stream, token uint64) error {
+	if token != 0 && d.Streams().TokenStale(p, token) {
+		return nil
+	}
 	node := false
 	err := captures.Steady(func() error {
 		if node = Capturing() && d.Streams().GraphMemory(h, p); node {
 			return nil
 		}
-		return d.free(p, size, h, d.freeNow) // during a capture: queued until it ends (freeDuringCapture)
+		return d.free(p, size, h, d.freeNow, token) // during a capture: queued until it ends (freeDuringCapture)
 	})
 	if node {
 		return d.Free(p, size, h)
@@ -139,12 +149,12 @@ func (d *Device) FreeSteady(p cuda.DevicePtr, size uint64, h cuda.Stream) error 
 
 // free is Free, with now as the free made at once when no capture runs (d.freeNow, or the tile rollback's
 // free with the capture registry held): every free of device memory by address takes these rules.
-func (d *Device) free(p cuda.DevicePtr, size uint64, h cuda.Stream, now func(cuda.DevicePtr, uint64, cuda.Stream) error) error {
+func (d *Device) free(p cuda.DevicePtr, size uint64, h cuda.Stream, now func(cuda.DevicePtr, uint64, cuda.Stream) error, token uint64) error {
 	if handled, err := d.freeManaged(p, size); handled {
 		return err
 	}
 	if Capturing() {
-		return d.freeDuringCapture(p, size, h)
+		return d.freeDuringCapture(p, size, h, token)
 	}
 	streams := d.Streams()
 	if !streams.GraphMemoryInUse() {
@@ -161,12 +171,18 @@ func (d *Device) free(p cuda.DevicePtr, size uint64, h cuda.Stream, now func(cud
 
 // freeDuringCapture is Free while a capture runs: graph memory of h's capture is freed as a free node of
 // it; anything else waits for the captures to end (made before the capture, or on another stream), also
-// when h itself captures (the driver refuses it there).
-func (d *Device) freeDuringCapture(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+// when h itself captures (the driver refuses it there). A free that waits and holds an owner token frees
+// nothing if the memory went void meanwhile (the capture that allocated it failed, say): by then the
+// driver may have handed the address to another owner.
+func (d *Device) freeDuringCapture(p cuda.DevicePtr, size uint64, h cuda.Stream, token uint64) error {
 	streams := d.Streams()
 	if !streams.GraphMemory(h, p) {
 		later := stream.Later(h)
-		DeferUntilNoCapture(func() { _ = d.Free(p, size, later) })
+		DeferUntilNoCapture(func() {
+			if token == 0 || !streams.TokenStale(p, token) {
+				_ = d.Free(p, size, later)
+			}
+		})
 		return nil
 	}
 	if err := d.freeNow(p, size, h); err != nil {
@@ -245,7 +261,7 @@ func (t tileResource) Deallocate(p cuda.DevicePtr, size uint64, h cuda.Stream) e
 			}
 			return d.freeNow(p, size, h)
 		})
-	})
+	}, 0)
 }
 
 // Release gives the cache back after a failed call, once no capture runs (a release is unsafe during
