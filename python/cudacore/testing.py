@@ -25,7 +25,11 @@ def set_memory_conditions(device: int, conditions: dict[str, Any]) -> int:
     the simulated NVML lists them); ``max_block``, the largest block one fresh allocation can get
     (fragmentation); ``pool_reservation_limit``, the most each memory pool may reserve (a refused
     reservation, as on vGPU, while cuMemAlloc still works); ``no_nvml``, true to model a machine without
-    NVML (other processes are then estimated from the free memory). Returns the other processes' bytes.
+    NVML (other processes are then estimated from the free memory); ``reuse_addresses``, true to hand
+    released device addresses out again, lowest first whatever their size, and ``reuse_handles``, true to
+    hand a destroyed stream's handle to the next stream created, as the real driver does both (so that a
+    stale pointer or handle can name a new object; off, the simulator never reuses either, and a destroyed
+    stream's handle ends the process as the driver's crash would). Returns the other processes' bytes.
 
     Raises
     ------

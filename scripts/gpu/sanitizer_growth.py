@@ -5,7 +5,11 @@ that no free followed (with the Python frames that made them, and whether Go rep
 graph memory), and the last lines of its trace. On the GPU machine, from the repository root:
 
     CUDACORE_BACKEND=cuda compute-sanitizer --tool memcheck --leak-check full --report-api-errors no \\
-        python3 scripts/gpu/sanitizer_growth.py 5000 30
+        --show-backtrace device python3 scripts/gpu/sanitizer_growth.py 5000 30
+
+(With the sanitizer's default host backtraces, a Buffer that a function allocated and then dropped stays
+alive: the sanitizer keeps the Python frame of each driver call, and with it the frame's locals;
+docs/driver-facts.md, "Tools on the GPU machine".)
 
 On the simulator it also turns on the memory condition reuse_addresses (released addresses handed out
 again, as the driver does).
