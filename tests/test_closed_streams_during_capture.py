@@ -156,12 +156,11 @@ def test_exit_with_pending_destroys() -> None:
     assert "exiting" in r.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="unfixed: a per-thread block freed at once on another thread is freed on that thread's own per-thread stream")
 def test_a_free_from_another_thread_of_a_per_thread_block(pool_dev: cc.Device, base: Any) -> None:
     """stream.Later's reasoning, without a capture: a block allocated (and used) on thread T's per-thread
     default stream and freed at once on another thread is freed on that thread's own per-thread stream,
     which does not follow T's work (both are blocking streams, but neither waits for the other: only the
-    legacy stream does). The free should be ordered on the legacy stream, as a waiting one is."""
+    legacy stream does). So the free is ordered on the legacy stream, as a waiting one is."""
     d = pool_dev
     b = on_other_thread(lambda: d.allocate(N, stream=cc.Stream.per_thread(d)))
     ptr = b.ptr

@@ -198,11 +198,15 @@ func (d *Device) freeDuringCapture(p cuda.DevicePtr, size uint64, h cuda.Stream,
 	return nil
 }
 
+// freeNow frees p at once, ordered on h. A block of the per-thread default stream is freed on the legacy
+// stream (stream.Later): the per-thread handle names the calling thread's stream, which need not be the
+// stream whose work used the block (a Buffer allocated on one thread and closed on another), and only the
+// legacy stream waits for the work of every thread's per-thread stream.
 func (d *Device) freeNow(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	d.inFlight.RLock()
 	defer d.inFlight.RUnlock()
 	if stream.IsDefault(h) {
-		return d.Memory().Deallocate(p, size, h)
+		return d.Memory().Deallocate(p, size, stream.Later(h))
 	}
 	streams := d.Streams()
 	use := streams.UseForFree(h)
