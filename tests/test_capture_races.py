@@ -246,3 +246,36 @@ def test_pytorch_allocator_racing_captures_begun_on_another_thread(pool_dev: cc.
     left = interop.last_error()  # process-wide: the last refusal, read (and so forgotten) here
     assert left is None or isinstance(left, cc.CaptureError), left
     u.close()
+
+
+def test_device_synchronize_racing_captures_begun_on_another_thread(dev: cc.Device, base: Any) -> None:
+    """Device.synchronize waits without the GIL: its capture check and the driver's cuCtxSynchronize (an
+    unsafe call, which invalidates a GLOBAL capture) run while no capture can begin, so a capture begun on
+    another thread meanwhile is never invalidated by it (it waits for the synchronize instead)."""
+    stop, errors = threading.Event(), []
+
+    def sync_loop() -> None:
+        while not stop.is_set():
+            try:
+                dev.synchronize()
+            except cc.CaptureError:
+                pass  # refused: a capture runs
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+                return
+
+    t = threading.Thread(target=sync_loop)
+    t.start()
+    s = dev.create_stream()
+    bad = 0
+    try:
+        for _ in range(2000):
+            time.sleep(0.0001)  # lets the other thread synchronize between the captures
+            s.begin_capture("global")
+            bad += invalidated(s)
+    finally:
+        stop.set()
+        t.join()
+        s.close()
+    assert not errors, errors
+    assert bad == 0, f"{bad} of 2000 captures were invalidated by a device synchronize"

@@ -84,7 +84,7 @@ type Manager struct {
 	prioLeast, prioGreat int
 
 	syncMu   sync.Mutex
-	syncDone chan error // the device synchronize in flight (SynchronizeDevice with a timeout), or nil
+	syncDone chan syncResult // the device synchronize in flight (SynchronizeDevice with a timeout), or nil
 
 	life lifetimes      // destroyed stream handles, for the allocation paths (lifetime.go)
 	gm   graphMemory    // graph memory and the memory graphs use (graphmem.go)
@@ -460,33 +460,66 @@ func (s *Stream) Record(e *Event) error { return e.Record(s) }
 // the device captures, or while unsafe calls are forbidden on this thread (900). timeout <= 0 waits
 // without limit; otherwise it returns after at most timeout whether the device is done, leaving the wait
 // running in the background, so a later call picks it up (Python's interruptible Device.synchronize).
+//
+// The check and the driver's synchronize run while no capture can begin (Registry.Steady), since the
+// caller may not hold the GIL: a capture begun on another thread between the two would be invalidated by
+// the synchronize. A capture begun meanwhile waits for the synchronize to end.
 func (m *Manager) SynchronizeDevice(timeout time.Duration) (bool, error) {
 	const op = "device_synchronize"
 	if err := m.checkDeviceSync(op); err != nil {
 		return false, err
 	}
 	if timeout <= 0 {
-		return true, m.after(op, nil, m.drv.CtxSynchronize(m.ctx))
+		res := m.syncDevice(op)
+		return res.err == nil, res.report(m, op)
 	}
 	m.syncMu.Lock()
 	ch := m.syncDone
 	if ch == nil {
-		ch = make(chan error, 1)
+		ch = make(chan syncResult, 1)
 		m.syncDone = ch
-		go func() { ch <- m.drv.CtxSynchronize(m.ctx) }()
+		go func() { ch <- m.syncDevice(op) }()
 	}
 	m.syncMu.Unlock()
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
-	case err := <-ch:
+	case res := <-ch:
 		m.syncMu.Lock()
 		m.syncDone = nil
 		m.syncMu.Unlock()
-		return err == nil, m.after(op, nil, err)
+		return res.err == nil, res.report(m, op)
 	case <-t.C:
 		return false, nil
 	}
+}
+
+// syncResult is the outcome of syncDevice: the driver's error, or the capture rules' refusal (refused).
+type syncResult struct {
+	err     error
+	refused bool
+}
+
+// report returns the error for the caller: a driver failure goes through the capture bookkeeping (after),
+// a refusal is returned as is.
+func (r syncResult) report(m *Manager, op string) error {
+	if r.refused {
+		return r.err
+	}
+	return m.after(op, nil, r.err)
+}
+
+// syncDevice checks the capture rules and synchronizes the device, while no capture can begin or end.
+func (m *Manager) syncDevice(op string) (res syncResult) {
+	_ = m.reg.Steady(func() error {
+		if err := m.checkDeviceSync(op); err != nil {
+			res = syncResult{err: err, refused: true}
+			return nil
+		}
+		res.err = m.drv.CtxSynchronize(m.ctx)
+		return nil
+	})
+	return res
 }
 
 func (m *Manager) sameDevice(op string, o *Manager) error {
