@@ -578,3 +578,25 @@ def test_a_late_free_of_void_graph_memory_never_frees_the_address_s_next_owner(d
         testing.set_memory_conditions(0, {})
         for x in (s, j, other, u):
             x.close()
+
+
+def test_an_allocation_made_after_a_captured_one_was_freed_has_no_owner_token(dev: cc.Device, base: Any) -> None:
+    """The owner token of memory allocated in a capture is dropped once its owner freed it, so a later
+    owner of the address (here an ordinary allocation made while another stream captures) never carries
+    it: its close is an ordinary free."""
+    s, other = dev.create_stream(), dev.create_stream()
+    with s.capture() as g:
+        b = dev.allocate(N, stream=s)
+    assert b._graph_token != 0
+    g.launch(s)
+    s.synchronize()
+    b.close()
+    g.destroy()
+    other.begin_capture("relaxed")
+    x = dev.allocate(N, stream=s)  # noted: a capture runs, but x is not graph memory
+    assert x._graph_token == 0
+    other.end_capture().destroy()
+    x.close()
+    assert in_use(dev) == 0
+    s.close()
+    other.close()

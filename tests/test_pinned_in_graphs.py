@@ -111,3 +111,64 @@ def test_pinned_memory_no_graph_names_is_freed_at_once(dev: cc.Device) -> None:
     assert pinned_in_use(dev) == base
     buf.close()
     s.close()
+
+
+CROSS_DEVICE = """
+import cudacore as cc
+d0, d1 = cc.Device(0), cc.Device(1)
+N = 1 << 16
+host = d0.allocate_pinned(N)
+s = d1.create_stream()
+buf = d1.allocate(N, stream=s)
+with s.capture() as g:
+    buf.copy_from(host, stream=s)  # device 1's graph copies from pinned memory allocated through device 0
+host.close()
+assert d0.memory_stats()["pinned_in_use"] == N, "device 1's graph names it: it stays allocated"
+g.launch(s)  # with the memory freed, the simulator ends the process here, as the driver faults
+s.synchronize()
+g.destroy()
+assert d0.memory_stats()["pinned_in_use"] == 0
+buf.close(); s.close()
+print("ok")
+"""
+
+
+@pytest.mark.sim
+def test_a_graph_of_another_device_keeps_the_pinned_memory_alive() -> None:
+    from conftest import run_python
+
+    r = run_python(CROSS_DEVICE, env={"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": '[{"name": "a"}, {"name": "b"}]'},
+                   timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split()[-1] == "ok"
+
+
+@pytest.mark.sim
+def test_a_deferred_pinned_free_that_fails_is_retried(dev: cc.Device) -> None:
+    """The free that waited for the graph's destroy has no caller to report a failure to: the memory is
+    kept and freed again by the next PinnedBuffer close or release_cached_memory()."""
+    from cudacore import testing
+
+    s = dev.create_stream()
+    base = pinned_in_use(dev)
+    host = dev.allocate_pinned(N)
+    buf = dev.allocate(N, stream=s)
+    with s.capture() as g:
+        buf.copy_from(host, stream=s)
+    host.close()
+    testing.inject_fault("cuMemFreeHost", 1, "CUDA_ERROR_UNKNOWN")
+    g.destroy()  # the waiting free runs and fails
+    assert pinned_in_use(dev) == base + N, "still allocated: the driver refused the free"
+    dev.release_cached_memory()
+    assert pinned_in_use(dev) == base, "the retry freed it"
+    other = dev.allocate_pinned(N)
+    host2 = dev.allocate_pinned(N)
+    with s.capture() as g2:
+        buf.copy_from(host2, stream=s)
+    host2.close()
+    testing.inject_fault("cuMemFreeHost", 1, "CUDA_ERROR_UNKNOWN")
+    g2.destroy()
+    other.close()  # the next close retries it too
+    assert pinned_in_use(dev) == base
+    buf.close()
+    s.close()

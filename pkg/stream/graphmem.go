@@ -190,8 +190,9 @@ func (m *Manager) voidLocked(p cuda.DevicePtr, size uint64) {
 // capture that the Python layer has not yet marked closed, on another thread say) would free the new
 // owner's memory. So each allocation made during a capture gets a token (Token), which its owner passes
 // back with its free (TokenFree): a token whose memory went void, or whose address was handed out again,
-// is stale, and its free frees nothing (TokenStale). A token lives until its address is handed out again
-// (when it becomes stale): an owner whose free has run never asks again.
+// is stale, and its free frees nothing (TokenStale). A live token is dropped once its owner's free has
+// been made (DropToken); a stale one once its owner asks, or when the Python layer reports the owner
+// closed (ForgetVoid), or, past maxStaleTokens, oldest first.
 
 // tokenLocked gives the owner of p, just allocated during a capture, a new token: an earlier owner of the
 // address is stale now. Caller holds gm.mu.
@@ -231,6 +232,17 @@ func (m *Manager) staleLocked(p cuda.DevicePtr) {
 
 // maxStaleTokens bounds the stale owner tokens remembered (see staleLocked).
 const maxStaleTokens = 1 << 14
+
+// DropToken forgets t, the live token of p, once its owner's free was made (or handed to the rules of
+// graph memory, which no later void can reach).
+func (m *Manager) DropToken(p cuda.DevicePtr, t uint64) {
+	gm := &m.gm
+	gm.mu.Lock()
+	if gm.tokens[p] == t {
+		delete(gm.tokens, p)
+	}
+	gm.mu.Unlock()
+}
 
 // Token returns the owner token of p, allocated during a capture, or 0: for memory allocated otherwise,
 // and for memory of a capture that went void before the owner asked (a stale token found by address

@@ -129,20 +129,31 @@ func (d *Device) FreeSteady(p cuda.DevicePtr, size uint64, h cuda.Stream) error 
 
 // FreeOwned is FreeSteady for the owner of p that holds an owner token (stream.Manager.Token; 0 for
 // none): a free of stale memory (void graph memory, whose address the driver may have handed to another
-// owner since) frees nothing, now or when a free that waited for the captures to end runs.
+// owner since) frees nothing, now or when a free that waited for the captures to end runs. The token is
+// checked while no capture can end (Steady), so memory cannot go void by a capture's end between the
+// check and the free; a graph destroyed meanwhile on another thread could void it, which the GIL rules
+// out for the Buffers that carry tokens (their frees hold it: tokens exist only with memory pools).
 func (d *Device) FreeOwned(p cuda.DevicePtr, size uint64, h cuda.Stream, token uint64) error {
-	if token != 0 && d.Streams().TokenStale(p, token) {
-		return nil
-	}
-	node := false
+	streams := d.Streams()
+	node, stale := false, false
 	err := captures.Steady(func() error {
-		if node = Capturing() && d.Streams().GraphMemory(h, p); node {
+		if stale = token != 0 && streams.TokenStale(p, token); stale {
 			return nil
+		}
+		if node = Capturing() && streams.GraphMemory(h, p); node {
+			return nil
+		}
+		if token != 0 && !Capturing() {
+			streams.DropToken(p, token) // freed now: nothing can void it any more
 		}
 		return d.free(p, size, h, d.freeNow, token) // during a capture: queued until it ends (freeDuringCapture)
 	})
 	if node {
-		return d.Free(p, size, h)
+		// A free node of its own capture: a failed free node ends the capture, which takes the change lock.
+		err = d.Free(p, size, h)
+		if err == nil && token != 0 {
+			streams.DropToken(p, token)
+		}
 	}
 	return err
 }
@@ -179,9 +190,13 @@ func (d *Device) freeDuringCapture(p cuda.DevicePtr, size uint64, h cuda.Stream,
 	if !streams.GraphMemory(h, p) {
 		later := stream.Later(h)
 		DeferUntilNoCapture(func() {
-			if token == 0 || !streams.TokenStale(p, token) {
-				_ = d.Free(p, size, later)
+			if token != 0 {
+				if streams.TokenStale(p, token) {
+					return
+				}
+				streams.DropToken(p, token)
 			}
+			_ = d.Free(p, size, later)
 		})
 		return nil
 	}

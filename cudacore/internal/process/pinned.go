@@ -7,6 +7,7 @@ import (
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/memory"
+	"github.com/cudacore/cudacore/pkg/stream"
 )
 
 // pinnedTable maps the address of each live pinned allocation to its slice, so that Python, which only
@@ -16,6 +17,10 @@ type pinnedTable struct {
 	mu   sync.Mutex
 	res  *memory.Pinned
 	live map[uintptr][]byte
+	// failed holds allocations whose free waited (for a graph's destruction, or for the captures to end)
+	// and then failed: no caller is left to retry them, so the next FreePinned, and the release of cached
+	// memory, try again (retryFailed).
+	failed [][]byte
 }
 
 var pinned sync.Map // ordinal -> *pinnedTable
@@ -64,7 +69,13 @@ func (d *Device) FreePinned(addr uintptr) error {
 		return cuda.NewError("cudacore.free_pinned", cuda.ErrorInvalidValue,
 			fmt.Sprintf("0x%x is not pinned memory allocated by cudacore on %s, or it was freed already", addr, d))
 	}
-	if err := d.releasePinned(t, b); err != nil {
+	// The decision and a free made now run while no capture can begin or end (this door runs without the
+	// GIL): between a capture's end and its graph taking over its uses, nothing would hold the memory.
+	err := captures.Steady(func() error {
+		t.retryFailed()
+		return d.releasePinned(t, b)
+	})
+	if err != nil {
 		// Still allocated: it stays live, so that the caller can free it again (and pinned_in_use, which
 		// still counts it, can come back down).
 		t.mu.Lock()
@@ -76,27 +87,76 @@ func (d *Device) FreePinned(addr uintptr) error {
 }
 
 // releasePinned frees b, a pinned allocation taken out of the table, once nothing can reach it any more,
-// and returns the error of a free made now (one that waits reports nothing: no caller is left).
-//   - A live graph that copies to or from it (or takes it as a kernel argument) would read or write it
-//     at each launch: on the real driver a launch after the free faults the device (the context is lost)
-//     or crashes. The free waits for the destruction of every such graph, as for device memory
-//     (stream.Manager.FreeGraphAware); pinned_in_use counts it until then.
+// and returns the error of a free made now (one that waits reports nothing: no caller is left, and a
+// failure is kept for a retry).
+//   - A live graph that copies to or from it (or takes it as a kernel argument), on any device, would
+//     read or write it at each launch: on the real driver a launch after the free faults the device (the
+//     context is lost) or crashes. The free waits for the destruction of every such graph, as for device
+//     memory (stream.Manager.FreeGraphAware); pinned_in_use counts it until then.
 //   - During a capture it waits for the captures to end: the capture may name it (its graph then holds
 //     it), and cuMemFreeHost during a GLOBAL (or this thread's THREAD_LOCAL) capture fails with 900 and
 //     invalidates it. A PinnedBuffer collected by the GC can be freed at any moment, so the free made now
 //     runs while no capture can begin (RunOrDefer).
+//
+// It takes no Steady itself: the frees that waited run where a capture ends, which holds the change
+// lock; FreePinned calls it inside Steady.
 func (d *Device) releasePinned(t *pinnedTable, b []byte) error {
-	later := func() { _ = d.releasePinned(t, b) }
+	later := func() {
+		if err := d.releasePinned(t, b); err != nil {
+			t.mu.Lock()
+			t.failed = append(t.failed, b)
+			t.mu.Unlock()
+		}
+	}
 	if Capturing() {
 		DeferUntilNoCapture(later)
 		return nil
 	}
 	p := cuda.DevicePtr(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
-	// Host addresses are never graph memory: only the uses of live graphs can hold it.
-	if held, _ := d.Streams().FreeGraphAware(p, uint64(len(b)), func() error { return nil }, later); held {
+	// Host addresses are never graph memory: only the uses of live graphs can hold it, and a graph of
+	// any device may copy to or from pinned memory allocated through another.
+	held := false
+	streamManagers.Range(func(_, m any) bool {
+		held, _ = m.(*stream.Manager).FreeGraphAware(p, uint64(len(b)), func() error { return nil }, later)
+		return !held
+	})
+	if held {
 		return nil
 	}
 	return captures.RunOrDefer(func() error { return t.res.FreeHost(b) })
+}
+
+// retryFailed frees again the allocations whose waiting free failed, unless a capture runs; those that
+// fail again stay. The caller keeps captures from beginning or ending (Steady).
+func (t *pinnedTable) retryFailed() {
+	if Capturing() {
+		return // a free now would wait again, and its failure would have no one to tell
+	}
+	t.mu.Lock()
+	failed := t.failed
+	t.failed = nil
+	t.mu.Unlock()
+	if len(failed) == 0 {
+		return
+	}
+	var still [][]byte
+	for _, b := range failed {
+		if err := captures.RunOrDefer(func() error { return t.res.FreeHost(b) }); err != nil {
+			still = append(still, b)
+		}
+	}
+	t.mu.Lock()
+	t.failed = append(t.failed, still...)
+	t.mu.Unlock()
+}
+
+// RetryPinnedFrees frees again the pinned allocations of every device whose waiting free failed
+// (release_cached_memory). The caller keeps captures from beginning (Steady).
+func RetryPinnedFrees() {
+	pinned.Range(func(_, v any) bool {
+		v.(*pinnedTable).retryFailed()
+		return true
+	})
 }
 
 // PinnedStats returns the pinned resource's counters.

@@ -26,7 +26,8 @@ func DeferUntilNoCapture(fn func()) { captures.Defer(fn) }
 // ReleaseDriverMemory gives back what the device keeps outside its allocator, unless a capture runs (the
 // calls could invalidate it; nothing is released then): the graph memory the driver keeps for later
 // launches (cuDeviceGraphMemTrim; a driver too old to trim keeps it) and the pinned staging buffers of
-// pageable copies that no copy holds. The caller keeps captures from beginning meanwhile (Steady).
+// pageable copies that no copy holds; it also retries the pinned frees that waited and failed. The caller
+// keeps captures from beginning meanwhile (Steady).
 func (d *Device) ReleaseDriverMemory() error {
 	if Capturing() {
 		return nil
@@ -35,6 +36,7 @@ func (d *Device) ReleaseDriverMemory() error {
 	if cuda.ResultOf(err) == cuda.ErrorNotSupported {
 		err = nil
 	}
+	RetryPinnedFrees()
 	return cmp.Or(err, d.Streams().ReleaseStaging())
 }
 
