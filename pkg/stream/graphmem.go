@@ -189,8 +189,8 @@ func (m *Manager) voidLocked(p cuda.DevicePtr, size uint64) {
 // names the new owner's memory: by address alone, the late free of a stale owner (a Buffer of an aborted
 // capture that the Python layer has not yet marked closed, on another thread say) would free the new
 // owner's memory. So each allocation made during a capture gets a token (Token), which its owner passes
-// back with its free (TokenFree): a token whose memory went void, or whose address was handed out again,
-// is stale, and its free frees nothing (TokenStale). A live token is dropped once its owner's free has
+// back with its free (the GraphFree door, process.Device.FreeOwned): a token whose memory went void, or
+// whose address was handed out again, is stale, and its free frees nothing (TokenStale). A live token is dropped once its owner's free has
 // been made (DropToken); a stale one once its owner asks, or when the Python layer reports the owner
 // closed (ForgetVoid), or, past maxStaleTokens, oldest first.
 
@@ -219,8 +219,8 @@ func (m *Manager) staleLocked(p cuda.DevicePtr) {
 	}
 	gm.stale[t] = p
 	gm.staleOrder = append(gm.staleOrder, t)
-	// Most stale tokens belong to owners that freed their memory before the address was handed out again,
-	// and never ask: past the bound, forget the oldest.
+	// A stale owner that never frees (a Buffer the Python layer marked closed itself, without a
+	// GraphForgetVoid) never asks: past the bound, forget the oldest.
 	for len(gm.stale) > maxStaleTokens {
 		delete(gm.stale, gm.staleOrder[0])
 		gm.staleOrder = gm.staleOrder[1:]
