@@ -461,9 +461,13 @@ func (s *Stream) Record(e *Event) error { return e.Record(s) }
 // without limit; otherwise it returns after at most timeout whether the device is done, leaving the wait
 // running in the background, so a later call picks it up (Python's interruptible Device.synchronize).
 //
-// The check and the driver's synchronize run while no capture can begin (Registry.Steady), since the
-// caller may not hold the GIL: a capture begun on another thread between the two would be invalidated by
-// the synchronize. A capture begun meanwhile waits for the synchronize to end.
+// The check runs again right before the driver's synchronize, on the goroutine that makes it, with no
+// capture able to begin (the registry's change lock, as Steady): the wait slices release the GIL, and a
+// capture begun on another thread between an earlier check and the synchronize would be invalidated by
+// it. The lock is let go once the synchronize returns or syncEntryGrace has passed, whichever is first:
+// held for the whole wait, it kept every capture from beginning or ending until the device was idle, and
+// the thread beginning one holds the GIL, so the whole interpreter (Ctrl-C included) waited. The grace
+// only has to cover the goroutine's way into the driver.
 func (m *Manager) SynchronizeDevice(timeout time.Duration) (bool, error) {
 	const op = "device_synchronize"
 	if err := m.checkDeviceSync(op); err != nil {
@@ -488,6 +492,14 @@ func (m *Manager) SynchronizeDevice(timeout time.Duration) (bool, error) {
 		m.syncMu.Lock()
 		m.syncDone = nil
 		m.syncMu.Unlock()
+		if res.refused {
+			// Refused on the goroutine, perhaps long ago (a wait given up with Ctrl-C): it stands only if
+			// a capture still forbids the synchronize; else the next call starts a fresh one.
+			if err := m.checkDeviceSync(op); err != nil {
+				return false, err
+			}
+			return false, nil
+		}
 		return res.err == nil, res.report(m, op)
 	case <-t.C:
 		return false, nil
@@ -509,17 +521,26 @@ func (r syncResult) report(m *Manager, op string) error {
 	return m.after(op, nil, r.err)
 }
 
-// syncDevice checks the capture rules and synchronizes the device, while no capture can begin or end.
-func (m *Manager) syncDevice(op string) (res syncResult) {
-	_ = m.reg.Steady(func() error {
-		if err := m.checkDeviceSync(op); err != nil {
-			res = syncResult{err: err, refused: true}
-			return nil
-		}
-		res.err = m.drv.CtxSynchronize(m.ctx)
-		return nil
-	})
-	return res
+// syncEntryGrace is how long a device synchronize keeps captures from beginning after its check: long
+// enough for its goroutine to enter the driver, short for a capture that waits (see SynchronizeDevice).
+const syncEntryGrace = 2 * time.Millisecond
+
+// syncDevice checks the capture rules and synchronizes the device, with no capture able to begin from
+// the check until the synchronize has entered the driver (see SynchronizeDevice).
+func (m *Manager) syncDevice(op string) syncResult {
+	m.reg.change.RLock()
+	if err := m.checkDeviceSync(op); err != nil {
+		m.reg.change.RUnlock()
+		return syncResult{err: err, refused: true}
+	}
+	// An RWMutex is not tied to a goroutine: the timer's goroutine may let go of it.
+	var once sync.Once
+	release := func() { once.Do(m.reg.change.RUnlock) }
+	t := time.AfterFunc(syncEntryGrace, release)
+	err := m.drv.CtxSynchronize(m.ctx)
+	t.Stop()
+	release()
+	return syncResult{err: err}
 }
 
 func (m *Manager) sameDevice(op string, o *Manager) error {
