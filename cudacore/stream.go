@@ -242,15 +242,17 @@ func StreamAbortCapture(ordinal, handle int) (int, error) {
 
 // DeviceSynchronize waits at most timeoutMs milliseconds (0: no limit) for all work of the device and
 // says whether it is done; a wait that timed out goes on in the background and the next call picks it up.
+// fresh says the call begins a new wait (the first slice of Device.synchronize): a synchronize still in
+// flight from an earlier, abandoned wait covers only the work queued before it, so another follows it.
 //
 //cudacore:gil release
-func DeviceSynchronize(ordinal, timeoutMs int) (bool, error) {
+func DeviceSynchronize(ordinal, timeoutMs int, fresh bool) (bool, error) {
 	return guard("cudacore.device_synchronize", func() (bool, error) {
 		d, err := process.Lookup(ordinal)
 		if err != nil {
 			return false, err
 		}
-		return d.Streams().SynchronizeDevice(millis(timeoutMs))
+		return d.Streams().SynchronizeDevice(millis(timeoutMs), fresh)
 	})
 }
 

@@ -857,7 +857,7 @@ def test_scalar_cold_entries_are_the_generated_wrappers_and_keep_the_funnel(dev)
     ev = call(core.EventCreate, dev.device_id, True)
     assert isinstance(ev, int) and ev != 0
     call(core.EventDestroy, ev)
-    assert call(core.DeviceSynchronize, dev.device_id, 1000) is True
+    assert call(core.DeviceSynchronize, dev.device_id, 1000, True) is True
     # Go errors arrive typed, through the one funnel.
     with pytest.raises(cc.InvalidValueError, match="device 1048576 does not exist"):
         call(core.StreamCreate, 1 << 20, True, 0)

@@ -221,7 +221,7 @@ func TestPageableCopyConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	_, err := e.m.SynchronizeDevice(0)
+	_, err := e.m.SynchronizeDevice(0, true)
 	require.NoError(t, err)
 	all, free, busy := poolState(e.m)
 	assert.LessOrEqual(t, all, count+2*workers, "bounded: a copy holds at most two buffers at once")

@@ -2,6 +2,7 @@ package stream
 
 import (
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,9 +19,11 @@ import (
 type slowSync struct {
 	*cudasim.Driver
 	release chan struct{}
+	calls   atomic.Int32
 }
 
 func (d *slowSync) CtxSynchronize(c cuda.Context) error {
+	d.calls.Add(1)
 	<-d.release
 	return d.Driver.CtxSynchronize(c)
 }
@@ -41,7 +44,7 @@ func TestCaptureBeginsWhileADeviceSynchronizeWaits(t *testing.T) {
 	defer close(drv.release)
 	s, err := m.Create(true, 0)
 	require.NoError(t, err)
-	done, err := m.SynchronizeDevice(10 * time.Millisecond)
+	done, err := m.SynchronizeDevice(10*time.Millisecond, true)
 	require.NoError(t, err)
 	require.False(t, done, "the device is busy")
 	began := make(chan error, 1)
@@ -84,7 +87,7 @@ func TestADeviceSynchronizeRefusalIsNotReportedAfterTheCaptureEnded(t *testing.T
 		capt <- err
 	}()
 	time.Sleep(20 * time.Millisecond) // the begin waits for the change lock
-	done, err := m.SynchronizeDevice(10 * time.Millisecond)
+	done, err := m.SynchronizeDevice(10*time.Millisecond, true)
 	require.NoError(t, err)
 	require.False(t, done, "its goroutine waits behind the queued begin")
 	close(hold)
@@ -94,11 +97,34 @@ func TestADeviceSynchronizeRefusalIsNotReportedAfterTheCaptureEnded(t *testing.T
 	require.NoError(t, <-capt)
 	require.Zero(t, m.reg.Active())
 	for i := 0; i < 3; i++ {
-		done, err = m.SynchronizeDevice(100 * time.Millisecond)
+		done, err = m.SynchronizeDevice(100*time.Millisecond, i == 0)
 		require.NoError(t, err, "the refusal of a capture that is over")
 		if done {
 			break
 		}
 	}
 	assert.True(t, done)
+}
+
+// A new Device.synchronize after one that was given up (Ctrl-C) does not take the old synchronize's
+// return for its own: that one covered only the work queued before it began. It waits for another.
+func TestANewDeviceSynchronizeDoesNotTakeAnAbandonedOnesResult(t *testing.T) {
+	m, drv := newSlowSync(t)
+	done, err := m.SynchronizeDevice(10*time.Millisecond, true)
+	require.NoError(t, err)
+	require.False(t, done, "given up: the device is busy")
+	close(drv.release) // the abandoned synchronize returns (work queued since is not covered by it)
+	for i := 0; ; i++ {
+		done, err = m.SynchronizeDevice(100*time.Millisecond, i == 0)
+		require.NoError(t, err)
+		if done {
+			break
+		}
+		require.Less(t, i, 20)
+	}
+	assert.Equal(t, int32(2), drv.calls.Load(), "the new wait made its own cuCtxSynchronize")
+	done, err = m.SynchronizeDevice(100*time.Millisecond, true)
+	require.NoError(t, err)
+	assert.True(t, done)
+	assert.Equal(t, int32(3), drv.calls.Load(), "nothing in flight: one synchronize per wait")
 }

@@ -468,7 +468,11 @@ func (s *Stream) Record(e *Event) error { return e.Record(s) }
 // held for the whole wait, it kept every capture from beginning or ending until the device was idle, and
 // the thread beginning one holds the GIL, so the whole interpreter (Ctrl-C included) waited. The grace
 // only has to cover the goroutine's way into the driver.
-func (m *Manager) SynchronizeDevice(timeout time.Duration) (bool, error) {
+//
+// fresh says the caller begins a new wait: a synchronize still in flight from an earlier wait that was
+// given up (Ctrl-C) only covers the work queued before it began, so a new one follows it, and the
+// caller is told done only once that one returns.
+func (m *Manager) SynchronizeDevice(timeout time.Duration, fresh bool) (bool, error) {
 	const op = "device_synchronize"
 	if err := m.checkDeviceSync(op); err != nil {
 		return false, err
@@ -479,10 +483,19 @@ func (m *Manager) SynchronizeDevice(timeout time.Duration) (bool, error) {
 	}
 	m.syncMu.Lock()
 	ch := m.syncDone
-	if ch == nil {
+	switch {
+	case ch == nil:
 		ch = make(chan syncResult, 1)
 		m.syncDone = ch
 		go func() { ch <- m.syncDevice(op) }()
+	case fresh:
+		old := ch
+		ch = make(chan syncResult, 1)
+		m.syncDone = ch
+		go func() {
+			<-old // the abandoned wait's outcome: nobody asks for it any more
+			ch <- m.syncDevice(op)
+		}()
 	}
 	m.syncMu.Unlock()
 	t := time.NewTimer(timeout)

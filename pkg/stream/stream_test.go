@@ -256,7 +256,7 @@ func TestIllegalDuringCapture(t *testing.T) {
 			return e.m.Legacy().Synchronize()
 		}},
 		{"synchronize the device", cuda.ErrorStreamCaptureUnsupported, cuda.ErrorStreamCaptureUnsupported, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
-			_, err := e.m.SynchronizeDevice(0)
+			_, err := e.m.SynchronizeDevice(0, true)
 			return err
 		}},
 		{"record on the legacy stream", cuda.ErrorStreamCaptureImplicit, cuda.ErrorStreamCaptureImplicit, func(e *env, s, o *Stream, pin, page []byte, p cuda.DevicePtr) error {
@@ -548,7 +548,7 @@ func TestEvents(t *testing.T) {
 	require.NoError(t, nt.Destroy())
 	require.NoError(t, nt.Destroy())
 	requireResult(t, cuda.ErrorClosed, nt.Record(s), "a destroyed event is a closed object")
-	done, err = e.m.SynchronizeDevice(50 * time.Millisecond)
+	done, err = e.m.SynchronizeDevice(50*time.Millisecond, true)
 	require.NoError(t, err)
 	assert.True(t, done)
 }

@@ -278,8 +278,9 @@ class Device:
         CaptureError
             While a stream of this device captures (the driver's error 900).
         """
-        while not core.DeviceSynchronize(self._ordinal, WAIT_SLICE_MS):
-            pass
+        fresh = True  # a wait given up earlier (Ctrl-C) may still run: it does not cover newer work
+        while not core.DeviceSynchronize(self._ordinal, WAIT_SLICE_MS, fresh):
+            fresh = False
 
     # -- several devices -------------------------------------------------------------------------------
 
