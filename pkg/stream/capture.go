@@ -548,14 +548,9 @@ func (m *Manager) NoteAllocate(h cuda.Stream, p cuda.DevicePtr, size uint64) {
 	}
 	// Under the registry, so that the capture cannot end (and void p) before p has its token: a void
 	// entry of p now is an earlier owner's, whose address the driver handed out again.
-	gm := &m.gm
-	gm.mu.Lock()
-	if _, ok := gm.void[p]; ok {
-		m.unvoidLocked(p)
-	}
+	m.gm.mu.Lock()
 	m.tokenLocked(p)
-	gm.count()
-	gm.mu.Unlock()
+	m.gm.mu.Unlock()
 	m.reg.mu.Unlock()
 }
 

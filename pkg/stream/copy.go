@@ -61,7 +61,7 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 	}
 	if pinned {
 		m.noteUse(s, dst, uint64(len(src)))
-		m.noteUse(s, hostPtr(src), uint64(len(src))) // the graph keeps the pinned memory alive too
+		m.noteUse(s, HostPtr(src), uint64(len(src))) // the graph keeps the pinned memory alive too
 		return m.after(opCopyFrom, s, m.drv.MemcpyHtoDAsync(m.ctx, dst, src, s.h))
 	}
 	if len(src) <= m.opts.PageableDirectMax {
@@ -105,7 +105,7 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 	}
 	if pinned {
 		m.noteUse(s, src, uint64(len(dst)))
-		m.noteUse(s, hostPtr(dst), uint64(len(dst)))
+		m.noteUse(s, HostPtr(dst), uint64(len(dst)))
 		return m.after(opCopyTo, s, m.drv.MemcpyDtoHAsync(m.ctx, dst, src, s.h))
 	}
 	// Pipelined: chunk k+1 is in flight while chunk k is copied out.
@@ -550,9 +550,9 @@ func (j *copyJob) work() {
 	}
 }
 
-// hostPtr is the address of b's first byte as a graph's uses record it: with unified addressing host and
+// HostPtr is the address of b's first byte as a graph's uses record it: with unified addressing host and
 // device addresses never overlap, so a pinned host range is kept alive by the same bookkeeping as device
 // memory (FreeGraphAware).
-func hostPtr(b []byte) cuda.DevicePtr {
+func HostPtr(b []byte) cuda.DevicePtr {
 	return cuda.DevicePtr(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
 }

@@ -194,11 +194,11 @@ func (m *Manager) voidLocked(p cuda.DevicePtr, size uint64) {
 // been made (DropToken); a stale one once its owner asks, or when the Python layer reports the owner
 // closed (ForgetVoid), or, past maxStaleTokens, oldest first.
 
-// tokenLocked gives the owner of p, just allocated during a capture, a new token: an earlier owner of the
-// address is stale now. Caller holds gm.mu.
+// tokenLocked gives the owner of p, just handed out to a capture, a new token (see reissuedLocked for the
+// address's earlier owners). Caller holds gm.mu.
 func (m *Manager) tokenLocked(p cuda.DevicePtr) {
 	gm := &m.gm
-	m.staleLocked(p)
+	m.reissuedLocked(p)
 	if gm.tokens == nil {
 		gm.tokens = map[cuda.DevicePtr]uint64{}
 	}
@@ -309,10 +309,16 @@ func (m *Manager) Reissued(p cuda.DevicePtr) {
 	}
 	gm.mu.Lock()
 	defer gm.mu.Unlock()
-	if _, ok := gm.void[p]; ok {
+	m.reissuedLocked(p)
+}
+
+// reissuedLocked is Reissued with gm.mu held: a void p is forgotten, and an earlier owner of the address
+// that still has a token is stale now.
+func (m *Manager) reissuedLocked(p cuda.DevicePtr) {
+	if _, ok := m.gm.void[p]; ok {
 		m.unvoidLocked(p)
 	}
-	m.staleLocked(p) // an earlier owner of the address, if it still has a token, is stale now
+	m.staleLocked(p)
 }
 
 // ForgetVoid says whether p is void (see graphMemory) and, if so, forgets it: its owner has let go.

@@ -112,7 +112,7 @@ func (d *Device) releasePinned(t *pinnedTable, b []byte) error {
 		DeferUntilNoCapture(later)
 		return nil
 	}
-	p := cuda.DevicePtr(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
+	p := stream.HostPtr(b)
 	// Host addresses are never graph memory: only the uses of live graphs can hold it, and a graph of
 	// any device may copy to or from pinned memory allocated through another.
 	held := false
