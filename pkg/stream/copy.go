@@ -76,7 +76,7 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 		n := min(len(buf), len(src)-off)
 		hostCopy(buf[:n], src[off:off+n])
 		// One DMA per chunk: enqueueing a chunk in smaller pieces as they are staged was measured slower
-		// (the extra enqueues and the DMA's competition with the memcpy cost more than the overlap gains).
+		// (docs/driver-facts.md, "Pageable copies").
 		if err := m.drv.MemcpyHtoDAsync(m.ctx, dst+cuda.DevicePtr(off), buf[:n], s.h); err != nil {
 			m.staging.recycle(buf, 0) // nothing reads it
 			return m.after(opCopyFrom, s, err)
@@ -489,7 +489,7 @@ var (
 	// maxCopyWorkers bounds the goroutines of one copy, the caller included: host memory bandwidth, not
 	// cores, limits a memcpy beyond a few of them, and the copy engine reads the staging buffers at the
 	// same time.
-	maxCopyWorkers = 4
+	maxCopyWorkers = 8
 )
 
 // hostCopy copies src into dst (of the same length) and returns when every byte is copied. Copies of

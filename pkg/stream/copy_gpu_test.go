@@ -127,26 +127,25 @@ func BenchmarkGPUCopyHtoD(b *testing.B) {
 	}
 }
 
-// BenchmarkGPUTuning compares settings of the staged host-to-device path (copy plus synchronize).
+// BenchmarkGPUTuning compares settings of the staged host-to-device path (copy plus synchronize): the
+// staging buffers' size and count, and the parallel memcpy's threshold, piece and goroutines.
 func BenchmarkGPUTuning(b *testing.B) {
 	e := openGPU(b)
-	s, err := e.m.Create(true, 0)
-	require.NoError(b, err)
-	defer s.Destroy()
 	type setting struct {
-		name                   string
-		parMin, piece, workers int
+		name                                 string
+		stage, count, parMin, piece, workers int
 	}
-	saved := setting{"", parallelMin, copyPiece, maxCopyWorkers}
+	saved := setting{"", 0, 0, parallelMin, copyPiece, maxCopyWorkers}
 	defer func() { parallelMin, copyPiece, maxCopyWorkers = saved.parMin, saved.piece, saved.workers }()
 	settings := []setting{
-		{"default", saved.parMin, saved.piece, saved.workers},
-		{"par256k-p64k", 256 << 10, 64 << 10, 4},
-		{"par512k-p128k", 512 << 10, 128 << 10, 4},
-		{"par1m-p256k-w8", 1 << 20, 256 << 10, 8},
-		{"serial", 1 << 40, 256 << 10, 1},
+		{"default", DefaultStagingSize, DefaultStagingCount, saved.parMin, saved.piece, saved.workers},
+		{"s4m-c8-w4", 4 << 20, 8, 1 << 20, 256 << 10, 4},
+		{"s4m-c8-w8", 4 << 20, 8, 1 << 20, 256 << 10, 8},
+		{"s8m-c4-w4", 8 << 20, 4, 1 << 20, 256 << 10, 4},
+		{"s16m-c2-w8", 16 << 20, 2, 1 << 20, 256 << 10, 8},
+		{"serial", DefaultStagingSize, DefaultStagingCount, 1 << 40, 256 << 10, 1},
 	}
-	for _, n := range []int{64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20} {
+	for _, n := range []int{2 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20} {
 		p := e.alloc(b, n)
 		src := pattern(n, 1)
 		b.Run(fmt.Sprintf("%dKiB/driver", n>>10), func(b *testing.B) {
@@ -159,10 +158,13 @@ func BenchmarkGPUTuning(b *testing.B) {
 		})
 		for _, st := range settings {
 			parallelMin, copyPiece, maxCopyWorkers = st.parMin, st.piece, st.workers
+			m := New(e.dev, Options{StagingSize: st.stage, StagingCount: st.count})
+			s, err := m.Create(true, 0)
+			require.NoError(b, err)
 			b.Run(fmt.Sprintf("%dKiB/%s", n>>10, st.name), func(b *testing.B) {
 				b.SetBytes(int64(n))
 				for b.Loop() {
-					if err := e.m.CopyHtoD(p, src, s); err != nil {
+					if err := m.CopyHtoD(p, src, s); err != nil {
 						b.Fatal(err)
 					}
 					if err := s.Synchronize(); err != nil {
@@ -170,6 +172,8 @@ func BenchmarkGPUTuning(b *testing.B) {
 					}
 				}
 			})
+			require.NoError(b, s.Destroy())
+			require.NoError(b, m.Close())
 		}
 	}
 }

@@ -280,16 +280,17 @@ func BenchmarkCopyHtoDPageable(b *testing.B) {
 
 // BenchmarkHostCopy compares piece sizes and goroutine counts of the parallel memcpy on this host.
 func BenchmarkHostCopy(b *testing.B) {
-	const n = 4 << 20
-	src, dst := pattern(n, 1), make([]byte, n)
-	for _, piece := range []int{256 << 10, 512 << 10, 1 << 20} {
-		for _, w := range []int{1, 2, 4, 8} {
-			b.Run(fmt.Sprintf("piece=%dKiB/workers=%d", piece>>10, w), func(b *testing.B) {
-				b.SetBytes(n)
-				for b.Loop() {
-					hostCopyWith(dst, src, piece, w)
-				}
-			})
+	for _, n := range []int{4 << 20, 16 << 20} {
+		src, dst := pattern(n, 1), make([]byte, n)
+		for _, piece := range []int{256 << 10, 1 << 20} {
+			for _, w := range []int{1, 2, 4, 8, 12, 16} {
+				b.Run(fmt.Sprintf("%dMiB/piece=%dKiB/workers=%d", n>>20, piece>>10, w), func(b *testing.B) {
+					b.SetBytes(int64(n))
+					for b.Loop() {
+						hostCopyWith(dst, src, piece, w)
+					}
+				})
+			}
 		}
 	}
 }

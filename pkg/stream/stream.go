@@ -39,8 +39,8 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultStagingSize  = 4 << 20 // bytes per pinned staging buffer
-	DefaultStagingCount = 8       // staging buffers per device at most
+	DefaultStagingSize  = 8 << 20 // bytes per pinned staging buffer
+	DefaultStagingCount = 4       // staging buffers per device at most
 	// DefaultPageableDirectMax is the largest pageable host-to-device asynchronous copy handed to the
 	// driver's own pageable copy instead of the staging pool. Below about 2 MiB the driver's copy, which
 	// pipelines its staging with the DMA, is faster; from 2 MiB, staging wins, its host copy spread over
