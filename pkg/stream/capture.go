@@ -76,18 +76,39 @@ func (r *Registry) RunOrDefer(fn func() error) error {
 // captures that allow the call (RELAXED ones, THREAD_LOCAL ones of other threads) do not delay it. now
 // must not take the registry or begin or end a capture; later runs without the registry held.
 func (r *Registry) RunOrDeferUnsafe(now func() error, later func()) (ran bool, err error) {
+	return r.RunOrDeferUnsafeOn(nil, 0, now, later)
+}
+
+// RunOrDeferUnsafeOn is RunOrDeferUnsafe for a stream-ordered call on h, a stream of m's device (the
+// free that follows a graph launch). It also waits while h captures, where the call would become a node
+// of that capture's graph and run only if that graph were launched, and, for the legacy stream, while a
+// blocking stream of the device captures (the legacy stream's implicit wait on it would invalidate that
+// capture). A capture is registered before it begins at the driver, so a stream that the registry does
+// not list, under its mutex, cannot begin capturing at the driver before now returns. A nil m checks
+// no stream.
+func (r *Registry) RunOrDeferUnsafeOn(m *Manager, h cuda.Stream, now func() error, later func()) (ran bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.active.Load() > 0 {
 		tid := gettid()
 		for c := range r.caps {
-			if c.forbidsUnsafe(tid) {
+			if c.forbidsUnsafe(tid) || m != nil && c.holds(m, h) {
 				r.deferred = append(r.deferred, later)
 				return false, nil
 			}
 		}
 	}
 	return true, now()
+}
+
+// holds says whether work queued on h, a stream of m's device, would be captured into c or invalidate
+// it: h is c's origin or joined to it, or h is the legacy stream and c captures a blocking stream of the
+// same device. The registry's mutex must be held.
+func (c *capture) holds(m *Manager, h cuda.Stream) bool {
+	if c.member(m, h) != nil {
+		return true
+	}
+	return h == cuda.StreamLegacy && c.stream.m.dev == m.dev && c.blocking()
 }
 
 // ForbidsUnsafe says whether a capture in progress forbids potentially unsafe calls (a stream-ordered

@@ -489,13 +489,16 @@ func (m *Manager) launched(g *Graph, s *Stream) {
 	gm.mu.Unlock()
 	for _, p := range orphans {
 		// Ordered after the launch on its stream. A failure is left to the next launch, which the driver
-		// then refuses as if the memory were still live: nothing is freed twice. The free is an unsafe call
-		// during a capture that forbids them (900, which would invalidate that capture): it then waits for
-		// the captures to end, still ordered after the launch (on the legacy stream if s is gone by then).
-		// The stream's lifetime bracket comes before the registry's mutex (RunOrDeferUnsafe), as on the
-		// allocation path: the other order could deadlock against it behind a stream's destroy.
+		// then refuses as if the memory were still live: nothing is freed twice. The free waits for the
+		// captures to end, still ordered after the launch (on the legacy stream if s is gone by then), where
+		// it is an unsafe call that a capture forbids (900, which would invalidate that capture), and where
+		// a capture begun on s since the launch (by another thread) would take it into its own graph, to
+		// free only if that graph were launched. The deferred free runs as the last capture ends, before
+		// another can begin. The stream's lifetime bracket comes before the registry's mutex
+		// (RunOrDeferUnsafeOn), as on the allocation path: the other order could deadlock against it
+		// behind a stream's destroy.
 		h := m.UseForFree(s.h)
-		_, _ = m.reg.RunOrDeferUnsafe(func() error { return m.drv.MemFreeAsync(m.ctx, p, h) }, func() {
+		_, _ = m.reg.RunOrDeferUnsafeOn(m, h, func() error { return m.drv.MemFreeAsync(m.ctx, p, h) }, func() {
 			later := Later(s.h)
 			h := m.UseForFree(later)
 			defer m.Done(later)

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
+	"github.com/cudacore/cudacore/pkg/cudasim"
 )
 
 func TestGraphUsesRange(t *testing.T) {
@@ -200,4 +201,75 @@ func TestGraphMemoryLaunchIntoACaptureIsRefused(t *testing.T) {
 	require.NoError(t, g.Launch(s), "freed after this launch (the owner let go)")
 	require.NoError(t, s.Synchronize())
 	require.NoError(t, g.Destroy())
+}
+
+// launchHook runs after, once, right after a successful cuGraphLaunch.
+type launchHook struct {
+	*cudasim.Driver
+	after func()
+}
+
+func (d *launchHook) GraphLaunch(c cuda.Context, x cuda.GraphExec, s cuda.Stream) error {
+	err := d.Driver.GraphLaunch(c, x, s)
+	if f := d.after; err == nil && f != nil {
+		d.after = nil
+		f()
+	}
+	return err
+}
+
+// The free that follows a launch of graph memory whose Buffer was closed must not go into a capture that
+// another thread began on the launch stream between the launch and that free: the free would become a
+// node of the new capture's graph, made only if that graph were launched, and the launch's allocation
+// would stay allocated for good (fuzzer seed 9065 on an H200: 256 bytes that compute-sanitizer reported
+// leaked). The free waits for the capture to end. The other rule of the same check: a free on the legacy
+// stream waits while a blocking stream of the device captures.
+func TestOrphanFreeAfterLaunchWaitsForACaptureOfItsStream(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	hook := &launchHook{Driver: cudasim.New()}
+	e := newEnvOn(t, hook.Driver, hook)
+	s := e.stream(t, true)
+	const size = 4096
+	freeMem := func() uint64 {
+		free, _, err := e.drv.MemGetInfo(e.dev.Context())
+		require.NoError(t, err)
+		return free
+	}
+	before := freeMem()
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeThreadLocal))
+	p, err := e.stack.Allocate(size, s.Handle())
+	require.NoError(t, err)
+	e.m.NoteAllocate(s.Handle(), p, size)
+	g, err := s.EndCapture()
+	require.NoError(t, err)
+	handled, err := e.m.FreeGraphAware(p, size, func() error { return e.stack.Deallocate(p, size, s.Handle()) }, func() {})
+	require.NoError(t, err)
+	require.True(t, handled, "the owner let go before the first launch: freed after each launch")
+
+	hook.after = func() { require.NoError(t, s.BeginCapture(cuda.CaptureModeRelaxed)) }
+	require.NoError(t, g.Launch(s))
+	require.True(t, s.Capturing(), "the hook began a capture between the launch and its free")
+	assert.Equal(t, 1, e.m.reg.Deferred(), "the free waits for the capture")
+	inner, err := s.EndCapture()
+	require.NoError(t, err)
+	assert.Zero(t, e.m.reg.Deferred(), "and runs as it ends")
+	require.NoError(t, inner.Destroy())
+	require.NoError(t, s.Synchronize())
+	require.NoError(t, g.Destroy())
+	assert.Equal(t, before, freeMem(), "the launch's allocation was freed")
+
+	t.Run("legacy stream while a blocking stream captures", func(t *testing.T) {
+		blocking := e.stream(t, false)
+		require.NoError(t, blocking.BeginCapture(cuda.CaptureModeRelaxed))
+		ran := false
+		did, err := e.m.reg.RunOrDeferUnsafeOn(e.m, cuda.StreamLegacy, func() error { ran = true; return nil }, func() { ran = true })
+		require.NoError(t, err)
+		assert.False(t, did)
+		assert.False(t, ran)
+		inner, err := blocking.EndCapture()
+		require.NoError(t, err)
+		assert.True(t, ran, "run as the capture ended")
+		require.NoError(t, inner.Destroy())
+	})
 }

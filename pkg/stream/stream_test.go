@@ -35,8 +35,15 @@ func newEnv(t *testing.T, cfgs ...cudasim.DeviceConfig) *env {
 	if len(cfgs) > 0 {
 		opts = append(opts, cudasim.WithDevices(cfgs...))
 	}
-	e := &env{drv: cudasim.New(opts...), pins: map[uintptr]int{}}
-	d, err := device.Open(e.drv, 0, "")
+	sim := cudasim.New(opts...)
+	return newEnvOn(t, sim, sim)
+}
+
+// newEnvOn is newEnv on drv, a driver wrapping sim (a test's hooks).
+func newEnvOn(t *testing.T, sim *cudasim.Driver, drv cuda.Driver) *env {
+	t.Helper()
+	e := &env{drv: sim, pins: map[uintptr]int{}}
+	d, err := device.Open(drv, 0, "")
 	require.NoError(t, err)
 	e.dev = d
 	e.stack, err = memory.NewStack(d, memory.StackOptions{})
