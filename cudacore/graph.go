@@ -173,10 +173,12 @@ func GraphDestroy(id int) (int, error) {
 	})
 }
 
-// GraphVoided returns, comma-separated, the addresses of graph memory of the device that became void
-// since the last call: allocated during a capture that was then aborted, or in a graph destroyed before
-// its first launch, so the driver never allocated it (stream.Manager.TakeVoided). The Python layer marks
-// the Buffers at those addresses closed; their frees are no-ops meanwhile.
+// GraphVoided returns, comma-separated, the graph memory of the device that became void since the last
+// call, each as "address:token": allocated during a capture that was then aborted, or in a graph
+// destroyed before its first launch, so the driver never allocated it (stream.Manager.TakeVoided). The
+// token is the owner token that went stale with it (0: none). The Python layer marks closed the Buffer at
+// each address that carries that token; a newer Buffer at the same address has another token and stays
+// open. The frees of void memory are no-ops meanwhile.
 //
 //cudacore:gil hold
 func GraphVoided(ordinal int) (string, error) {
@@ -185,10 +187,10 @@ func GraphVoided(ordinal int) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		ptrs := d.Streams().TakeVoided()
-		parts := make([]string, len(ptrs))
-		for i, p := range ptrs {
-			parts[i] = strconv.FormatUint(uint64(p), 10)
+		voided := d.Streams().TakeVoided()
+		parts := make([]string, len(voided))
+		for i, v := range voided {
+			parts[i] = strconv.FormatUint(uint64(v.Ptr), 10) + ":" + strconv.FormatUint(v.Token, 10)
 		}
 		return strings.Join(parts, ","), nil
 	})
@@ -209,29 +211,31 @@ func GraphToken(ordinal, ptr int) (int, error) {
 	})
 }
 
-// GraphForgetVoid tells Go that the owners of these void addresses (comma-separated, as GraphVoided gave
-// them) let go for good: the Python layer marked their Buffers closed, so no free of them will come, and
-// Go stops keeping them (void entries keep every free on the graph-aware path and the recycle log off).
-// It returns how many were still void.
+// GraphForgetVoid tells Go that the owners of these void addresses ("address:token", comma-separated, as
+// GraphVoided gave them) let go for good: the Python layer marked their Buffers closed, so no free of
+// them will come, and Go stops keeping them (void entries keep every free on the graph-aware path and
+// the recycle log off). It returns how many were still void on those owners' account.
 //
 //cudacore:gil hold
-func GraphForgetVoid(ordinal int, ptrs string) (int, error) {
+func GraphForgetVoid(ordinal int, voided string) (int, error) {
 	return guard("cudacore.graph_forget_void", func() (int, error) {
 		d, err := process.Lookup(ordinal)
 		if err != nil {
 			return 0, err
 		}
 		n := 0
-		for _, part := range strings.Split(ptrs, ",") {
+		for _, part := range strings.Split(voided, ",") {
 			if part == "" {
 				continue
 			}
-			p, err := strconv.ParseUint(part, 10, 64)
-			if err != nil {
+			addr, tok, found := strings.Cut(part, ":")
+			p, perr := strconv.ParseUint(addr, 10, 64)
+			t, terr := strconv.ParseUint(tok, 10, 64)
+			if !found || perr != nil || terr != nil {
 				return n, cuda.NewError("cudacore.graph_forget_void", cuda.ErrorInvalidValue,
-					fmt.Sprintf("not an address: %q", part))
+					fmt.Sprintf("not an address:token pair: %q", part))
 			}
-			if d.Streams().ForgetVoid(cuda.DevicePtr(p)) {
+			if d.Streams().ForgetVoid(cuda.DevicePtr(p), t) {
 				n++
 			}
 		}

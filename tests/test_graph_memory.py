@@ -541,17 +541,20 @@ def test_an_address_of_discarded_graph_memory_handed_out_again_is_ordinary_memor
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("reissue", ["ordinary", "capture"])
+@pytest.mark.parametrize("reissue", ["ordinary", "capture", "voided capture, then ordinary"])
 def test_a_late_free_of_void_graph_memory_never_frees_the_address_s_next_owner(dev: cc.Device, base: Any, reissue: str) -> None:
     """A Buffer of a capture, closed while a stream had joined the capture, waits for the captures to end
     before its free runs. If that capture then fails, its memory is void, and the driver may hand the
     address to a new owner before the free runs (another capture still going holds it back): the late
     free must free nothing. By address alone it freed the new owner's memory (the GPU fuzzer: in_use
-    near 2**64, then a failed double free)."""
+    near 2**64, then a failed double free). With a second capture given the address and aborted in
+    between, the Python layer's closing of that capture's Buffer also forgot the first owner's stale
+    token, and the late free freed the third owner's memory (found by an adversarial review)."""
     from cudacore import testing
 
     testing.set_memory_conditions(0, {"reuse_addresses": True})
     s, j, other, u = (dev.create_stream() for _ in range(4))
+    spare: list[cc.Buffer] = []
     try:
         other.begin_capture("relaxed")  # keeps every free that waits for the captures waiting
         s.begin_capture("relaxed")
@@ -565,7 +568,16 @@ def test_a_late_free_of_void_graph_memory_never_frees_the_address_s_next_owner(d
             s.begin_capture("relaxed")
             new = dev.allocate(N, stream=s)
         else:
+            if reissue == "voided capture, then ordinary":
+                with pytest.raises(RuntimeError, match="boom"), s.capture(mode="relaxed"):
+                    second = dev.allocate(N, stream=s)
+                    assert second.ptr == addr
+                    raise RuntimeError("boom")
+                assert second.closed, "void: closed for us"
             new = dev.allocate(N, stream=u)
+            while new.ptr != addr and len(spare) < 8:  # lower free addresses first; closed at the end
+                spare.append(new)
+                new = dev.allocate(N, stream=u)
         assert new.ptr == addr, "the simulator handed the address out again, as the driver may"
         held = in_use(dev)
         other.end_capture().destroy()  # the last capture ends: the waiting free runs now
@@ -573,11 +585,60 @@ def test_a_late_free_of_void_graph_memory_never_frees_the_address_s_next_owner(d
         if reissue == "capture":
             s.end_capture().destroy()  # never launched: its memory is void, and new is closed
         new.close()
+        for x in spare:
+            x.close()
         assert in_use(dev) == 0
     finally:
         testing.set_memory_conditions(0, {})
         for x in (s, j, other, u):
             x.close()
+
+
+@pytest.mark.sim
+def test_a_void_report_never_closes_a_newer_buffer_at_the_same_address(dev: cc.Device, base: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between Go's report of void memory and the Python layer's lookup of the Buffer at that address,
+    another thread's capture may be handed the address. Its Buffer is live (here its graph is launched),
+    and only the Buffer of the owner whose token went stale is closed; the newer one stayed open only by
+    chance before (an adversarial review: launched Buffers found closed, their memory leaked)."""
+    from cudacore import _stream, testing
+
+    testing.set_memory_conditions(0, {"reuse_addresses": True})
+    s, s2 = dev.create_stream(), dev.create_stream()
+    newer: list[Any] = []
+    report = _stream.core.GraphVoided
+
+    def report_then_reissue(device: int) -> str:
+        text = report(device)
+        if text and not newer:  # as if another thread ran between the report and the lookup
+            s2.begin_capture("relaxed")
+            newer.append(dev.allocate(N, stream=s2))
+        return text
+
+    monkeypatch.setattr(_stream.core, "GraphVoided", report_then_reissue)
+    try:
+        s.begin_capture("relaxed")
+        old = dev.allocate(N, stream=s)
+        addr = old.ptr
+        s.abort_capture()
+        assert old.closed, "void: closed for us"
+        (c,) = newer
+        assert not c.closed, "the newer owner's Buffer was closed by the older owner's void report"
+        assert c.ptr == addr, "the simulator handed the address out again, as the driver may"
+        g = s2.end_capture()
+        g.launch(s2)
+        s2.synchronize()
+        c.copy_from(b"\x07" * N)
+        out = bytearray(N)
+        c.copy_to(out)
+        assert out[:1] == b"\x07", "the newer Buffer holds its launch's memory"
+        c.close()
+        g.destroy()
+        assert in_use(dev) == 0
+    finally:
+        monkeypatch.undo()
+        testing.set_memory_conditions(0, {})
+        s.close()
+        s2.close()
 
 
 def test_an_allocation_made_after_a_captured_one_was_freed_has_no_owner_token(dev: cc.Device, base: Any) -> None:

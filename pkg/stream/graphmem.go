@@ -38,8 +38,8 @@ type graphMemory struct {
 
 	mu     sync.Mutex
 	allocs map[cuda.DevicePtr]*graphAlloc
-	void   map[cuda.DevicePtr]uint64 // void pointers (by size) whose owner has not let go yet
-	voided []cuda.DevicePtr          // void pointers not yet reported by TakeVoided
+	void   map[cuda.DevicePtr]voidEntry // void pointers whose owner has not let go yet
+	voided []Voided                     // void pointers not yet reported by TakeVoided
 	users  map[*Graph]struct{}       // live graphs that use memory they did not allocate
 	// pending counts the allocs in state gmPending (see checkPendingUse and pendingTotal).
 	pending int
@@ -49,6 +49,18 @@ type graphMemory struct {
 	stale      map[uint64]cuda.DevicePtr
 	staleOrder []uint64 // stale's tokens, oldest first (some may be gone already)
 	lastToken  uint64
+}
+
+// voidEntry is a void pointer's size and the token its owner held when it went void (0: none).
+type voidEntry struct {
+	size, token uint64
+}
+
+// Voided is a pointer made void, with the owner token that went stale with it (0: its owner had none):
+// the Python layer marks closed the Buffer of that owner only, not a newer owner of the address.
+type Voided struct {
+	Ptr   cuda.DevicePtr
+	Token uint64
 }
 
 type graphAllocState uint8
@@ -177,10 +189,11 @@ func (m *Manager) voidLocked(p cuda.DevicePtr, size uint64) {
 		_ = st.Forget(p, size) // an unknown p was never on the books
 	}
 	if gm.void == nil {
-		gm.void = map[cuda.DevicePtr]uint64{}
+		gm.void = map[cuda.DevicePtr]voidEntry{}
 	}
-	gm.void[p] = size
-	gm.voided = append(gm.voided, p)
+	t := gm.tokens[p]
+	gm.void[p] = voidEntry{size, t}
+	gm.voided = append(gm.voided, Voided{p, t})
 	m.staleLocked(p)
 	gm.count()
 }
@@ -190,9 +203,12 @@ func (m *Manager) voidLocked(p cuda.DevicePtr, size uint64) {
 // capture that the Python layer has not yet marked closed, on another thread say) would free the new
 // owner's memory. So each allocation made during a capture gets a token (Token), which its owner passes
 // back with its free (the GraphFree door, process.Device.FreeOwned): a token whose memory went void, or
-// whose address was handed out again, is stale, and its free frees nothing (TokenStale). A live token is dropped once its owner's free has
-// been made (DropToken); a stale one once its owner asks, or when the Python layer reports the owner
-// closed (ForgetVoid), or, past maxStaleTokens, oldest first.
+// whose address was handed out again, is stale, and its free frees nothing (TokenStale). A live token is
+// dropped once its owner's free has been made (DropToken); a stale one once its owner asks, or when the
+// Python layer reports that owner closed (ForgetVoid), or, past maxStaleTokens, oldest first. Each is
+// dropped alone: an address may have several stale owners at once (a free that waits for the captures
+// to end, and a later owner of the same address voided meanwhile), and each one's late free must find its
+// own token stale.
 
 // tokenLocked gives the owner of p, just handed out to a capture, a new token (see reissuedLocked for the
 // address's earlier owners). Caller holds gm.mu.
@@ -257,8 +273,8 @@ func (m *Manager) Token(p cuda.DevicePtr) uint64 {
 
 // TokenStale says whether the owner of token t may not free p: the token is stale (the memory went void,
 // so the driver never allocated it, or the address was handed out again since). It then forgets the
-// token, and the void entry of p unless p was handed out again. A live token stays: the owner's free
-// may wait (for the captures to end) and ask again when it runs.
+// token, and the void entry of p if it is this owner's. A live token stays: the owner's free may wait
+// (for the captures to end) and ask again when it runs.
 func (m *Manager) TokenStale(p cuda.DevicePtr, t uint64) bool {
 	gm := &m.gm
 	gm.mu.Lock()
@@ -268,7 +284,7 @@ func (m *Manager) TokenStale(p cuda.DevicePtr, t uint64) bool {
 		return false
 	}
 	delete(gm.stale, t)
-	if _, void := gm.void[p]; void && gm.tokens[p] == 0 {
+	if v, void := gm.void[p]; void && v.token == t {
 		m.unvoidLocked(p) // its own void entry: the address was not handed out again
 	}
 	return true
@@ -280,9 +296,7 @@ func (m *Manager) TokenStale(p cuda.DevicePtr, t uint64) bool {
 func (m *Manager) unvoidLocked(p cuda.DevicePtr) {
 	gm := &m.gm
 	delete(gm.void, p)
-	if i := slices.Index(gm.voided, p); i >= 0 {
-		gm.voided = slices.Delete(gm.voided, i, i+1)
-	}
+	gm.voided = slices.DeleteFunc(gm.voided, func(v Voided) bool { return v.Ptr == p })
 	gm.count()
 }
 
@@ -321,17 +335,18 @@ func (m *Manager) reissuedLocked(p cuda.DevicePtr) {
 	m.staleLocked(p)
 }
 
-// ForgetVoid says whether p is void (see graphMemory) and, if so, forgets it: its owner has let go.
-func (m *Manager) ForgetVoid(p cuda.DevicePtr) bool {
+// ForgetVoid is told that the owner of p with token t (0: an owner without one) let go for good: the
+// Python layer marked its Buffer closed, so no free of it will come. It forgets that token, and says
+// whether p was void on that owner's account, forgetting that too. The stale tokens of p's other owners
+// stay: a free of theirs may still come.
+func (m *Manager) ForgetVoid(p cuda.DevicePtr, t uint64) bool {
 	gm := &m.gm
 	gm.mu.Lock()
 	defer gm.mu.Unlock()
-	for t, q := range gm.stale { // the owners of p that the Python layer closed: no free of theirs will come
-		if q == p {
-			delete(gm.stale, t)
-		}
+	if q, ok := gm.stale[t]; ok && q == p {
+		delete(gm.stale, t)
 	}
-	if _, ok := gm.void[p]; !ok {
+	if v, ok := gm.void[p]; !ok || v.token != t {
 		return false
 	}
 	m.unvoidLocked(p)
@@ -342,7 +357,7 @@ func (m *Manager) ForgetVoid(p cuda.DevicePtr) bool {
 // their owner's free (a no-op) or until the driver hands the address out again: the Python layer marks
 // the Buffers it knows of closed, but an owner it does not know of (a collected Buffer, a framework's
 // allocation) may still free one, and that free must not take the bytes off the books a second time.
-func (m *Manager) TakeVoided() []cuda.DevicePtr {
+func (m *Manager) TakeVoided() []Voided {
 	gm := &m.gm
 	if gm.active.Load() == 0 {
 		return nil
@@ -371,7 +386,7 @@ func (m *Manager) FreeGraphAware(p cuda.DevicePtr, size uint64, free func() erro
 		return false, nil
 	}
 	gm.mu.Lock()
-	if vs, ok := gm.void[p]; ok && vs == size {
+	if v, ok := gm.void[p]; ok && v.size == size {
 		m.unvoidLocked(p)
 		gm.mu.Unlock()
 		return true, nil

@@ -73,14 +73,14 @@ func TestVoidPointersDoNotOutliveTheirOwner(t *testing.T) {
 	t.Run("forgotten, then the address is a new graph's", func(t *testing.T) {
 		m := &Manager{}
 		destroyedBeforeLaunch(m)
-		require.True(t, m.ForgetVoid(p))
+		require.True(t, m.ForgetVoid(p, 0))
 		m.adopt(&Graph{m: m}, map[cuda.DevicePtr]uint64{p: 256}, nil)
 		assert.Empty(t, m.TakeVoided(), "no stale report")
 	})
 	t.Run("reported, and an owner the Python layer did not know frees it", func(t *testing.T) {
 		m := &Manager{}
 		destroyedBeforeLaunch(m)
-		assert.Equal(t, []cuda.DevicePtr{p}, m.TakeVoided())
+		assert.Equal(t, []Voided{{p, 0}}, m.TakeVoided())
 		handled, err := m.FreeGraphAware(p, 256, func() error { return nil }, func() {})
 		require.NoError(t, err)
 		assert.True(t, handled, "nothing to free: its bytes left the books when it became void")
@@ -149,9 +149,28 @@ func TestOwnerTokens(t *testing.T) {
 		m := &Manager{}
 		tok := issue(m)
 		m.discard(map[cuda.DevicePtr]uint64{p: 256})
-		require.True(t, m.ForgetVoid(p))
+		assert.Equal(t, []Voided{{p, tok}}, m.TakeVoided(), "reported with the owner's token")
+		require.True(t, m.ForgetVoid(p, tok))
 		assert.Empty(t, m.gm.stale)
 		assert.False(t, m.TokenStale(p, tok))
+	})
+	t.Run("closing a later owner keeps an earlier owner's waiting free stale", func(t *testing.T) {
+		// The first owner closed its Buffer while a capture ran (its free waits, holding its token); its
+		// memory went void, and the address went to a second capture, aborted too. The Python layer
+		// closes the second owner's Buffer: the first owner's free must still find its token stale when
+		// it runs, by which time the address may be a third owner's.
+		m := &Manager{}
+		first := issue(m)
+		m.discard(map[cuda.DevicePtr]uint64{p: 256})
+		second := issue(m)
+		m.discard(map[cuda.DevicePtr]uint64{p: 256})
+		assert.Equal(t, []Voided{{p, second}}, m.TakeVoided(), "the first report went with the reissue")
+		require.True(t, m.ForgetVoid(p, second))
+		m.Reissued(p) // an ordinary owner now
+		assert.True(t, m.TokenStale(p, first), "the waiting free frees nothing")
+		handled, err := m.FreeGraphAware(p, 256, func() error { return nil }, func() {})
+		require.NoError(t, err)
+		assert.False(t, handled, "the third owner's free is an ordinary free")
 	})
 	t.Run("stale tokens are bounded", func(t *testing.T) {
 		m := &Manager{}
@@ -272,4 +291,13 @@ func TestOrphanFreeAfterLaunchWaitsForACaptureOfItsStream(t *testing.T) {
 		assert.True(t, ran, "run as the capture ended")
 		require.NoError(t, inner.Destroy())
 	})
+}
+
+// voidedPtrs is the addresses of a TakeVoided report.
+func voidedPtrs(vs []Voided) []cuda.DevicePtr {
+	out := make([]cuda.DevicePtr, len(vs))
+	for i, v := range vs {
+		out[i] = v.Ptr
+	}
+	return out
 }

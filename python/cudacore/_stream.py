@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -46,17 +47,22 @@ __all__ = ["CAPTURE_MODES", "Event", "EventHandle", "Graph", "Stream", "current_
 # (on another thread, say) then frees nothing, even once the address belongs to another owner.
 capturing_streams: set[tuple[int, int]] = set()  # (device, stream handle): tested on every allocation
 _capture_buffers: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
+# Taken by whoever reads or changes _capture_buffers: threads note and void Buffers at the same
+# addresses at once, and a lookup and its change must see the same entry. Reentrant: a Graph collected
+# while it is held voids its memory on the same thread.
+_capture_lock = threading.RLock()
 
 
 def note_capture_buffers(buffers: Iterable[Any]) -> None:
     """Remember Buffers allocated while a capture may be in progress (see above)."""
-    for b in buffers:
-        key = (b.device_id, b.ptr)
-        old = _capture_buffers.get(key)
-        if old is not None and old is not b:
-            old._void()  # the driver handed out its address again: its memory was void
-        _capture_buffers[key] = b
-        b._graph_token = core.GraphToken(b.device_id, b.ptr)
+    with _capture_lock:
+        for b in buffers:
+            key = (b.device_id, b.ptr)
+            old = _capture_buffers.get(key)
+            if old is not None and old is not b:
+                old._void()  # the driver handed out its address again: its memory was void
+            _capture_buffers[key] = b
+            b._graph_token = core.GraphToken(b.device_id, b.ptr)
 
 
 # Device.allocate resolves its stream argument and notes capture buffers in C, with these.
@@ -64,17 +70,28 @@ fast.configure_streams(_handles.__dict__, stream_handle, capturing_streams, note
 
 
 def void_buffers(device_id: int) -> None:
-    """Mark closed the Buffers whose graph memory Go reports void."""
+    """Mark closed the Buffers whose graph memory Go reports void.
+
+    Each report names the address and the owner token that went stale with it: the Buffer remembered at
+    that address is closed only if it carries that token. Between Go's report and this lookup another
+    thread's capture may have been handed the address, and its new Buffer (with a new token) is live.
+    """
     text = core.GraphVoided(device_id)
     if text:
         closed = []
-        for p in text.split(","):
-            b = _capture_buffers.pop((device_id, int(p)), None)
-            if b is not None and not b.closed:
-                b._void()
-                closed.append(p)
+        with _capture_lock:
+            for item in text.split(","):
+                p, _, token = item.partition(":")
+                key = (device_id, int(p))
+                b = _capture_buffers.get(key)
+                if b is None or getattr(b, "_graph_token", 0) != int(token):
+                    continue
+                del _capture_buffers[key]
+                if not b.closed:
+                    b._void()
+                    closed.append(item)
         # No free of these will come, so Go stops keeping them void. A Buffer closed before (its free
-        # may still wait for a capture to end) is not reported: its free forgets the address itself.
+        # may still wait for a capture to end) is not reported: its free forgets its token itself.
         if closed:
             core.GraphForgetVoid(device_id, ",".join(closed))
 

@@ -43,7 +43,7 @@ def main() -> None:
 
     def logged(device: int) -> str:
         text = graph_voided(device)
-        voided.extend(int(x) for x in text.split(",") if x)
+        voided.extend(int(x.partition(":")[0]) for x in text.split(",") if x)
         return text
 
     _stream.core.GraphVoided = logged

@@ -204,7 +204,7 @@ func (d *Device) freeDuringCapture(p cuda.DevicePtr, size uint64, h cuda.Stream,
 		// The driver had invalidated the capture: ending it (Manager.Failed) discards its graph memory, p
 		// with it, so nothing is left to free.
 		err = streams.Failed("free", h, err)
-		if stream.IsCaptureResult(cuda.ResultOf(err)) && streams.ForgetVoid(p) {
+		if stream.IsCaptureResult(cuda.ResultOf(err)) && streams.ForgetVoid(p, token) {
 			return nil
 		}
 		return err
