@@ -128,3 +128,100 @@ func TestANewDeviceSynchronizeDoesNotTakeAnAbandonedOnesResult(t *testing.T) {
 	assert.True(t, done)
 	assert.Equal(t, int32(3), drv.calls.Load(), "nothing in flight: one synchronize per wait")
 }
+
+// waitHook is the simulator with a hook run on entry to the host waits, before the simulator sees the
+// call: where a capture began on another thread, it has begun by then unless cudacore keeps it out.
+type waitHook struct {
+	*cudasim.Driver
+	entry atomic.Pointer[func()]
+}
+
+func (d *waitHook) enter() {
+	if f := d.entry.Swap(nil); f != nil {
+		(*f)()
+	}
+}
+
+func (d *waitHook) StreamQuery(c cuda.Context, s cuda.Stream) error {
+	d.enter()
+	return d.Driver.StreamQuery(c, s)
+}
+
+func (d *waitHook) StreamSynchronize(c cuda.Context, s cuda.Stream) error {
+	d.enter()
+	return d.Driver.StreamSynchronize(c, s)
+}
+
+func (d *waitHook) EventQuery(c cuda.Context, e cuda.Event) error {
+	d.enter()
+	return d.Driver.EventQuery(c, e)
+}
+
+func (d *waitHook) EventSynchronize(c cuda.Context, e cuda.Event) error {
+	d.enter()
+	return d.Driver.EventSynchronize(c, e)
+}
+
+// A host wait (query or synchronize of a stream or an event; the doors of the sliced waits release the
+// GIL) checks the capture rules and then calls the driver: a GLOBAL capture that another thread began in
+// between was invalidated by the wait, an unsafe call (found by an adversarial review: a few captures in
+// 100,000, the error blaming "an operation cudacore did not see"). The check and the driver's entry are
+// one step now: the capture begins after the wait has entered the driver, and stays valid.
+func TestAHostWaitDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
+	saved := syncEntryGrace
+	syncEntryGrace = time.Minute // the blocking waits' grace covers the hook's delay
+	defer func() { syncEntryGrace = saved }()
+	drv := &waitHook{Driver: cudasim.New()}
+	d, err := device.Open(drv, 0, "")
+	require.NoError(t, err)
+	m := New(d, Options{})
+	s, err := m.Create(true, 0)
+	require.NoError(t, err)
+	other, err := m.Create(true, 0)
+	require.NoError(t, err)
+	ev, err := m.NewEvent(false)
+	require.NoError(t, err)
+	require.NoError(t, ev.Record(s))
+	for _, c := range []struct {
+		name string
+		wait func() error
+	}{
+		{"Stream.Query", func() error { _, err := s.Query(); return err }},
+		{"Stream.Synchronize", s.Synchronize},
+		{"Stream.Wait", func() error { _, err := s.Wait(time.Second); return err }},
+		{"Event.Query", func() error { _, err := ev.Query(); return err }},
+		{"Event.Synchronize", ev.Synchronize},
+		{"Event.Wait", func() error { _, err := ev.Wait(time.Second); return err }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			began, proceed, ended := make(chan error, 1), make(chan struct{}), make(chan error, 1)
+			go func() { // another thread's GLOBAL capture: begun and ended on that thread
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				began <- other.BeginCapture(cuda.CaptureModeGlobal)
+				<-proceed
+				g, err := other.EndCapture()
+				if err == nil {
+					err = g.Destroy()
+				}
+				ended <- err
+			}()
+			hook := func() { // the wait is on its way into the driver: give the capture time to begin
+				select {
+				case err := <-began:
+					began <- err
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			drv.entry.Store(&hook)
+			if err := c.wait(); err != nil {
+				// A sliced wait whose stream was not done yet asks again after the capture began: refused
+				// then, before the driver, which leaves the capture alone.
+				require.Equal(t, cuda.ErrorStreamCaptureUnsupported, cuda.ResultOf(err), "%v", err)
+			}
+			require.NoError(t, <-began)
+			close(proceed)
+			require.NoError(t, <-ended, "the capture survived the wait")
+		})
+	}
+}

@@ -146,10 +146,16 @@ func (e *Event) Query() (bool, error) {
 	if err := e.alive(op); err != nil {
 		return false, err
 	}
-	if err := e.checkHostWait(op); err != nil {
-		return false, err
+	var refused error
+	err := e.m.reg.Steady(func() error { // no capture begins between the check and the query (Steady)
+		if refused = e.checkHostWait(op); refused != nil {
+			return nil
+		}
+		return e.hold(op, func() error { return e.m.drv.EventQuery(e.m.ctx, e.h) })
+	})
+	if refused != nil {
+		return false, refused
 	}
-	err := e.hold(op, func() error { return e.m.drv.EventQuery(e.m.ctx, e.h) })
 	if cuda.ResultOf(err) == cuda.ErrorNotReady {
 		return false, nil
 	}
@@ -162,17 +168,21 @@ func (e *Event) Synchronize() error {
 	if err := e.alive(op); err != nil {
 		return err
 	}
-	if err := e.checkHostWait(op); err != nil {
-		return err
-	}
-	return e.m.after(op, nil, e.hold(op, func() error { return e.m.drv.EventSynchronize(e.m.ctx, e.h) }))
+	return e.m.recheck(e.m.enterChecked(op, nil, func() error { return e.checkHostWait(op) }, func() error {
+		return e.hold(op, func() error { return e.m.drv.EventSynchronize(e.m.ctx, e.h) })
+	}), nil)
 }
 
 // Wait waits at most timeout for the event and says whether it has completed (see Stream.Wait).
 func (e *Event) Wait(timeout time.Duration) (bool, error) {
-	return waitFor(timeout, e.Query, &e.waiter, func() error {
-		return e.m.after("event_synchronize", nil, e.hold("event_synchronize", func() error { return e.m.drv.EventSynchronize(e.m.ctx, e.h) }))
+	const op = "event_synchronize"
+	check := func() error { return e.checkHostWait(op) }
+	done, err := waitFor(timeout, e.Query, &e.waiter, func() error {
+		return e.m.enterChecked(op, nil, check, func() error {
+			return e.hold(op, func() error { return e.m.drv.EventSynchronize(e.m.ctx, e.h) })
+		})
 	})
+	return done, e.m.recheck(err, check)
 }
 
 // ElapsedTime returns the milliseconds between start's and e's completion. Both must be timing events

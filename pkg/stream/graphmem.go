@@ -40,7 +40,7 @@ type graphMemory struct {
 	allocs map[cuda.DevicePtr]*graphAlloc
 	void   map[cuda.DevicePtr]voidEntry // void pointers whose owner has not let go yet
 	voided []Voided                     // void pointers not yet reported by TakeVoided
-	users  map[*Graph]struct{}       // live graphs that use memory they did not allocate
+	users  map[*Graph]struct{}          // live graphs that use memory they did not allocate
 	// pending counts the allocs in state gmPending (see checkPendingUse and pendingTotal).
 	pending int
 	// Owner tokens (see Token): the token of the current owner of each address allocated during a capture,

@@ -24,6 +24,7 @@
 package stream
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -323,10 +324,9 @@ func (s *Stream) Synchronize() error {
 	if err := s.alive(op); err != nil {
 		return err
 	}
-	if err := s.m.checkStreamWait(op, s); err != nil {
-		return err
-	}
-	return s.m.after(op, s, s.hold(op, func() error { return s.m.drv.StreamSynchronize(s.m.ctx, s.h) }))
+	return s.m.recheck(s.m.enterChecked(op, s, func() error { return s.m.checkStreamWait(op, s) }, func() error {
+		return s.hold(op, func() error { return s.m.drv.StreamSynchronize(s.m.ctx, s.h) })
+	}), nil)
 }
 
 // Query says whether the stream has finished its work, without waiting. The same rules as Synchronize.
@@ -335,10 +335,16 @@ func (s *Stream) Query() (bool, error) {
 	if err := s.alive(op); err != nil {
 		return false, err
 	}
-	if err := s.m.checkStreamWait(op, s); err != nil {
-		return false, err
+	var refused error
+	err := s.m.reg.Steady(func() error { // no capture begins between the check and the query (Steady)
+		if refused = s.m.checkStreamWait(op, s); refused != nil {
+			return nil
+		}
+		return s.hold(op, func() error { return s.m.drv.StreamQuery(s.m.ctx, s.h) })
+	})
+	if refused != nil {
+		return false, refused
 	}
-	err := s.hold(op, func() error { return s.m.drv.StreamQuery(s.m.ctx, s.h) })
 	if cuda.ResultOf(err) == cuda.ErrorNotReady {
 		return false, nil
 	}
@@ -348,9 +354,14 @@ func (s *Stream) Query() (bool, error) {
 // Wait waits at most timeout for the stream to finish and says whether it has: the building block of
 // interruptible waits (Python calls it in slices, so Ctrl-C lands between them); see wait.go.
 func (s *Stream) Wait(timeout time.Duration) (bool, error) {
-	return waitFor(timeout, s.Query, &s.waiter, func() error {
-		return s.m.after("synchronize", s, s.hold("synchronize", func() error { return s.m.drv.StreamSynchronize(s.m.ctx, s.h) }))
+	const op = "synchronize"
+	check := func() error { return s.m.checkStreamWait(op, s) }
+	done, err := waitFor(timeout, s.Query, &s.waiter, func() error {
+		return s.m.enterChecked(op, s, check, func() error {
+			return s.hold(op, func() error { return s.m.drv.StreamSynchronize(s.m.ctx, s.h) })
+		})
 	})
+	return done, s.m.recheck(err, check)
 }
 
 // WaitEvent makes later work on s wait for the work e recorded (cuStreamWaitEvent); it does not block
@@ -534,26 +545,76 @@ func (r syncResult) report(m *Manager, op string) error {
 	return m.after(op, nil, r.err)
 }
 
-// syncEntryGrace is how long a device synchronize keeps captures from beginning after its check: long
+// syncEntryGrace is how long a blocking host wait keeps captures from beginning after its check: long
 // enough for its goroutine to enter the driver, short for a capture that waits (see SynchronizeDevice).
-const syncEntryGrace = 2 * time.Millisecond
+// A variable only so that tests can stretch it.
+var syncEntryGrace = 2 * time.Millisecond
 
 // syncDevice checks the capture rules and synchronizes the device, with no capture able to begin from
 // the check until the synchronize has entered the driver (see SynchronizeDevice).
 func (m *Manager) syncDevice(op string) syncResult {
+	var refused error
+	err := m.enterGuarded(func() error {
+		refused = m.checkDeviceSync(op)
+		return refused
+	}, func() error { return m.drv.CtxSynchronize(m.ctx) })
+	if refused != nil {
+		return syncResult{err: refused, refused: true}
+	}
+	return syncResult{err: err}
+}
+
+// enterGuarded runs check and, if it passes, call (a blocking driver wait), with no capture able to
+// begin from the check until call has entered the driver: the registry's change lock (as Steady) is held
+// from the check until call returns or syncEntryGrace has passed, whichever is first (see
+// SynchronizeDevice). It returns check's error, or call's.
+func (m *Manager) enterGuarded(check, call func() error) error {
 	m.reg.change.RLock()
-	if err := m.checkDeviceSync(op); err != nil {
+	if err := check(); err != nil {
 		m.reg.change.RUnlock()
-		return syncResult{err: err, refused: true}
+		return err
 	}
 	// An RWMutex is not tied to a goroutine: the timer's goroutine may let go of it.
 	var once sync.Once
 	release := func() { once.Do(m.reg.change.RUnlock) }
 	t := time.AfterFunc(syncEntryGrace, release)
-	err := m.drv.CtxSynchronize(m.ctx)
+	err := call()
 	t.Stop()
 	release()
-	return syncResult{err: err}
+	return err
+}
+
+// refusal is a capture rule's refusal of a host wait, made by enterChecked: not the driver's result.
+type refusal struct{ error }
+
+func (r refusal) Unwrap() error { return r.error }
+
+// enterChecked is enterGuarded for a host wait of stream s (nil: none) as op: a refusal comes back as a
+// refusal, the driver's result through the capture bookkeeping (after).
+func (m *Manager) enterChecked(op string, s *Stream, check, call func() error) error {
+	var refused error
+	err := m.enterGuarded(func() error {
+		refused = check()
+		return refused
+	}, call)
+	if refused != nil {
+		return refusal{refused}
+	}
+	return m.after(op, s, err)
+}
+
+// recheck returns err for the caller of a wait, unwrapping a refusal. A refusal made by a blocking wait
+// on a helper goroutine may be old (a slice given up with Ctrl-C): with check (not nil) it stands only
+// while check still refuses, else the wait is reported not done, and the next slice starts afresh.
+func (m *Manager) recheck(err error, check func() error) error {
+	var r refusal
+	if !errors.As(err, &r) {
+		return err
+	}
+	if check == nil {
+		return r.error
+	}
+	return check()
 }
 
 func (m *Manager) sameDevice(op string, o *Manager) error {
