@@ -81,17 +81,19 @@ func PinnedAllocate(ordinal, size int) (int, error) {
 	})
 }
 
-// PinnedFree frees pinned memory from PinnedAllocate; it returns 0.
+// PinnedFree frees pinned memory from PinnedAllocate; it returns 0. collected is 1 when the owner is
+// being collected: a free the driver refuses then is kept and retried by a later free or
+// release_cached_memory, since no one is left to call close() again (0: the memory stays the caller's).
 //
 //cudacore:gil release
 //cudacore:door native
-func PinnedFree(ordinal, addr int) (int, error) {
+func PinnedFree(ordinal, addr, collected int) (int, error) {
 	return guard("cudacore.free_pinned", func() (int, error) {
 		d, err := process.Lookup(ordinal)
 		if err != nil {
 			return 0, err
 		}
-		return 0, d.FreePinned(uintptr(addr))
+		return 0, d.FreePinned(uintptr(addr), collected != 0)
 	})
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, ClassVar
 
@@ -409,6 +410,37 @@ def test_a_failed_pinned_free_can_be_retried() -> None:
     p.close()
     assert p.closed
     assert d.memory_stats()["pinned_in_use"] == before
+
+
+@pytest.mark.sim
+def test_a_collected_pinned_buffer_whose_free_failed_is_freed_later() -> None:
+    """A PinnedBuffer collected while cuMemFreeHost fails cannot be closed again by anyone: its memory
+    stayed counted in pinned_in_use for good (found by an adversarial review). It is kept and freed by the
+    next pinned free, or by release_cached_memory()."""
+    import gc
+
+    from cudacore import testing
+
+    d = cc.Device(0)
+    before = d.memory_stats()["pinned_in_use"]
+    for retry in ("release_cached_memory", "another close"):
+        p = d.allocate_pinned(65536)
+        testing.inject_fault("cuMemFreeHost", 1, "CUDA_ERROR_UNKNOWN")
+        unraisable: list[Any] = []
+        hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+        try:
+            del p
+            gc.collect()
+        finally:
+            sys.unraisablehook = hook
+            testing.clear_faults()
+        assert [type(u.exc_value).__name__ for u in unraisable] == ["CUDAError"], "the failure is reported"
+        assert d.memory_stats()["pinned_in_use"] == before + 65536, "still allocated"
+        if retry == "release_cached_memory":
+            d.release_cached_memory()
+        else:
+            d.allocate_pinned(4096).close()
+        assert d.memory_stats()["pinned_in_use"] == before, f"freed by {retry}"
 
 
 @pytest.mark.sim

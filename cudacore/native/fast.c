@@ -927,7 +927,7 @@ pinned_free(PinnedObject *self, int dealloc)
     int64_t ret;
     self->freeing = 1;
     Py_BEGIN_ALLOW_THREADS /* cuMemFreeHost synchronizes the device */
-    err = cudacore_door_PinnedFree(self->device, (int64_t)self->ptr, &ret);
+    err = cudacore_door_PinnedFree(self->device, (int64_t)self->ptr, dealloc, &ret);
     Py_END_ALLOW_THREADS
     self->freeing = 0;
     if (err != NULL) {

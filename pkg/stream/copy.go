@@ -46,6 +46,10 @@ const (
 )
 
 // CopyHtoD copies src to device memory at dst, on s (nil: synchronously).
+//
+// An asynchronous copy holds s's lifetime (Stream.hold) for all its driver calls: the copy doors release
+// the GIL, and a staged copy makes several calls on s, so a Stream.close() on another thread would
+// otherwise destroy the stream between two of them (the real driver crashes on the destroyed handle).
 func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 	if err := m.checkPendingUse(opCopyFrom, s, span{dst, dst + cuda.DevicePtr(uint64(len(src)))}); err != nil {
 		return err
@@ -59,19 +63,26 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 	if err != nil || len(src) == 0 {
 		return err
 	}
-	if pinned {
-		m.noteUse(s, dst, uint64(len(src)))
-		m.noteUse(s, HostPtr(src), uint64(len(src))) // the graph keeps the pinned memory alive too
-		return m.after(opCopyFrom, s, m.drv.MemcpyHtoDAsync(m.ctx, dst, src, s.h))
-	}
-	if len(src) <= m.opts.PageableDirectMax {
-		// The driver stages it and returns once it has read src, as the staging pool would.
-		return m.after(opCopyFrom, s, m.drv.MemcpyHtoDAsync(m.ctx, dst, src, s.h))
-	}
+	return m.after(opCopyFrom, s, s.hold(opCopyFrom, func() error {
+		switch {
+		case pinned:
+			m.noteUse(s, dst, uint64(len(src)))
+			m.noteUse(s, HostPtr(src), uint64(len(src))) // the graph keeps the pinned memory alive too
+			return m.drv.MemcpyHtoDAsync(m.ctx, dst, src, s.h)
+		case len(src) <= m.opts.PageableDirectMax:
+			// The driver stages it and returns once it has read src, as the staging pool would.
+			return m.drv.MemcpyHtoDAsync(m.ctx, dst, src, s.h)
+		}
+		return m.stagedHtoD(dst, src, s)
+	}))
+}
+
+// stagedHtoD is CopyHtoD of pageable memory through the staging buffers; the caller holds s.
+func (m *Manager) stagedHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 	for off := 0; off < len(src); {
 		buf, err := m.staging.get()
 		if err != nil {
-			return m.after(opCopyFrom, s, err)
+			return err
 		}
 		n := min(len(buf), len(src)-off)
 		hostCopy(buf[:n], src[off:off+n])
@@ -79,17 +90,18 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 		// (docs/driver-facts.md, "Pageable copies").
 		if err := m.drv.MemcpyHtoDAsync(m.ctx, dst+cuda.DevicePtr(off), buf[:n], s.h); err != nil {
 			m.staging.recycle(buf, 0) // nothing reads it
-			return m.after(opCopyFrom, s, err)
+			return err
 		}
 		if err := m.staging.put(buf, s); err != nil {
-			return m.after(opCopyFrom, s, err)
+			return err
 		}
 		off += n
 	}
 	return nil
 }
 
-// CopyDtoH copies device memory at src into dst, on s (nil: synchronously).
+// CopyDtoH copies device memory at src into dst, on s (nil: synchronously). An asynchronous copy holds
+// s's lifetime for all its driver calls, as CopyHtoD.
 func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 	if err := m.checkPendingUse(opCopyTo, s, span{src, src + cuda.DevicePtr(uint64(len(dst)))}); err != nil {
 		return err
@@ -103,12 +115,19 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 	if err != nil || len(dst) == 0 {
 		return err
 	}
-	if pinned {
-		m.noteUse(s, src, uint64(len(dst)))
-		m.noteUse(s, HostPtr(dst), uint64(len(dst)))
-		return m.after(opCopyTo, s, m.drv.MemcpyDtoHAsync(m.ctx, dst, src, s.h))
-	}
-	// Pipelined: chunk k+1 is in flight while chunk k is copied out.
+	return m.after(opCopyTo, s, s.hold(opCopyTo, func() error {
+		if pinned {
+			m.noteUse(s, src, uint64(len(dst)))
+			m.noteUse(s, HostPtr(dst), uint64(len(dst)))
+			return m.drv.MemcpyDtoHAsync(m.ctx, dst, src, s.h)
+		}
+		return m.stagedDtoH(dst, src, s)
+	}))
+}
+
+// stagedDtoH is CopyDtoH into pageable memory through the staging buffers, pipelined: chunk k+1 is in
+// flight while chunk k is copied out. The caller holds s.
+func (m *Manager) stagedDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 	type chunk struct {
 		buf []byte
 		ev  cuda.Event
@@ -133,18 +152,18 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 	for off := 0; off < len(dst); {
 		buf, err := m.staging.get()
 		if err != nil {
-			return m.after(opCopyTo, s, err)
+			return err
 		}
 		n := min(len(buf), len(dst)-off)
 		if err := m.drv.MemcpyDtoHAsync(m.ctx, buf[:n], src+cuda.DevicePtr(off), s.h); err != nil {
 			m.staging.recycle(buf, 0)
-			return m.after(opCopyTo, s, err)
+			return err
 		}
 		ev, err := m.staging.record(s)
 		if err != nil {
 			// The DMA into buf was enqueued but cannot be tracked: wait for the stream before reuse, as put.
 			m.staging.untracked(buf, s)
-			return m.after(opCopyTo, s, err)
+			return err
 		}
 		cur := &chunk{buf, ev, off, n}
 		if prev != nil {
@@ -152,7 +171,7 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 			prev = nil
 			if err := finish(p); err != nil {
 				prev = cur
-				return m.after(opCopyTo, s, err)
+				return err
 			}
 		}
 		prev = cur
@@ -160,7 +179,7 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 	}
 	p := prev
 	prev = nil
-	return m.after(opCopyTo, s, finish(p))
+	return finish(p)
 }
 
 // CopyDtoD copies n bytes of device memory from src to dst, on s (nil: synchronously).
@@ -176,9 +195,11 @@ func (m *Manager) CopyDtoD(dst, src cuda.DevicePtr, n uint64, s *Stream) error {
 	if err := m.checkStreamArg(opCopyDev, s); err != nil || n == 0 {
 		return err
 	}
-	m.noteUse(s, dst, n)
-	m.noteUse(s, src, n)
-	return m.after(opCopyDev, s, m.drv.MemcpyDtoDAsync(m.ctx, dst, src, n, s.h))
+	return m.after(opCopyDev, s, s.hold(opCopyDev, func() error {
+		m.noteUse(s, dst, n)
+		m.noteUse(s, src, n)
+		return m.drv.MemcpyDtoDAsync(m.ctx, dst, src, n, s.h)
+	}))
 }
 
 // syncCopy makes a synchronous copy (call) unless checkSyncCopy refuses it: the check and the driver's call

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -372,5 +374,65 @@ func TestReleaseStaging(t *testing.T) {
 		allocated, busy := e.m.StagingStats()
 		assert.Zero(t, allocated, "round %d: every idle staging buffer freed", round)
 		assert.Zero(t, busy)
+	}
+}
+
+// copyHook is the simulator with a hook run once on entry to the first asynchronous copy of each
+// direction between host and device.
+type copyHook struct {
+	*cudasim.Driver
+	entry atomic.Pointer[func()]
+}
+
+func (d *copyHook) enter() {
+	if f := d.entry.Swap(nil); f != nil {
+		(*f)()
+	}
+}
+
+func (d *copyHook) MemcpyHtoDAsync(c cuda.Context, dst cuda.DevicePtr, src []byte, s cuda.Stream) error {
+	d.enter()
+	return d.Driver.MemcpyHtoDAsync(c, dst, src, s)
+}
+
+func (d *copyHook) MemcpyDtoHAsync(c cuda.Context, dst []byte, src cuda.DevicePtr, s cuda.Stream) error {
+	d.enter()
+	return d.Driver.MemcpyDtoHAsync(c, dst, src, s)
+}
+
+// A staged copy makes several driver calls on its stream (a DMA and an event per staging buffer), and
+// the copy doors release the GIL: a Stream.close() on another thread during the copy destroyed the
+// stream between two of them, and the next call handed the driver the destroyed handle, which crashes
+// the real driver (found by an adversarial review). The close now waits for the copy.
+func TestStreamDestroyedDuringAStagedCopy(t *testing.T) {
+	var fatal atomic.Value
+	sim := cudasim.New(cudasim.WithFatal(func(msg string) { fatal.Store(msg) }))
+	hook := &copyHook{Driver: sim}
+	e := newEnvOn(t, sim, hook)
+	const n = 5*4096 + 7 // several of newEnv's 4 KiB staging buffers
+	p := e.alloc(t, n)
+	for _, dir := range []string{"HtoD", "DtoH"} {
+		t.Run(dir, func(t *testing.T) {
+			s, err := e.m.Create(true, 0)
+			require.NoError(t, err)
+			destroyed := make(chan error, 1)
+			hook.entry.Store(new(func() { // the first chunk's DMA: another thread closes the stream
+				go func() { destroyed <- s.Destroy() }()
+				select {
+				case err := <-destroyed: // not held off: the stream is gone before the next chunk
+					destroyed <- err
+				case <-time.After(20 * time.Millisecond):
+				}
+			}))
+			buf := pattern(n, 9)
+			if dir == "HtoD" {
+				err = e.m.CopyHtoD(p, buf, s)
+			} else {
+				err = e.m.CopyDtoH(buf, p, s)
+			}
+			require.NoError(t, err, "the copy finished before the stream went")
+			require.NoError(t, <-destroyed)
+			assert.Nil(t, fatal.Load(), "a destroyed stream's handle reached the driver")
+		})
 	}
 }

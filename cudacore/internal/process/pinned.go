@@ -18,8 +18,8 @@ type pinnedTable struct {
 	res  *memory.Pinned
 	live map[uintptr][]byte
 	// failed holds allocations whose free waited (for a graph's destruction, or for the captures to end)
-	// and then failed: no caller is left to retry them, so the next FreePinned, and the release of cached
-	// memory, try again (retryFailed).
+	// and then failed, or whose owner's collection failed to free them: no caller is left to retry them,
+	// so the next FreePinned, and the release of cached memory, try again (retryFailed).
 	failed [][]byte
 }
 
@@ -58,8 +58,9 @@ func (d *Device) AllocPinned(size int64) (uintptr, error) {
 }
 
 // FreePinned frees pinned memory that AllocPinned returned. If the driver refuses, the memory stays
-// allocated and can be freed again.
-func (d *Device) FreePinned(addr uintptr) error {
+// allocated and can be freed again; for an owner being collected (collected), which cannot try again,
+// it is kept for a retry by a later free or the release of cached memory, and the error still returned.
+func (d *Device) FreePinned(addr uintptr, collected bool) error {
 	t := d.pinnedTable()
 	t.mu.Lock()
 	b, ok := t.live[addr]
@@ -77,9 +78,13 @@ func (d *Device) FreePinned(addr uintptr) error {
 	})
 	if err != nil {
 		// Still allocated: it stays live, so that the caller can free it again (and pinned_in_use, which
-		// still counts it, can come back down).
+		// still counts it, can come back down), or, with no caller left, it waits for a retry.
 		t.mu.Lock()
-		t.live[addr] = b
+		if collected {
+			t.failed = append(t.failed, b)
+		} else {
+			t.live[addr] = b
+		}
 		t.mu.Unlock()
 		return err
 	}
