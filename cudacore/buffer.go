@@ -1,6 +1,7 @@
 package cudacore
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"github.com/cudacore/cudacore/cudacore/internal/process"
@@ -14,22 +15,30 @@ import (
 
 // Allocate allocates size bytes on device ordinal for use on stream through the device's allocator (a
 // cache hit costs no driver call) and returns the device address. The stream-lifetime and capture rules
-// of process.Device.Allocate apply.
+// of process.Device.Allocate apply. The owner token of an allocation made during a capture (0 for any
+// other) is written into token (8 bytes, native byte order), taken with the allocation
+// (process.Device.AllocateOwned): the Buffer passes it back to GraphFree.
 //
 //cudacore:gil device
 //cudacore:door native
-func Allocate(ordinal, size, stream int) (int, error) {
+//cudacore:writable token
+func Allocate(ordinal, size, stream int, token []byte) (int, error) {
 	return guard("cudacore.allocate", func() (int, error) {
 		if size <= 0 {
 			return 0, cuda.NewError("cudacore.allocate", cuda.ErrorInvalidValue,
 				fmt.Sprintf("size must be a positive number of bytes, got %d", size))
 		}
+		if len(token) != 8 {
+			return 0, cuda.NewError("cudacore.allocate", cuda.ErrorInvalidValue,
+				fmt.Sprintf("the token buffer must be 8 bytes, got %d", len(token)))
+		}
 		d, err := process.Lookup(ordinal)
 		if err != nil {
 			return 0, err
 		}
-		// Without the GIL on the synchronous strategy, as PyTorch's allocation: Device.AllocateSteady.
-		p, err := d.AllocateSteady(uint64(size), cuda.Stream(uint64(stream)))
+		// Without the GIL on the synchronous strategy, as PyTorch's allocation (AllocateSteady).
+		p, t, err := d.AllocateOwned(uint64(size), cuda.Stream(uint64(stream)))
+		binary.NativeEndian.PutUint64(token, t)
 		return int(p), err
 	})
 }
@@ -49,7 +58,7 @@ func Free(ordinal, ptr, size, stream int) (int, error) {
 	})
 }
 
-// GraphFree is Free for a Buffer allocated during a capture, which holds the owner token GraphToken gave
+// GraphFree is Free for a Buffer allocated during a capture, which holds the owner token Allocate gave
 // it: if its memory went void (the capture was aborted, or its graph destroyed before any launch), the
 // free frees nothing, also when the driver has handed the address to another owner since. It returns 0.
 //

@@ -196,21 +196,6 @@ func GraphVoided(ordinal int) (string, error) {
 	})
 }
 
-// GraphToken returns the owner token of the allocation at ptr on device ordinal if it was made during a
-// capture (stream.Manager.Token), else 0. The Python layer keeps it in the Buffer, whose close then goes
-// through GraphFree.
-//
-//cudacore:gil hold
-func GraphToken(ordinal, ptr int) (int, error) {
-	return guard("cudacore.graph_token", func() (int, error) {
-		d, err := process.Lookup(ordinal)
-		if err != nil {
-			return 0, err
-		}
-		return int(d.Streams().Token(cuda.DevicePtr(uint64(ptr)))), nil
-	})
-}
-
 // GraphForgetVoid tells Go that the owners of these void addresses ("address:token", comma-separated, as
 // GraphVoided gave them) let go for good: the Python layer marked their Buffers closed, so no free of
 // them will come, and Go stops keeping them (void entries keep every free on the graph-aware path and

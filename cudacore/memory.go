@@ -129,7 +129,8 @@ func MemorySetLimit(ordinal, limit int) (int, error) {
 
 // AllocateTiles allocates count tiles of tileSize bytes on stream, all or nothing: if tile k fails,
 // tiles 0..k-1 are freed, the cache is released, and the out-of-memory error says how many tiles fit.
-// It returns the tiles' addresses, comma-separated (a list crosses gopy cheaply as one string).
+// It returns the tiles, comma-separated (a list crosses gopy cheaply as one string), each as
+// "address:token" with the owner token of a tile made during a capture (0 for none; see Allocate).
 //
 //cudacore:gil release
 func AllocateTiles(ordinal, count, tileSize, stream int) (string, error) {
@@ -141,17 +142,19 @@ func AllocateTiles(ordinal, count, tileSize, stream int) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		ptrs, err := d.AllocateTiles(count, uint64(tileSize), cuda.Stream(uint64(stream)), nil)
+		ptrs, tokens, err := d.AllocateTiles(count, uint64(tileSize), cuda.Stream(uint64(stream)), nil)
 		if err != nil {
 			return "", err
 		}
 		var b strings.Builder
-		b.Grow(len(ptrs) * 16)
+		b.Grow(len(ptrs) * 20)
 		for i, p := range ptrs {
 			if i > 0 {
 				b.WriteByte(',')
 			}
 			b.WriteString(strconv.FormatUint(uint64(p), 10))
+			b.WriteByte(':')
+			b.WriteString(strconv.FormatUint(tokens[i], 10))
 		}
 		return b.String(), nil
 	})

@@ -7,7 +7,7 @@ import "testing"
 // cache hit and the recorder), without the crossing from Python. bench/alloc.py measures the whole pair.
 func BenchmarkFacadePair(b *testing.B) {
 	b.Setenv("CUDACORE_BACKEND", "sim")
-	p, err := Allocate(0, 256, 0)
+	p, err := Allocate(0, 256, 0, make([]byte, 8))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -15,7 +15,7 @@ func BenchmarkFacadePair(b *testing.B) {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		p, err := Allocate(0, 256, 0)
+		p, err := Allocate(0, 256, 0, make([]byte, 8))
 		if err != nil {
 			b.Fatal(err)
 		}

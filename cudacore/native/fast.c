@@ -89,7 +89,7 @@ typedef struct {
     Py_ssize_t dlpack_exports;
     /* Allocated by Device.allocate on the legacy stream: its free may go to the recycle log (recycle_ok). */
     char recyclable;
-    /* Allocated during a capture: Go's owner token for it (cudacore.GraphToken; 0 otherwise), which its free
+    /* Allocated during a capture: Go's owner token for it (from the Allocate door; 0 otherwise), which its free
      * passes back (the GraphFree door), so that a free after its memory went void, when the driver may have
      * handed the address to another owner, frees nothing. Set by the Python layer when it notes the buffer. */
     int64_t graph_token;
@@ -1241,17 +1241,19 @@ allocate_buffer(int64_t device, int64_t size, int64_t stream)
     }
     b->closed = 1; /* until the allocation succeeds, dealloc must not free anything */
     char *err;
+    int64_t token = 0; /* taken with the allocation: looked up later, it could be a newer owner's */
     if (door_blocking(device)) {
         Py_BEGIN_ALLOW_THREADS
-        err = cudacore_door_Allocate(device, size, stream, &ptr);
+        err = cudacore_door_Allocate(device, size, stream, &token, (int64_t)sizeof token, &ptr);
         Py_END_ALLOW_THREADS
     } else {
-        err = cudacore_door_Allocate(device, size, stream, &ptr);
+        err = cudacore_door_Allocate(device, size, stream, &token, (int64_t)sizeof token, &ptr);
     }
     if (err != NULL) {
         Py_DECREF(b);
         return door_raise(err);
     }
+    b->graph_token = token;
     b->ptr = (uint64_t)ptr;
     b->size = (uint64_t)size;
     b->stream = (uint64_t)stream;

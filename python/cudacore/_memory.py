@@ -250,8 +250,7 @@ def allocate_tiles(
     ordinal = device.device_id
     callback, bar = _progress(progress, count, tile_size)
     if callback is None:
-        text = core.AllocateTiles(ordinal, count, tile_size, handle)
-        out = [fast.wrap(ordinal, int(p), tile_size, handle) for p in text.split(",")]
+        out = _wrap_tiles(ordinal, core.AllocateTiles(ordinal, count, tile_size, handle), tile_size, handle)
         if capturing_streams:
             note_capture_buffers(out)
         return out
@@ -269,7 +268,7 @@ def allocate_tiles(
                 _release_all(tiles)
                 core.MemoryRelease(ordinal)
                 raise _tiles_oom(device, exc, done, count, tile_size) from exc
-            tiles.extend(fast.wrap(ordinal, int(p), tile_size, handle) for p in text.split(","))
+            tiles.extend(_wrap_tiles(ordinal, text, tile_size, handle))
             if callback(len(tiles), count) is False:
                 _release_all(tiles)
                 raise InterruptedError(f"allocate_tiles cancelled by the progress callback after {len(tiles)} of {count} tiles; all released")
@@ -282,6 +281,17 @@ def allocate_tiles(
     if capturing_streams:
         note_capture_buffers(tiles)
     return tiles
+
+
+def _wrap_tiles(ordinal: int, text: str, tile_size: int, handle: int) -> list[Buffer]:
+    """Buffers for the "address:token" tiles core.AllocateTiles returned, each with its owner token."""
+    out = []
+    for item in text.split(","):
+        p, _, token = item.partition(":")
+        b = fast.wrap(ordinal, int(p), tile_size, handle)
+        b._graph_token = int(token)
+        out.append(b)
+    return out
 
 
 def _release_all(tiles: list[Buffer]) -> None:

@@ -42,9 +42,10 @@ __all__ = ["CAPTURE_MODES", "Event", "EventHandle", "Graph", "Stream", "current_
 # destroyed before any launch, Go takes the memory off the books and reports the address as void
 # (core.GraphVoided), and its Buffer is marked closed here: a later allocation may be given the same
 # address, and a stale Buffer must never free it. Only Buffers allocated while a capture begun here may be
-# in progress are remembered, weakly, by (device, address). Each also carries Go's owner token
-# (core.GraphToken), which its close passes back: a close that comes before this layer heard of the void
-# (on another thread, say) then frees nothing, even once the address belongs to another owner.
+# in progress are remembered, weakly, by (device, address). Each also carries Go's owner token, which the
+# allocation returned with the address and its close passes back: a close that comes before this layer
+# heard of the void (on another thread, say) then frees nothing, even once the address belongs to another
+# owner.
 capturing_streams: set[tuple[int, int]] = set()  # (device, stream handle): tested on every allocation
 _capture_buffers: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
 # Taken by whoever reads or changes _capture_buffers: threads note and void Buffers at the same
@@ -62,7 +63,6 @@ def note_capture_buffers(buffers: Iterable[Any]) -> None:
             if old is not None and old is not b:
                 old._void()  # the driver handed out its address again: its memory was void
             _capture_buffers[key] = b
-            b._graph_token = core.GraphToken(b.device_id, b.ptr)
 
 
 # Device.allocate resolves its stream argument and notes capture buffers in C, with these.

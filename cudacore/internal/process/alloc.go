@@ -75,18 +75,29 @@ func (d *Device) reissued(p cuda.DevicePtr) {
 // the rollback on the same goroutine, which for a read lock deadlocks once a writer waits in between (a
 // stream created on another thread meanwhile: seed 103992). A stream destroyed part way fails the next
 // tile, and the rollback frees the earlier ones on the legacy stream, as any free on a destroyed stream.
-func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress func(done, total int) bool) ([]cuda.DevicePtr, error) {
+//
+// It returns the tiles and, for each, its owner token (as AllocateOwned; 0 for none).
+func (d *Device) AllocateTiles(count int, size uint64, h cuda.Stream, progress func(done, total int) bool) ([]cuda.DevicePtr, []uint64, error) {
 	streams := d.Streams()
 	if err := streams.UseForAlloc(h); err != nil { // a destroyed stream is refused before any tile
-		return nil, err
+		return nil, nil, err
 	}
 	streams.Done(h)
 	if Capturing() { // what a capture forbids now is refused before any tile, with Allocate's error
 		if err := streams.CheckAllocate(h); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return memory.AllocateTiles(tileResource{d}, count, size, h, progress)
+	r := &tileResource{d: d}
+	ptrs, err := memory.AllocateTiles(r, count, size, h, progress)
+	if err != nil {
+		return nil, nil, err
+	}
+	tokens := make([]uint64, len(ptrs))
+	for i, p := range ptrs {
+		tokens[i] = r.tokens[p]
+	}
+	return ptrs, tokens, nil
 }
 
 // Free frees p (size bytes, last used on h). While a capture runs, a free waits for the captures to end
@@ -108,11 +119,23 @@ func (d *Device) Free(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 // allocation run while no capture can begin (Steady), so that a capture begun on another thread between
 // the two cannot see the allocation (900 outside the capture, which would invalidate it).
 func (d *Device) AllocateSteady(size uint64, h cuda.Stream) (p cuda.DevicePtr, err error) {
+	p, _, err = d.AllocateOwned(size, h)
+	return p, err
+}
+
+// AllocateOwned is AllocateSteady that also returns the owner token of an allocation made during a
+// capture (stream.Manager.Token; 0 for any other), which the owner passes back with its free (FreeOwned).
+// It is read in the same steady state as the allocation: no capture can end in between and void the
+// memory, and a token looked up by address later could be a newer owner's, once the address was handed
+// out again.
+func (d *Device) AllocateOwned(size uint64, h cuda.Stream) (p cuda.DevicePtr, token uint64, err error) {
 	err = captures.Steady(func() error {
-		p, err = d.Allocate(size, h)
+		if p, err = d.Allocate(size, h); err == nil {
+			token = d.Streams().Token(p)
+		}
 		return err
 	})
-	return p, err
+	return p, token, err
 }
 
 // FreeSteady is Free for a caller that does not hold the GIL (PyTorch's allocator), against which a
@@ -251,18 +274,24 @@ func (d *Device) Order(op string, waiter, producer cuda.Stream) error {
 
 // tileResource is the device's allocator as AllocateTiles uses it, with the rules of a free and of a
 // cache release at the moment each is made.
-type tileResource struct{ d *Device }
+type tileResource struct {
+	d      *Device
+	tokens map[cuda.DevicePtr]uint64 // the owner token of each tile made during a capture
+}
 
 // Allocate makes a tile as Device.Allocate allocates, under the rules of this moment: on a stream that
 // captures now it is an allocation of the capture, counted into its graph.
 //
 // The call runs without the GIL, so a capture can begin or end on another thread meanwhile: the check of
 // whether h captures, the driver's allocation and its booking are made while none does (Steady).
-func (t tileResource) Allocate(size uint64, h cuda.Stream) (p cuda.DevicePtr, err error) {
-	err = captures.Steady(func() error {
-		p, err = t.d.Allocate(size, h)
-		return err
-	})
+func (t *tileResource) Allocate(size uint64, h cuda.Stream) (p cuda.DevicePtr, err error) {
+	p, token, err := t.d.AllocateOwned(size, h)
+	if token != 0 {
+		if t.tokens == nil {
+			t.tokens = map[cuda.DevicePtr]uint64{}
+		}
+		t.tokens[p] = token
+	}
 	return p, err
 }
 
@@ -271,21 +300,33 @@ func (t tileResource) Allocate(size uint64, h cuda.Stream) (p cuda.DevicePtr, er
 // capture or waits for the captures to end. The free made at once runs while no capture can begin
 // (steadyOrDefer), so that a capture begun on another thread meanwhile cannot see it (an unsafe call in
 // GLOBAL mode).
-func (t tileResource) Deallocate(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+//
+// A tile made during a capture frees nothing once its memory went void (its owner token is stale: the
+// capture was aborted before the rollback, and the address may be another owner's by now).
+func (t *tileResource) Deallocate(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	d := t.d
-	return d.free(p, size, h, func(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	token := t.tokens[p]
+	delete(t.tokens, p)
+	if token != 0 && d.Streams().TokenStale(p, token) {
+		return nil
+	}
+	err := d.free(p, size, h, func(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 		return steadyOrDefer(func(later bool) error {
 			if later {
 				h = stream.Later(h)
 			}
 			return d.freeNow(p, size, h)
 		})
-	}, 0)
+	}, token)
+	if err == nil && token != 0 && !Capturing() {
+		d.Streams().DropToken(p, token) // freed: nothing can void it any more
+	}
+	return err
 }
 
 // Release gives the cache back after a failed call, once no capture runs (a release is unsafe during
 // one), while none can begin (steadyOrDefer).
-func (t tileResource) Release() error {
+func (t *tileResource) Release() error {
 	return steadyOrDefer(func(bool) error {
 		t.d.inFlight.RLock()
 		defer t.d.inFlight.RUnlock()
@@ -310,7 +351,7 @@ func steadyOrDefer(fn func(later bool) error) error {
 }
 
 // Device makes the out-of-memory verdict of a failed tile name the device.
-func (t tileResource) Device() *device.Device { return t.d.Device }
+func (t *tileResource) Device() *device.Device { return t.d.Device }
 
 // Unwrap is the device's allocator: an out-of-memory error reads what it caches and its block sizes.
-func (t tileResource) Unwrap() memory.Resource { return t.d.Memory() }
+func (t *tileResource) Unwrap() memory.Resource { return t.d.Memory() }

@@ -32,7 +32,7 @@ func TestTilesRolledBackUnderACaptureBegunMeanwhile(t *testing.T) {
 			require.NoError(t, err)
 			defer func() { _ = s.Destroy() }()
 
-			_, err = d.AllocateTiles(4, 4096, tc.h, func(done, total int) bool {
+			_, _, err = d.AllocateTiles(4, 4096, tc.h, func(done, total int) bool {
 				require.NoError(t, s.BeginCapture(cuda.CaptureModeGlobal)) // as another thread would
 				return false                                               // cancel: roll back under the capture
 			})
@@ -68,7 +68,7 @@ func TestTilesRolledBackAfterTheirCaptureEndedAreGraphMemory(t *testing.T) {
 			require.NoError(t, s.BeginCapture(cuda.CaptureModeThreadLocal))
 			var g *stream.Graph
 			var tiles []cuda.DevicePtr
-			_, err = d.AllocateTiles(4, 4096, s.Handle(), func(done, total int) bool {
+			_, _, err = d.AllocateTiles(4, 4096, s.Handle(), func(done, total int) bool {
 				if done < 2 {
 					return true
 				}
@@ -121,7 +121,7 @@ func TestTilesRolledBackWhileAStreamIsCreated(t *testing.T) {
 	created := make(chan error, 1)
 	done := make(chan error, 1)
 	go func() {
-		_, err := d.AllocateTiles(4, 4096, s.Handle(), func(done, total int) bool {
+		_, _, err := d.AllocateTiles(4, 4096, s.Handle(), func(done, total int) bool {
 			go func() { // another thread creates a stream while the tiles are made
 				c, err := d.Streams().Create(true, 0)
 				if err == nil {
@@ -163,7 +163,7 @@ func TestTileRollbackDoesNotHoldTheRegistryWhileWaitingForTheAllocator(t *testin
 
 	d.inFlight.Lock() // as SetStrategy holds it
 	rolledBack := make(chan error, 1)
-	go func() { rolledBack <- tileResource{d}.Deallocate(p, 4096, cuda.StreamLegacy) }()
+	go func() { rolledBack <- (&tileResource{d: d}).Deallocate(p, 4096, cuda.StreamLegacy) }()
 	waitUntilWaiting(t, "(*Device).freeNow", "sync.(*RWMutex).RLock") // the rollback waits for the allocator
 	registry := make(chan int, 1)
 	go func() { registry <- captures.Deferred() }() // takes the registry's mutex, as Allocate does
@@ -213,7 +213,7 @@ func TestTilesAllocatedUnderACaptureBegunMeanwhile(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = s.Destroy() }()
 
-	ptrs, err := d.AllocateTiles(4, 4096, s.Handle(), func(done, total int) bool {
+	ptrs, _, err := d.AllocateTiles(4, 4096, s.Handle(), func(done, total int) bool {
 		if done == 2 {
 			require.NoError(t, s.BeginCapture(cuda.CaptureModeRelaxed)) // as another thread would
 		}
@@ -275,4 +275,55 @@ func TestAnAddressOfVoidGraphMemoryHandedOutAgainIsOrdinaryMemory(t *testing.T) 
 			assert.Error(t, sim.MemFreeAsync(d.Context(), p, cuda.StreamLegacy), "the block went back to the driver")
 		})
 	}
+}
+
+// The owner token of an allocation made during a capture comes back with the allocation itself. Looked
+// up by address afterwards (as the Python layer did, with Python code and so other threads in between),
+// it was gone once the capture was aborted meanwhile, and once the address was handed to a new capture
+// allocation it was that new owner's: the old Buffer then carried the new owner's token, and its late
+// close freed the new owner's memory (fuzzer hunt of seed 9044 on the simulator: in_use wrapped near
+// 2**64). Tiles carry their tokens the same way, and a rolled-back tile whose memory went void frees
+// nothing.
+func TestAllocationsReturnTheirOwnerToken(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d := simDevice(t)
+	sim := d.Driver().(*cudasim.Driver)
+	require.NoError(t, sim.SetMemoryConditions(0, cudasim.MemoryConditions{ReuseAddresses: true}))
+	defer func() { assert.NoError(t, sim.SetMemoryConditions(0, cudasim.MemoryConditions{})) }()
+	s, err := d.Streams().Create(true, 0)
+	require.NoError(t, err)
+	defer func() { _ = s.Destroy() }()
+
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeRelaxed))
+	p, tok, err := d.AllocateOwned(4096, s.Handle())
+	require.NoError(t, err)
+	require.NotZero(t, tok, "graph memory has an owner")
+	require.NoError(t, s.AbortCapture()) // void
+	assert.Zero(t, d.Streams().Token(p), "looked up after the void, the token is gone")
+
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeRelaxed))
+	q, newer, err := d.AllocateOwned(4096, s.Handle())
+	require.NoError(t, err)
+	require.Equal(t, p, q, "the address handed out again")
+	assert.Equal(t, newer, d.Streams().Token(p), "looked up now, it is the newer owner's")
+	assert.True(t, d.Streams().TokenStale(p, tok), "the first owner's own token frees nothing")
+	require.NoError(t, s.AbortCapture())
+
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeRelaxed))
+	ptrs, tokens, err := d.AllocateTiles(3, 4096, s.Handle(), nil)
+	require.NoError(t, err)
+	for i := range ptrs {
+		assert.Equal(t, d.Streams().Token(ptrs[i]), tokens[i], "tile %d", i)
+		assert.NotZero(t, tokens[i])
+	}
+	require.NoError(t, s.AbortCapture())
+	inUse := d.Memory().Stats().InUse
+	r := &tileResource{d: d, tokens: map[cuda.DevicePtr]uint64{ptrs[0]: tokens[0]}}
+	require.NoError(t, r.Deallocate(ptrs[0], 4096, s.Handle()), "a rollback of a void tile")
+	assert.Equal(t, inUse, d.Memory().Stats().InUse, "frees nothing")
+	for _, v := range d.Streams().TakeVoided() { // the owners let go, as the Python layer reports
+		d.Streams().ForgetVoid(v.Ptr, v.Token)
+	}
+	assert.False(t, d.Streams().GraphMemoryInUse(), "nothing left on the books")
 }
