@@ -296,6 +296,18 @@ def _captured_event_sync(dev, s, other, buf, pinned):
     e.synchronize()
 
 
+def _first_launch(dev, s, other, buf, pinned):
+    """A graph's first launch instantiates it, an unsafe call (the GPU fuzzer: the driver answered 900
+    and the capture was gone)."""
+    with other.capture(mode="relaxed") as g:
+        buf.copy_from(pinned, stream=other)
+    try:
+        g.launch(other)
+        other.synchronize()
+    finally:
+        g.destroy()
+
+
 ILLEGAL = {
     # name: (operation, expected code, expected code in relaxed mode (None: allowed))
     "sync copy_to": (lambda d, s, o, b, p: b.copy_to(bytearray(4096)), 906, 906),
@@ -311,6 +323,7 @@ ILLEGAL = {
     "allocate on the legacy stream": (lambda d, s, o, b, p: d.allocate(1024), 906, 906),
     "wait on an event recorded in the capture": (_captured_event_sync, 907, 907),
     "record on the legacy stream": (lambda d, s, o, b, p: cc.Event(d).record(None), 906, 906),
+    "first launch of another graph": (_first_launch, 900, None),
 }
 
 

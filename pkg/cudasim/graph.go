@@ -77,6 +77,11 @@ func (d *Driver) GraphInstantiate(c cuda.Context, gh cuda.Graph) (cuda.GraphExec
 		return 0, err
 	}
 	defer v.mu.Unlock()
+	// Instantiating is an unsafe call during capture, as destroying an executable graph is (the
+	// conformance case CaptureGraphDestroy).
+	if err := d.unsafeCall(op, v); err != nil {
+		return 0, err
+	}
 	g, err := d.graph(op, v, gh)
 	if err != nil {
 		return 0, err

@@ -101,6 +101,24 @@ func (r *Registry) RunOrDeferUnsafeOn(m *Manager, h cuda.Stream, now func() erro
 	return true, now()
 }
 
+// RunUnlessUnsafe runs now, an unsafe call that cannot wait (the instantiation of a graph about to be
+// launched), holding the registry so that no capture can begin meanwhile, unless a capture in progress
+// forbids unsafe calls on the calling thread: then now does not run, and that capture is returned for
+// the caller's refusal.
+func (r *Registry) RunUnlessUnsafe(now func() error) (*capture, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.active.Load() > 0 {
+		tid := gettid()
+		for c := range r.caps {
+			if c.forbidsUnsafe(tid) {
+				return c, nil
+			}
+		}
+	}
+	return nil, now()
+}
+
 // holds says whether work queued on h, a stream of m's device, would be captured into c or invalidate
 // it: h is c's origin or joined to it, or h is the legacy stream and c captures a blocking stream of the
 // same device. The registry's mutex must be held.

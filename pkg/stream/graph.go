@@ -96,7 +96,20 @@ func (g *Graph) exec(op string) (cuda.GraphExec, error) {
 		return 0, g.dead(op)
 	}
 	if g.x == 0 {
-		x, err := g.m.drv.GraphInstantiate(g.m.ctx, g.g)
+		// Instantiation is an unsafe call: on the H100 it answers 900 during a THREAD_LOCAL capture begun
+		// on the calling thread and invalidates that capture (found by the fuzzer), as the destroy of an
+		// executable graph does in GLOBAL mode too. It is refused before the driver where a capture
+		// forbids it, and made where none can begin meanwhile.
+		var x cuda.GraphExec
+		c, err := g.m.reg.RunUnlessUnsafe(func() (err error) {
+			x, err = g.m.drv.GraphInstantiate(g.m.ctx, g.g)
+			return err
+		})
+		if c != nil {
+			return 0, CaptureError(cuda.ErrorStreamCaptureUnsupported, op, unsafeMsg(
+				fmt.Sprintf("instantiating %s (cuGraphInstantiate, which a first launch or upload makes)", g), c,
+				"instantiate it before the capture (graph.instantiate()), or launch it after"))
+		}
 		if err != nil {
 			return 0, err
 		}

@@ -179,6 +179,7 @@ func TestPendingGraphMemoryCount(t *testing.T) {
 			q := e.captureAlloc(t, s)
 			g2, err := s.EndCapture()
 			require.NoError(t, err)
+			require.NoError(t, g2.Instantiate(), "not during the capture below (an unsafe call)")
 			assert.Equal(t, 2, pendingOf(e.m))
 			other, err := e.m.Create(true, 0)
 			require.NoError(t, err)

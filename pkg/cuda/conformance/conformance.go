@@ -423,8 +423,9 @@ func testCaptureTable(t *testing.T, e *env, mode cuda.CaptureMode) {
 	assertResult(t, cuda.ErrorIllegalState, func() error { _, err := d.StreamEndCapture(c, s); return err }(), "EndCapture of a stream not capturing")
 }
 
-// testCaptureGraphDestroy checks that destroying an executable graph (cuGraphExecDestroy) while a stream
-// captures is an unsafe call, as a synchronous allocation is: 900 and the capture invalidated where the
+// testCaptureGraphDestroy checks that destroying an executable graph (cuGraphExecDestroy), and
+// instantiating one (cuGraphInstantiate), while a stream captures are unsafe calls, as a synchronous
+// allocation is: 900 and the capture invalidated where the
 // mode forbids unsafe calls (GLOBAL: from any thread; THREAD_LOCAL: from the capturing thread), and legal
 // otherwise (RELAXED; THREAD_LOCAL from another thread). A refused destroy destroys nothing: it succeeds
 // once the capture has ended. Destroying a graph (cuGraphDestroy) is legal in every mode, and the capture
@@ -497,6 +498,19 @@ func testCaptureGraphDestroy(t *testing.T, e *env, mode cuda.CaptureMode) {
 		err, survived = during(func() error { return d.GraphDestroy(c, g) }, otherThread)
 		assertResult(t, cuda.Success, err, "cuGraphDestroy during capture "+where)
 		assert.True(t, survived, "cuGraphDestroy %s: the capture survives", where)
+
+		// Instantiating a graph is an unsafe call by the same rules (the GPU fuzzer met 900 for a first
+		// launch during a THREAD_LOCAL capture of the launching thread, and the capture was gone).
+		g, x = graph()
+		require.NoError(t, d.GraphExecDestroy(c, x))
+		var x2 cuda.GraphExec
+		err, survived = during(func() (err error) { x2, err = d.GraphInstantiate(c, g); return err }, otherThread)
+		assertResult(t, want, err, "cuGraphInstantiate during capture "+where)
+		assert.Equal(t, !forbidden, survived, "cuGraphInstantiate %s: the capture survives only where the call is allowed", where)
+		if !forbidden {
+			assert.NoError(t, d.GraphExecDestroy(c, x2))
+		}
+		assert.NoError(t, d.GraphDestroy(c, g))
 	}
 }
 
