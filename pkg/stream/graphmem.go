@@ -336,13 +336,29 @@ func (m *Manager) reissuedLocked(p cuda.DevicePtr) {
 }
 
 // ForgetVoid is told that the owner of p with token t (0: an owner without one) let go for good: the
-// Python layer marked its Buffer closed, so no free of it will come. It forgets that token, and says
-// whether p was void on that owner's account, forgetting that too. The stale tokens of p's other owners
-// stay: a free of theirs may still come.
+// Python layer marked its Buffer closed, or its free found the capture invalidated, which voided the
+// memory. It forgets that token, and says whether p was void on that owner's account, forgetting that
+// too. The stale tokens of p's other owners stay: a free of theirs may still come.
 func (m *Manager) ForgetVoid(p cuda.DevicePtr, t uint64) bool {
 	gm := &m.gm
 	gm.mu.Lock()
 	defer gm.mu.Unlock()
+	return m.forgetVoidLocked(p, t)
+}
+
+// ForgetVoidAt is ForgetVoid for the free by address (no token) of memory that was graph memory of its
+// capture when the free was made, and that the capture's end has just voided: whatever void entry p has
+// is that owner's.
+func (m *Manager) ForgetVoidAt(p cuda.DevicePtr) bool {
+	gm := &m.gm
+	gm.mu.Lock()
+	defer gm.mu.Unlock()
+	v, ok := gm.void[p]
+	return ok && m.forgetVoidLocked(p, v.token)
+}
+
+func (m *Manager) forgetVoidLocked(p cuda.DevicePtr, t uint64) bool {
+	gm := &m.gm
 	if q, ok := gm.stale[t]; ok && q == p {
 		delete(gm.stale, t)
 	}

@@ -173,7 +173,7 @@ func (d *Device) FreeOwned(p cuda.DevicePtr, size uint64, h cuda.Stream, token u
 	})
 	if node {
 		// A free node of its own capture: a failed free node ends the capture, which takes the change lock.
-		err = d.Free(p, size, h)
+		err = d.free(p, size, h, d.freeNow, token)
 		if err == nil && token != 0 {
 			streams.DropToken(p, token)
 		}
@@ -227,8 +227,10 @@ func (d *Device) freeDuringCapture(p cuda.DevicePtr, size uint64, h cuda.Stream,
 		// The driver had invalidated the capture: ending it (Manager.Failed) discards its graph memory, p
 		// with it, so nothing is left to free.
 		err = streams.Failed("free", h, err)
-		if stream.IsCaptureResult(cuda.ResultOf(err)) && streams.ForgetVoid(p, token) {
-			return nil
+		if stream.IsCaptureResult(cuda.ResultOf(err)) {
+			if token != 0 && streams.ForgetVoid(p, token) || token == 0 && streams.ForgetVoidAt(p) {
+				return nil
+			}
 		}
 		return err
 	}

@@ -327,3 +327,39 @@ func TestAllocationsReturnTheirOwnerToken(t *testing.T) {
 	}
 	assert.False(t, d.Streams().GraphMemoryInUse(), "nothing left on the books")
 }
+
+// A close of graph memory during its own capture is a free node; when the driver answers that the
+// capture was already invalidated (901), cudacore ends the capture, which voids the memory, and the close
+// succeeds: nothing is left to free. With owner tokens the void entry carries the owner's token, and the
+// free node's path dropped it (a free by address), so the close raised the 901 instead (the H100 fuzzer:
+// "closing a live buffer raised CaptureError ... 901", 4 programs in 10,000).
+func TestAFreeNodeOfAnInvalidatedCaptureFreesNothing(t *testing.T) {
+	for _, owned := range []bool{true, false} {
+		t.Run(map[bool]string{true: "owner token", false: "by address"}[owned], func(t *testing.T) {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			d := simDevice(t)
+			sim := d.Driver().(*cudasim.Driver)
+			before := d.Memory().Stats().InUse
+			s, err := d.Streams().Create(true, 0)
+			require.NoError(t, err)
+			defer func() { _ = s.Destroy() }()
+			require.NoError(t, s.BeginCapture(cuda.CaptureModeRelaxed))
+			p, tok, err := d.AllocateOwned(4096, s.Handle())
+			require.NoError(t, err)
+			require.NotZero(t, tok)
+			sim.InjectFault("cuMemFreeAsync", 1, cuda.ErrorStreamCaptureInvalidated)
+			if !owned {
+				tok = 0
+			}
+			assert.NoError(t, d.FreeOwned(p, 4096, s.Handle(), tok), "the capture's end voided it: nothing to free")
+			sim.ClearFaults()
+			assert.False(t, s.Capturing(), "cudacore ended the invalidated capture")
+			assert.Equal(t, before, d.Memory().Stats().InUse)
+			for _, v := range d.Streams().TakeVoided() {
+				d.Streams().ForgetVoid(v.Ptr, v.Token)
+			}
+			assert.False(t, d.Streams().GraphMemoryInUse(), "nothing left on the books")
+		})
+	}
+}
