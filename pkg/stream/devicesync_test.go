@@ -225,3 +225,86 @@ func TestAHostWaitDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
 		})
 	}
 }
+
+// pausedWaits is the simulator with hooks on the stream waits: a stream can be made to answer not
+// ready, and a hook can pause the next query or synchronize.
+type pausedWaits struct {
+	*cudasim.Driver
+	notReady atomic.Bool
+	onQuery  atomic.Pointer[func()]
+	onSync   atomic.Pointer[func()]
+}
+
+func (d *pausedWaits) StreamQuery(c cuda.Context, s cuda.Stream) error {
+	if f := d.onQuery.Swap(nil); f != nil {
+		(*f)()
+	}
+	if d.notReady.Load() {
+		return cuda.NewError("cuStreamQuery", cuda.ErrorNotReady, "")
+	}
+	return d.Driver.StreamQuery(c, s)
+}
+
+func (d *pausedWaits) StreamSynchronize(c cuda.Context, s cuda.Stream) error {
+	if f := d.onSync.Swap(nil); f != nil {
+		(*f)()
+	}
+	return d.Driver.StreamSynchronize(c, s)
+}
+
+// Stream.Destroy runs with the change lock held for reading, and used to wait there for the helper
+// goroutine of a Stream.Wait on another thread. That helper takes the change lock for reading before its
+// blocking call, and a capture's begin queued for writing in between kept it out: Destroy waited for the
+// helper, the helper for the begin, the begin for Destroy (found by a review). Destroy now waits only
+// for the calls that hold the stream, which the helper takes after the change lock.
+func TestStreamDestroyDoesNotWaitForAWaitsHelper(t *testing.T) {
+	drv := &pausedWaits{Driver: cudasim.New()}
+	d, err := device.Open(drv, 0, "")
+	require.NoError(t, err)
+	m := New(d, Options{})
+	s, err := m.Create(true, 0)
+	require.NoError(t, err)
+	other, err := m.Create(true, 0)
+	require.NoError(t, err)
+	drv.notReady.Store(true)
+
+	inQuery, releaseQuery := make(chan struct{}), make(chan struct{})
+	pauseQuery := func() { close(inQuery); <-releaseQuery; time.Sleep(3 * time.Millisecond) }
+	waited := make(chan error, 1)
+	go func() { _, err := s.Wait(10 * time.Second); waited <- err }()
+	time.Sleep(time.Millisecond) // past the first queries
+	drv.onQuery.Store(&pauseQuery)
+	<-inQuery
+
+	inSync, releaseSync := make(chan struct{}), make(chan struct{})
+	pauseSync := func() { close(inSync); <-releaseSync }
+	drv.onSync.Store(&pauseSync)
+	destroyed := make(chan error, 1)
+	go func() { destroyed <- s.Destroy() }()
+	<-inSync // Destroy holds the change lock for reading, inside its synchronize
+	began := make(chan error, 1)
+	go func() { began <- other.BeginCapture(cuda.CaptureModeRelaxed) }()
+	time.Sleep(20 * time.Millisecond) // the begin queues for the change lock
+	close(releaseQuery)               // the wait's query answers not ready: its helper starts
+	time.Sleep(50 * time.Millisecond)
+	drv.notReady.Store(false)
+	close(releaseSync)
+	select {
+	case err := <-destroyed:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("deadlock: Destroy, the wait's helper and BeginCapture wait for each other")
+	}
+	require.NoError(t, <-began)
+	g, err := other.EndCapture()
+	require.NoError(t, err)
+	require.NoError(t, g.Destroy())
+	select {
+	case err := <-waited: // the stream is gone: a closed error, or done if it finished first
+		if err != nil {
+			assert.Equal(t, cuda.ErrorClosed, cuda.ResultOf(err), "%v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the wait never returned")
+	}
+}

@@ -72,8 +72,7 @@ func (e *Event) Destroy() error {
 	if !e.destroyed.CompareAndSwap(false, true) {
 		return nil
 	}
-	e.waiter.drain() // a Wait's cuEventSynchronize must not outlive the event
-	e.use.Lock()     // nor a query or synchronize of another thread (hold)
+	e.use.Lock() // a Wait's cuEventSynchronize, a query or synchronize of another thread run inside hold
 	defer e.use.Unlock()
 	return e.m.drv.EventDestroy(e.m.ctx, e.h)
 }

@@ -301,8 +301,11 @@ func (s *Stream) destroy() error {
 	if s.m.checkStreamWait("destroy", s) == nil {
 		_ = s.m.drv.StreamSynchronize(s.m.ctx, s.h)
 	}
-	s.waiter.drain() // a Wait's cuStreamSynchronize must not outlive the stream
-	s.use.Lock()     // nor a synchronize or query of another thread (hold)
+	// A Wait's blocking cuStreamSynchronize runs inside hold, as a synchronize or query of another
+	// thread does: taking use for writing waits for them, so none outlives the stream. (Waiting here for
+	// the Wait's helper goroutine instead deadlocked: the helper first takes the change lock for reading,
+	// which this caller holds, and a capture's begin queued for writing in between kept it out.)
+	s.use.Lock()
 	defer s.use.Unlock()
 	s.m.life.mu.Lock()
 	defer s.m.life.mu.Unlock()

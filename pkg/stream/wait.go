@@ -61,17 +61,6 @@ func (b *blocker) wait(timeout time.Duration, block func() error) (bool, error) 
 	}
 }
 
-// drain waits for a blocking call in flight to return: call it before destroying the handle it uses.
-func (b *blocker) drain() {
-	b.mu.Lock()
-	f := b.cur
-	b.cur = nil
-	b.mu.Unlock()
-	if f != nil {
-		<-f.done
-	}
-}
-
 // waitFor implements Stream.Wait and Event.Wait: query until done, spinning first and then blocking in
 // the driver through b, for at most timeout.
 func waitFor(timeout time.Duration, query func() (bool, error), b *blocker, block func() error) (bool, error) {
