@@ -593,6 +593,23 @@ func (m *Manager) NoteAllocate(h cuda.Stream, p cuda.DevicePtr, size uint64) {
 	m.reg.mu.Unlock()
 }
 
+// Captured says whether p is an allocation of the capture stream h is in now (allocated on h or on
+// another of its streams, and not freed in it).
+func (m *Manager) Captured(h cuda.Stream, p cuda.DevicePtr) bool {
+	if m.reg.active.Load() == 0 {
+		return false
+	}
+	m.reg.mu.Lock()
+	defer m.reg.mu.Unlock()
+	for c := range m.reg.caps {
+		if c.member(m, h) != nil {
+			_, ok := c.ptrs[p]
+			return ok
+		}
+	}
+	return false
+}
+
 // GraphMemory says whether p was allocated on stream h during the capture h is in now, and may be freed
 // there as a node of the graph. Memory from before the capture must wait for it to end (the driver
 // refuses its free on a capturing stream). So must the capture's own memory once a stream joined the

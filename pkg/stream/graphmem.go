@@ -146,6 +146,9 @@ func (m *Manager) NoteFree(h cuda.Stream, p cuda.DevicePtr) {
 	for c := range m.reg.caps {
 		if c.member(m, h) != nil {
 			delete(c.ptrs, p)
+			m.gm.mu.Lock()
+			delete(m.gm.tokens, p) // freed in its capture: no void can reach it any more
+			m.gm.mu.Unlock()
 			return
 		}
 	}

@@ -60,8 +60,10 @@ def note_capture_buffers(buffers: Iterable[Any]) -> None:
         for b in buffers:
             key = (b.device_id, b.ptr)
             old = _capture_buffers.get(key)
-            if old is not None and old is not b:
+            if old is not None and old is not b and not old.closed:
                 old._void()  # the driver handed out its address again: its memory was void
+                if old._graph_token:  # no free of it will come: Go forgets its stale token
+                    core.GraphForgetVoid(b.device_id, f"{b.ptr}:{old._graph_token}")
             _capture_buffers[key] = b
 
 

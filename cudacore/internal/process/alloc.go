@@ -130,8 +130,8 @@ func (d *Device) AllocateSteady(size uint64, h cuda.Stream) (p cuda.DevicePtr, e
 // out again.
 func (d *Device) AllocateOwned(size uint64, h cuda.Stream) (p cuda.DevicePtr, token uint64, err error) {
 	err = captures.Steady(func() error {
-		if p, err = d.Allocate(size, h); err == nil {
-			token = d.Streams().Token(p)
+		if p, err = d.Allocate(size, h); err == nil && d.Streams().Captured(h, p) {
+			token = d.Streams().Token(p) // an earlier owner's token lingering at p is not this one's
 		}
 		return err
 	})
@@ -312,18 +312,21 @@ func (t *tileResource) Deallocate(p cuda.DevicePtr, size uint64, h cuda.Stream) 
 	if token != 0 && d.Streams().TokenStale(p, token) {
 		return nil
 	}
-	err := d.free(p, size, h, func(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	return d.free(p, size, h, func(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 		return steadyOrDefer(func(later bool) error {
 			if later {
+				if token != 0 && d.Streams().TokenStale(p, token) {
+					return nil // went void while the free waited for the captures to end
+				}
 				h = stream.Later(h)
 			}
-			return d.freeNow(p, size, h)
+			err := d.freeNow(p, size, h)
+			if err == nil && token != 0 {
+				d.Streams().DropToken(p, token) // freed: nothing can void it any more
+			}
+			return err
 		})
 	}, token)
-	if err == nil && token != 0 && !Capturing() {
-		d.Streams().DropToken(p, token) // freed: nothing can void it any more
-	}
-	return err
 }
 
 // Release gives the cache back after a failed call, once no capture runs (a release is unsafe during

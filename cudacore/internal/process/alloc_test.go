@@ -363,3 +363,41 @@ func TestAFreeNodeOfAnInvalidatedCaptureFreesNothing(t *testing.T) {
 		})
 	}
 }
+
+// A capture allocation freed by address inside its capture (a free node: PyTorch's frees carry no
+// token) left its owner token behind, and an ordinary allocation given the address later came back with
+// it (found by review): such a Buffer took the graph-memory path on every close. The free node drops the
+// token, and only an allocation of a capture gets one.
+func TestAnOrdinaryAllocationNeverGetsAnEarlierOwnersToken(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d := simDevice(t)
+	sim := d.Driver().(*cudasim.Driver)
+	require.NoError(t, sim.SetMemoryConditions(0, cudasim.MemoryConditions{ReuseAddresses: true}))
+	defer func() { assert.NoError(t, sim.SetMemoryConditions(0, cudasim.MemoryConditions{})) }()
+	s, err := d.Streams().Create(true, 0)
+	require.NoError(t, err)
+	defer func() { _ = s.Destroy() }()
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeRelaxed))
+	p, tok, err := d.AllocateOwned(4096, s.Handle())
+	require.NoError(t, err)
+	require.NotZero(t, tok)
+	require.NoError(t, d.FreeSteady(p, 4096, s.Handle()), "by address: a free node of the capture")
+	assert.Zero(t, d.Streams().Token(p), "the free node drops the token")
+	g, err := s.EndCapture()
+	require.NoError(t, err)
+	require.NoError(t, g.Destroy())
+	var got []cuda.DevicePtr
+	for range 4 {
+		q, tk, err := d.AllocateOwned(4096, s.Handle())
+		require.NoError(t, err)
+		assert.Zero(t, tk, "an ordinary allocation at %#x (the earlier owner's was %#x)", q, p)
+		got = append(got, q)
+	}
+	for _, q := range got {
+		require.NoError(t, d.Free(q, 4096, s.Handle()))
+	}
+	for _, v := range d.Streams().TakeVoided() {
+		d.Streams().ForgetVoid(v.Ptr, v.Token)
+	}
+}
