@@ -134,31 +134,44 @@ func TestANewDeviceSynchronizeDoesNotTakeAnAbandonedOnesResult(t *testing.T) {
 type waitHook struct {
 	*cudasim.Driver
 	entry atomic.Pointer[func()]
+	// busy makes the queries answer not ready and the hook wait for a blocking call: a sliced wait then
+	// spins, gives up spinning and blocks in the driver, where the hook runs (and busy ends).
+	busy atomic.Bool
 }
 
-func (d *waitHook) enter() {
+func (d *waitHook) enter(blocking bool) {
+	if d.busy.Load() && !blocking {
+		return
+	}
 	if f := d.entry.Swap(nil); f != nil {
+		d.busy.Store(false)
 		(*f)()
 	}
 }
 
 func (d *waitHook) StreamQuery(c cuda.Context, s cuda.Stream) error {
-	d.enter()
+	d.enter(false)
+	if d.busy.Load() {
+		return cuda.NewError("cuStreamQuery", cuda.ErrorNotReady, "")
+	}
 	return d.Driver.StreamQuery(c, s)
 }
 
 func (d *waitHook) StreamSynchronize(c cuda.Context, s cuda.Stream) error {
-	d.enter()
+	d.enter(true)
 	return d.Driver.StreamSynchronize(c, s)
 }
 
 func (d *waitHook) EventQuery(c cuda.Context, e cuda.Event) error {
-	d.enter()
+	d.enter(false)
+	if d.busy.Load() {
+		return cuda.NewError("cuEventQuery", cuda.ErrorNotReady, "")
+	}
 	return d.Driver.EventQuery(c, e)
 }
 
 func (d *waitHook) EventSynchronize(c cuda.Context, e cuda.Event) error {
-	d.enter()
+	d.enter(true)
 	return d.Driver.EventSynchronize(c, e)
 }
 
@@ -183,38 +196,44 @@ func TestAHostWaitDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, ev.Record(s))
 	for _, c := range []struct {
-		name string
-		wait func() error
+		name     string
+		wait     func() error
+		blocking bool // the stream is busy: the sliced wait reaches its blocking call
 	}{
-		{"Stream.Query", func() error { _, err := s.Query(); return err }},
-		{"Stream.Synchronize", s.Synchronize},
-		{"Stream.Wait", func() error { _, err := s.Wait(time.Second); return err }},
-		{"Event.Query", func() error { _, err := ev.Query(); return err }},
-		{"Event.Synchronize", ev.Synchronize},
-		{"Event.Wait", func() error { _, err := ev.Wait(time.Second); return err }},
+		{"Stream.Query", func() error { _, err := s.Query(); return err }, false},
+		{"Stream.Synchronize", s.Synchronize, false},
+		{"Stream.Wait", func() error { _, err := s.Wait(time.Second); return err }, false},
+		{"Stream.Wait, blocking slice", func() error { _, err := s.Wait(time.Second); return err }, true},
+		{"Event.Query", func() error { _, err := ev.Query(); return err }, false},
+		{"Event.Synchronize", ev.Synchronize, false},
+		{"Event.Wait", func() error { _, err := ev.Wait(time.Second); return err }, false},
+		{"Event.Wait, blocking slice", func() error { _, err := ev.Wait(time.Second); return err }, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			began, proceed, ended := make(chan error, 1), make(chan struct{}), make(chan error, 1)
-			go func() { // another thread's GLOBAL capture: begun and ended on that thread
-				runtime.LockOSThread()
-				defer runtime.UnlockOSThread()
-				began <- other.BeginCapture(cuda.CaptureModeGlobal)
-				<-proceed
-				g, err := other.EndCapture()
-				if err == nil {
-					err = g.Destroy()
-				}
-				ended <- err
-			}()
-			hook := func() { // the wait is on its way into the driver: give the capture time to begin
-				select {
+			hook := func() { // the wait is on its way into the driver: another thread begins a capture
+				go func() { // a GLOBAL capture, begun and ended on that thread
+					runtime.LockOSThread()
+					defer runtime.UnlockOSThread()
+					began <- other.BeginCapture(cuda.CaptureModeGlobal)
+					<-proceed
+					g, err := other.EndCapture()
+					if err == nil {
+						err = g.Destroy()
+					}
+					ended <- err
+				}()
+				select { // give it time to begin, unless cudacore keeps it out until the wait is in
 				case err := <-began:
 					began <- err
 				case <-time.After(20 * time.Millisecond):
 				}
 			}
+			drv.busy.Store(c.blocking)
 			drv.entry.Store(&hook)
-			if err := c.wait(); err != nil {
+			err := c.wait()
+			require.Nil(t, drv.entry.Load(), "the wait reached the hooked driver call")
+			if err != nil {
 				// A sliced wait whose stream was not done yet asks again after the capture began: refused
 				// then, before the driver, which leaves the capture alone.
 				require.Equal(t, cuda.ErrorStreamCaptureUnsupported, cuda.ResultOf(err), "%v", err)
