@@ -596,18 +596,25 @@ func (m *Manager) NoteAllocate(h cuda.Stream, p cuda.DevicePtr, size uint64) {
 // Captured says whether p is an allocation of the capture stream h is in now (allocated on h or on
 // another of its streams, and not freed in it).
 func (m *Manager) Captured(h cuda.Stream, p cuda.DevicePtr) bool {
+	captured, _ := m.captureAlloc(h, p)
+	return captured
+}
+
+// captureAlloc says whether p is an allocation of the capture stream h is in now, and whether that
+// capture has streams joined to it.
+func (m *Manager) captureAlloc(h cuda.Stream, p cuda.DevicePtr) (captured, joined bool) {
 	if m.reg.active.Load() == 0 {
-		return false
+		return false, false
 	}
 	m.reg.mu.Lock()
 	defer m.reg.mu.Unlock()
 	for c := range m.reg.caps {
 		if c.member(m, h) != nil {
 			_, ok := c.ptrs[p]
-			return ok
+			return ok, len(c.joined) > 0
 		}
 	}
-	return false
+	return false, false
 }
 
 // GraphMemory says whether p was allocated on stream h during the capture h is in now, and may be freed
@@ -618,18 +625,8 @@ func (m *Manager) Captured(h cuda.Stream, p cuda.DevicePtr) bool {
 // last join back, be work that nothing joins back (904 at the capture's end). Freed after the end, it
 // follows its graph's rules (freed after each launch).
 func (m *Manager) GraphMemory(h cuda.Stream, p cuda.DevicePtr) bool {
-	if m.reg.active.Load() == 0 {
-		return false
-	}
-	m.reg.mu.Lock()
-	defer m.reg.mu.Unlock()
-	for c := range m.reg.caps {
-		if s := c.member(m, h); s != nil {
-			_, ok := c.ptrs[p]
-			return ok && len(c.joined) == 0
-		}
-	}
-	return false
+	captured, joined := m.captureAlloc(h, p)
+	return captured && !joined
 }
 
 // lookup finds a capturing stream of m by handle (only capturing streams are registered: origins and

@@ -129,49 +129,44 @@ func TestANewDeviceSynchronizeDoesNotTakeAnAbandonedOnesResult(t *testing.T) {
 	assert.Equal(t, int32(3), drv.calls.Load(), "nothing in flight: one synchronize per wait")
 }
 
-// waitHook is the simulator with a hook run on entry to the host waits, before the simulator sees the
-// call: where a capture began on another thread, it has begun by then unless cudacore keeps it out.
-type waitHook struct {
+// hookedWaits is the simulator with hooks on the host waits of streams and events: the queries can be
+// made to answer not ready (busy), and onQuery and onSync each run once on entry to the next query or
+// blocking wait, before the simulator sees it.
+type hookedWaits struct {
 	*cudasim.Driver
-	entry atomic.Pointer[func()]
-	// busy makes the queries answer not ready and the hook wait for a blocking call: a sliced wait then
-	// spins, gives up spinning and blocks in the driver, where the hook runs (and busy ends).
-	busy atomic.Bool
+	busy            atomic.Bool
+	onQuery, onSync atomic.Pointer[func()]
 }
 
-func (d *waitHook) enter(blocking bool) {
-	if d.busy.Load() && !blocking {
-		return
-	}
-	if f := d.entry.Swap(nil); f != nil {
-		d.busy.Store(false)
+func run(hook *atomic.Pointer[func()]) {
+	if f := hook.Swap(nil); f != nil {
 		(*f)()
 	}
 }
 
-func (d *waitHook) StreamQuery(c cuda.Context, s cuda.Stream) error {
-	d.enter(false)
+func (d *hookedWaits) query(name string, call func() error) error {
+	run(&d.onQuery)
 	if d.busy.Load() {
-		return cuda.NewError("cuStreamQuery", cuda.ErrorNotReady, "")
+		return cuda.NewError(name, cuda.ErrorNotReady, "")
 	}
-	return d.Driver.StreamQuery(c, s)
+	return call()
 }
 
-func (d *waitHook) StreamSynchronize(c cuda.Context, s cuda.Stream) error {
-	d.enter(true)
+func (d *hookedWaits) StreamQuery(c cuda.Context, s cuda.Stream) error {
+	return d.query("cuStreamQuery", func() error { return d.Driver.StreamQuery(c, s) })
+}
+
+func (d *hookedWaits) EventQuery(c cuda.Context, e cuda.Event) error {
+	return d.query("cuEventQuery", func() error { return d.Driver.EventQuery(c, e) })
+}
+
+func (d *hookedWaits) StreamSynchronize(c cuda.Context, s cuda.Stream) error {
+	run(&d.onSync)
 	return d.Driver.StreamSynchronize(c, s)
 }
 
-func (d *waitHook) EventQuery(c cuda.Context, e cuda.Event) error {
-	d.enter(false)
-	if d.busy.Load() {
-		return cuda.NewError("cuEventQuery", cuda.ErrorNotReady, "")
-	}
-	return d.Driver.EventQuery(c, e)
-}
-
-func (d *waitHook) EventSynchronize(c cuda.Context, e cuda.Event) error {
-	d.enter(true)
+func (d *hookedWaits) EventSynchronize(c cuda.Context, e cuda.Event) error {
+	run(&d.onSync)
 	return d.Driver.EventSynchronize(c, e)
 }
 
@@ -184,7 +179,7 @@ func TestAHostWaitDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
 	saved := syncEntryGrace
 	syncEntryGrace = time.Minute // the blocking waits' grace covers the hook's delay
 	defer func() { syncEntryGrace = saved }()
-	drv := &waitHook{Driver: cudasim.New()}
+	drv := &hookedWaits{Driver: cudasim.New()}
 	d, err := device.Open(drv, 0, "")
 	require.NoError(t, err)
 	m := New(d, Options{})
@@ -198,14 +193,14 @@ func TestAHostWaitDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		wait     func() error
-		blocking bool // the stream is busy: the sliced wait reaches its blocking call
+		blocking bool // the hook waits for a blocking call: on a busy stream, a sliced wait's blocking slice
 	}{
 		{"Stream.Query", func() error { _, err := s.Query(); return err }, false},
-		{"Stream.Synchronize", s.Synchronize, false},
+		{"Stream.Synchronize", s.Synchronize, true},
 		{"Stream.Wait", func() error { _, err := s.Wait(time.Second); return err }, false},
 		{"Stream.Wait, blocking slice", func() error { _, err := s.Wait(time.Second); return err }, true},
 		{"Event.Query", func() error { _, err := ev.Query(); return err }, false},
-		{"Event.Synchronize", ev.Synchronize, false},
+		{"Event.Synchronize", ev.Synchronize, true},
 		{"Event.Wait", func() error { _, err := ev.Wait(time.Second); return err }, false},
 		{"Event.Wait, blocking slice", func() error { _, err := ev.Wait(time.Second); return err }, true},
 	} {
@@ -229,10 +224,16 @@ func TestAHostWaitDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
 				case <-time.After(20 * time.Millisecond):
 				}
 			}
-			drv.busy.Store(c.blocking)
-			drv.entry.Store(&hook)
+			on := &drv.onQuery
+			if c.blocking {
+				on = &drv.onSync
+				drv.busy.Store(true) // until the blocking call: then the confirming query says done
+				unbusy := hook
+				hook = func() { drv.busy.Store(false); unbusy() }
+			}
+			on.Store(&hook)
 			err := c.wait()
-			require.Nil(t, drv.entry.Load(), "the wait reached the hooked driver call")
+			require.Nil(t, on.Load(), "the wait reached the hooked driver call")
 			if err != nil {
 				// A sliced wait whose stream was not done yet asks again after the capture began: refused
 				// then, before the driver, which leaves the capture alone.
@@ -245,39 +246,13 @@ func TestAHostWaitDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
 	}
 }
 
-// pausedWaits is the simulator with hooks on the stream waits: a stream can be made to answer not
-// ready, and a hook can pause the next query or synchronize.
-type pausedWaits struct {
-	*cudasim.Driver
-	notReady atomic.Bool
-	onQuery  atomic.Pointer[func()]
-	onSync   atomic.Pointer[func()]
-}
-
-func (d *pausedWaits) StreamQuery(c cuda.Context, s cuda.Stream) error {
-	if f := d.onQuery.Swap(nil); f != nil {
-		(*f)()
-	}
-	if d.notReady.Load() {
-		return cuda.NewError("cuStreamQuery", cuda.ErrorNotReady, "")
-	}
-	return d.Driver.StreamQuery(c, s)
-}
-
-func (d *pausedWaits) StreamSynchronize(c cuda.Context, s cuda.Stream) error {
-	if f := d.onSync.Swap(nil); f != nil {
-		(*f)()
-	}
-	return d.Driver.StreamSynchronize(c, s)
-}
-
 // Stream.Destroy runs with the change lock held for reading, and used to wait there for the helper
 // goroutine of a Stream.Wait on another thread. That helper takes the change lock for reading before its
 // blocking call, and a capture's begin queued for writing in between kept it out: Destroy waited for the
 // helper, the helper for the begin, the begin for Destroy (found by a review). Destroy now waits only
 // for the calls that hold the stream, which the helper takes after the change lock.
 func TestStreamDestroyDoesNotWaitForAWaitsHelper(t *testing.T) {
-	drv := &pausedWaits{Driver: cudasim.New()}
+	drv := &hookedWaits{Driver: cudasim.New()}
 	d, err := device.Open(drv, 0, "")
 	require.NoError(t, err)
 	m := New(d, Options{})
@@ -285,7 +260,7 @@ func TestStreamDestroyDoesNotWaitForAWaitsHelper(t *testing.T) {
 	require.NoError(t, err)
 	other, err := m.Create(true, 0)
 	require.NoError(t, err)
-	drv.notReady.Store(true)
+	drv.busy.Store(true)
 
 	inQuery, releaseQuery := make(chan struct{}), make(chan struct{})
 	pauseQuery := func() { close(inQuery); <-releaseQuery; time.Sleep(3 * time.Millisecond) }
@@ -306,7 +281,7 @@ func TestStreamDestroyDoesNotWaitForAWaitsHelper(t *testing.T) {
 	time.Sleep(20 * time.Millisecond) // the begin queues for the change lock
 	close(releaseQuery)               // the wait's query answers not ready: its helper starts
 	time.Sleep(50 * time.Millisecond)
-	drv.notReady.Store(false)
+	drv.busy.Store(false)
 	close(releaseSync)
 	select {
 	case err := <-destroyed:

@@ -145,11 +145,7 @@ func (e *Event) Query() (bool, error) {
 	if err := e.alive(op); err != nil {
 		return false, err
 	}
-	var refused error
-	err := e.m.reg.Steady(func() error { // no capture begins between the check and the query (Steady)
-		if refused = e.checkHostWait(op); refused != nil {
-			return nil
-		}
+	refused, err := e.m.steadyChecked(func() error { return e.checkHostWait(op) }, func() error {
 		return e.hold(op, func() error { return e.m.drv.EventQuery(e.m.ctx, e.h) })
 	})
 	if refused != nil {
@@ -167,21 +163,22 @@ func (e *Event) Synchronize() error {
 	if err := e.alive(op); err != nil {
 		return err
 	}
-	return e.m.recheck(e.m.enterChecked(op, nil, func() error { return e.checkHostWait(op) }, func() error {
+	return e.m.recheck(e.block(op), nil)
+}
+
+// block is the blocking wait of Synchronize and of Wait's slices: cuEventSynchronize under the capture
+// rules, entered as one step with their check (enterChecked).
+func (e *Event) block(op string) error {
+	return e.m.enterChecked(op, nil, func() error { return e.checkHostWait(op) }, func() error {
 		return e.hold(op, func() error { return e.m.drv.EventSynchronize(e.m.ctx, e.h) })
-	}), nil)
+	})
 }
 
 // Wait waits at most timeout for the event and says whether it has completed (see Stream.Wait).
 func (e *Event) Wait(timeout time.Duration) (bool, error) {
 	const op = "event_synchronize"
-	check := func() error { return e.checkHostWait(op) }
-	done, err := waitFor(timeout, e.Query, &e.waiter, func() error {
-		return e.m.enterChecked(op, nil, check, func() error {
-			return e.hold(op, func() error { return e.m.drv.EventSynchronize(e.m.ctx, e.h) })
-		})
-	})
-	return done, e.m.recheck(err, check)
+	done, err := waitFor(timeout, e.Query, &e.waiter, func() error { return e.block(op) })
+	return done, e.m.recheck(err, func() error { return e.checkHostWait(op) })
 }
 
 // ElapsedTime returns the milliseconds between start's and e's completion. Both must be timing events

@@ -327,9 +327,15 @@ func (s *Stream) Synchronize() error {
 	if err := s.alive(op); err != nil {
 		return err
 	}
-	return s.m.recheck(s.m.enterChecked(op, s, func() error { return s.m.checkStreamWait(op, s) }, func() error {
+	return s.m.recheck(s.block(op), nil)
+}
+
+// block is the blocking wait of Synchronize and of Wait's slices: cuStreamSynchronize under the capture
+// rules, entered as one step with their check (enterChecked).
+func (s *Stream) block(op string) error {
+	return s.m.enterChecked(op, s, func() error { return s.m.checkStreamWait(op, s) }, func() error {
 		return s.hold(op, func() error { return s.m.drv.StreamSynchronize(s.m.ctx, s.h) })
-	}), nil)
+	})
 }
 
 // Query says whether the stream has finished its work, without waiting. The same rules as Synchronize.
@@ -338,11 +344,7 @@ func (s *Stream) Query() (bool, error) {
 	if err := s.alive(op); err != nil {
 		return false, err
 	}
-	var refused error
-	err := s.m.reg.Steady(func() error { // no capture begins between the check and the query (Steady)
-		if refused = s.m.checkStreamWait(op, s); refused != nil {
-			return nil
-		}
+	refused, err := s.m.steadyChecked(func() error { return s.m.checkStreamWait(op, s) }, func() error {
 		return s.hold(op, func() error { return s.m.drv.StreamQuery(s.m.ctx, s.h) })
 	})
 	if refused != nil {
@@ -358,13 +360,8 @@ func (s *Stream) Query() (bool, error) {
 // interruptible waits (Python calls it in slices, so Ctrl-C lands between them); see wait.go.
 func (s *Stream) Wait(timeout time.Duration) (bool, error) {
 	const op = "synchronize"
-	check := func() error { return s.m.checkStreamWait(op, s) }
-	done, err := waitFor(timeout, s.Query, &s.waiter, func() error {
-		return s.m.enterChecked(op, s, check, func() error {
-			return s.hold(op, func() error { return s.m.drv.StreamSynchronize(s.m.ctx, s.h) })
-		})
-	})
-	return done, s.m.recheck(err, check)
+	done, err := waitFor(timeout, s.Query, &s.waiter, func() error { return s.block(op) })
+	return done, s.m.recheck(err, func() error { return s.m.checkStreamWait(op, s) })
 }
 
 // WaitEvent makes later work on s wait for the work e recorded (cuStreamWaitEvent); it does not block
@@ -585,6 +582,18 @@ func (m *Manager) enterGuarded(check, call func() error) error {
 	t.Stop()
 	release()
 	return err
+}
+
+// steadyChecked runs check and, if it passes, call (a query), while no capture can begin or end (Steady):
+// it returns check's refusal, or call's error.
+func (m *Manager) steadyChecked(check, call func() error) (refused, err error) {
+	err = m.reg.Steady(func() error {
+		if refused = check(); refused != nil {
+			return nil
+		}
+		return call()
+	})
+	return refused, err
 }
 
 // refusal is a capture rule's refusal of a host wait, made by enterChecked: not the driver's result.

@@ -250,11 +250,7 @@ func TestAnAddressOfVoidGraphMemoryHandedOutAgainIsOrdinaryMemory(t *testing.T) 
 		t.Run(tc.name, func(t *testing.T) {
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
-			d := simDevice(t)
-			sim, ok := d.Driver().(*cudasim.Driver)
-			require.True(t, ok)
-			require.NoError(t, sim.SetMemoryConditions(0, cudasim.MemoryConditions{ReuseAddresses: true}))
-			defer func() { require.NoError(t, sim.SetMemoryConditions(0, cudasim.MemoryConditions{})) }()
+			d, sim := reusingSimDevice(t)
 			before := d.Memory().Stats().InUse
 			s, err := d.Streams().Create(true, 0)
 			require.NoError(t, err)
@@ -287,10 +283,7 @@ func TestAnAddressOfVoidGraphMemoryHandedOutAgainIsOrdinaryMemory(t *testing.T) 
 func TestAllocationsReturnTheirOwnerToken(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	d := simDevice(t)
-	sim := d.Driver().(*cudasim.Driver)
-	require.NoError(t, sim.SetMemoryConditions(0, cudasim.MemoryConditions{ReuseAddresses: true}))
-	defer func() { assert.NoError(t, sim.SetMemoryConditions(0, cudasim.MemoryConditions{})) }()
+	d, _ := reusingSimDevice(t)
 	s, err := d.Streams().Create(true, 0)
 	require.NoError(t, err)
 	defer func() { _ = s.Destroy() }()
@@ -322,9 +315,7 @@ func TestAllocationsReturnTheirOwnerToken(t *testing.T) {
 	r := &tileResource{d: d, tokens: map[cuda.DevicePtr]uint64{ptrs[0]: tokens[0]}}
 	require.NoError(t, r.Deallocate(ptrs[0], 4096, s.Handle()), "a rollback of a void tile")
 	assert.Equal(t, inUse, d.Memory().Stats().InUse, "frees nothing")
-	for _, v := range d.Streams().TakeVoided() { // the owners let go, as the Python layer reports
-		d.Streams().ForgetVoid(v.Ptr, v.Token)
-	}
+	forgetVoided(d)
 	assert.False(t, d.Streams().GraphMemoryInUse(), "nothing left on the books")
 }
 
@@ -356,9 +347,7 @@ func TestAFreeNodeOfAnInvalidatedCaptureFreesNothing(t *testing.T) {
 			sim.ClearFaults()
 			assert.False(t, s.Capturing(), "cudacore ended the invalidated capture")
 			assert.Equal(t, before, d.Memory().Stats().InUse)
-			for _, v := range d.Streams().TakeVoided() {
-				d.Streams().ForgetVoid(v.Ptr, v.Token)
-			}
+			forgetVoided(d)
 			assert.False(t, d.Streams().GraphMemoryInUse(), "nothing left on the books")
 		})
 	}
@@ -371,10 +360,7 @@ func TestAFreeNodeOfAnInvalidatedCaptureFreesNothing(t *testing.T) {
 func TestAnOrdinaryAllocationNeverGetsAnEarlierOwnersToken(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	d := simDevice(t)
-	sim := d.Driver().(*cudasim.Driver)
-	require.NoError(t, sim.SetMemoryConditions(0, cudasim.MemoryConditions{ReuseAddresses: true}))
-	defer func() { assert.NoError(t, sim.SetMemoryConditions(0, cudasim.MemoryConditions{})) }()
+	d, _ := reusingSimDevice(t)
 	s, err := d.Streams().Create(true, 0)
 	require.NoError(t, err)
 	defer func() { _ = s.Destroy() }()
@@ -397,6 +383,24 @@ func TestAnOrdinaryAllocationNeverGetsAnEarlierOwnersToken(t *testing.T) {
 	for _, q := range got {
 		require.NoError(t, d.Free(q, 4096, s.Handle()))
 	}
+	forgetVoided(d)
+}
+
+// reusingSimDevice is simDevice with the simulator handing released addresses out again, as the driver
+// may (back to none when the test ends).
+func reusingSimDevice(t *testing.T) (*Device, *cudasim.Driver) {
+	t.Helper()
+	d := simDevice(t)
+	sim, ok := d.Driver().(*cudasim.Driver)
+	require.True(t, ok)
+	require.NoError(t, sim.SetMemoryConditions(0, cudasim.MemoryConditions{ReuseAddresses: true}))
+	t.Cleanup(func() { assert.NoError(t, sim.SetMemoryConditions(0, cudasim.MemoryConditions{})) })
+	return d, sim
+}
+
+// forgetVoided lets go of the void memory d reported, as the Python layer does for the Buffers it closes,
+// so that the process-wide device is left with nothing on its books.
+func forgetVoided(d *Device) {
 	for _, v := range d.Streams().TakeVoided() {
 		d.Streams().ForgetVoid(v.Ptr, v.Token)
 	}
