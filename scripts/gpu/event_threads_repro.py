@@ -16,7 +16,8 @@ event record, 9 stream wait on an event, 10 event query, 11 event synchronize); 
 the operations are then drawn from --more's list. --threads=N runs bursts of N threads (default 4);
 --serialize makes them take turns, one operation at a time. --no-special leaves the legacy and per-thread
 default streams out; --legacy-only and --per-thread-only keep one of them. --drain makes each thread
-synchronize its per-thread default stream before it exits.
+synchronize its per-thread default stream before it exits. --pool-legacy makes the pool allocations and
+frees (12, 13, 16) drawn for the per-thread default stream on the legacy stream instead.
 """
 
 import os
@@ -65,8 +66,11 @@ def child(seconds: float, events: bool, more: list[int], base: list[int]) -> int
     progress = [0]
     stop = time.monotonic() + seconds
 
+    pool_legacy = "--pool-legacy" in sys.argv
+
     def op(rng: random.Random) -> None:
         s = rng.choice(streams + specials)
+        pool_s = drv.CUstream(0) if pool_legacy and int(s) == 2 else s
         k = rng.choice(base) if base else rng.randrange(12 if events else 7)
         if more and (not base or rng.randrange(3) == 0):
             k = rng.choice(more)
@@ -74,11 +78,11 @@ def child(seconds: float, events: bool, more: list[int], base: list[int]) -> int
             p = ok(drv.cuMemHostAlloc(rng.choice((4096, 1 << 20)), 0))
             ok(drv.cuMemFreeHost(p))
         elif k == 13:
-            d = ok(drv.cuMemAllocFromPoolAsync(rng.choice((256, 1 << 20)), pool, s))
+            d = ok(drv.cuMemAllocFromPoolAsync(rng.choice((256, 1 << 20)), pool, pool_s))
             ok(drv.cuMemFreeAsync(d, rng.choice(streams)))
         elif k == 16:
-            d = ok(drv.cuMemAllocFromPoolAsync(rng.choice((256, 1 << 20)), pool, s))
-            ok(drv.cuMemFreeAsync(d, s))
+            d = ok(drv.cuMemAllocFromPoolAsync(rng.choice((256, 1 << 20)), pool, pool_s))
+            ok(drv.cuMemFreeAsync(d, pool_s))
         elif k == 14:
             e = ok(drv.cuEventCreate(0))
             ok(drv.cuEventRecord(e, s))
