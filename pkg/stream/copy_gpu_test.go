@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -124,6 +125,59 @@ func BenchmarkGPUCopyHtoD(b *testing.B) {
 			}
 		})
 		require.NoError(b, e.drv.MemFreeHost(e.dev.Context(), pin))
+	}
+}
+
+// BenchmarkGPUWait compares ways of waiting for a 16 MiB copy (copy plus wait per repetition): the
+// driver's cuStreamSynchronize, Stream.Synchronize, and Stream.Wait in slices as Python waits.
+func BenchmarkGPUWait(b *testing.B) {
+	e := openGPU(b)
+	s, err := e.m.Create(true, 0)
+	require.NoError(b, err)
+	defer s.Destroy()
+	const n = 16 << 20
+	p := e.alloc(b, n)
+	src := pattern(n, 1)
+	pin, err := e.drv.MemHostAlloc(e.dev.Context(), n, 0)
+	require.NoError(b, err)
+	defer func() { require.NoError(b, e.drv.MemFreeHost(e.dev.Context(), pin)) }()
+	waits := []struct {
+		name string
+		wait func() error
+	}{
+		{"driver", func() error { return e.drv.StreamSynchronize(e.dev.Context(), s.Handle()) }},
+		{"synchronize", s.Synchronize},
+		{"wait", nil}, // Stream.Wait in 50 ms slices
+	}
+	for _, from := range []struct {
+		name string
+		b    []byte
+	}{{"pinned", pin}, {"pageable", src}} {
+		for _, w := range waits {
+			b.Run(fmt.Sprintf("%s/%s", from.name, w.name), func(b *testing.B) {
+				b.SetBytes(n)
+				for b.Loop() {
+					if err := e.m.CopyHtoD(p, from.b, s); err != nil {
+						b.Fatal(err)
+					}
+					if w.wait != nil {
+						if err := w.wait(); err != nil {
+							b.Fatal(err)
+						}
+						continue
+					}
+					for {
+						done, err := s.Wait(50 * time.Millisecond)
+						if err != nil {
+							b.Fatal(err)
+						}
+						if done {
+							break
+						}
+					}
+				}
+			})
+		}
 	}
 }
 
