@@ -13,7 +13,9 @@ import (
 )
 
 // Copies. A nil stream means a synchronous copy: it goes through the legacy stream, returns when the data
-// has arrived, and is refused while a blocking stream of the device captures (906).
+// has arrived, and is refused while a blocking stream of the device captures (906). One of more than
+// syncStagedMin bytes of pageable memory is the staged asynchronous copy below, made on the legacy stream
+// and waited for (stagedSync): the driver's own synchronous pageable copy is the slower one there.
 //
 // Asynchronous copies are ordered on their stream:
 //   - from or to pinned memory (a PinnedBuffer, the staging buffers) they go straight to the driver and
@@ -57,7 +59,16 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 	if s == nil {
 		return m.syncCopy(opCopyFrom, "a synchronous host-to-device copy",
 			"copy from a PinnedBuffer with copy_from(pinned, stream=<the capturing stream>) instead",
-			len(src) == 0, func() error { return m.drv.MemcpyHtoD(m.ctx, dst, src) })
+			len(src) == 0, func() error {
+				if m.stagedSync(src) {
+					// The legacy stream orders it as the driver's synchronous copy is ordered.
+					if err := m.stagedHtoD(dst, src, m.legacy); err != nil {
+						return err
+					}
+					return m.drv.StreamSynchronize(m.ctx, cuda.StreamLegacy)
+				}
+				return m.drv.MemcpyHtoD(m.ctx, dst, src)
+			})
 	}
 	pinned, err := m.checkAsyncCopy(opCopyFrom, s, src, "host-to-device", "copy_from(pinned, stream=s)")
 	if err != nil || len(src) == 0 {
@@ -109,7 +120,12 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 	if s == nil {
 		return m.syncCopy(opCopyTo, "a synchronous device-to-host copy",
 			"copy into a PinnedBuffer with copy_to(pinned, stream=<the capturing stream>) instead",
-			len(dst) == 0, func() error { return m.drv.MemcpyDtoH(m.ctx, dst, src) })
+			len(dst) == 0, func() error {
+				if m.stagedSync(dst) {
+					return m.stagedDtoH(dst, src, m.legacy) // done when the bytes are in dst
+				}
+				return m.drv.MemcpyDtoH(m.ctx, dst, src)
+			})
 	}
 	pinned, err := m.checkAsyncCopy(opCopyTo, s, dst, "device-to-host", "copy_to(pinned, stream=s)")
 	if err != nil || len(dst) == 0 {
@@ -218,6 +234,15 @@ func (m *Manager) syncCopy(op, what, fix string, empty bool, call func() error) 
 		return serr
 	}
 	return m.after(op, nil, err)
+}
+
+// stagedSync says whether a synchronous copy of host memory b goes through the staging buffers on the
+// legacy stream (and a wait for it) rather than to the driver's synchronous copy: pageable memory above
+// syncStagedMin, where staging is the faster path as for asynchronous copies, unless a capture
+// forbids the legacy stream's synchronize on this thread (the driver's synchronous copy is allowed
+// there). The caller runs in a steady state (syncCopy), so no capture begins before the copy is done.
+func (m *Manager) stagedSync(b []byte) bool {
+	return len(b) > syncStagedMin && !m.pinned(b) && m.unsafeCapture() == nil
 }
 
 func (m *Manager) checkSyncCopy(op, what, fix string) error {
@@ -511,6 +536,9 @@ var (
 	// cores, limits a memcpy beyond a few of them, and the copy engine reads the staging buffers at the
 	// same time.
 	maxCopyWorkers = 8
+	// syncStagedMin is the largest synchronous pageable copy always left to the driver (besides
+	// Options.PageableDirectMax); larger ones are staged (stagedSync).
+	syncStagedMin = 1 << 20
 )
 
 // hostCopy copies src into dst (of the same length) and returns when every byte is copied. Copies of

@@ -75,9 +75,40 @@ func TestGPUPageableCopy(t *testing.T) {
 				got := make([]byte, n)
 				require.NoError(t, m.CopyDtoH(got, p, s))
 				require.True(t, bytes.Equal(want, got), "n=%d", n)
+				// and synchronously (staged above syncStagedMin), into the same device range
+				want = pattern(n, byte(n)+1)
+				src = bytes.Clone(want)
+				require.NoError(t, m.CopyHtoD(p, src, nil))
+				clear(src)
+				clear(got)
+				require.NoError(t, m.CopyDtoH(got, p, nil))
+				require.True(t, bytes.Equal(want, got), "synchronous, n=%d", n)
 			}
 			require.NoError(t, s.Synchronize())
 		})
+	}
+}
+
+// TestGPUSyncCopyFollowsBlockingStreams: a staged synchronous copy is ordered as the driver's own
+// synchronous copy, after the work queued before it on blocking streams: its device-to-host half sees
+// what a large asynchronous copy on a blocking stream, still in flight when it is called, wrote.
+func TestGPUSyncCopyFollowsBlockingStreams(t *testing.T) {
+	e := openGPU(t)
+	blocking, err := e.m.Create(false, 0)
+	require.NoError(t, err)
+	defer blocking.Destroy()
+	const n = 256 << 20
+	p := e.alloc(t, n)
+	pin, err := e.drv.MemHostAlloc(e.dev.Context(), n, 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, e.drv.MemFreeHost(e.dev.Context(), pin)) }()
+	for round := range 3 {
+		want := pattern(n, byte(round))
+		copy(pin, want)
+		require.NoError(t, e.drv.MemcpyHtoDAsync(e.dev.Context(), p, pin, blocking.Handle()))
+		got := make([]byte, n)
+		require.NoError(t, e.m.CopyDtoH(got, p, nil))
+		require.True(t, bytes.Equal(want, got), "round %d: the synchronous copy ran before the blocking stream's", round)
 	}
 }
 
@@ -109,6 +140,14 @@ func BenchmarkGPUCopyHtoD(b *testing.B) {
 					b.Fatal(err)
 				}
 				if err := s.Synchronize(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("cudacore-pageable-sync/%dKiB", n>>10), func(b *testing.B) {
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				if err := e.m.CopyHtoD(p, src, nil); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -200,6 +239,35 @@ func BenchmarkGPUHostCopy(b *testing.B) {
 				b.SetBytes(n)
 				for b.Loop() {
 					hostCopyWith(dst.b, src, copyPiece, w)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkGPUSyncCopy compares synchronous pageable copies both ways: the driver's own (cuMemcpyHtoD,
+// cuMemcpyDtoH) and cudacore's, which stages those above syncStagedMin.
+func BenchmarkGPUSyncCopy(b *testing.B) {
+	e := openGPU(b)
+	ctx := e.dev.Context()
+	for _, n := range []int{64 << 10, 1 << 20, 2 << 20, 4 << 20, 16 << 20, 256 << 20} {
+		p := e.alloc(b, n)
+		host := pattern(n, 1)
+		for _, c := range []struct {
+			name string
+			copy func() error
+		}{
+			{"htod/driver", func() error { return e.drv.MemcpyHtoD(ctx, p, host) }},
+			{"htod/cudacore", func() error { return e.m.CopyHtoD(p, host, nil) }},
+			{"dtoh/driver", func() error { return e.drv.MemcpyDtoH(ctx, host, p) }},
+			{"dtoh/cudacore", func() error { return e.m.CopyDtoH(host, p, nil) }},
+		} {
+			b.Run(fmt.Sprintf("%dKiB/%s", n>>10, c.name), func(b *testing.B) {
+				b.SetBytes(int64(n))
+				for b.Loop() {
+					if err := c.copy(); err != nil {
+						b.Fatal(err)
+					}
 				}
 			})
 		}

@@ -3,6 +3,7 @@ package stream
 import (
 	"bytes"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -71,6 +72,74 @@ func TestPageableCopyChunks(t *testing.T) {
 				assert.Equal(t, all, free, "every staging buffer is back")
 			})
 		}
+	}
+}
+
+// TestSyncPageableCopyStaged: a synchronous copy of pageable memory above syncStagedMin goes through the
+// staging buffers on the legacy stream, both ways, and is complete when it returns; smaller ones, pinned
+// memory, and any made while a capture forbids the legacy stream's synchronize go to the driver's
+// synchronous copy.
+func TestSyncPageableCopyStaged(t *testing.T) {
+	saved := syncStagedMin
+	syncStagedMin = 4096
+	t.Cleanup(func() { syncStagedMin = saved })
+	type tc struct {
+		name   string
+		n      int
+		pinned bool
+		global bool // a GLOBAL capture runs on another stream meanwhile
+		staged bool
+	}
+	cases := []tc{
+		{"at the threshold", 4096, false, false, false},
+		{"above it", 4097, false, false, true},
+		{"several chunks", 5*4096 + 17, false, false, true},
+		{"pinned", 5 * 4096, true, false, false},
+		{"during a GLOBAL capture", 5 * 4096, false, true, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			runtime.LockOSThread() // a capture's thread rules
+			defer runtime.UnlockOSThread()
+			e := newStagingEnv(t, 4096, 2)
+			p := e.alloc(t, c.n)
+			src, dst := pattern(c.n, 3), make([]byte, c.n)
+			if c.pinned {
+				src = e.pinned(t, c.n)
+				copy(src, pattern(c.n, 3))
+				dst = e.pinned(t, c.n)
+			}
+			want := bytes.Clone(src)
+			var capturing *Stream
+			if c.global {
+				capturing = e.stream(t, true)
+				require.NoError(t, capturing.BeginCapture(cuda.CaptureModeGlobal))
+			}
+			syncH, syncD := e.drv.Calls("cuMemcpyHtoD_v2"), e.drv.Calls("cuMemcpyDtoH_v2")
+			require.NoError(t, e.m.CopyHtoD(p, src, nil))
+			for i := range src {
+				src[i] = ^src[i] // the copy is done: this must not reach the device
+			}
+			require.NoError(t, e.m.CopyDtoH(dst, p, nil))
+			assert.Equal(t, want, dst)
+			direct := 1
+			if c.staged {
+				direct = 0
+			}
+			assert.Equal(t, syncH+direct, e.drv.Calls("cuMemcpyHtoD_v2"), "host to device: the driver's synchronous copy")
+			assert.Equal(t, syncD+direct, e.drv.Calls("cuMemcpyDtoH_v2"), "device to host: the driver's synchronous copy")
+			all, free, busy := poolState(e.m)
+			assert.Zero(t, busy)
+			assert.Equal(t, all, free, "every staging buffer is back")
+			if c.staged {
+				assert.Positive(t, all, "staged")
+			}
+			if capturing != nil {
+				g, err := capturing.EndCapture()
+				require.NoError(t, err, "the copies left the capture going")
+				require.NoError(t, g.Destroy())
+			}
+		})
 	}
 }
 
