@@ -14,8 +14,8 @@ import (
 
 // Copies. A nil stream means a synchronous copy: it goes through the legacy stream, returns when the data
 // has arrived, and is refused while a blocking stream of the device captures (906). One of more than
-// syncStagedMin bytes of pageable memory is the staged asynchronous copy below, made on the legacy stream
-// and waited for (stagedSync): the driver's own synchronous pageable copy is the slower one there.
+// PageableDirectMax bytes of pageable memory is the staged asynchronous copy below, made on the legacy
+// stream and waited for (stagedSync): the driver's own synchronous pageable copy is the slower one there.
 //
 // Asynchronous copies are ordered on their stream:
 //   - from or to pinned memory (a PinnedBuffer, the staging buffers) they go straight to the driver and
@@ -238,11 +238,11 @@ func (m *Manager) syncCopy(op, what, fix string, empty bool, call func() error) 
 
 // stagedSync says whether a synchronous copy of host memory b goes through the staging buffers on the
 // legacy stream (and a wait for it) rather than to the driver's synchronous copy: pageable memory above
-// syncStagedMin, where staging is the faster path as for asynchronous copies, unless a capture
+// PageableDirectMax, where staging is the faster path as for asynchronous copies, unless a capture
 // forbids the legacy stream's synchronize on this thread (the driver's synchronous copy is allowed
 // there). The caller runs in a steady state (syncCopy), so no capture begins before the copy is done.
 func (m *Manager) stagedSync(b []byte) bool {
-	return len(b) > syncStagedMin && !m.pinned(b) && m.unsafeCapture() == nil
+	return len(b) > m.opts.PageableDirectMax && !m.pinned(b) && m.unsafeCapture() == nil
 }
 
 func (m *Manager) checkSyncCopy(op, what, fix string) error {
@@ -536,9 +536,6 @@ var (
 	// cores, limits a memcpy beyond a few of them, and the copy engine reads the staging buffers at the
 	// same time.
 	maxCopyWorkers = 8
-	// syncStagedMin is the largest synchronous pageable copy always left to the driver (besides
-	// Options.PageableDirectMax); larger ones are staged (stagedSync).
-	syncStagedMin = 1 << 20
 )
 
 // hostCopy copies src into dst (of the same length) and returns when every byte is copied. Copies of

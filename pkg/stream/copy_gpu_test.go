@@ -75,7 +75,7 @@ func TestGPUPageableCopy(t *testing.T) {
 				got := make([]byte, n)
 				require.NoError(t, m.CopyDtoH(got, p, s))
 				require.True(t, bytes.Equal(want, got), "n=%d", n)
-				// and synchronously (staged above syncStagedMin), into the same device range
+				// and synchronously (staged above PageableDirectMax), into the same device range
 				want = pattern(n, byte(n)+1)
 				src = bytes.Clone(want)
 				require.NoError(t, m.CopyHtoD(p, src, nil))
@@ -246,7 +246,7 @@ func BenchmarkGPUHostCopy(b *testing.B) {
 }
 
 // BenchmarkGPUSyncCopy compares synchronous pageable copies both ways: the driver's own (cuMemcpyHtoD,
-// cuMemcpyDtoH) and cudacore's, which stages those above syncStagedMin.
+// cuMemcpyDtoH) and cudacore's, which stages those above PageableDirectMax.
 func BenchmarkGPUSyncCopy(b *testing.B) {
 	e := openGPU(b)
 	ctx := e.dev.Context()

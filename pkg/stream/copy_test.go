@@ -75,14 +75,11 @@ func TestPageableCopyChunks(t *testing.T) {
 	}
 }
 
-// TestSyncPageableCopyStaged: a synchronous copy of pageable memory above syncStagedMin goes through the
+// TestSyncPageableCopyStaged: a synchronous copy of pageable memory above PageableDirectMax goes through the
 // staging buffers on the legacy stream, both ways, and is complete when it returns; smaller ones, pinned
 // memory, and any made while a capture forbids the legacy stream's synchronize go to the driver's
 // synchronous copy.
 func TestSyncPageableCopyStaged(t *testing.T) {
-	saved := syncStagedMin
-	syncStagedMin = 4096
-	t.Cleanup(func() { syncStagedMin = saved })
 	type tc struct {
 		name   string
 		n      int
@@ -102,6 +99,7 @@ func TestSyncPageableCopyStaged(t *testing.T) {
 			runtime.LockOSThread() // a capture's thread rules
 			defer runtime.UnlockOSThread()
 			e := newStagingEnv(t, 4096, 2)
+			e.m.opts.PageableDirectMax = 4096
 			p := e.alloc(t, c.n)
 			src, dst := pattern(c.n, 3), make([]byte, c.n)
 			if c.pinned {
