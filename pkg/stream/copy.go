@@ -70,21 +70,26 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 				return m.drv.MemcpyHtoD(m.ctx, dst, src)
 			})
 	}
-	pinned, err := m.checkAsyncCopy(opCopyFrom, s, src, "host-to-device", "copy_from(pinned, stream=s)")
+	const dir, fix = "host-to-device", "copy_from(pinned, stream=s)"
+	pinned, err := m.checkAsyncCopy(opCopyFrom, s, src, dir, fix)
 	if err != nil || len(src) == 0 {
 		return err
 	}
-	return m.after(opCopyFrom, s, s.hold(opCopyFrom, func() error {
-		switch {
-		case pinned:
+	if pinned {
+		return m.after(opCopyFrom, s, s.hold(opCopyFrom, func() error {
 			m.noteUse(s, dst, uint64(len(src)))
 			m.noteUse(s, HostPtr(src), uint64(len(src))) // the graph keeps the pinned memory alive too
 			return m.drv.MemcpyHtoDAsync(m.ctx, dst, src, s.h)
-		case len(src) <= m.opts.PageableDirectMax:
-			// The driver stages it and returns once it has read src, as the staging pool would.
-			return m.drv.MemcpyHtoDAsync(m.ctx, dst, src, s.h)
-		}
-		return m.stagedHtoD(dst, src, s)
+		}))
+	}
+	return m.after(opCopyFrom, s, m.pageable(opCopyFrom, s, dir, fix, func() error {
+		return s.hold(opCopyFrom, func() error {
+			if len(src) <= m.opts.PageableDirectMax {
+				// The driver stages it and returns once it has read src, as the staging pool would.
+				return m.drv.MemcpyHtoDAsync(m.ctx, dst, src, s.h)
+			}
+			return m.stagedHtoD(dst, src, s)
+		})
 	}))
 }
 
@@ -127,17 +132,20 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 				return m.drv.MemcpyDtoH(m.ctx, dst, src)
 			})
 	}
-	pinned, err := m.checkAsyncCopy(opCopyTo, s, dst, "device-to-host", "copy_to(pinned, stream=s)")
+	const dir, fix = "device-to-host", "copy_to(pinned, stream=s)"
+	pinned, err := m.checkAsyncCopy(opCopyTo, s, dst, dir, fix)
 	if err != nil || len(dst) == 0 {
 		return err
 	}
-	return m.after(opCopyTo, s, s.hold(opCopyTo, func() error {
-		if pinned {
+	if pinned {
+		return m.after(opCopyTo, s, s.hold(opCopyTo, func() error {
 			m.noteUse(s, src, uint64(len(dst)))
 			m.noteUse(s, HostPtr(dst), uint64(len(dst)))
 			return m.drv.MemcpyDtoHAsync(m.ctx, dst, src, s.h)
-		}
-		return m.stagedDtoH(dst, src, s)
+		}))
+	}
+	return m.after(opCopyTo, s, m.pageable(opCopyTo, s, dir, fix, func() error {
+		return s.hold(opCopyTo, func() error { return m.stagedDtoH(dst, src, s) })
 	}))
 }
 
@@ -151,14 +159,20 @@ func (m *Manager) stagedDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 		n   int
 	}
 	var prev *chunk
-	finish := func(c *chunk) error {
+	// finish waits for c's DMA and copies its bytes out. Its buffer goes back to the pool, or, with keep,
+	// stays the caller's (returned) for the next chunk.
+	finish := func(c *chunk, keep bool) ([]byte, error) {
 		if err := m.drv.EventSynchronize(m.ctx, c.ev); err != nil {
 			m.staging.putRecorded(c.buf, c.ev) // not known to have landed: busy until its event says so
-			return err
+			return nil, err
 		}
 		hostCopy(dst[c.off:c.off+c.n], c.buf[:c.n])
+		if keep {
+			m.staging.recycle(nil, c.ev)
+			return c.buf, nil
+		}
 		m.staging.recycle(c.buf, c.ev)
-		return nil
+		return nil, nil
 	}
 	defer func() {
 		if prev != nil { // an error left a chunk in flight: recycle it once it has landed
@@ -166,7 +180,17 @@ func (m *Manager) stagedDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 		}
 	}()
 	for off := 0; off < len(dst); {
-		buf, err := m.staging.get()
+		var buf []byte
+		var err error
+		if prev == nil {
+			buf, err = m.staging.get()
+		} else if buf, err = m.staging.tryGet(); buf == nil && err == nil {
+			// Every buffer is held by a copy being issued: rather than wait for another copy while holding
+			// one (two such copies would wait for each other), land the previous chunk and reuse its buffer.
+			p := prev
+			prev = nil
+			buf, err = finish(p, true)
+		}
 		if err != nil {
 			return err
 		}
@@ -185,7 +209,7 @@ func (m *Manager) stagedDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 		if prev != nil {
 			p := prev
 			prev = nil
-			if err := finish(p); err != nil {
+			if _, err := finish(p, false); err != nil {
 				prev = cur
 				return err
 			}
@@ -195,7 +219,8 @@ func (m *Manager) stagedDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 	}
 	p := prev
 	prev = nil
-	return finish(p)
+	_, err := finish(p, false)
+	return err
 }
 
 // CopyDtoD copies n bytes of device memory from src to dst, on s (nil: synchronously).
@@ -267,21 +292,44 @@ func (m *Manager) checkAsyncCopy(op string, s *Stream, b []byte, dir, fix string
 	if err := m.checkStreamArg(op, s); err != nil {
 		return false, err
 	}
-	pinned := m.pinned(b)
-	if pinned || m.reg.active.Load() == 0 {
-		return pinned, nil
+	if m.pinned(b) {
+		return true, nil
+	}
+	return false, m.checkPageable(op, s, dir, fix)
+}
+
+// checkPageable refuses an asynchronous copy of pageable memory on s where a capture forbids it: s
+// captures (the graph would keep the host pointer), or a capture forbids unsafe calls on this thread (the
+// copy can allocate and wait for staging buffers, cudacore's or the driver's).
+func (m *Manager) checkPageable(op string, s *Stream, dir, fix string) error {
+	if m.reg.active.Load() == 0 {
+		return nil
 	}
 	if c := s.capturing(); c != nil {
-		return false, CaptureError(cuda.ErrorStreamCaptureUnsupported, op, fmt.Sprintf(
+		return CaptureError(cuda.ErrorStreamCaptureUnsupported, op, fmt.Sprintf(
 			"an asynchronous %s copy of pageable host memory cannot be captured: the graph would keep the host pointer and replay it after this memory is gone or reused (%s); use a PinnedBuffer (d.allocate_pinned(n)) and %s",
 			dir, c.describe(), fix))
 	}
 	if c := m.unsafeCapture(); c != nil {
-		return false, CaptureError(cuda.ErrorStreamCaptureUnsupported, op, unsafeMsg(
+		return CaptureError(cuda.ErrorStreamCaptureUnsupported, op, unsafeMsg(
 			"an asynchronous copy of pageable memory (which can wait for staging buffers, cudacore's or the driver's)", c,
 			"use a PinnedBuffer, or copy before or after the capture"))
 	}
-	return false, nil
+	return nil
+}
+
+// pageable makes call, an asynchronous copy of pageable memory on s, unless checkPageable refuses it;
+// the check and the copy run in one steady state (Registry.Steady): the copy doors run without the GIL,
+// and a capture begun on another thread in between would be invalidated by the copy's unsafe calls
+// (cuMemHostAlloc, cuEventSynchronize) or would capture the copy itself. The steady state is entered
+// before call takes s's hold, the order Stream.Destroy takes them in.
+func (m *Manager) pageable(op string, s *Stream, dir, fix string, call func() error) error {
+	return m.reg.Steady(func() error {
+		if err := m.checkPageable(op, s, dir, fix); err != nil {
+			return err
+		}
+		return call()
+	})
 }
 
 // ---- the pinned staging pool --------------------------------------------------------------------------
@@ -291,18 +339,27 @@ type inflight struct {
 	ev  cuda.Event
 }
 
-// staging is a small pool of pinned host buffers for pageable asynchronous copies. A buffer handed to a
-// copy is busy until an event recorded after the copy completes.
+// staging is a small pool of at most max pinned host buffers for pageable copies. A buffer handed to a
+// copy is busy until an event recorded after the copy completes. When every buffer is held by a copy
+// being issued, get waits for one to come back; no copy waits in get while it holds a buffer (stagedDtoH
+// asks for its second one with tryGet), so the holders always finish and the pool never grows past max.
 type staging struct {
 	m    *Manager
 	size int
 	max  int
 
-	mu     sync.Mutex
-	all    []uintptr // base of every buffer, for owns
-	free   [][]byte
-	busy   []inflight // oldest first
-	events []cuda.Event
+	mu       sync.Mutex
+	returned sync.Cond // on mu: a buffer came back to the pool, or a slot under max came free
+	all      []uintptr // base of every buffer, for owns
+	free     [][]byte
+	busy     []inflight // oldest first
+	events   []cuda.Event
+}
+
+func newStaging(m *Manager, size, max int) *staging {
+	p := &staging{m: m, size: size, max: max}
+	p.returned.L = &p.mu
+	return p
 }
 
 func (p *staging) owns(addr uintptr, n int) bool {
@@ -330,57 +387,59 @@ func (p *staging) reapLocked() {
 	p.busy = p.busy[i:]
 }
 
-// get returns a free staging buffer, allocating one while under max, else waiting for the oldest busy one.
+// get returns a free staging buffer: a free one, else a new one while under max, else the oldest busy
+// one once its copy completes, else (every buffer is held by a copy being issued) the first to come back.
 func (p *staging) get() ([]byte, error) {
+	return p.take(true)
+}
+
+// tryGet is get without the last case: nil (and no error) when every buffer is held by a copy being issued.
+func (p *staging) tryGet() ([]byte, error) {
+	return p.take(false)
+}
+
+func (p *staging) take(wait bool) ([]byte, error) {
 	p.mu.Lock()
-	p.reapLocked()
-	if n := len(p.free); n > 0 {
-		b := p.free[n-1]
-		p.free = p.free[:n-1]
-		p.mu.Unlock()
-		return b, nil
-	}
-	if len(p.all) < p.max {
-		p.all = append(p.all, 0) // reserve the slot
-		p.mu.Unlock()
-		b, err := p.m.drv.MemHostAlloc(p.m.ctx, uint64(p.size), 0)
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for i, a := range p.all {
-			if a == 0 {
-				if err != nil {
-					p.all = append(p.all[:i], p.all[i+1:]...)
-				} else {
-					p.all[i] = uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-				}
-				break
-			}
-		}
-		return b, err
-	}
-	if len(p.busy) == 0 { // every buffer is held by a copy being issued: wait for one to come back
-		p.mu.Unlock()
-		b, err := p.m.drv.MemHostAlloc(p.m.ctx, uint64(p.size), 0)
-		if err == nil {
-			p.mu.Lock()
-			p.all = append(p.all, uintptr(unsafe.Pointer(unsafe.SliceData(b))))
+	for {
+		p.reapLocked()
+		if n := len(p.free); n > 0 {
+			b := p.free[n-1]
+			p.free = p.free[:n-1]
 			p.mu.Unlock()
+			return b, nil
 		}
-		return b, err
+		if len(p.all) < p.max {
+			p.all = append(p.all, 0) // reserve the slot
+			p.mu.Unlock()
+			b, err := p.m.drv.MemHostAlloc(p.m.ctx, uint64(p.size), 0)
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			i := slices.Index(p.all, 0)
+			if err != nil {
+				p.all = slices.Delete(p.all, i, i+1)
+				p.returned.Broadcast() // the slot is free again
+			} else {
+				p.all[i] = uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+			}
+			return b, err
+		}
+		if len(p.busy) > 0 {
+			oldest := p.busy[0]
+			p.busy = p.busy[1:]
+			p.mu.Unlock()
+			if err := p.m.drv.EventSynchronize(p.m.ctx, oldest.ev); err != nil {
+				p.putRecorded(oldest.buf, oldest.ev)
+				return nil, err
+			}
+			p.recycle(nil, oldest.ev)
+			return oldest.buf, nil
+		}
+		if !wait {
+			p.mu.Unlock()
+			return nil, nil
+		}
+		p.returned.Wait()
 	}
-	oldest := p.busy[0]
-	p.busy = p.busy[1:]
-	p.mu.Unlock()
-	if err := p.m.drv.EventSynchronize(p.m.ctx, oldest.ev); err != nil {
-		p.mu.Lock()
-		p.busy = append([]inflight{oldest}, p.busy...)
-		p.mu.Unlock()
-		return nil, err
-	}
-	p.mu.Lock()
-	p.events = append(p.events, oldest.ev)
-	p.mu.Unlock()
-	return oldest.buf, nil
 }
 
 // record records a staging event on s.
@@ -432,13 +491,17 @@ func (p *staging) untracked(buf []byte, s *Stream) {
 func (p *staging) putRecorded(buf []byte, ev cuda.Event) {
 	p.mu.Lock()
 	p.busy = append(p.busy, inflight{buf, ev})
+	p.returned.Broadcast()
 	p.mu.Unlock()
 }
 
-// recycle returns a buffer that no copy uses, and its event (0: none), to the pool.
+// recycle returns a buffer that no copy uses (nil: none), and an event (0: none), to the pool.
 func (p *staging) recycle(buf []byte, ev cuda.Event) {
 	p.mu.Lock()
-	p.free = append(p.free, buf)
+	if buf != nil {
+		p.free = append(p.free, buf)
+		p.returned.Broadcast()
+	}
 	if ev != 0 {
 		p.events = append(p.events, ev)
 	}
@@ -465,6 +528,7 @@ func (m *Manager) ReleaseStaging() error {
 		base := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
 		p.mu.Lock()
 		p.all = slices.DeleteFunc(p.all, func(a uintptr) bool { return a == base })
+		p.returned.Broadcast() // a slot under max
 		p.mu.Unlock()
 	}
 	for _, ev := range evs {
@@ -489,6 +553,7 @@ func (m *Manager) Close() error {
 	p.mu.Lock()
 	busy, free, events := p.busy, p.free, p.events
 	p.busy, p.free, p.events, p.all = nil, nil, nil, nil
+	p.returned.Broadcast() // every slot is free
 	p.mu.Unlock()
 	var first error
 	keep := func(err error) {

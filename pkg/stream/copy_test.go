@@ -21,7 +21,7 @@ import (
 func newStagingEnv(t *testing.T, size, count int) *env {
 	t.Helper()
 	e := newEnv(t)
-	e.m.staging = &staging{m: e.m, size: size, max: count}
+	e.m.staging = newStaging(e.m, size, count)
 	return e
 }
 
@@ -137,6 +137,135 @@ func TestSyncPageableCopyStaged(t *testing.T) {
 				require.NoError(t, err, "the copies left the capture going")
 				require.NoError(t, g.Destroy())
 			}
+		})
+	}
+}
+
+// TestStagingPoolStaysBounded: many threads copying pageable memory at once, synchronously and on their
+// own streams, both ways, never make the pool allocate more than its bound (it used to allocate a buffer
+// whenever every one was held by a copy being issued, and keep it: one or two per thread), and never
+// wait for each other for good, down to a pool of one buffer (a device-to-host copy then lands each
+// chunk before the next instead of asking for a second buffer).
+func TestStagingPoolStaysBounded(t *testing.T) {
+	const chunk, threads, rounds = 4096, 12, 15
+	for _, count := range []int{1, 2} {
+		t.Run(fmt.Sprintf("count=%d", count), func(t *testing.T) {
+			e := newStagingEnv(t, chunk, count)
+			e.m.opts.PageableDirectMax = -1 // every pageable copy is staged
+			allocs := e.drv.Calls("cuMemHostAlloc")
+			var wg sync.WaitGroup
+			errs := make(chan error, threads)
+			for i := range threads {
+				s := e.stream(t, true)
+				p := e.alloc(t, 3*chunk+5)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for r := range rounds {
+						n := 1 + (i*rounds+r)%(3*chunk+5)
+						want := pattern(n, byte(i+r))
+						got := make([]byte, n)
+						on := s
+						if r%2 == 0 {
+							on = nil // synchronous
+						}
+						if err := e.m.CopyHtoD(p, bytes.Clone(want), on); err != nil {
+							errs <- err
+							return
+						}
+						if err := e.m.CopyDtoH(got, p, on); err != nil {
+							errs <- err
+							return
+						}
+						if !bytes.Equal(want, got) {
+							errs <- fmt.Errorf("thread %d round %d: bytes differ", i, r)
+							return
+						}
+					}
+				}()
+			}
+			done := make(chan struct{})
+			go func() { wg.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the copies waited for each other for good")
+			}
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
+			all, free, busy := poolState(e.m)
+			assert.LessOrEqual(t, all, count, "buffers allocated")
+			assert.LessOrEqual(t, e.drv.Calls("cuMemHostAlloc")-allocs, count, "allocations made")
+			assert.Zero(t, busy)
+			assert.Equal(t, all, free)
+		})
+	}
+}
+
+// hostAllocHook is the simulator with a hook run (once) at the next cuMemHostAlloc.
+type hostAllocHook struct {
+	*cudasim.Driver
+	hook atomic.Pointer[func()]
+}
+
+func (d *hostAllocHook) MemHostAlloc(c cuda.Context, n uint64, flags uint32) ([]byte, error) {
+	run(&d.hook)
+	return d.Driver.MemHostAlloc(c, n, flags)
+}
+
+// An asynchronous copy of pageable memory checks the capture rules and then allocates and waits for
+// staging buffers, unsafe calls: a GLOBAL capture that another thread began in between was invalidated
+// by them (found by an adversarial review). The check and the copy are one steady state now: the capture
+// begins once the copy is done, and stays valid.
+func TestAPageableCopyDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
+	drv := &hostAllocHook{Driver: cudasim.New()}
+	d, err := device.Open(drv, 0, "")
+	require.NoError(t, err)
+	m := New(d, Options{StagingSize: 4096, StagingCount: 1, PageableDirectMax: -1})
+	defer func() { assert.NoError(t, m.Close()) }()
+	s, err := m.Create(true, 0)
+	require.NoError(t, err)
+	other, err := m.Create(true, 0)
+	require.NoError(t, err)
+	p, err := drv.MemAlloc(d.Context(), 3*4096)
+	require.NoError(t, err)
+	for _, c := range []struct {
+		name string
+		copy func() error
+	}{
+		{"host to device", func() error { return m.CopyHtoD(p, pattern(3*4096, 1), s) }},
+		{"device to host", func() error { return m.CopyDtoH(make([]byte, 3*4096), p, s) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			require.NoError(t, m.ReleaseStaging()) // the copy allocates its buffer again: the hook runs
+			began, proceed, ended := make(chan error, 1), make(chan struct{}), make(chan error, 1)
+			hook := func() { // the copy is past its check: another thread begins a capture
+				go func() {
+					runtime.LockOSThread()
+					defer runtime.UnlockOSThread()
+					began <- other.BeginCapture(cuda.CaptureModeGlobal)
+					<-proceed
+					g, err := other.EndCapture()
+					if err == nil {
+						err = g.Destroy()
+					}
+					ended <- err
+				}()
+				select { // give it time to begin, unless cudacore keeps it out until the copy is done
+				case err := <-began:
+					began <- err
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			drv.hook.Store(&hook)
+			require.NoError(t, c.copy())
+			require.Nil(t, drv.hook.Load(), "the copy allocated a staging buffer")
+			require.NoError(t, <-began)
+			close(proceed)
+			require.NoError(t, <-ended, "the capture survived the copy")
+			require.NoError(t, s.Synchronize())
 		})
 	}
 }

@@ -109,7 +109,7 @@ func New(d *device.Device, opts Options) *Manager {
 	m := &Manager{dev: d, drv: d.Driver(), ctx: d.Context(), reg: opts.Registry, opts: opts}
 	m.legacy = &Stream{m: m, h: cuda.StreamLegacy, legacy: true}
 	m.perTh = &Stream{m: m, h: cuda.StreamPerThread, perThread: true}
-	m.staging = &staging{m: m, size: opts.StagingSize, max: opts.StagingCount}
+	m.staging = newStaging(m, opts.StagingSize, opts.StagingCount)
 	return m
 }
 
