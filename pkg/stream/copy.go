@@ -414,12 +414,17 @@ func (p *staging) take(wait bool) ([]byte, error) {
 			b, err := p.m.drv.MemHostAlloc(p.m.ctx, uint64(p.size), 0)
 			p.mu.Lock()
 			defer p.mu.Unlock()
-			i := slices.Index(p.all, 0)
-			if err != nil {
-				p.all = slices.Delete(p.all, i, i+1)
+			i := slices.Index(p.all, 0) // -1: Close emptied the pool meanwhile
+			switch {
+			case err != nil:
+				if i >= 0 {
+					p.all = slices.Delete(p.all, i, i+1)
+				}
 				p.returned.Broadcast() // the slot is free again
-			} else {
+			case i >= 0:
 				p.all[i] = uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+			default:
+				p.all = append(p.all, uintptr(unsafe.Pointer(unsafe.SliceData(b)))) // the first of the new pool
 			}
 			return b, err
 		}
@@ -479,10 +484,15 @@ func (p *staging) put(buf []byte, s *Stream) error {
 
 // untracked takes back buf, whose copy was enqueued on s but could not be followed by an event: it waits
 // for the stream rather than risk a later copy overwriting data the DMA still reads or writes. If even
-// that fails (a sticky error: the context is lost), buf stays counted in the pool but is never reused
-// or freed, the one case where a staging buffer is given up.
+// that fails (a sticky error: the context is lost), buf is given up, never reused or freed, and its slot
+// in the pool is freed for a new buffer (a copy waiting for a buffer would otherwise wait for it for good).
 func (p *staging) untracked(buf []byte, s *Stream) {
 	if err := p.m.drv.StreamSynchronize(p.m.ctx, s.h); err != nil {
+		base := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+		p.mu.Lock()
+		p.all = slices.DeleteFunc(p.all, func(a uintptr) bool { return a == base })
+		p.returned.Broadcast()
+		p.mu.Unlock()
 		return
 	}
 	p.recycle(buf, 0)

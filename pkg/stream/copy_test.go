@@ -204,6 +204,59 @@ func TestStagingPoolStaysBounded(t *testing.T) {
 	}
 }
 
+// A staging buffer whose copy can be neither tracked (cuEventRecord fails) nor waited for
+// (cuStreamSynchronize fails too) is given up; its slot must come free, or, once every slot was given up,
+// the next copy waited in the pool for good (found by a review).
+func TestAGivenUpStagingBufferFreesItsSlot(t *testing.T) {
+	e := newStagingEnv(t, 4096, 2)
+	e.m.opts.PageableDirectMax = -1
+	s := e.stream(t, true)
+	p := e.alloc(t, 4096)
+	for range 2 {
+		e.drv.InjectFault("cuEventRecord", 1, cuda.ErrorUnknown)
+		e.drv.InjectFault("cuStreamSynchronize", 1, cuda.ErrorUnknown)
+		require.Error(t, e.m.CopyHtoD(p, pattern(4096, 1), s))
+	}
+	e.drv.ClearFaults()
+	done := make(chan error, 1)
+	go func() { done <- e.m.CopyHtoD(p, pattern(4096, 2), s) }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the copy waited in the staging pool for good")
+	}
+	all, _, _ := poolState(e.m)
+	assert.LessOrEqual(t, all, 2)
+	got := make([]byte, 4096)
+	require.NoError(t, e.m.CopyDtoH(got, p, s))
+	assert.Equal(t, pattern(4096, 2), got)
+}
+
+// Manager.Close while a copy is allocating a staging buffer empties the pool under it: the buffer starts
+// the new pool (the copy indexed the slot it had reserved, gone by then, and panicked: found by a review).
+func TestCloseWhileAStagingBufferIsAllocated(t *testing.T) {
+	drv := &hostAllocHook{Driver: cudasim.New()}
+	d, err := device.Open(drv, 0, "")
+	require.NoError(t, err)
+	m := New(d, Options{StagingSize: 4096, StagingCount: 2, PageableDirectMax: -1})
+	defer func() { assert.NoError(t, m.Close()) }()
+	s, err := m.Create(true, 0)
+	require.NoError(t, err)
+	defer s.Destroy()
+	p, err := drv.MemAlloc(d.Context(), 4096)
+	require.NoError(t, err)
+	hook := func() { assert.NoError(t, m.Close()) }
+	drv.hook.Store(&hook)
+	require.NoError(t, m.CopyHtoD(p, pattern(4096, 3), s))
+	require.Nil(t, drv.hook.Load(), "Close ran during the allocation")
+	allocated, _ := m.StagingStats()
+	assert.Equal(t, 1, allocated, "the buffer is the new pool's")
+	got := make([]byte, 4096)
+	require.NoError(t, m.CopyDtoH(got, p, s))
+	assert.Equal(t, pattern(4096, 3), got)
+}
+
 // hostAllocHook is the simulator with a hook run (once) at the next cuMemHostAlloc.
 type hostAllocHook struct {
 	*cudasim.Driver
