@@ -174,6 +174,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) cuda.Driver) {
 	t.Run("CaptureReplay", func(t *testing.T) { testCaptureReplay(t, setup(t, newDriver)) })
 	t.Run("CaptureJoin", func(t *testing.T) { testCaptureJoin(t, setup(t, newDriver)) })
 	t.Run("GraphMemoryLifetime", func(t *testing.T) { testGraphMemory(t, setup(t, newDriver)) })
+	t.Run("GraphMemoryUpdate", func(t *testing.T) { testGraphMemoryUpdate(t, setup(t, newDriver)) })
 	t.Run("ManagedPrefetchAdvise", func(t *testing.T) { testManaged(t, setup(t, newDriver)) })
 	t.Run("CaptureQueries", func(t *testing.T) { testCaptureQueries(t, setup(t, newDriver)) })
 	t.Run("Limits", func(t *testing.T) { testLimits(t, setup(t, newDriver)) })
@@ -803,6 +804,46 @@ func testGraphMemory(t *testing.T, e *env) {
 	require.NoError(t, d.MemFreeAsync(c, p, s))
 	require.NoError(t, d.StreamSynchronize(c, s))
 	assert.Error(t, d.MemFreeAsync(c, p, s), "a second free")
+}
+
+// testGraphMemoryUpdate: an executable graph cannot take the parameters of a graph whose allocation
+// node allocates elsewhere: cuGraphExecUpdate refuses it (910), and the executable graph's launches go on
+// allocating where its own capture did. cudacore relies on this: it keeps the allocations of a graph's
+// launches (their Buffers) by graph, and an update carries only the other graph's other uses over.
+func testGraphMemoryUpdate(t *testing.T, e *env) {
+	if !e.pools {
+		t.Skip("graph memory nodes need memory pools")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d, c := e.drv, e.ctx
+	const n = 256
+	s := e.stream(t, cuda.StreamNonBlocking)
+	host := e.host(t, n)
+	capture := func() (cuda.Graph, cuda.DevicePtr) {
+		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
+		p, err := d.MemAllocAsync(c, n, s)
+		require.NoError(t, err)
+		require.NoError(t, d.MemcpyHtoDAsync(c, p, host, s))
+		g, err := d.StreamEndCapture(c, s)
+		require.NoError(t, err)
+		return g, p
+	}
+	g1, p1 := capture()
+	defer func() { assert.NoError(t, d.GraphDestroy(c, g1)) }()
+	g2, p2 := capture()
+	defer func() { assert.NoError(t, d.GraphDestroy(c, g2)) }()
+	require.NotEqual(t, p1, p2, "two live graphs allocate at different addresses")
+	x, err := d.GraphInstantiate(c, g1)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.GraphExecDestroy(c, x)) }()
+	assertResult(t, cuda.ErrorGraphExecUpdateFailure, d.GraphExecUpdate(c, x, g2), "update from a graph that allocates elsewhere")
+	require.NoError(t, d.GraphLaunch(c, x, s))
+	require.NoError(t, d.StreamSynchronize(c, s))
+	assert.Error(t, d.MemFreeAsync(c, p2, s), "the other graph's address was not allocated")
+	require.NoError(t, d.StreamSynchronize(c, s))
+	require.NoError(t, d.MemFreeAsync(c, p1, s), "the launch allocated at its own capture's address")
+	require.NoError(t, d.StreamSynchronize(c, s))
 }
 
 // testManaged checks managed memory: its bytes survive prefetches to the device and back to the host,
