@@ -293,31 +293,12 @@ func TestAPageableCopyDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			require.NoError(t, m.ReleaseStaging()) // the copy allocates its buffer again: the hook runs
-			began, proceed, ended := make(chan error, 1), make(chan struct{}), make(chan error, 1)
-			hook := func() { // the copy is past its check: another thread begins a capture
-				go func() {
-					runtime.LockOSThread()
-					defer runtime.UnlockOSThread()
-					began <- other.BeginCapture(cuda.CaptureModeGlobal)
-					<-proceed
-					g, err := other.EndCapture()
-					if err == nil {
-						err = g.Destroy()
-					}
-					ended <- err
-				}()
-				select { // give it time to begin, unless cudacore keeps it out until the copy is done
-				case err := <-began:
-					began <- err
-				case <-time.After(20 * time.Millisecond):
-				}
-			}
+			rival := newRivalCapture(other)
+			hook := rival.begin // the copy is past its check: another thread begins a capture
 			drv.hook.Store(&hook)
 			require.NoError(t, c.copy())
 			require.Nil(t, drv.hook.Load(), "the copy allocated a staging buffer")
-			require.NoError(t, <-began)
-			close(proceed)
-			require.NoError(t, <-ended, "the capture survived the copy")
+			require.NoError(t, rival.end(), "the capture survived the copy")
 			require.NoError(t, s.Synchronize())
 		})
 	}

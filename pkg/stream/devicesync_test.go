@@ -175,6 +175,50 @@ func (d *hookedWaits) EventSynchronize(c cuda.Context, e cuda.Event) error {
 // between was invalidated by the wait, an unsafe call (found by an adversarial review: a few captures in
 // 100,000, the error blaming "an operation cudacore did not see"). The check and the driver's entry are
 // one step now: the capture begins after the wait has entered the driver, and stays valid.
+// rivalCapture is a GLOBAL capture of a stream that another thread begins while the code under test is
+// on its way into the driver (begin, from a driver hook), and ends when the test says (end).
+type rivalCapture struct {
+	s       *Stream
+	began   chan error
+	proceed chan struct{}
+	ended   chan error
+}
+
+func newRivalCapture(s *Stream) *rivalCapture {
+	return &rivalCapture{s: s, began: make(chan error, 1), proceed: make(chan struct{}), ended: make(chan error, 1)}
+}
+
+// begin starts the capture on a thread of its own and gives it 20 ms to begin, unless cudacore keeps it
+// out until the caller's driver call is done.
+func (r *rivalCapture) begin() {
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		r.began <- r.s.BeginCapture(cuda.CaptureModeGlobal)
+		<-r.proceed
+		g, err := r.s.EndCapture()
+		if err == nil {
+			err = g.Destroy()
+		}
+		r.ended <- err
+	}()
+	select {
+	case err := <-r.began:
+		r.began <- err
+	case <-time.After(20 * time.Millisecond):
+	}
+}
+
+// end waits for the capture to have begun, ends it, and returns the first error of the three steps: none
+// when the capture survived what ran meanwhile.
+func (r *rivalCapture) end() error {
+	if err := <-r.began; err != nil {
+		return err
+	}
+	close(r.proceed)
+	return <-r.ended
+}
+
 func TestAHostWaitDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
 	saved := syncEntryGrace
 	syncEntryGrace = time.Minute // the blocking waits' grace covers the hook's delay
@@ -205,25 +249,8 @@ func TestAHostWaitDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
 		{"Event.Wait, blocking slice", func() error { _, err := ev.Wait(time.Second); return err }, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			began, proceed, ended := make(chan error, 1), make(chan struct{}), make(chan error, 1)
-			hook := func() { // the wait is on its way into the driver: another thread begins a capture
-				go func() { // a GLOBAL capture, begun and ended on that thread
-					runtime.LockOSThread()
-					defer runtime.UnlockOSThread()
-					began <- other.BeginCapture(cuda.CaptureModeGlobal)
-					<-proceed
-					g, err := other.EndCapture()
-					if err == nil {
-						err = g.Destroy()
-					}
-					ended <- err
-				}()
-				select { // give it time to begin, unless cudacore keeps it out until the wait is in
-				case err := <-began:
-					began <- err
-				case <-time.After(20 * time.Millisecond):
-				}
-			}
+			rival := newRivalCapture(other)
+			hook := rival.begin // the wait is on its way into the driver: another thread begins a capture
 			on := &drv.onQuery
 			if c.blocking {
 				on = &drv.onSync
@@ -239,9 +266,7 @@ func TestAHostWaitDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
 				// then, before the driver, which leaves the capture alone.
 				require.Equal(t, cuda.ErrorStreamCaptureUnsupported, cuda.ResultOf(err), "%v", err)
 			}
-			require.NoError(t, <-began)
-			close(proceed)
-			require.NoError(t, <-ended, "the capture survived the wait")
+			require.NoError(t, rival.end(), "the capture survived the wait")
 		})
 	}
 }

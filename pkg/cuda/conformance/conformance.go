@@ -769,23 +769,14 @@ func testGraphMemory(t *testing.T, e *env) {
 	s := e.stream(t, cuda.StreamNonBlocking)
 	host := e.host(t, n)
 
-	capture := func() (cuda.Graph, cuda.DevicePtr) {
-		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
-		p, err := d.MemAllocAsync(c, n, s)
-		require.NoError(t, err)
-		require.NoError(t, d.MemcpyHtoDAsync(c, p, host, s))
-		g, err := d.StreamEndCapture(c, s)
-		require.NoError(t, err)
-		return g, p
-	}
 
 	// Never launched: not an allocation, and destroying the graph leaves nothing to free.
-	g, p := capture()
+	g, p := e.captureAlloc(t, s, host)
 	assert.Error(t, d.MemFreeAsync(c, p, s), "free of graph memory before any launch")
 	require.NoError(t, d.GraphDestroy(c, g))
 
 	// Launched: live until freed, also after its graph is gone; a second launch needs it freed first.
-	g, p = capture()
+	g, p = e.captureAlloc(t, s, host)
 	x, err := d.GraphInstantiate(c, g)
 	require.NoError(t, err)
 	copy(host, pattern(n, 0x5A))
@@ -806,6 +797,20 @@ func testGraphMemory(t *testing.T, e *env) {
 	assert.Error(t, d.MemFreeAsync(c, p, s), "a second free")
 }
 
+// captureAlloc captures on s, in THREAD_LOCAL mode, an allocation of len(host) bytes and a copy of host
+// into it, and returns the graph and the allocation's address. The caller locks its OS thread.
+func (e *env) captureAlloc(t *testing.T, s cuda.Stream, host []byte) (cuda.Graph, cuda.DevicePtr) {
+	t.Helper()
+	d, c := e.drv, e.ctx
+	require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
+	p, err := d.MemAllocAsync(c, uint64(len(host)), s)
+	require.NoError(t, err)
+	require.NoError(t, d.MemcpyHtoDAsync(c, p, host, s))
+	g, err := d.StreamEndCapture(c, s)
+	require.NoError(t, err)
+	return g, p
+}
+
 // testGraphMemoryUpdate: an executable graph cannot take the parameters of a graph whose allocation
 // node allocates elsewhere: cuGraphExecUpdate refuses it (910), and the executable graph's launches go on
 // allocating where its own capture did. cudacore relies on this: it keeps the allocations of a graph's
@@ -820,18 +825,9 @@ func testGraphMemoryUpdate(t *testing.T, e *env) {
 	const n = 256
 	s := e.stream(t, cuda.StreamNonBlocking)
 	host := e.host(t, n)
-	capture := func() (cuda.Graph, cuda.DevicePtr) {
-		require.NoError(t, d.StreamBeginCapture(c, s, cuda.CaptureModeThreadLocal))
-		p, err := d.MemAllocAsync(c, n, s)
-		require.NoError(t, err)
-		require.NoError(t, d.MemcpyHtoDAsync(c, p, host, s))
-		g, err := d.StreamEndCapture(c, s)
-		require.NoError(t, err)
-		return g, p
-	}
-	g1, p1 := capture()
+	g1, p1 := e.captureAlloc(t, s, host)
 	defer func() { assert.NoError(t, d.GraphDestroy(c, g1)) }()
-	g2, p2 := capture()
+	g2, p2 := e.captureAlloc(t, s, host)
 	defer func() { assert.NoError(t, d.GraphDestroy(c, g2)) }()
 	require.NotEqual(t, p1, p2, "two live graphs allocate at different addresses")
 	x, err := d.GraphInstantiate(c, g1)
