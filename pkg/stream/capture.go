@@ -24,12 +24,14 @@ type Registry struct {
 	change sync.RWMutex
 }
 
-// Steady runs fn while no capture begins or ends, and returns its error. It is for work made without the
-// GIL that decides by whether a stream captures and then calls the driver (the tiles of AllocateTiles):
-// the GIL keeps a capture from beginning or ending during any other call, and without it one could begin
-// between cudacore registering it and the driver beginning it, so that an allocation counted into the
-// capture was an ordinary one at the driver (or, as it ends, the reverse). fn must not begin or end a
-// capture, nor call Steady.
+// Steady runs fn while no capture begins or ends, and returns its error. It is for work that decides by
+// whether a stream captures and then calls the driver, made where the GIL does not keep captures out:
+// without the GIL (the tiles of AllocateTiles, copies, waits) a capture could begin between cudacore
+// registering it and the driver beginning it, so that an allocation counted into the capture was an
+// ordinary one at the driver (or, as it ends, the reverse). A door that keeps the GIL may call it too
+// (a small asynchronous copy): whoever holds the lock for writing (a capture's begin or end) either holds
+// the GIL, and then no such door runs, or does not need it. fn must not begin or end a capture, nor call
+// Steady, nor wait for the GIL.
 func (r *Registry) Steady(fn func() error) error {
 	r.change.RLock()
 	defer r.change.RUnlock()

@@ -61,11 +61,7 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 			"copy from a PinnedBuffer with copy_from(pinned, stream=<the capturing stream>) instead",
 			len(src) == 0, func() error {
 				if m.stagedSync(src) {
-					// The legacy stream orders it as the driver's synchronous copy is ordered.
-					if err := m.stagedHtoD(dst, src, m.legacy); err != nil {
-						return err
-					}
-					return m.drv.StreamSynchronize(m.ctx, cuda.StreamLegacy)
+					return m.syncStagedHtoD(dst, src)
 				}
 				return m.drv.MemcpyHtoD(m.ctx, dst, src)
 			})
@@ -91,6 +87,29 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 			return m.stagedHtoD(dst, src, s)
 		})
 	}))
+}
+
+// syncStagedHtoD is the synchronous host-to-device copy of pageable memory through the staging buffers,
+// ordered as the driver's own: src is read once the work queued before the copy on the legacy stream and
+// on every blocking stream is done (the GPU may be writing src until then: memory the driver knows as
+// page-locked but cudacore does not, or pageable memory where the GPU can reach it), and the call
+// returns once the data has arrived. The caller runs in syncCopy's steady state, where no capture forbids
+// these waits.
+func (m *Manager) syncStagedHtoD(dst cuda.DevicePtr, src []byte) error {
+	// An event recorded on the legacy stream completes after everything a legacy-stream operation waits for.
+	ev, err := m.staging.record(m.legacy)
+	if err != nil {
+		return err
+	}
+	err = m.drv.EventSynchronize(m.ctx, ev)
+	m.staging.recycle(nil, ev)
+	if err != nil {
+		return err
+	}
+	if err := m.stagedHtoD(dst, src, m.legacy); err != nil {
+		return err
+	}
+	return m.drv.StreamSynchronize(m.ctx, cuda.StreamLegacy)
 }
 
 // stagedHtoD is CopyHtoD of pageable memory through the staging buffers; the caller holds s.
@@ -414,17 +433,12 @@ func (p *staging) take(wait bool) ([]byte, error) {
 			b, err := p.m.drv.MemHostAlloc(p.m.ctx, uint64(p.size), 0)
 			p.mu.Lock()
 			defer p.mu.Unlock()
-			i := slices.Index(p.all, 0) // -1: Close emptied the pool meanwhile
-			switch {
-			case err != nil:
-				if i >= 0 {
-					p.all = slices.Delete(p.all, i, i+1)
-				}
+			i := slices.Index(p.all, 0) // the reserved slot (Close leaves it)
+			if err != nil {
+				p.all = slices.Delete(p.all, i, i+1)
 				p.returned.Broadcast() // the slot is free again
-			case i >= 0:
+			} else {
 				p.all[i] = uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-			default:
-				p.all = append(p.all, uintptr(unsafe.Pointer(unsafe.SliceData(b)))) // the first of the new pool
 			}
 			return b, err
 		}
@@ -433,7 +447,10 @@ func (p *staging) take(wait bool) ([]byte, error) {
 			p.busy = p.busy[1:]
 			p.mu.Unlock()
 			if err := p.m.drv.EventSynchronize(p.m.ctx, oldest.ev); err != nil {
-				p.putRecorded(oldest.buf, oldest.ev)
+				p.mu.Lock()
+				p.busy = append([]inflight{oldest}, p.busy...) // still the oldest
+				p.returned.Broadcast()
+				p.mu.Unlock()
 				return nil, err
 			}
 			p.recycle(nil, oldest.ev)
@@ -556,14 +573,23 @@ func (m *Manager) StagingStats() (allocated, busy int) {
 }
 
 // Close frees the staging buffers and events once their copies complete, and retries the destroys of the
-// graphs kept after a failure (RetryDestroys). The manager can still be used afterwards (the pool fills
-// again).
+// graphs kept after a failure (RetryDestroys). Buffers that copies hold meanwhile stay in the pool. The
+// manager can still be used afterwards (the pool fills again).
 func (m *Manager) Close() error {
 	p := m.staging
 	p.mu.Lock()
 	busy, free, events := p.busy, p.free, p.events
-	p.busy, p.free, p.events, p.all = nil, nil, nil, nil
-	p.returned.Broadcast() // every slot is free
+	p.busy, p.free, p.events = nil, nil, nil
+	// The buffers it frees leave the pool; those that copies hold now stay counted, and come back.
+	gone := make(map[uintptr]bool, len(busy)+len(free))
+	for _, b := range busy {
+		gone[uintptr(unsafe.Pointer(unsafe.SliceData(b.buf)))] = true
+	}
+	for _, b := range free {
+		gone[uintptr(unsafe.Pointer(unsafe.SliceData(b)))] = true
+	}
+	p.all = slices.DeleteFunc(p.all, func(a uintptr) bool { return gone[a] })
+	p.returned.Broadcast() // slots under max
 	p.mu.Unlock()
 	var first error
 	keep := func(err error) {

@@ -112,6 +112,39 @@ func TestGPUSyncCopyFollowsBlockingStreams(t *testing.T) {
 	}
 }
 
+// TestGPUSyncCopyOrder: a staged synchronous host-to-device copy reads its source only after the work
+// queued before it on blocking streams (here, a device-to-host copy into that source: page-locked memory
+// the manager does not know as pinned, so it is staged), and returns once the data has arrived: a read of
+// the destination on a non-blocking stream, which follows no other stream, sees all of it.
+func TestGPUSyncCopyOrder(t *testing.T) {
+	e := openGPU(t)
+	ctx := e.dev.Context()
+	blocking, err := e.m.Create(false, 0)
+	require.NoError(t, err)
+	defer blocking.Destroy()
+	other, err := e.m.Create(true, 0)
+	require.NoError(t, err)
+	defer other.Destroy()
+	const n = 256 << 20
+	a, q := e.alloc(t, n), e.alloc(t, n)
+	foreign, err := e.drv.MemHostAlloc(ctx, n, 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, e.drv.MemFreeHost(ctx, foreign)) }()
+	out, err := e.drv.MemHostAlloc(ctx, n, 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, e.drv.MemFreeHost(ctx, out)) }()
+	for round := range 3 {
+		want := pattern(n, byte(0x30+round))
+		require.NoError(t, e.m.CopyHtoD(a, want, nil))
+		copy(foreign, pattern(n, 0xEE)) // stale: the device-to-host copy below overwrites it
+		require.NoError(t, e.drv.MemcpyDtoHAsync(ctx, foreign, a, blocking.Handle()))
+		require.NoError(t, e.m.CopyHtoD(q, foreign, nil))
+		require.NoError(t, e.drv.MemcpyDtoHAsync(ctx, out, q, other.Handle()))
+		require.NoError(t, e.drv.StreamSynchronize(ctx, other.Handle()))
+		require.True(t, bytes.Equal(want, out), "round %d: the copy read its source too early or returned too soon", round)
+	}
+}
+
 // BenchmarkGPUCopyHtoD compares, copy plus synchronize, the driver's own pageable cuMemcpyHtoD with
 // cudacore's staged pageable asynchronous copy, and the copy engine from pinned memory.
 func BenchmarkGPUCopyHtoD(b *testing.B) {

@@ -170,11 +170,6 @@ func (d *hookedWaits) EventSynchronize(c cuda.Context, e cuda.Event) error {
 	return d.Driver.EventSynchronize(c, e)
 }
 
-// A host wait (query or synchronize of a stream or an event; the doors of the sliced waits release the
-// GIL) checks the capture rules and then calls the driver: a GLOBAL capture that another thread began in
-// between was invalidated by the wait, an unsafe call (found by an adversarial review: a few captures in
-// 100,000, the error blaming "an operation cudacore did not see"). The check and the driver's entry are
-// one step now: the capture begins after the wait has entered the driver, and stays valid.
 // rivalCapture is a GLOBAL capture of a stream that another thread begins while the code under test is
 // on its way into the driver (begin, from a driver hook), and ends when the test says (end).
 type rivalCapture struct {
@@ -219,6 +214,11 @@ func (r *rivalCapture) end() error {
 	return <-r.ended
 }
 
+// A host wait (query or synchronize of a stream or an event; the doors of the sliced waits release the
+// GIL) checks the capture rules and then calls the driver: a GLOBAL capture that another thread began in
+// between was invalidated by the wait, an unsafe call (found by an adversarial review: a few captures in
+// 100,000, the error blaming "an operation cudacore did not see"). The check and the driver's entry are
+// one step now: the capture begins after the wait has entered the driver, and stays valid.
 func TestAHostWaitDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
 	saved := syncEntryGrace
 	syncEntryGrace = time.Minute // the blocking waits' grace covers the hook's delay

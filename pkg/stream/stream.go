@@ -42,10 +42,12 @@ import (
 const (
 	DefaultStagingSize  = 8 << 20 // bytes per pinned staging buffer
 	DefaultStagingCount = 4       // staging buffers per device at most
-	// DefaultPageableDirectMax is the largest pageable host-to-device asynchronous copy handed to the
-	// driver's own pageable copy instead of the staging pool. Below about 2 MiB the driver's copy, which
-	// pipelines its staging with the DMA, is faster; from 2 MiB, staging wins, its host copy spread over
-	// threads (hostCopy) and its chunks pipelined (docs/driver-facts.md, "Pageable copies").
+	// DefaultPageableDirectMax is the largest copy of pageable memory handed to the driver's own copy
+	// instead of the staging pool: asynchronous host-to-device copies, and synchronous ones both ways.
+	// Below about 2 MiB the driver's copy, which pipelines its staging with the DMA, is as fast or faster;
+	// from 2 MiB, staging wins, its host copy spread over threads (hostCopy) and its chunks pipelined
+	// (docs/driver-facts.md, "Pageable copies"). Asynchronous device-to-host copies of pageable memory are
+	// always staged.
 	DefaultPageableDirectMax = 1 << 20
 )
 
@@ -59,13 +61,13 @@ type Options struct {
 	// IsPinned reports whether [p, p+n) lies in page-locked host memory (a PinnedBuffer). nil: only the
 	// staging buffers count as pinned.
 	IsPinned func(p uintptr, n int) bool
-	// StagingSize and StagingCount bound the pinned staging pool of pageable asynchronous copies.
+	// StagingSize and StagingCount bound the pinned staging pool of pageable copies.
 	StagingSize  int
 	StagingCount int
-	// PageableDirectMax is the largest pageable host-to-device asynchronous copy that goes to the
-	// driver's own pageable copy (which stages it in the driver and returns once it has read the
-	// caller's memory) rather than through the staging pool. 0 means DefaultPageableDirectMax; a
-	// negative value stages every such copy.
+	// PageableDirectMax is the largest copy of pageable memory that goes to the driver's own copy rather
+	// than through the staging pool: asynchronous host-to-device copies (the driver stages them and returns
+	// once it has read the caller's memory) and synchronous copies both ways. 0 means
+	// DefaultPageableDirectMax; a negative value stages every such copy.
 	PageableDirectMax int
 }
 
@@ -113,8 +115,8 @@ func New(d *device.Device, opts Options) *Manager {
 	return m
 }
 
-// PageableDirectMax returns the largest pageable host-to-device asynchronous copy the manager hands to
-// the driver's own pageable copy; negative: none (Options.PageableDirectMax).
+// PageableDirectMax returns the largest copy of pageable memory the manager hands to the driver's own
+// copy; negative: none (Options.PageableDirectMax).
 func (m *Manager) PageableDirectMax() int { return m.opts.PageableDirectMax }
 
 // Device returns the manager's device.

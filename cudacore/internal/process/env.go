@@ -28,9 +28,10 @@ func getenv(name string) string {
 }
 
 // envPageableDirectMax overrides stream.Options.PageableDirectMax for the devices opened after it is set:
-// the largest pageable asynchronous host-to-device copy, in bytes, that goes to the driver's own pageable
-// copy rather than through cudacore's staging buffers; 0 stages every such copy. Where the crossover lies
-// depends on the host's memory bandwidth and the driver (bench/copies.py --kinds "pageable async" finds it).
+// the largest copy of pageable memory, in bytes, that goes to the driver's own copy rather than through
+// cudacore's staging buffers (asynchronous host-to-device copies, synchronous ones both ways); 0 stages
+// every such copy. Where the crossover lies depends on the host's memory bandwidth and the driver
+// (bench/copies.py --kinds "pageable async" finds it).
 const envPageableDirectMax = "CUDACORE_PAGEABLE_DIRECT_MAX"
 
 // pageableDirectMax parses the value of envPageableDirectMax into a PageableDirectMax: 0 (the default)

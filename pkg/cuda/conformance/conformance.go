@@ -769,7 +769,6 @@ func testGraphMemory(t *testing.T, e *env) {
 	s := e.stream(t, cuda.StreamNonBlocking)
 	host := e.host(t, n)
 
-
 	// Never launched: not an allocation, and destroying the graph leaves nothing to free.
 	g, p := e.captureAlloc(t, s, host)
 	assert.Error(t, d.MemFreeAsync(c, p, s), "free of graph memory before any launch")
