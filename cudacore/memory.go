@@ -28,6 +28,7 @@ type statsJSON struct {
 	Limit          uint64 `json:"limit"`
 	PinnedInUse    uint64 `json:"pinned_in_use"`
 	PinnedPeak     uint64 `json:"pinned_peak_in_use"`
+	PinnedStaging  uint64 `json:"pinned_staging"` // the staging buffers of pageable copies (stream.Manager.StagingBytes)
 	ManagedInUse   uint64 `json:"managed_in_use"`
 	ManagedLive    int    `json:"managed_allocations"`
 	Strategy       string `json:"strategy"`
@@ -61,6 +62,7 @@ func MemoryStats(ordinal int) (string, error) {
 		}
 		out.ManagedInUse, out.ManagedLive = d.ManagedInUse()
 		out.GraphDestroyFailures, out.GraphDestroysPending = d.Streams().DestroyFailures(), d.Streams().DestroysKept()
+		out.PinnedStaging = d.Streams().StagingBytes()
 		b, err := json.Marshal(out)
 		return string(b), err
 	})

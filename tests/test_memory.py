@@ -7,6 +7,7 @@ import json
 import os
 import threading
 
+import numpy as np
 import pytest
 
 import cudacore as cc
@@ -389,3 +390,42 @@ def test_cached_memory_goes_back_to_the_driver_at_exit(setting: str) -> None:
         assert lines["child exit status"] == "0", r.stderr
         assert "Traceback" not in r.stderr
     assert int(lines["cached at exit"]) == (int(lines["cached before exit"]) if setting == "off" else 0)
+
+
+def test_staging_buffers_are_bounded_and_shown(dev: cc.Device) -> None:
+    """Threads copying pageable memory at once, synchronously and on their own streams, share a pool of at
+    most four 8 MiB pinned staging buffers, which memory_stats()["pinned_staging"] shows (apart from
+    pinned_in_use) and release_cached_memory() gives back; every byte arrives."""
+    dev.release_cached_memory()
+    assert dev.memory_stats()["pinned_staging"] == 0
+    n = 20 << 20  # three chunks
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            s = dev.create_stream()
+            with dev.allocate(n) as buf:
+                for r in range(3):
+                    src = np.full(n, (i * 3 + r) % 251, np.uint8)
+                    out = np.empty(n, np.uint8)
+                    stream = s if r % 2 else None
+                    buf.copy_from(src, stream=stream)
+                    buf.copy_to(out, stream=stream)
+                    if not np.array_equal(src, out):
+                        raise AssertionError(f"thread {i} round {r}: bytes differ")
+            s.close()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "the copies waited for each other for good"
+    assert not errors, errors
+    stats = dev.memory_stats()
+    assert 0 < stats["pinned_staging"] <= 4 * (8 << 20)
+    assert stats["pinned_in_use"] == 0, "the staging buffers are not PinnedBuffers"
+    dev.release_cached_memory()
+    assert dev.memory_stats()["pinned_staging"] == 0

@@ -564,6 +564,21 @@ func (m *Manager) ReleaseStaging() error {
 	return first
 }
 
+// StagingBytes returns the pinned memory the staging pool holds now: its buffers, free, busy or held by a
+// copy.
+func (m *Manager) StagingBytes() uint64 {
+	p := m.staging
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, a := range p.all {
+		if a != 0 { // 0: a slot reserved for a buffer being allocated
+			n++
+		}
+	}
+	return uint64(n) * uint64(p.size)
+}
+
 // StagingStats returns the number of staging buffers allocated and busy now.
 func (m *Manager) StagingStats() (allocated, busy int) {
 	p := m.staging
