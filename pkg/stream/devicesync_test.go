@@ -170,6 +170,21 @@ func (d *hookedWaits) EventSynchronize(c cuda.Context, e cuda.Event) error {
 	return d.Driver.EventSynchronize(c, e)
 }
 
+// hookedStreams opens a device on the hooked simulator and a manager on it, with two non-blocking
+// streams: one to wait on, and another for a capture.
+func hookedStreams(t *testing.T) (*hookedWaits, *Manager, *Stream, *Stream) {
+	t.Helper()
+	drv := &hookedWaits{Driver: cudasim.New()}
+	d, err := device.Open(drv, 0, "")
+	require.NoError(t, err)
+	m := New(d, Options{})
+	s, err := m.Create(true, 0)
+	require.NoError(t, err)
+	other, err := m.Create(true, 0)
+	require.NoError(t, err)
+	return drv, m, s, other
+}
+
 // rivalCapture is a GLOBAL capture of a stream that another thread begins while the code under test is
 // on its way into the driver (begin, from a driver hook), and ends when the test says (end).
 type rivalCapture struct {
@@ -223,14 +238,7 @@ func TestAHostWaitDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
 	saved := syncEntryGrace
 	syncEntryGrace = time.Minute // the blocking waits' grace covers the hook's delay
 	defer func() { syncEntryGrace = saved }()
-	drv := &hookedWaits{Driver: cudasim.New()}
-	d, err := device.Open(drv, 0, "")
-	require.NoError(t, err)
-	m := New(d, Options{})
-	s, err := m.Create(true, 0)
-	require.NoError(t, err)
-	other, err := m.Create(true, 0)
-	require.NoError(t, err)
+	drv, m, s, other := hookedStreams(t)
 	ev, err := m.NewEvent(false)
 	require.NoError(t, err)
 	require.NoError(t, ev.Record(s))
@@ -277,14 +285,7 @@ func TestAHostWaitDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
 // helper, the helper for the begin, the begin for Destroy (found by a review). Destroy now waits only
 // for the calls that hold the stream, which the helper takes after the change lock.
 func TestStreamDestroyDoesNotWaitForAWaitsHelper(t *testing.T) {
-	drv := &hookedWaits{Driver: cudasim.New()}
-	d, err := device.Open(drv, 0, "")
-	require.NoError(t, err)
-	m := New(d, Options{})
-	s, err := m.Create(true, 0)
-	require.NoError(t, err)
-	other, err := m.Create(true, 0)
-	require.NoError(t, err)
+	drv, _, s, other := hookedStreams(t)
 	drv.busy.Store(true)
 
 	inQuery, releaseQuery := make(chan struct{}), make(chan struct{})
