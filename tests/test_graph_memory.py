@@ -325,6 +325,41 @@ def test_an_updated_graph_keeps_the_memory_of_the_graph_it_took_alive(dev: cc.De
     s.close()
 
 
+def test_a_graph_whose_allocations_outlive_its_launches_is_not_updated(dev: cc.Device) -> None:
+    """The driver would move the executable graph's allocations to the other graph's addresses, so a launch
+    would allocate memory that no Buffer owns (found by the fuzzer as 256 bytes leaked under
+    compute-sanitizer). The update is refused either way round and changes nothing."""
+    s = dev.create_stream()
+    src = dev.allocate_pinned(N)
+    memoryview(src)[:] = b"\x2c" * N
+    before, free = in_use(dev), settled_free(dev)
+    graphs, bufs = [], []
+    for _ in range(2):
+        with s.capture() as g:
+            buf = dev.allocate(N, stream=s)
+            buf.copy_from(src, stream=s)
+        graphs.append(g)
+        bufs.append(buf)
+    g1, g2 = graphs
+    for dst, other in ((g1, g2), (g2, g1)):
+        with pytest.raises(cc.CUDAError, match="outlive") as exc:
+            dst.update(other)
+        assert exc.value.name == "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE"
+    g1.launch(s)
+    s.synchronize()
+    out = bytearray(N)
+    bufs[0].copy_to(out)
+    assert out == b"\x2c" * N, "g1 still allocates its own Buffer"
+    for b in bufs:
+        b.close()
+    g1.destroy()
+    g2.destroy()
+    assert in_use(dev) == before
+    assert settled_free(dev) == free
+    src.close()
+    s.close()
+
+
 @pytest.mark.gpu
 def test_gpu_a_graph_keeps_the_memory_its_kernel_writes_alive(dev: cc.Device) -> None:
     from pathlib import Path

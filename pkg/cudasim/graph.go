@@ -195,7 +195,10 @@ func (d *Driver) GraphLaunch(c cuda.Context, eh cuda.GraphExec, sh cuda.Stream) 
 }
 
 // GraphExecUpdate implements cuGraphExecUpdate_v2: the update succeeds when the new graph has the same
-// nodes, kind for kind in order (the simulator's graphs are chains), and takes their parameters.
+// nodes, kind for kind in order (the simulator's graphs are chains), and takes their parameters. As on
+// the driver, alloc nodes of the same size at other addresses do not stop it: the executable graph's
+// launches allocate at the new graph's addresses from then on (conformance case GraphMemoryUpdate), so
+// it holds the new graph's memory instead of its own.
 func (d *Driver) GraphExecUpdate(c cuda.Context, eh cuda.GraphExec, gh cuda.Graph) error {
 	const op = "cuGraphExecUpdate_v2"
 	v, err := d.ctx(op, c)
@@ -214,14 +217,19 @@ func (d *Driver) GraphExecUpdate(c cuda.Context, eh cuda.GraphExec, gh cuda.Grap
 	same := len(e.nodes) == len(g.nodes)
 	for i := 0; same && i < len(g.nodes); i++ {
 		same = e.nodes[i].kind == g.nodes[i].kind
-		if same && (g.nodes[i].kind == nodeAlloc || g.nodes[i].kind == nodeFree) {
-			same = e.nodes[i].dst == g.nodes[i].dst && e.nodes[i].n == g.nodes[i].n // memory nodes cannot change
+		if same && g.nodes[i].kind == nodeAlloc {
+			same = e.nodes[i].n == g.nodes[i].n
 		}
 	}
 	if !same {
 		return errf(op, cuda.ErrorGraphExecUpdateFailure, "the graph's topology differs from the executable graph's")
 	}
 	e.nodes = slices.Clone(g.nodes)
+	if e.mem != g.mem {
+		e.mem.drop(v)
+		g.mem.refs++
+		e.mem = g.mem
+	}
 	return nil
 }
 

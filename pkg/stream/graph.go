@@ -214,7 +214,8 @@ func (g *Graph) DirectExec() cuda.GraphExec {
 }
 
 // Update takes the parameters of other, a graph of the same topology (cuGraphExecUpdate), into g's
-// executable graph, so g's next launches run other's copies without a new instantiation.
+// executable graph, so g's next launches run other's copies without a new instantiation. Graphs whose
+// allocations outlive their launches are refused (ErrorGraphExecUpdateFailure), either way round.
 func (g *Graph) Update(other *Graph) error {
 	const op = "graph_update"
 	if other == nil || other.Destroyed() {
@@ -238,6 +239,12 @@ func (g *Graph) Update(other *Graph) error {
 	}
 	if other.gone || other.dying {
 		return cuda.NewError("cudacore."+op, cuda.ErrorClosed, "the graph to update from was destroyed")
+	}
+	// The driver takes the other graph's allocation addresses into the executable graph (conformance case
+	// GraphMemoryUpdate): g's launches would allocate memory booked to other, which no Buffer of g's owns.
+	if len(g.allocPtrs) > 0 || len(other.allocPtrs) > 0 {
+		return cuda.NewError("cudacore."+op, cuda.ErrorGraphExecUpdateFailure,
+			"a graph whose allocations outlive its launches (memory allocated during its capture and not freed in it) cannot be updated: the driver would move its launches' allocations to the other graph's addresses; instantiate the other graph instead")
 	}
 	x, err := g.exec(op)
 	if err != nil {

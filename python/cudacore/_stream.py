@@ -730,7 +730,9 @@ class Graph:
         Raises
         ------
         CUDAError
-            ``CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`` if the topologies differ.
+            ``CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`` if the topologies differ, or if either graph
+            allocates memory that outlives its launches (a Buffer allocated during the capture and not
+            closed in it): the driver would move this graph's allocations to the other graph's addresses.
         """
         if not isinstance(other, Graph):
             raise TypeError(f"update() takes a Graph, not {type(other).__name__}")
