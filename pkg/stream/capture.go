@@ -664,6 +664,12 @@ func (s *Stream) BeginCapture(mode cuda.CaptureMode) error {
 	m.reg.change.Lock() // registered and begun at the driver as one change (Steady)
 	defer m.reg.change.Unlock()
 	m.reg.mu.Lock()
+	// Checked again under the registry's mutex, which Stream.Destroy takes after marking s destroyed: a
+	// Destroy either came first (refused here) or finds this capture registered and ends it.
+	if err := s.alive(op); err != nil {
+		m.reg.mu.Unlock()
+		return err
+	}
 	if c := s.cap; c != nil {
 		m.reg.mu.Unlock()
 		if c.stream != s {
@@ -751,6 +757,14 @@ func (m *Manager) abandon(c *capture, failed *cuda.Error, force bool) error {
 	sm := c.stream.m
 	m.reg.change.Lock() // ended at the driver and unregistered as one change (Steady)
 	defer m.reg.change.Unlock()
+	// Another thread may have ended it first (the Destroy of its stream, which may have destroyed the
+	// stream since): then there is nothing left to end, and the handle must not reach the driver.
+	m.reg.mu.Lock()
+	_, live := m.reg.caps[c]
+	m.reg.mu.Unlock()
+	if !live {
+		return nil
+	}
 	g, err := sm.drv.StreamEndCapture(sm.ctx, c.stream.h)
 	if err != nil && !force {
 		if c.stream.stillCaptures() {
@@ -927,7 +941,17 @@ func (m *Manager) after(op string, s *Stream, err error) error {
 	var ended []string
 	for _, c := range caps {
 		sm := c.stream.m
-		st, qerr := sm.drv.StreamIsCapturing(sm.ctx, c.stream.h)
+		// The query holds the stream: another thread may be destroying it (its Destroy then ends this
+		// capture itself). A stream marked destroyed is skipped before its lock is taken, since the
+		// goroutine destroying it may be the one here.
+		var st cuda.CaptureStatus
+		var qerr error
+		if c.stream.destroyed.Load() || c.stream.hold(op, func() error {
+			st, qerr = sm.drv.StreamIsCapturing(sm.ctx, c.stream.h)
+			return nil
+		}) != nil {
+			continue
+		}
 		if c != own && qerr == nil && st == cuda.CaptureStatusActive {
 			continue
 		}
@@ -961,8 +985,10 @@ func (m *Manager) after(op string, s *Stream, err error) error {
 // refused while a blocking stream captures, and a capture error from the driver ends the invalidated
 // captures. producer is bracketed here around its enqueue (EnqueueOn): a stream of this Manager that was
 // destroyed is refused with a closed error before its handle reaches the driver, and the caller must not
-// hold the bracket itself. waiter is the consumer's and its owner keeps it alive. Equal streams need no
-// ordering and make no driver call.
+// hold the bracket itself. waiter is bracketed the same way: the consumer's owner keeps a stream of its
+// own alive, but a handle of a cudacore stream may name one being destroyed (or one closed during a
+// capture, whose destroy waits for the capture's end). Equal streams need no ordering and make no driver
+// call.
 //
 // While either stream captures, the ordering would cross the capture's boundary (the driver answers 905
 // and invalidates the capture), so it is refused here, before the driver sees it.
@@ -988,7 +1014,7 @@ func (m *Manager) Order(op string, waiter, producer cuda.Stream) error {
 	if err := m.EnqueueOn(op, producer, func() error { return m.drv.EventRecord(m.ctx, ev, producer) }); err != nil {
 		return err
 	}
-	return m.Enqueue(op, waiter, func() error { return m.drv.StreamWaitEvent(m.ctx, waiter, ev) })
+	return m.EnqueueOn(op, waiter, func() error { return m.drv.StreamWaitEvent(m.ctx, waiter, ev) })
 }
 
 // sameStream says whether a and b name one stream (0 and the legacy handle are the same stream).

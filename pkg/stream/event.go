@@ -108,15 +108,18 @@ func (e *Event) Record(s *Stream) error {
 // in between (an end that a failed synchronize makes, without the GIL) would otherwise leave the books
 // saying the opposite of the driver, and a later wait on e would join or refuse wrongly.
 func (e *Event) record(s *Stream) error {
+	// The stream is held for the driver call, inside the steady state (the order Stream.Destroy takes).
 	note := func() error {
-		if err := e.m.drv.EventRecord(e.m.ctx, e.h, s.h); err != nil {
-			return err
-		}
-		c := s.capturing()
-		e.mu.Lock()
-		e.captured, e.recorded, e.in = c != nil, c == nil, c
-		e.mu.Unlock()
-		return nil
+		return s.hold("event_record", func() error {
+			if err := e.m.drv.EventRecord(e.m.ctx, e.h, s.h); err != nil {
+				return err
+			}
+			c := s.capturing()
+			e.mu.Lock()
+			e.captured, e.recorded, e.in = c != nil, c == nil, c
+			e.mu.Unlock()
+			return nil
+		})
 	}
 	if e.m.reg.active.Load() == 0 {
 		// No capture can begin meanwhile: beginning one takes the GIL, which the caller holds.

@@ -172,30 +172,37 @@ func (g *Graph) onStream(op string, s *Stream, call func(cuda.Context, cuda.Grap
 	if err != nil {
 		return err
 	}
-	g.mu.Lock()
-	x, err := g.exec(op)
-	if err != nil {
-		g.mu.Unlock()
+	// The stream is held until the driver has the work: another thread's Destroy waits (a destroyed
+	// stream's handle crashes the driver).
+	ran := false
+	err = s.hold(op, func() error {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		x, err := g.exec(op)
+		if err != nil {
+			return err
+		}
+		launch := op == "graph_launch"
+		if launch {
+			if err := g.m.checkLaunchInto(op, g, s); err != nil {
+				return err
+			}
+			if err := g.m.checkLaunch(op, g); err != nil {
+				return err
+			}
+		}
+		ran = true
+		err = call(g.m.ctx, x, s.h)
+		if err == nil && launch {
+			g.m.launched(g, s)
+		}
+		return err
+	})
+	if !ran {
 		return err
 	}
-	launch := op == "graph_launch"
-	if launch {
-		if err := g.m.checkLaunchInto(op, g, s); err != nil {
-			g.mu.Unlock()
-			return err
-		}
-		if err := g.m.checkLaunch(op, g); err != nil {
-			g.mu.Unlock()
-			return err
-		}
-	}
-	err = call(g.m.ctx, x, s.h)
-	if err == nil && launch {
-		g.m.launched(g, s)
-	}
-	g.mu.Unlock()
 	// after may end captures, which runs the frees deferred until then; one of memory this graph uses
-	// waits for the graph (afterDestroy takes g.mu), so g.mu is not held here.
+	// waits for the graph (afterDestroy takes g.mu), so g.mu is not held here, nor the stream.
 	return g.m.after(op, s, err)
 }
 

@@ -56,7 +56,9 @@ func (m *Manager) CopyPeer(dst cuda.DevicePtr, dstDev Peer, src cuda.DevicePtr, 
 	if err := m.checkStreamArg(opCopyPeer, s); err != nil || n == 0 {
 		return err
 	}
-	return m.after(opCopyPeer, s, m.drv.MemcpyPeerAsync(m.ctx, dst, dstDev.Context(), src, srcDev.Context(), n, s.h))
+	return m.after(opCopyPeer, s, s.hold(opCopyPeer, func() error {
+		return m.drv.MemcpyPeerAsync(m.ctx, dst, dstDev.Context(), src, srcDev.Context(), n, s.h)
+	}))
 }
 
 // NewInterprocessEvent creates an event that other processes can open (IpcHandle, OpenEvent). Such

@@ -393,7 +393,7 @@ func (s *Stream) WaitEvent(e *Event) error {
 			return err
 		}
 	}
-	return s.m.after(op, s, s.m.drv.StreamWaitEvent(s.m.ctx, s.h, e.h))
+	return s.m.after(op, s, s.hold(op, func() error { return s.m.drv.StreamWaitEvent(s.m.ctx, s.h, e.h) }))
 }
 
 // join applies the capture rules of s waiting on e while captures are in progress. An event last
@@ -411,6 +411,12 @@ func (s *Stream) join(op string, e *Event) (joined bool, err error) {
 	m.reg.change.Lock() // registered and joined at the driver as one change (Steady)
 	defer m.reg.change.Unlock()
 	m.reg.mu.Lock()
+	// Checked again under the registry's mutex, which Stream.Destroy takes after marking s destroyed: a
+	// Destroy either came first (refused here) or finds s joined below and leaves it to the capture's end.
+	if err := s.alive(op); err != nil {
+		m.reg.mu.Unlock()
+		return false, err
+	}
 	if _, live := m.reg.caps[ec]; !live {
 		ec = nil
 	}

@@ -252,6 +252,11 @@ func (d *Device) setStrategy(requested string, opts memory.StackOptions) error {
 	if err != nil {
 		return err
 	}
+	// The old cache's blocks are freed while it is still the device's allocator: a stream's Destroy
+	// gives back that stream's cached blocks through the current allocator (serialized with this release)
+	// before the stream goes, so no free here can name a stream destroyed meanwhile. A failure leaves
+	// blocks to the Close below, which releases again and reports it.
+	_ = old.Release()
 	d.memory.Store(stack)
 	if err := d.regrantPeersLocked(); err != nil {
 		_ = old.Close()
