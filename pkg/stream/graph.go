@@ -221,8 +221,8 @@ func (g *Graph) DirectExec() cuda.GraphExec {
 }
 
 // Update takes the parameters of other, a graph of the same topology (cuGraphExecUpdate), into g's
-// executable graph, so g's next launches run other's copies without a new instantiation. Graphs whose
-// allocations outlive their launches are refused (ErrorGraphExecUpdateFailure), either way round.
+// executable graph, so g's next launches run other's copies without a new instantiation. Graphs that
+// allocated memory during their capture are refused (ErrorGraphExecUpdateFailure), either way round.
 func (g *Graph) Update(other *Graph) error {
 	const op = "graph_update"
 	if other == nil || other.Destroyed() {
@@ -249,9 +249,11 @@ func (g *Graph) Update(other *Graph) error {
 	}
 	// The driver takes the other graph's allocation addresses into the executable graph (conformance case
 	// GraphMemoryUpdate): g's launches would allocate memory booked to other, which no Buffer of g's owns.
-	if len(g.allocPtrs) > 0 || len(other.allocPtrs) > 0 {
+	// Allocations freed inside the capture move too; whether the driver keeps such an address to g once
+	// other is destroyed is not measured, so those graphs are refused as well.
+	if g.allocs > 0 || other.allocs > 0 {
 		return cuda.NewError("cudacore."+op, cuda.ErrorGraphExecUpdateFailure,
-			"a graph whose allocations outlive its launches (memory allocated during its capture and not freed in it) cannot be updated: the driver would move its launches' allocations to the other graph's addresses; instantiate the other graph instead")
+			"a graph that allocated memory during its capture (graph memory) cannot be updated, nor be the graph another is updated from: the driver would move the executable graph's allocations to the other graph's addresses; instantiate the other graph instead")
 	}
 	x, err := g.exec(op)
 	if err != nil {
@@ -260,7 +262,7 @@ func (g *Graph) Update(other *Graph) error {
 	if err := g.m.drv.GraphExecUpdate(g.m.ctx, x, other.g); err != nil {
 		if cuda.ResultOf(err) == cuda.ErrorGraphExecUpdateFailure {
 			return &cuda.Error{Op: "cudacore." + op, Result: cuda.ErrorGraphExecUpdateFailure, Err: err,
-				Msg: "the graphs differ in topology (node kinds, order or graph memory), so the executable graph cannot take the other's parameters; instantiate the other graph instead"}
+				Msg: "the graphs differ in topology (node kinds, order or allocation sizes), so the executable graph cannot take the other's parameters; instantiate the other graph instead"}
 		}
 		return err
 	}

@@ -731,8 +731,8 @@ class Graph:
         ------
         CUDAError
             ``CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`` if the topologies differ, or if either graph
-            allocates memory that outlives its launches (a Buffer allocated during the capture and not
-            closed in it): the driver would move this graph's allocations to the other graph's addresses.
+            allocated memory during its capture (graph memory): the driver would move this graph's
+            allocations to the other graph's addresses.
         """
         if not isinstance(other, Graph):
             raise TypeError(f"update() takes a Graph, not {type(other).__name__}")

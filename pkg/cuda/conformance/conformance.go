@@ -813,7 +813,7 @@ func (e *env) captureAlloc(t *testing.T, s cuda.Stream, host []byte) (cuda.Graph
 // testGraphMemoryUpdate: cuGraphExecUpdate takes a graph whose allocation node allocates elsewhere (same
 // size), and the executable graph's launches then allocate at the other graph's address, no longer at
 // its own capture's. cudacore keeps the allocations of a graph's launches (their Buffers) by graph and
-// address, so it refuses to update a graph whose allocations outlive its launches (Graph.Update).
+// address, so it refuses to update a graph that allocated memory during its capture (Graph.Update).
 func testGraphMemoryUpdate(t *testing.T, e *env) {
 	if !e.pools {
 		t.Skip("graph memory nodes need memory pools")
