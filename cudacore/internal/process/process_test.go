@@ -1,8 +1,12 @@
 package process
 
 import (
+	"math/rand"
 	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/memory"
@@ -135,4 +139,68 @@ func simDevice(t *testing.T) *Device {
 	require.NoError(t, err)
 	Replay()
 	return d
+}
+
+// A strategy switch closes the old allocator, whose cache frees its blocks on their streams, while other
+// goroutines create streams, allocate and free on them, and destroy them. A stream's destroy gives back
+// its cached blocks through the current allocator first, so the old cache must be released while it is
+// still current: otherwise a free reaches the driver with a destroyed stream's handle (the simulator ends
+// the test process there, as the real driver crashes).
+func TestStrategySwitchesWhileStreamsComeAndGo(t *testing.T) {
+	d := simDevice(t)
+	before := d.Memory().Stats().InUse
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var switched, cycles atomic.Int64
+	for w := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewSource(int64(w)))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				s, err := d.Streams().Create(true, 0)
+				if !assert.NoError(t, err) {
+					return
+				}
+				id := Streams.Add(int(s.Handle()), s) // the cache keeps blocks only of streams the process knows
+				for range 1 + r.Intn(4) {
+					n := uint64(512 << r.Intn(8))
+					if p, err := d.Allocate(n, s.Handle()); err == nil {
+						assert.NoError(t, d.Free(p, n, s.Handle()))
+					}
+				}
+				time.Sleep(time.Duration(r.Intn(50)) * time.Microsecond)
+				Streams.Remove(id)
+				assert.NoError(t, s.Destroy())
+				cycles.Add(1)
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// Refused while another goroutine's allocation is out: that is the rule, not a failure.
+			if d.SetStrategy([]string{"pool", "auto", "sync"}[i%3], memory.StackOptions{}) == nil {
+				switched.Add(1)
+			}
+		}
+	}()
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+	require.NoError(t, d.SetStrategy("auto", memory.StackOptions{}))
+	assert.Positive(t, switched.Load(), "strategies switched")
+	assert.Positive(t, cycles.Load(), "streams came and went")
+	assert.Equal(t, before, d.Memory().Stats().InUse, "nothing left allocated")
 }
