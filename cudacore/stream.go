@@ -33,7 +33,7 @@ func streamOf(op string, ordinal, handle int) (*process.Device, *stream.Stream, 
 	}
 	s, ok := process.Streams.Get(handle)
 	if !ok {
-		if d.Streams().Destroyed(cuda.Stream(uint64(handle))) {
+		if d.Streams().Closed(cuda.Stream(uint64(handle))) {
 			return nil, nil, cuda.NewError(op, cuda.ErrorClosed, fmt.Sprintf(
 				"stream %#x was closed; use a live stream", handle))
 		}

@@ -470,3 +470,23 @@ def test_tiles_that_fail_during_a_capture_give_back_the_earlier_ones_after_it() 
     assert d.memory_stats()["in_use"] == before
     s.close()
     other.close()
+
+
+@pytest.mark.parametrize("mode", ["relaxed", "thread_local", "global"])
+def test_a_stream_closed_during_a_capture_says_it_was_closed(mode: str) -> None:
+    """A stream closed while another stream captures is destroyed at the driver when the capture ends (in
+    GLOBAL and THREAD_LOCAL mode, on this thread). Until then it is closed all the same: using it is the
+    closed error, not "not a live cudacore stream" (an adversarial tester's finding)."""
+    d = cc.Device(0)
+    cap, s = d.create_stream(), d.create_stream()
+    cap.begin_capture(mode)
+    try:
+        s.close()
+        for use in (s.synchronize, s.query, lambda: cc.Event(d).record(s)):
+            with pytest.raises(cc.CUDAError) as exc:
+                use()
+            assert exc.value.name == "CUDACORE_ERROR_CLOSED", str(exc.value)
+            assert "was closed" in str(exc.value)
+    finally:
+        cap.end_capture().destroy()
+        cap.close()

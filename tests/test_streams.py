@@ -129,6 +129,20 @@ def test_pageable_async_copy_is_staged(dev):
         assert out.tobytes() == want
 
 
+@pytest.mark.parametrize("n", [4096, 9 * (1 << 20) + 5], ids=["4KiB", "9MiB"])
+def test_pageable_async_copy_to_host_has_arrived_when_it_returns(dev, n):
+    """docs/memory.md: an asynchronous copy into pageable memory returns once the data has arrived in it,
+    whatever its size (it goes through the staging buffers)."""
+    s = dev.create_stream()
+    data = rand(n, 3)
+    with dev.allocate(n, stream=s) as buf:
+        buf.copy_from(data, stream=s)  # queued on s: the copy out must follow it
+        out = np.zeros(n, np.uint8)
+        buf.copy_to(out, stream=s)
+        assert np.array_equal(out, data)  # no synchronize
+    s.close()
+
+
 def test_copy_bad_input(dev):
     s = dev.create_stream()
     buf = dev.allocate(4096)

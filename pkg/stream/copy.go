@@ -67,9 +67,12 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 			})
 	}
 	const dir, fix = "host-to-device", "copy_from(pinned, stream=s)"
-	pinned, err := m.checkAsyncCopy(opCopyFrom, s, src, dir, fix)
-	if err != nil || len(src) == 0 {
+	pinned, err := m.checkAsyncCopy(opCopyFrom, s, src)
+	if err != nil || len(src) == 0 && pinned {
 		return err
+	}
+	if len(src) == 0 {
+		return m.checkPageable(opCopyFrom, s, dir, fix) // nothing to copy, refused as a copy would be
 	}
 	if pinned {
 		return m.after(opCopyFrom, s, s.hold(opCopyFrom, func() error {
@@ -78,7 +81,7 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 			return m.drv.MemcpyHtoDAsync(m.ctx, dst, src, s.h)
 		}))
 	}
-	return m.after(opCopyFrom, s, m.pageable(opCopyFrom, s, dir, fix, func() error {
+	return m.pageable(opCopyFrom, s, dir, fix, func() error {
 		return s.hold(opCopyFrom, func() error {
 			if len(src) <= m.opts.PageableDirectMax {
 				// The driver stages it and returns once it has read src, as the staging pool would.
@@ -86,7 +89,7 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 			}
 			return m.stagedHtoD(dst, src, s)
 		})
-	}))
+	})
 }
 
 // syncStagedHtoD is the synchronous host-to-device copy of pageable memory through the staging buffers,
@@ -152,9 +155,12 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 			})
 	}
 	const dir, fix = "device-to-host", "copy_to(pinned, stream=s)"
-	pinned, err := m.checkAsyncCopy(opCopyTo, s, dst, dir, fix)
-	if err != nil || len(dst) == 0 {
+	pinned, err := m.checkAsyncCopy(opCopyTo, s, dst)
+	if err != nil || len(dst) == 0 && pinned {
 		return err
+	}
+	if len(dst) == 0 {
+		return m.checkPageable(opCopyTo, s, dir, fix) // nothing to copy, refused as a copy would be
 	}
 	if pinned {
 		return m.after(opCopyTo, s, s.hold(opCopyTo, func() error {
@@ -163,9 +169,9 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 			return m.drv.MemcpyDtoHAsync(m.ctx, dst, src, s.h)
 		}))
 	}
-	return m.after(opCopyTo, s, m.pageable(opCopyTo, s, dir, fix, func() error {
+	return m.pageable(opCopyTo, s, dir, fix, func() error {
 		return s.hold(opCopyTo, func() error { return m.stagedDtoH(dst, src, s) })
-	}))
+	})
 }
 
 // stagedDtoH is CopyDtoH into pageable memory through the staging buffers, pipelined: chunk k+1 is in
@@ -306,15 +312,13 @@ func (m *Manager) checkStreamArg(op string, s *Stream) error {
 	return m.checkEnqueue(op, s)
 }
 
-// checkAsyncCopy validates an asynchronous copy of host memory b on s and says whether b is pinned.
-func (m *Manager) checkAsyncCopy(op string, s *Stream, b []byte, dir, fix string) (bool, error) {
+// checkAsyncCopy validates the stream of an asynchronous copy of host memory b on s and says whether b is
+// pinned. A copy of pageable memory is checked against the capture rules where it is made (pageable).
+func (m *Manager) checkAsyncCopy(op string, s *Stream, b []byte) (bool, error) {
 	if err := m.checkStreamArg(op, s); err != nil {
 		return false, err
 	}
-	if m.pinned(b) {
-		return true, nil
-	}
-	return false, m.checkPageable(op, s, dir, fix)
+	return m.pinned(b), nil
 }
 
 // checkPageable refuses an asynchronous copy of pageable memory on s where a capture forbids it: s
@@ -342,13 +346,21 @@ func (m *Manager) checkPageable(op string, s *Stream, dir, fix string) error {
 // and a capture begun on another thread in between would be invalidated by the copy's unsafe calls
 // (cuMemHostAlloc, cuEventSynchronize) or would capture the copy itself. The steady state is entered
 // before call takes s's hold, the order Stream.Destroy takes them in.
+//
+// A refusal of the capture rules is returned as it is; what call returns (the driver's result) goes
+// through after, which ends the captures a capture error invalidated, as syncCopy does.
 func (m *Manager) pageable(op string, s *Stream, dir, fix string, call func() error) error {
-	return m.reg.Steady(func() error {
+	var err error
+	if serr := m.reg.Steady(func() error {
 		if err := m.checkPageable(op, s, dir, fix); err != nil {
 			return err
 		}
-		return call()
-	})
+		err = call()
+		return nil
+	}); serr != nil {
+		return serr
+	}
+	return m.after(op, s, err)
 }
 
 // ---- the pinned staging pool --------------------------------------------------------------------------

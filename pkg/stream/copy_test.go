@@ -727,3 +727,41 @@ func TestStreamDestroyedDuringAStagedCopy(t *testing.T) {
 		})
 	}
 }
+
+// An asynchronous pageable copy is checked against the capture rules in the steady state it is made in.
+// A GLOBAL capture begun on another thread after the copy was validated (here, as it asks whether the
+// memory is pinned) is refused there, before the driver sees the copy: the refusal comes back as it is,
+// not wrapped as a driver failure "during stream capture" that claims no capture was in progress (an
+// adversarial tester's finding), and the capture goes on.
+func TestAPageableCopyRefusedForACaptureBegunMeanwhileSaysSo(t *testing.T) {
+	var hook atomic.Pointer[func()]
+	d, err := device.Open(cudasim.New(), 0, "")
+	require.NoError(t, err)
+	m := New(d, Options{StagingSize: 4096, StagingCount: 1, PageableDirectMax: -1,
+		IsPinned: func(uintptr, int) bool { run(&hook); return false }})
+	defer func() { assert.NoError(t, m.Close()) }()
+	s, err := m.Create(true, 0)
+	require.NoError(t, err)
+	other, err := m.Create(true, 0)
+	require.NoError(t, err)
+	p, err := m.drv.MemAlloc(d.Context(), 3*4096)
+	require.NoError(t, err)
+	for _, c := range []struct {
+		name string
+		copy func() error
+	}{
+		{"host to device", func() error { return m.CopyHtoD(p, pattern(3*4096, 1), s) }},
+		{"device to host", func() error { return m.CopyDtoH(make([]byte, 3*4096), p, s) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rival := newRivalCapture(other)
+			begin := rival.begin // the copy is past its first check: another thread begins a capture
+			hook.Store(&begin)
+			err := c.copy()
+			requireResult(t, cuda.ErrorStreamCaptureUnsupported, err)
+			assert.Contains(t, err.Error(), "an asynchronous copy of pageable memory")
+			assert.NotContains(t, err.Error(), "failed during stream capture")
+			require.NoError(t, rival.end(), "the capture went on")
+		})
+	}
+}

@@ -235,10 +235,14 @@ func TestOrderRefusesAWaiterClosedDuringACapture(t *testing.T) {
 	x, j, p := e.stream(t, true), e.stream(t, true), e.stream(t, true)
 	require.NoError(t, x.BeginCapture(cuda.CaptureModeThreadLocal))
 	require.NoError(t, j.Destroy()) // its destroy waits for the capture to end
+	assert.True(t, e.m.Closed(j.Handle()), "closed to cudacore")
+	assert.False(t, e.m.Destroyed(j.Handle()), "not yet destroyed at the driver")
 	requireResult(t, cuda.ErrorClosed, e.m.Order("dlpack", j.Handle(), p.Handle()), "waiter closed")
 	requireResult(t, cuda.ErrorClosed, e.m.Order("dlpack", p.Handle(), j.Handle()), "producer closed")
 	g, err := x.EndCapture()
 	require.NoError(t, err)
 	require.NoError(t, g.Destroy())
+	assert.True(t, e.m.Destroyed(j.Handle()), "destroyed once the capture ended")
+	assert.True(t, e.m.Closed(j.Handle()))
 	requireResult(t, cuda.ErrorClosed, e.m.Order("dlpack", j.Handle(), p.Handle()), "waiter destroyed")
 }

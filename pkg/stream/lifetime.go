@@ -147,6 +147,15 @@ func (m *Manager) Destroyed(h cuda.Stream) bool {
 	return dead
 }
 
+// Closed says whether h names a stream this Manager destroyed, or one closed to cudacore whose destroy
+// at the driver waits for the captures to end (Stream.Destroy during a capture).
+func (m *Manager) Closed(h cuda.Stream) bool {
+	m.life.mu.RLock()
+	defer m.life.mu.RUnlock()
+	_, dead := m.life.dead[h]
+	return dead || m.life.closing[h] != nil
+}
+
 // PerThreadDrainer is implemented by drivers that can synchronize a thread's per-thread default stream
 // when the thread exits (libcuda.Driver): the real driver can stall for good when it tears down, at
 // thread exit, a per-thread default stream with stream-ordered pool memory and copies still in flight.
