@@ -329,29 +329,41 @@ func (d *hostAllocHook) MemHostAlloc(c cuda.Context, n uint64, flags uint32) ([]
 	return d.Driver.MemHostAlloc(c, n, flags)
 }
 
-// An asynchronous copy of pageable memory checks the capture rules and then allocates and waits for
-// staging buffers, unsafe calls that would invalidate a GLOBAL capture another thread began in between.
-// The check and the copy are one steady state: such a capture begins once the copy is done, and stays
-// valid.
-func TestAPageableCopyDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
-	drv := &hostAllocHook{Driver: cudasim.New()}
+// namedCopy is one copy of a table-driven test.
+type namedCopy struct {
+	name string
+	copy func() error
+}
+
+// stagedCopies opens device 0 of drv with a Manager whose pageable copies all go through one staging
+// buffer of 4 KiB (isPinned, if not nil, is its Options.IsPinned), and returns it, a stream s, another
+// stream, and an asynchronous pageable copy each way on s of three staging buffers' worth.
+func stagedCopies(t *testing.T, drv cuda.Driver, isPinned func(uintptr, int) bool) (*Manager, *Stream, *Stream, []namedCopy) {
+	t.Helper()
 	d, err := device.Open(drv, 0, "")
 	require.NoError(t, err)
-	m := New(d, Options{StagingSize: 4096, StagingCount: 1, PageableDirectMax: -1})
-	defer func() { assert.NoError(t, m.Close()) }()
+	m := New(d, Options{StagingSize: 4096, StagingCount: 1, PageableDirectMax: -1, IsPinned: isPinned})
+	t.Cleanup(func() { assert.NoError(t, m.Close()) })
 	s, err := m.Create(true, 0)
 	require.NoError(t, err)
 	other, err := m.Create(true, 0)
 	require.NoError(t, err)
 	p, err := drv.MemAlloc(d.Context(), 3*4096)
 	require.NoError(t, err)
-	for _, c := range []struct {
-		name string
-		copy func() error
-	}{
+	return m, s, other, []namedCopy{
 		{"host to device", func() error { return m.CopyHtoD(p, pattern(3*4096, 1), s) }},
 		{"device to host", func() error { return m.CopyDtoH(make([]byte, 3*4096), p, s) }},
-	} {
+	}
+}
+
+// An asynchronous copy of pageable memory checks the capture rules and then allocates and waits for
+// staging buffers, unsafe calls that would invalidate a GLOBAL capture another thread began in between.
+// The check and the copy are one steady state: such a capture begins once the copy is done, and stays
+// valid.
+func TestAPageableCopyDoesNotInvalidateACaptureBegunMeanwhile(t *testing.T) {
+	drv := &hostAllocHook{Driver: cudasim.New()}
+	m, s, other, copies := stagedCopies(t, drv, nil)
+	for _, c := range copies {
 		t.Run(c.name, func(t *testing.T) {
 			require.NoError(t, m.ReleaseStaging()) // the copy allocates its buffer again: the hook runs
 			rival := newRivalCapture(other)
@@ -735,24 +747,8 @@ func TestStreamDestroyedDuringAStagedCopy(t *testing.T) {
 // adversarial tester's finding), and the capture goes on.
 func TestAPageableCopyRefusedForACaptureBegunMeanwhileSaysSo(t *testing.T) {
 	var hook atomic.Pointer[func()]
-	d, err := device.Open(cudasim.New(), 0, "")
-	require.NoError(t, err)
-	m := New(d, Options{StagingSize: 4096, StagingCount: 1, PageableDirectMax: -1,
-		IsPinned: func(uintptr, int) bool { run(&hook); return false }})
-	defer func() { assert.NoError(t, m.Close()) }()
-	s, err := m.Create(true, 0)
-	require.NoError(t, err)
-	other, err := m.Create(true, 0)
-	require.NoError(t, err)
-	p, err := m.drv.MemAlloc(d.Context(), 3*4096)
-	require.NoError(t, err)
-	for _, c := range []struct {
-		name string
-		copy func() error
-	}{
-		{"host to device", func() error { return m.CopyHtoD(p, pattern(3*4096, 1), s) }},
-		{"device to host", func() error { return m.CopyDtoH(make([]byte, 3*4096), p, s) }},
-	} {
+	_, _, other, copies := stagedCopies(t, cudasim.New(), func(uintptr, int) bool { run(&hook); return false })
+	for _, c := range copies {
 		t.Run(c.name, func(t *testing.T) {
 			rival := newRivalCapture(other)
 			begin := rival.begin // the copy is past its first check: another thread begins a capture

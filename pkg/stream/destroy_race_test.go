@@ -54,24 +54,13 @@ func (d *enqueueHooks) StreamWaitEvent(c cuda.Context, s cuda.Stream, e cuda.Eve
 
 // A stream destroyed on another thread while work is on its way to the driver on it is destroyed only
 // once the driver has that work: a destroyed stream's handle crashes the real driver (docs/driver-facts.md,
-// "Graph memory"), where the simulator answers CUDA_ERROR_INVALID_HANDLE. The H100 fuzzer met it as a
+// "Graph memory"), and the simulator ends the process there just as loudly. The H100 fuzzer met it as a
 // segfault in cuGraphLaunch. Each case destroys the stream from the driver hook, and the work must
 // still reach a live stream; the destroy then completes.
 func TestAStreamIsNotDestroyedUnderWorkOnItsWay(t *testing.T) {
 	pools := cudasim.DeviceConfig{TotalMemory: 1 << 30, MemoryPoolsSupported: true}
 	drv := &enqueueHooks{Driver: cudasim.New(cudasim.WithDevices(pools, pools))}
-	reg := NewRegistry()
-	var ms []*Manager
-	for i := range 2 {
-		d, err := device.Open(drv, i, "")
-		require.NoError(t, err)
-		m := New(d, Options{Registry: reg})
-		t.Cleanup(func() {
-			assert.NoError(t, m.Close())
-			_ = d.Close()
-		})
-		ms = append(ms, m)
-	}
+	ms := managersOn(t, drv, 2)
 	m, d, d1 := ms[0], ms[0].Device(), ms[1].Device()
 	peer, err := drv.MemAlloc(d1.Context(), 64)
 	require.NoError(t, err)

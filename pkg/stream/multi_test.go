@@ -17,9 +17,17 @@ func twoDevices(t *testing.T) (*Manager, *Manager, *cudasim.Driver) {
 	t.Helper()
 	drv := cudasim.New(cudasim.WithDevices(cudasim.DeviceConfig{TotalMemory: 1 << 30, MemoryPoolsSupported: true},
 		cudasim.DeviceConfig{TotalMemory: 1 << 30, MemoryPoolsSupported: true}, cudasim.DeviceConfig{TotalMemory: 1 << 30, PeerGroup: 1}))
+	ms := managersOn(t, drv, 3)
+	return ms[0], ms[1], drv
+}
+
+// managersOn opens the first n devices of drv, each with its Manager, sharing one capture registry as in
+// a process; the test's cleanup closes them.
+func managersOn(t *testing.T, drv cuda.Driver, n int) []*Manager {
+	t.Helper()
 	reg := NewRegistry()
 	var ms []*Manager
-	for i := range 3 {
+	for i := range n {
 		d, err := device.Open(drv, i, "")
 		require.NoError(t, err)
 		m := New(d, Options{Registry: reg})
@@ -29,7 +37,7 @@ func twoDevices(t *testing.T) (*Manager, *Manager, *cudasim.Driver) {
 		})
 		ms = append(ms, m)
 	}
-	return ms[0], ms[1], drv
+	return ms
 }
 
 func TestCopyPeer(t *testing.T) {
