@@ -58,6 +58,21 @@ func Free(ordinal, ptr, size, stream int) (int, error) {
 	})
 }
 
+// FreeNamed is Free on a stream the caller names in this call and vouches is alive now, also one
+// cudacore did not create (a cuda.core deallocation on the stream cuda.core passes): the free is ordered
+// on it (process.Device.FreeNamed). It returns 0.
+//
+//cudacore:gil device
+func FreeNamed(ordinal, ptr, size, stream int) (int, error) {
+	return guard("cudacore.free", func() (int, error) {
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		return 0, d.FreeNamed(cuda.DevicePtr(uint64(ptr)), uint64(size), cuda.Stream(uint64(stream)))
+	})
+}
+
 // GraphFree is Free for a Buffer allocated during a capture, which holds the owner token Allocate gave
 // it: if its memory went void (the capture was aborted, or its graph destroyed before any launch), the
 // free frees nothing, also when the driver has handed the address to another owner since. It returns 0.

@@ -77,7 +77,9 @@ func TorchFree(ptr int) (int, error) {
 		if err != nil {
 			return 0, recordInterop(err)
 		}
-		return 0, recordInterop(d.FreeSteady(cuda.DevicePtr(uint64(ptr)), a.Size, a.Stream))
+		// PyTorch's free names the allocation's stream, which PyTorch keeps alive (its streams come from a
+		// pool it never destroys; an ExternalStream's user must keep it alive while tensors use it).
+		return 0, recordInterop(d.FreeNamed(cuda.DevicePtr(uint64(ptr)), a.Size, a.Stream))
 	})
 }
 

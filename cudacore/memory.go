@@ -29,6 +29,7 @@ type statsJSON struct {
 	PinnedInUse    uint64 `json:"pinned_in_use"`
 	PinnedPeak     uint64 `json:"pinned_peak_in_use"`
 	PinnedStaging  uint64 `json:"pinned_staging"` // the staging buffers of pageable copies (stream.Manager.StagingBytes)
+	Orphaned       uint64 `json:"orphaned"`       // freed blocks of gone foreign streams, waiting for a device synchronize
 	ManagedInUse   uint64 `json:"managed_in_use"`
 	ManagedLive    int    `json:"managed_allocations"`
 	Strategy       string `json:"strategy"`
@@ -63,6 +64,7 @@ func MemoryStats(ordinal int) (string, error) {
 		out.ManagedInUse, out.ManagedLive = d.ManagedInUse()
 		out.GraphDestroyFailures, out.GraphDestroysPending = d.Streams().DestroyFailures(), d.Streams().DestroysKept()
 		out.PinnedStaging = d.Streams().StagingBytes()
+		out.Orphaned = d.Orphaned()
 		b, err := json.Marshal(out)
 		return string(b), err
 	})
@@ -96,7 +98,11 @@ func MemoryRelease(ordinal int) (int, error) {
 		// capture begun on another thread while the cached blocks were being freed was invalidated by the
 		// next free, whose block was lost (out of the cache, never freed). Graph memory freed by launches
 		// stays with the driver for later launches until trimmed, and the pinned staging buffers of
-		// pageable copies are kept for the next copy: both go back too, unless a capture runs.
+		// pageable copies are kept for the next copy: both go back too, unless a capture runs. Orphans (freed
+		// blocks of gone foreign streams) are given back first, after a device synchronize.
+		if err := d.FlushOrphans(); err != nil && !process.Capturing() {
+			return 0, err
+		}
 		err = process.Steady(func() error {
 			if err := d.Memory().Release(); err != nil {
 				return err

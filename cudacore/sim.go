@@ -2,6 +2,7 @@ package cudacore
 
 import (
 	"github.com/cudacore/cudacore/cudacore/internal/process"
+	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/cudasim"
 )
 
@@ -38,5 +39,48 @@ func SimClearFaults() (int, error) {
 			return 0, err
 		}
 		return s.ClearFaults(), nil
+	})
+}
+
+// SimForeignStream creates a stream on the simulated driver directly, as another library (CuPy, PyTorch)
+// creates its own: cudacore does not know it, and only its creator destroys it (SimForeignStreamDestroy).
+// It returns the handle. Tests use it to reproduce what other libraries do with their streams.
+//
+//cudacore:gil hold
+func SimForeignStream(ordinal int, nonBlocking bool) (int, error) {
+	return guard("cudacore.sim.foreign_stream", func() (int, error) {
+		s, err := process.Sim()
+		if err != nil {
+			return 0, err
+		}
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		flags := cuda.StreamDefault
+		if nonBlocking {
+			flags = cuda.StreamNonBlocking
+		}
+		h, err := s.StreamCreate(d.Context(), flags, 0)
+		return int(h), err
+	})
+}
+
+// SimForeignStreamDestroy destroys, at the simulated driver and behind cudacore's back, a stream that
+// SimForeignStream made, as its owner would. A later use of the handle ends the process, as on the real
+// driver. It returns 0.
+//
+//cudacore:gil hold
+func SimForeignStreamDestroy(ordinal, handle int) (int, error) {
+	return guard("cudacore.sim.foreign_stream_destroy", func() (int, error) {
+		s, err := process.Sim()
+		if err != nil {
+			return 0, err
+		}
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		return 0, s.StreamDestroy(d.Context(), cuda.Stream(uint64(handle)))
 	})
 }

@@ -78,6 +78,32 @@ func StreamCreate(ordinal int, nonBlocking bool, priority int) (int, error) {
 	})
 }
 
+// StreamWatch records that the caller vouches for handle, a stream cudacore did not create, until
+// StreamGone(handle): frees of blocks allocated on it meanwhile are ordered on it (process.WatchStream).
+// The caller calls it while the stream is alive. It returns the watch's generation, 0 for a default
+// stream or one of cudacore's own, which need no watcher.
+//
+//cudacore:gil hold
+func StreamWatch(handle int) (int, error) {
+	return guard("cudacore.watch_stream", func() (int, error) {
+		if handle < 0 {
+			return 0, cuda.NewError("cudacore.watch_stream", cuda.ErrorInvalidValue, fmt.Sprintf("a stream handle is >= 0, got %d", handle))
+		}
+		return int(process.WatchStream(cuda.Stream(uint64(handle)))), nil
+	})
+}
+
+// StreamGone ends the watch of handle (StreamWatch): its owner destroyed it, or is about to. Blocks
+// allocated on it and freed later wait for a device synchronize instead of reaching its handle. It says
+// whether handle was watched.
+//
+//cudacore:gil hold
+func StreamGone(handle int) (bool, error) {
+	return guard("cudacore.stream_gone", func() (bool, error) {
+		return process.StreamGone(cuda.Stream(uint64(handle))), nil
+	})
+}
+
 // StreamPriorityRange returns the device's stream priorities as JSON [least, greatest].
 //
 //cudacore:gil hold

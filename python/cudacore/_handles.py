@@ -22,8 +22,11 @@ else does. Every import of a cudacore module runs the package's ``__init__`` fir
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, cast
+import weakref
+from typing import TYPE_CHECKING, Any, cast
 
+from . import _api
+from ._api import core
 from ._errors import error
 
 if TYPE_CHECKING:
@@ -148,14 +151,88 @@ def stream_handle(stream: object, device: int | None = None) -> int:
                 op="cudacore.current_stream",
             )
         return current.handle
-    handle = getattr(stream, "handle", stream)
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        handle = stream
+    else:
+        handle = _foreign_handle(stream)
+        if handle is None:
+            handle = getattr(stream, "handle", stream)
     if isinstance(handle, bool) or not isinstance(handle, int):
-        raise TypeError(f"stream must be a cudacore Stream, an int handle or None, not {type(stream).__name__}")
+        raise TypeError(
+            "stream must be a cudacore Stream, a stream of another library (an object with __cuda_stream__, a "
+            f"CuPy or PyTorch stream), an int handle or None, not {type(stream).__name__}"
+        )
     if handle < 0:
         raise error(
             "CUDA_ERROR_INVALID_VALUE", f"stream must be a Stream, a stream handle (>= 0) or None, got {handle}", op="cudacore.stream"
         )
     return handle
+
+
+# -- streams of other libraries -------------------------------------------------------------------------
+#
+# cudacore passes the handle of a stream it did not create to the driver only while it knows the stream
+# is alive: during the call that names it, and afterwards while a watcher vouches for it (Go's books:
+# cudacore/internal/process/foreign.go). A watcher is a weak reference to a stream object whose handle
+# lives exactly as long as the object: CuPy's Stream destroys its handle when it is collected, so the
+# watch ends (StreamGone) when the object goes; PyTorch's streams come from a pool PyTorch never destroys,
+# so theirs never ends. Other objects (cuda.core's Stream, which close() destroys while the object lives,
+# CuPy's and PyTorch's ExternalStream, any __cuda_stream__ object, a bare int) are not watched: a block
+# allocated on one and freed after the call waits for a device synchronize instead (docs/memory.md).
+
+#: handle -> the weak reference that watches it (CuPy streams)
+_watches: dict[int, Any] = {}
+#: handles watched for the life of the process (PyTorch's pooled streams)
+_forever: set[int] = set()
+
+
+def _foreign_handle(stream: object) -> int | None:
+    """The handle of a stream object of another library, watching it where its kind allows; None for an
+    object that is none of them (a cudacore Stream, or something the caller refuses)."""
+    protocol = getattr(type(stream), "__cuda_stream__", None)
+    if protocol is not None:
+        pair = stream.__cuda_stream__()  # type: ignore[attr-defined]
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], int)):
+            raise TypeError(f"{type(stream).__name__}.__cuda_stream__() must return (version, handle), got {pair!r}")
+        handle = pair[1]
+    else:
+        handle = getattr(stream, "ptr", None) if _is_cupy_stream(stream) else getattr(stream, "cuda_stream", None)
+        if not isinstance(handle, int):
+            return None
+    if handle > 2:  # 0, 1 and 2 are the default streams, which live for good
+        _watch(stream, handle)
+    return handle
+
+
+def _is_cupy_stream(stream: object) -> bool:
+    return type(stream).__module__.startswith("cupy.")
+
+
+def _watch(stream: object, handle: int) -> None:
+    cls = type(stream)
+    module, name = cls.__module__, cls.__name__
+    if name == "ExternalStream" or getattr(stream, "_foreign_stream_ref", None) is not None:
+        return  # the handle is someone else's, who may destroy it while this object lives
+    if module.startswith("torch."):
+        if handle not in _forever:
+            core.StreamWatch(handle)
+            _forever.add(handle)
+        return
+    if not (module.startswith("cupy.") and name == "Stream"):
+        return
+    ref = _watches.get(handle)
+    if ref is not None and ref() is stream:
+        return
+
+    def gone(r: Any, handle: int = handle) -> None:
+        # CuPy's Stream destroys its handle as it is collected (its __del__ runs before this callback).
+        if _watches.get(handle) is r:
+            del _watches[handle]
+        if not _api.forked():
+            core.StreamGone(handle)
+
+    _watches[handle] = weakref.ref(stream, gone)
+    core.StreamWatch(handle)
 
 
 _device_type: type[Device] | None = None

@@ -83,7 +83,9 @@ def cupy_allocator(device: Device | int | None = None) -> Callable[[int], Any]:
 
     Each CuPy allocation is a :class:`cudacore.Buffer` on CuPy's current stream, wrapped in a
     ``cupy.cuda.MemoryPointer`` over a ``cupy.cuda.UnownedMemory`` whose owner is that Buffer: the memory
-    is freed (in stream order) when CuPy drops its last reference. ``device`` (default: CuPy's current
+    is freed (in stream order) when CuPy drops its last reference. A block that outlives its CuPy stream
+    (CuPy destroys a stream when the object is collected) is given back after a device synchronize
+    instead, never on the destroyed handle (docs/memory.md, "Streams of other libraries"). ``device`` (default: CuPy's current
     device at each call) picks the cudacore device.
 
     Out of memory raises :class:`cudacore.OutOfMemoryError` (a ``MemoryError``), not
@@ -98,8 +100,9 @@ def cupy_allocator(device: Device | int | None = None) -> Callable[[int], Any]:
         dev = fixed if fixed is not None else _device(cupy.cuda.runtime.getDevice())
         if size == 0:
             return memory.MemoryPointer(memory.UnownedMemory(0, 0, None, dev.device_id), 0)
-        stream = cupy.cuda.get_current_stream().ptr
-        buf = dev.allocate(size, stream=stream)  # CuPy's current stream; 0 is its legacy default stream
+        # CuPy's current stream, as the object: cudacore watches a CuPy Stream so that a block freed after
+        # CuPy destroyed the stream never reaches its handle (docs/memory.md).
+        buf = dev.allocate(size, stream=cupy.cuda.get_current_stream())
         return memory.MemoryPointer(memory.UnownedMemory(buf.ptr, size, buf, dev.device_id), 0)
 
     return allocate
@@ -209,10 +212,11 @@ def _cuda_core_resource_class() -> type:
             if buf is None or buf.size != size:
                 raise error("CUDA_ERROR_INVALID_VALUE", f"{addr:#x} ({size} bytes) was not allocated by this cudacore resource, or was deallocated already", op="cudacore.deallocate")
             handle = _cuda_core_stream(stream)
-            if handle and handle != buf.stream_handle:
-                # Freed in the order of the stream cuda.core names, which is alive now; the allocating stream
-                # may be gone already (cuda.core does not tell), and its handle must not reach the driver.
-                core.Free(self._device.device_id, addr, size, handle)
+            if handle:
+                # Freed in the order of the stream cuda.core names in this call, which is alive now; the
+                # allocating stream may be gone already (cuda.core does not tell), and its handle must not
+                # reach the driver.
+                core.FreeNamed(self._device.device_id, addr, size, handle)
                 buf._void()
             else:
                 buf.close()

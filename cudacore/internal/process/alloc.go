@@ -48,6 +48,7 @@ func (d *Device) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
 	} else {
 		streams.Reissued(p)
 	}
+	noteForeign(p, h)
 	return p, nil
 }
 
@@ -128,13 +129,20 @@ func (d *Device) AllocateSteady(size uint64, h cuda.Stream) (p cuda.DevicePtr, e
 // It is read in the same steady state as the allocation: no capture can end in between and void the
 // memory, and a token looked up by address later could be a newer owner's, once the address was handed
 // out again.
+//
+// Out of memory while orphans wait (foreign.go), the orphans are given back and the allocation is tried
+// once more.
 func (d *Device) AllocateOwned(size uint64, h cuda.Stream) (p cuda.DevicePtr, token uint64, err error) {
-	err = captures.Steady(func() error {
+	allocate := func() error {
 		if p, err = d.Allocate(size, h); err == nil && d.Streams().Captured(h, p) {
 			token = d.Streams().Token(p) // an earlier owner's token lingering at p is not this one's
 		}
 		return err
-	})
+	}
+	err = captures.Steady(allocate)
+	if err != nil && cuda.ResultOf(err) == cuda.ErrorOutOfMemory && d.Orphaned() > 0 && d.FlushOrphans() == nil {
+		err = captures.Steady(allocate)
+	}
 	return p, token, err
 }
 
@@ -157,6 +165,19 @@ func (d *Device) FreeSteady(p cuda.DevicePtr, size uint64, h cuda.Stream) error 
 // check and the free; a graph destroyed meanwhile on another thread could void it, which the GIL rules
 // out for the Buffers that carry tokens (their frees hold it: tokens exist only with memory pools).
 func (d *Device) FreeOwned(p cuda.DevicePtr, size uint64, h cuda.Stream, token uint64) error {
+	return d.freeOwned(p, size, h, token, d.freeNow)
+}
+
+// FreeNamed is FreeSteady for a caller that names h in this very call and vouches that it is alive now
+// (PyTorch's free, which passes the allocation's stream; a cuda.core deallocation on the stream it names):
+// the free made at once is ordered on h even where h is a stream cudacore did not create and no watcher
+// vouches for (foreign.go). A free that waits for the captures to end is made later, by then without
+// anyone vouching for h, and takes Free's way.
+func (d *Device) FreeNamed(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	return d.freeOwned(p, size, h, 0, d.freeNamedNow)
+}
+
+func (d *Device) freeOwned(p cuda.DevicePtr, size uint64, h cuda.Stream, token uint64, now func(cuda.DevicePtr, uint64, cuda.Stream) error) error {
 	streams := d.Streams()
 	node, stale := false, false
 	err := captures.Steady(func() error {
@@ -169,11 +190,11 @@ func (d *Device) FreeOwned(p cuda.DevicePtr, size uint64, h cuda.Stream, token u
 		if token != 0 && !Capturing() {
 			streams.DropToken(p, token) // freed now: nothing can void it any more
 		}
-		return d.free(p, size, h, d.freeNow, token) // during a capture: queued until it ends (freeDuringCapture)
+		return d.free(p, size, h, now, token) // during a capture: queued until it ends (freeDuringCapture)
 	})
 	if node {
 		// A free node of its own capture: a failed free node ends the capture, which takes the change lock.
-		err = d.free(p, size, h, d.freeNow, token)
+		err = d.free(p, size, h, now, token)
 		if err == nil && token != 0 {
 			streams.DropToken(p, token)
 		}
@@ -242,11 +263,31 @@ func (d *Device) freeDuringCapture(p cuda.DevicePtr, size uint64, h cuda.Stream,
 // stream (stream.Later): the per-thread handle names the calling thread's stream, which need not be the
 // stream whose work used the block (a Buffer allocated on one thread and closed on another), and only the
 // legacy stream waits for the work of every thread's per-thread stream.
+//
+// A block of a stream cudacore did not create is freed on that stream only while a watcher vouches for it,
+// else it waits as an orphan for a device synchronize (freeForeign): nobody names the stream in this
+// call, and its owner may have destroyed it.
 func (d *Device) freeNow(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	return d.freeAt(p, size, h, false)
+}
+
+// freeNamedNow is freeNow for a caller that names h in this call and vouches for it (FreeNamed).
+func (d *Device) freeNamedNow(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
+	return d.freeAt(p, size, h, true)
+}
+
+func (d *Device) freeAt(p cuda.DevicePtr, size uint64, h cuda.Stream, named bool) error {
 	d.inFlight.RLock()
 	defer d.inFlight.RUnlock()
 	if stream.IsDefault(h) {
 		return d.Memory().Deallocate(p, size, stream.Later(h))
+	}
+	if !ownStream(h) {
+		if named {
+			foreign.blocks.Delete(p)
+			return d.Memory().Deallocate(p, size, h)
+		}
+		return d.freeForeign(p, size, h)
 	}
 	streams := d.Streams()
 	use := streams.UseForFree(h)

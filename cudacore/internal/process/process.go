@@ -71,6 +71,8 @@ type Device struct {
 	managed managedTable
 	// pageableDirectMax is its stream manager's PageableDirectMax (CUDACORE_PAGEABLE_DIRECT_MAX).
 	pageableDirectMax int
+	// orphans holds blocks freed after their foreign stream could no longer be vouched for (foreign.go).
+	orphans orphanage
 }
 
 // Memory returns the device's allocator.

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Fetches the peers' own test suites that scripts/gpu/peer_suites.py runs on the GPU machine (which has no
+# network), into peer-suites/ (ignored by git; carry it to the GPU machine). Versions are pinned here.
+#
+#   scripts/fetch_peer_suites.sh [CUPY_VERSION]
+#
+# - CuPy: the tests/ folder of the CuPy source release from PyPI, checked against its sha256. The version
+#   must match the CuPy installed on the GPU machine (docs/gpu-testing.md names it).
+# - PyTorch: test/test_cuda.py is not on PyPI (PyTorch publishes no sdist). Put the file of the pinned
+#   commit below at peer-suites/torch/test_cuda.py by hand, from a checkout of the PyTorch repository.
+# - Numba-CUDA: its tests ship inside the installed numba-cuda package; nothing to fetch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CUPY_VERSION=${1:-14.2.0}
+declare -A CUPY_SHA256=(
+    [14.2.0]=cfed725e612178cfbdbf62f4a3a598b60edecbbca718c0d4580c21a16ae4a62c
+)
+TORCH_COMMIT=0a4bbf60004ddfd3e3197081bd5ac2f3da188619
+
+mkdir -p peer-suites/torch
+sha=${CUPY_SHA256[$CUPY_VERSION]:-}
+[ -n "$sha" ] || { echo "no sha256 pinned for CuPy $CUPY_VERSION: add it to CUPY_SHA256 in $0"; exit 1; }
+if [ ! -d "peer-suites/cupy-$CUPY_VERSION/tests" ]; then
+    url=$(curl -fsSL "https://pypi.org/simple/cupy/" | grep -o "https://[^\"#]*/cupy-$CUPY_VERSION.tar.gz" | head -1)
+    [ -n "$url" ] || { echo "CuPy $CUPY_VERSION's sdist is not on PyPI's index"; exit 1; }
+    tmp=$(mktemp -d)
+    curl -fsSL -o "$tmp/cupy.tar.gz" "$url"
+    echo "$sha  $tmp/cupy.tar.gz" | sha256sum -c --quiet
+    tar xzf "$tmp/cupy.tar.gz" -C peer-suites "cupy-$CUPY_VERSION/tests"
+    rm -rf "$tmp"
+fi
+echo "CuPy $CUPY_VERSION tests: peer-suites/cupy-$CUPY_VERSION/tests"
+if [ -f peer-suites/torch/test_cuda.py ]; then
+    echo "PyTorch test_cuda.py: peer-suites/torch/test_cuda.py (expected: commit $TORCH_COMMIT)"
+else
+    echo "PyTorch: put test/test_cuda.py of commit $TORCH_COMMIT at peer-suites/torch/test_cuda.py"
+fi

@@ -1,0 +1,232 @@
+"""The peers' own test suites, run under cudacore and under each library's own allocator, compared test by
+test (docs/gpu-testing.md, "The peers' own suites").
+
+    python3 scripts/gpu/peer_suites.py [--suite cupy --suite torch --suite numba] [--out DIR]
+
+On the GPU machine, with the wheel installed (scripts/gpu/run.sh does it) and the suites' sources fetched
+on the development machine into ``peer-suites/`` (``scripts/fetch_peer_suites.sh``):
+
+- **CuPy**: the tests of the CuPy source release matching the installed CuPy, with
+  ``cupy.cuda.set_allocator(cudacore.interop.cupy_allocator())``;
+- **PyTorch**: the allocator, stream, event and graph classes of ``test/test_cuda.py`` at a pinned commit,
+  with ``cudacore.interop.use_torch_allocator()``;
+- **Numba-CUDA**: ``numba.cuda.tests`` of the installed numba-cuda, with
+  ``NUMBA_CUDA_MEMORY_MANAGER=cudacore.interop``.
+
+Each selected file runs in a process of its own, once per allocator. A process that dies (a crash) has its
+test recorded as ``crashed``, and the file goes on from there with the crashed tests deselected. The
+table gives, per suite and allocator, the tests selected, passed, failed, skipped and crashed, then every
+test whose outcome differs between the two allocators. Tests left out are listed in LEFT_OUT, each with
+its reason. The exit status is 1 when any test crashed or any outcome differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITES_DIR = ROOT / "peer-suites"
+PLUGIN_DIR = Path(__file__).resolve().parent
+
+#: Per suite: the files (or packages) run, relative to the suite's root.
+SELECTED = {
+    "cupy": [
+        "tests/cupy_tests/cuda_tests/test_stream.py",
+        "tests/cupy_tests/cuda_tests/test_graph.py",
+        "tests/cupy_tests/cuda_tests/test_memory.py",
+        "tests/cupy_tests/cuda_tests/test_pinned_memory.py",
+        "tests/cupy_tests/cuda_tests/test_device.py",
+        "tests/cupy_tests/cuda_tests/test_cufft.py",
+        "tests/cupy_tests/core_tests/test_ndarray.py",
+        "tests/cupy_tests/core_tests/test_dlpack.py",
+        "tests/cupy_tests/core_tests/test_ndarray_cuda_array_interface.py",
+        "tests/cupy_tests/core_tests/test_multithreading.py",
+        "tests/cupy_tests/core_tests/test_ndarray_get.py",
+        "tests/cupy_tests/core_tests/test_raw.py",
+        "tests/cupy_tests/core_tests/test_elementwise.py",
+        "tests/cupy_tests/creation_tests/test_from_data.py",
+    ],
+    "torch": ["test_cuda.py"],
+    "numba": [
+        "numba.cuda.tests.cudadrv",
+        "numba.cuda.tests.cudapy.test_array",
+        "numba.cuda.tests.cudapy.test_ipc",
+        "numba.cuda.tests.cudapy.test_stream_api",
+        "numba.cuda.tests.cudapy.test_sync",
+        "numba.cuda.tests.cudapy.test_array_methods",
+        "numba.cuda.tests.cudapy.test_cuda_array_interface",
+    ],
+}
+
+#: Per suite: (pytest -k or nodeid pattern, reason) left out of both runs.
+LEFT_OUT = {
+    "cupy": [
+        ("TestAllocator", "replaces the allocator itself (set_allocator) and checks CuPy's pool receives the allocations"),
+        ("TestAllocatorDisabled", "replaces the allocator itself (set_allocator(None)) and checks CuPy's refusal"),
+        ("TestPythonFunctionAllocator", "replaces the allocator itself with a Python function and counts its calls"),
+        ("TestMallocAsync", "replaces the allocator itself (set_allocator(malloc_async))"),
+        ("TestMemoryAsyncPool", "tests CuPy's MemoryAsyncPool internals (its own pool object)"),
+        ("TestSingleDeviceMemoryPool", "tests the internals of CuPy's own MemoryPool (its arenas, chunk sizes, limits)"),
+        ("TestMemoryPool", "tests the internals of CuPy's own MemoryPool (its free lists and statistics)"),
+        ("TestParseMempoolLimitEnvVar", "tests CuPy's own pool's environment variable"),
+    ],
+    "torch": [
+        (
+            (
+                "test_memory_stats or test_memory_snapshot or test_caching_allocator or test_allocator_settings or "
+                "test_set_per_process_memory_fraction or test_cudart_register or test_memory_plots or "
+                "test_cuda_memory_leak_detection or test_max_split or test_expandable or test_garbage_collect or "
+                "test_mempool or test_graph_pool or test_memory_allocation or test_release or test_empty_cache or "
+                "test_host_memory or test_record_stream or test_allocator_backend or test_notifies_oom or "
+                "test_oom or test_out_of_memory"
+            ),
+            (
+                "tests PyTorch's own caching allocator: its statistics, snapshots, settings, pools, host allocator "
+                "and out-of-memory path, which a pluggable allocator replaces (PyTorch refuses several of these "
+                "calls under any CUDAPluggableAllocator)"
+            ),
+        ),
+        ("TestCudaMallocAsync or TestMemPool or TestBlockStateAbsorption",
+         "classes that test PyTorch's own allocator backends and pools"),
+    ],
+    "numba": [
+        ("test_emm_plugins", "replaces the memory manager itself"),
+        ("test_deallocations", "tests the pending-deallocation queue of Numba's own memory manager"),
+    ],
+}
+
+TORCH_CLASSES = "TestCuda or TestCudaMultiGPU or TestCudaOptims or TestCudaComm or TestCudaAutocast or TestCudaGraph"
+
+
+def suite_root(suite: str) -> Path:
+    if suite == "cupy":
+        import cupy
+
+        root = SUITES_DIR / f"cupy-{cupy.__version__}"
+        if not (root / "tests").is_dir():
+            sys.exit(f"no CuPy {cupy.__version__} tests in {root}: run scripts/fetch_peer_suites.sh on the development machine")
+        return root
+    if suite == "torch":
+        root = SUITES_DIR / "torch"
+        if not (root / "test_cuda.py").is_file():
+            sys.exit(f"no test_cuda.py in {root}: see scripts/fetch_peer_suites.sh")
+        return root
+    return ROOT
+
+
+def run_file(suite: str, target: str, allocator: str, out: Path, timeout: float) -> dict[str, str]:
+    """Run one file (or package) under one allocator; return nodeid -> outcome, crashes included."""
+    root = suite_root(suite)
+    name = target.replace("/", "_").replace(".", "_")
+    log = out / f"{suite}-{allocator}-{name}.log"
+    log.unlink(missing_ok=True)
+    env = dict(os.environ)
+    env.update(
+        CUDACORE_PEER_ALLOCATOR=allocator,
+        CUDACORE_PEER_SUITE=suite,
+        CUDACORE_PEER_LOG=str(log),
+        PYTHONPATH=os.pathsep.join(p for p in (str(PLUGIN_DIR), env.get("PYTHONPATH", "")) if p),
+        PYTHONFAULTHANDLER="1",
+    )
+    if suite == "numba" and allocator == "cudacore":
+        env["NUMBA_CUDA_MEMORY_MANAGER"] = "cudacore.interop"
+    deselect: list[str] = []
+    outcomes: dict[str, str] = {}
+    left = " or ".join(f"({k})" for k, _ in LEFT_OUT[suite])
+    keyword = f"not ({left})" if left else ""
+    if suite == "torch":
+        keyword = f"({TORCH_CLASSES}) and {keyword}"
+    for _attempt in range(50):  # one more start per crash
+        cmd = [sys.executable, "-m", "pytest", "-q", "-rN", "-p", "peer_plugin", "-p", "no:cacheprovider"]
+        cmd += ["--pyargs", target] if suite == "numba" else [target]
+        if keyword:
+            cmd += ["-k", keyword]
+        for d in deselect:
+            cmd += ["--deselect", d]
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, text=True, check=False)
+            rc, tail = proc.returncode, proc.stdout[-3000:]
+        except subprocess.TimeoutExpired as e:
+            rc, tail = -9, (e.stdout or b"")[-3000:] if isinstance(e.stdout, bytes) else str(e.stdout or "")[-3000:]
+        pending = None
+        for line in log.read_text(encoding="utf-8").splitlines() if log.exists() else []:
+            kind, _, nodeid = line.partition(" ")
+            if kind == "start":
+                pending = nodeid
+            else:
+                outcomes[nodeid] = kind
+                if nodeid == pending:
+                    pending = None
+        died = rc < 0 or rc >= 128 or (rc not in (0, 1, 5) and pending is not None)
+        if not died:
+            counts = collections.Counter(outcomes.values())
+            print(f"  rc {rc}, {time.monotonic() - started:.0f}s: {dict(counts)}", flush=True)
+            if rc not in (0, 1) or not outcomes:
+                print(tail, flush=True)
+            return outcomes
+        if pending is None:
+            print(f"  {suite}/{allocator} {target}: died (rc {rc}) outside a test\n{tail}", flush=True)
+            outcomes[f"{target}::<collection or exit>"] = "crashed"
+            return outcomes
+        outcomes[pending] = "crashed" if rc != -9 else "timeout"
+        print(f"  {suite}/{allocator}: {pending} {outcomes[pending]} (rc {rc})\n{tail[-1500:]}", flush=True)
+        deselect.append(pending)
+        log.unlink(missing_ok=True)
+    return outcomes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", action="append", choices=sorted(SELECTED), help="suite to run (repeat); default all")
+    ap.add_argument("--only", action="append", help="run only the selected files containing this text (repeat)")
+    ap.add_argument("--allocator", action="append", choices=["own", "cudacore"], help="default both")
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
+    ap.add_argument("--timeout", type=float, default=600, help="seconds for one file's process")
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    allocators = args.allocator or ["own", "cudacore"]
+    status = 0
+    rows = []
+    for suite in args.suite or sorted(SELECTED):
+        results: dict[str, dict[str, str]] = {a: {} for a in allocators}
+        for target in SELECTED[suite]:
+            if args.only and not any(o in target for o in args.only):
+                continue
+            for allocator in allocators:  # interleaved per file
+                print(f"{suite} {allocator} {target}", flush=True)
+                results[allocator].update(run_file(suite, target, allocator, out, args.timeout))
+        for allocator in allocators:
+            counts = collections.Counter(results[allocator].values())
+            rows.append((suite, allocator, len(results[allocator]), counts))
+            if counts["crashed"] or counts["timeout"]:
+                status = 1
+        print(f"\n{suite}: left out (both allocators):")
+        for pattern, reason in LEFT_OUT[suite]:
+            print(f"  -k {pattern!r}: {reason}")
+        if len(allocators) == 2:
+            a, b = (results[x] for x in allocators)
+            diff = sorted(n for n in set(a) | set(b) if a.get(n, "absent") != b.get(n, "absent"))
+            print(f"{suite}: {len(diff)} differences ({allocators[0]} -> {allocators[1]})")
+            for n in diff:
+                print(f"  {n}: {a.get(n, 'absent')} -> {b.get(n, 'absent')}")
+            if diff:
+                status = 1
+    print()
+    print("| suite | allocator | tests | passed | failed | error | skipped | xfailed | crashed |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for suite, allocator, n, c in rows:
+        print(f"| {suite} | {allocator} | {n} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} | "
+              f"{c['xfailed'] + c['xpassed']} | {c['crashed'] + c['timeout']} |")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""Streams cudacore did not create (docs/memory.md, "Streams of other libraries"): their owner may destroy
+them at any time after the call that named them, and no handle of such a stream reaches the driver
+afterwards unless a watcher vouches for it.
+
+On the simulator a "foreign" stream is made at the simulated driver behind cudacore's back
+(``SimForeignStream``), and its owner destroys it there; a destroyed handle that reaches the simulator ends
+the process, as the real driver crashes, so each case runs in a fresh interpreter. On a GPU the same
+cases run with CuPy's own streams (the two crashes of CuPy's own suite).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_python
+
+# A stand-in for CuPy's Stream on the simulator: the same module and class name, which is how cudacore
+# knows a stream object whose handle lives exactly as long as the object, and the same life: the handle
+# is made with the object and destroyed in __del__, before weak references are told.
+FAKE_CUPY = """
+import gc, sys, types
+import cudacore as cc
+from cudacore._api import core
+
+class Stream:
+    def __init__(self, non_blocking=False):
+        self.ptr = core.SimForeignStream(0, non_blocking)
+    def __del__(self):
+        core.SimForeignStreamDestroy(0, self.ptr)
+Stream.__module__ = "cupy.cuda.stream"
+d = cc.Device(0)
+def stats():
+    s = d.memory_stats()
+    return s["in_use"], s["orphaned"]
+"""
+
+
+def _ok(code: str, env: dict[str, str] | None = None) -> str:
+    proc = run_python(code, env={"CUDACORE_BACKEND": "sim", **(env or {})})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.sim
+def test_a_block_outliving_its_bare_handle_never_reaches_it() -> None:
+    out = _ok(
+        FAKE_CUPY
+        + """
+for i in range(20):
+    h = core.SimForeignStream(0, i % 2 == 0)
+    b = d.allocate(1 << 20, stream=h)      # the call names h: it is alive now
+    core.SimForeignStreamDestroy(0, h)     # its owner destroys it
+    b.close()                              # nobody vouches for h: an orphan, not a free on h
+print(stats())
+d.release_cached_memory()                  # a device synchronize, then the orphans go back
+print(stats())
+"""
+    )
+    assert out.split("\n")[:2] == [f"({20 << 20}, {20 << 20})", "(0, 0)"]
+
+
+@pytest.mark.sim
+def test_the_simulator_ends_the_process_on_a_destroyed_foreign_handle() -> None:
+    # What the cases above guard against: the destroyed handle handed to the driver directly.
+    proc = run_python(
+        FAKE_CUPY + "h = core.SimForeignStream(0, True)\ncore.SimForeignStreamDestroy(0, h)\nd.allocate(64, stream=h)\n",
+        env={"CUDACORE_BACKEND": "sim"},
+    )
+    assert proc.returncode != 0
+    assert "which was destroyed" in proc.stderr
+
+
+@pytest.mark.sim
+def test_cupy_stream_destroyed_then_array_freed() -> None:
+    # CuPy's own test_stream.py::TestStream::test_del_default, in the loop that crashed the process: a
+    # new stream made current, an array allocated on it, the stream destroyed, then the array freed.
+    out = _ok(
+        FAKE_CUPY
+        + """
+for i in range(20):
+    s = Stream()
+    x = d.allocate(4096, stream=s)
+    del s; gc.collect()
+    del x; gc.collect()
+print(stats())
+d.release_cached_memory()
+print(stats())
+"""
+    )
+    assert out.split("\n")[:2] == [f"({20 * 4096}, {20 * 4096})", "(0, 0)"]
+
+
+@pytest.mark.sim
+def test_a_live_cupy_stream_frees_in_its_own_order() -> None:
+    # While the object lives its handle is vouched for: the free is ordered on it (no orphan), and the
+    # block stays reusable at once.
+    out = _ok(
+        FAKE_CUPY
+        + """
+s = Stream(non_blocking=True)
+for _ in range(10):
+    x = d.allocate(4096, stream=s)
+    x.close()
+print(stats())
+y = d.allocate(4096, stream=s)
+del s; gc.collect()            # gone with y still allocated on it
+y.close()
+print(stats())
+"""
+    )
+    assert out.split("\n")[:2] == ["(0, 0)", "(4096, 4096)"]
+
+
+@pytest.mark.sim
+def test_a_reused_handle_does_not_order_an_older_block() -> None:
+    # The simulator hands a destroyed stream's handle out again, as the driver does; a block of the old
+    # stream never reaches the new stream with the same handle.
+    out = _ok(
+        FAKE_CUPY
+        + """
+core.SimSetMemoryConditions(0, '{"reuse_handles": true}')
+s = Stream()
+old = s.ptr
+x = d.allocate(4096, stream=s)
+del s; gc.collect()
+t = Stream()
+print(t.ptr == old)
+x.close()
+print(stats())
+"""
+    )
+    assert out.split("\n")[:2] == ["True", "(4096, 4096)"]
+
+
+@pytest.mark.sim
+def test_orphans_go_back_in_batches_and_before_out_of_memory() -> None:
+    # 1 GiB device: orphans past the batch bound are given back on their own, and an allocation that
+    # does not fit gives back the rest first.
+    out = _ok(
+        FAKE_CUPY
+        + """
+import time
+big = 96 << 20
+for _ in range(3):
+    h = core.SimForeignStream(0, False)
+    b = d.allocate(big, stream=h)
+    core.SimForeignStreamDestroy(0, h)
+    b.close()
+for _ in range(200):
+    if stats()[1] == 0:
+        break
+    time.sleep(0.01)
+print(stats())
+h = core.SimForeignStream(0, False)
+b = d.allocate(600 << 20, stream=h)
+core.SimForeignStreamDestroy(0, h)
+b.close()
+print(stats())
+c = d.allocate(900 << 20)
+print(stats(), d.memory_stats()["ooms"])
+c.close()
+""",
+        env={"CUDACORE_SIM_DEVICES": '[{"name": "sim-1g", "total_memory": 1073741824}]'},
+    )
+    lines = out.split("\n")
+    assert lines[0] == "(0, 0)"
+    assert lines[1] == f"({600 << 20}, {600 << 20})"
+    assert lines[2].startswith(f"({900 << 20}, 0)")
+
+
+@pytest.mark.sim
+def test_a_free_that_names_the_stream_is_ordered_on_it() -> None:
+    # PyTorch's free and a cuda.core deallocation name the stream in the call: it is alive then.
+    out = _ok(
+        FAKE_CUPY
+        + """
+h = core.SimForeignStream(0, True)
+b = d.allocate(4096, stream=h)
+core.FreeNamed(0, b.ptr, 4096, h)
+b._void()
+print(stats())
+core.SimForeignStreamDestroy(0, h)
+"""
+    )
+    assert out.split("\n")[0] == "(0, 0)"
+
+
+@pytest.mark.sim
+def test_stream_objects_of_other_libraries_are_taken() -> None:
+    out = _ok(
+        FAKE_CUPY
+        + """
+class Proto:
+    def __init__(self, h): self.h = h
+    def __cuda_stream__(self): return (0, self.h)
+class Bad:
+    def __cuda_stream__(self): return "nope"
+h = core.SimForeignStream(0, True)
+b = d.allocate(64, stream=Proto(h))
+print(b.stream_handle == h)
+b.close()
+try:
+    d.allocate(64, stream=Bad())
+except TypeError as e:
+    print("TypeError", "__cuda_stream__" in str(e))
+core.SimForeignStreamDestroy(0, h)
+d.release_cached_memory()
+print(stats())
+"""
+    )
+    assert out.split("\n")[:3] == ["True", "TypeError True", "(0, 0)"]
+
+
+# -- the same on a GPU, with CuPy's own streams ------------------------------------------------------------
+
+CUPY_ON_CUDACORE = """
+import gc
+import cupy
+import cudacore as cc
+from cudacore import interop
+cupy.cuda.set_allocator(interop.cupy_allocator())
+d = cc.Device(0)
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_cupy_stream_destroyed_then_array_freed() -> None:
+    pytest.importorskip("cupy")
+    proc = run_python(
+        CUPY_ON_CUDACORE
+        + """
+before = d.memory_stats()["in_use"]
+for i in range(20):
+    s = cupy.cuda.Stream(); s.use()
+    x = cupy.array([1, 2, 3]) + i
+    del s; gc.collect()
+    cupy.cuda.Stream.null.use()
+    del x; gc.collect()
+d.release_cached_memory()
+s = d.memory_stats()
+print(s["in_use"] - before, s["orphaned"])
+""",
+        env={"CUDACORE_BACKEND": "cuda"},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.split("\n")[0] == "0 0", proc.stdout + proc.stderr
+
+
+@pytest.mark.gpu
+def test_gpu_cupy_capture_on_its_stream_with_temporaries() -> None:
+    # CuPy's own test_graph.py::TestGraph::test_capture_run_on_same_stream[True]: temporaries allocated
+    # and freed inside a capture on a CuPy non-blocking stream, upload, launch, repeat; the stream goes
+    # when the function returns, with the last graph's output still allocated.
+    pytest.importorskip("cupy")
+    proc = run_python(
+        CUPY_ON_CUDACORE
+        + """
+def run():
+    s = cupy.cuda.Stream(non_blocking=True)
+    a = cupy.random.random((100,))
+    cupy.cuda.get_current_stream().synchronize()
+    for f in (lambda a: ((a + 3) * 7.6) ** 2, lambda a: cupy.sqrt(3 * cupy.sin(a)),
+              lambda a: cupy.fft.ifft(a * cupy.fft.fft(a))):
+        with s:
+            s.begin_capture()
+            out1 = f(a)
+            g = s.end_capture()
+            g.upload()
+            g.launch()
+        s.synchronize()
+        out2 = f(a)
+        cupy.testing.assert_array_equal(out1, out2)
+run()  # the first run leaves CuPy's caches (FFT plans, the random generator's state) allocated
+gc.collect()
+before = d.memory_stats()["in_use"]
+for _ in range(3):
+    run()
+    gc.collect()
+d.release_cached_memory()
+s = d.memory_stats()
+print(s["in_use"] - before, s["orphaned"])
+""",
+        env={"CUDACORE_BACKEND": "cuda"},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.split("\n")[0] == "0 0", proc.stdout + proc.stderr
