@@ -3,10 +3,12 @@
     python bench/alloc.py                 # on a GPU machine (peers: CuPy, cuda.bindings, PyTorch)
     CUDACORE_BACKEND=sim python bench/alloc.py --quick    # cudacore alone on the simulator (smoke test)
 
-Two tables. (1) One thread: microseconds per alloc+free pair at 256 B, 1 MiB and 64 MiB, each contender
+Three tables. (1) One thread: microseconds per alloc+free pair at 256 B, 1 MiB and 64 MiB, each contender
 returning its own object (cudacore a Buffer, CuPy a MemoryPointer, PyTorch a pointer or tensor), with the
 ratio to CuPy's MemoryPool. (2) Threads: total pairs per second (millions) with 1, 2, 4, 8 and 16 threads at
-1 MiB, each thread allocating on its own for a fixed time (0.3 s a round). Every round runs every contender once, in an order that rotates
+1 MiB, each thread allocating on its own for a fixed time (0.3 s a round). (3) The lanes users walk, at
+1 MiB: cudacore on the legacy stream, on its own stream passed as stream=s, under ``with s:`` and while a
+captured graph is alive, each against CuPy's MemoryPool on the matching lane. Every round runs every contender once, in an order that rotates
 from round to round, so drift of a shared machine hits all alike; the tables give medians over rounds.
 """
 
@@ -91,6 +93,79 @@ def torch_pair(size: int) -> Pair | None:
             delete(alloc(size, 0))
 
     return run
+
+
+def lanes(with_peers: bool) -> dict[str, Pair]:
+    """1 MiB alloc+free pairs on the lanes CuPy and PyTorch users walk: the legacy stream, a stream of
+    their own passed explicitly, the current stream under ``with s:``, and the legacy stream while a
+    captured graph (one 4 KiB copy) is alive; CuPy's MemoryPool on its null stream, on its own stream
+    made current, and with a CuPy graph alive, beside them."""
+    size = 1 << 20
+    d = cc.Device(0)
+    s = d.create_stream()
+    alloc = d.allocate
+    out: dict[str, Pair] = {}
+
+    def legacy(n: int) -> None:
+        for _ in range(n):
+            alloc(size).close()
+
+    def explicit(n: int) -> None:
+        for _ in range(n):
+            alloc(size, stream=s).close()
+
+    def current(n: int) -> None:
+        with s:
+            for _ in range(n):
+                alloc(size).close()
+
+    small, pinned = d.allocate(4096, stream=s), d.allocate_pinned(4096)
+
+    def graph_alive(n: int) -> None:
+        # The graph lives while this lane runs (made and destroyed around the burst, a negligible part of
+        # it), so that the other lanes run with no graph alive.
+        with s.capture() as graph:
+            small.copy_from(pinned, stream=s)
+        for _ in range(n):
+            alloc(size).close()
+        graph.destroy()
+
+    out.update({"cudacore, legacy stream": legacy, "cudacore, stream=s": explicit, "cudacore, with s:": current,
+                "cudacore, a graph alive": graph_alive})
+    if with_peers:
+        try:
+            import cupy
+        except ImportError:
+            return out
+        pool = cupy.cuda.MemoryPool()
+        cs = cupy.cuda.Stream(non_blocking=True)
+
+        def cupy_null(n: int) -> None:
+            malloc = pool.malloc
+            for _ in range(n):
+                malloc(size)
+
+        def cupy_own(n: int) -> None:
+            malloc = pool.malloc
+            with cs:
+                for _ in range(n):
+                    malloc(size)
+
+        dst = cupy.empty(4096, dtype=cupy.uint8)
+        src = cupy.cuda.alloc_pinned_memory(4096)
+        gs = cupy.cuda.Stream(non_blocking=True)
+
+        def cupy_graph(n: int) -> None:
+            with gs:
+                gs.begin_capture()
+                cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.ptr, 4096, 1, gs.ptr)
+                cgraph = gs.end_capture()
+            cupy_null(n)
+            del cgraph
+
+        out.update({"CuPy MemoryPool, null stream": cupy_null, "CuPy MemoryPool, with s:": cupy_own,
+                    "CuPy MemoryPool, a graph alive": cupy_graph})
+    return out
 
 
 def contenders(size: int, with_peers: bool) -> dict[str, Pair]:
@@ -208,6 +283,23 @@ def main() -> None:
         print(f"{name:<36}" + "".join(f"{c:>22}" for c in cells))
     if ref:
         print("(x: time relative to CuPy MemoryPool in the same run; below 1 is faster)")
+
+    runs = lanes(with_peers)
+    for run in runs.values():
+        run(200)
+    samples3: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for r in range(args.rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            samples3[name].append(timed(runs[name], args.pairs, 1) / args.pairs * 1e6)
+    print(f"\n{'lanes, 1 MiB, us per alloc+free pair':<36}{'us':>10}{'vs CuPy':>10}")
+    cupy_ref = {"legacy stream": "null stream", "stream=s": "with s:", "with s:": "with s:", "a graph alive": "a graph alive"}
+    for name in names:
+        med = statistics.median(samples3[name])
+        lane = name.split(", ", 1)[1]
+        ref_name = f"CuPy MemoryPool, {cupy_ref.get(lane, lane)}"
+        ratio = f"{med / statistics.median(samples3[ref_name]):.2f}x" if name.startswith("cudacore") and ref_name in samples3 else ""
+        print(f"{name:<36}{med:>10.2f}{ratio:>10}")
 
     counts = [int(t) for t in args.threads.split(",")]
     size = 1 << 20

@@ -8,7 +8,9 @@ time per call and the ratio to the first peer of each row (lower is better).
     python bench/hot_paths.py --sim       # smoke test on the simulator: cudacore's non-kernel rows only
 
 Rows: Kernel.launch of an empty kernel with 4 arguments (2 pointers, an int, a float) against CuPy's
-RawKernel and cuda.core's launch; Graph.launch of a one-node graph against CuPy's Graph.launch; a 4 KiB
+RawKernel and cuda.core's launch (with numpy scalars, as their users write them), with the int and float
+given as Python numbers, numpy scalars and cudacore typed values, and with stream=None under ``with s:``;
+Graph.launch of a one-node graph against CuPy's Graph.launch; a 4 KiB
 pinned host-to-device asynchronous copy against CuPy's memcpyAsync; a 64 KiB pageable host-to-device copy,
 synchronous (against CuPy's runtime.memcpy) and asynchronous (against CuPy's ndarray.set, which returns once the
 data is staged); Stream.query and Stream.synchronize of an idle stream against CuPy's; the cold door (a
@@ -46,8 +48,9 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
     s = d.create_stream()
     rows: dict[str, list] = {
         k: []
-        for k in ("kernel launch", "graph launch", "4 KiB pinned H2D async", "64 KiB pageable H2D sync", "64 KiB pageable H2D async",
-                  "stream query, idle", "stream synchronize, idle", "cold door call")
+        for k in ("kernel launch", "launch, numpy scalars", "launch, typed values", "launch, under with s:",
+                  "graph launch", "graph launch, with s:", "4 KiB pinned H2D async", "64 KiB pageable H2D sync",
+                  "64 KiB pageable H2D async", "stream query, idle", "stream synchronize, idle", "cold door call")
     }  # fmt: skip
     a, b = d.allocate(1 << 20, stream=s), d.allocate(1 << 20, stream=s)
     pinned = d.allocate_pinned(4 << 10)
@@ -58,6 +61,7 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
     g.launch(s)
     s.synchronize()
     rows["graph launch"].append(("cudacore Graph.launch", lambda: g.launch(s), s.synchronize))
+    rows["graph launch, with s:"].append(("cudacore Graph.launch()", lambda: _under(s, g.launch), lambda: _leave(s)))
     rows["4 KiB pinned H2D async"].append(("cudacore Buffer.copy_from", lambda: small.copy_from(pinned, stream=s), s.synchronize))
     rows["64 KiB pageable H2D sync"].append(("cudacore Buffer.copy_from", lambda: a.copy_from(pageable), lambda: None))
     rows["64 KiB pageable H2D async"].append(("cudacore copy_from(stream=s)", lambda: a.copy_from(pageable, stream=s), s.synchronize))
@@ -70,6 +74,12 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
         k = d.load_module(PTX.encode()).function("empty4")
         args = (a, b, 7, 1.5)
         rows["kernel launch"].append(("cudacore Kernel.launch", lambda: k.launch(1, 1, args, stream=s), s.synchronize))
+        # The argument forms CuPy and PyTorch users write, each beside the same peers.
+        np_args = (a, b, np.uint32(7), np.float32(1.5))
+        typed = (a, b, cc.uint32(7), cc.float32(1.5))
+        rows["launch, numpy scalars"].append(("cudacore Kernel.launch", lambda: k.launch(1, 1, np_args, stream=s), s.synchronize))
+        rows["launch, typed values"].append(("cudacore Kernel.launch", lambda: k.launch(1, 1, typed, stream=s), s.synchronize))
+        rows["launch, under with s:"].append(("cudacore launch(stream=None)", lambda: _under(s, lambda: k.launch(1, 1, args)), lambda: _leave(s)))
         try:
             import cupy
 
@@ -78,7 +88,8 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
             ck = mod.get_function("empty4")
             ca, cb = cupy.empty(1 << 18, dtype=cupy.float32), cupy.empty(1 << 18, dtype=cupy.float32)
             cargs = (ca, cb, np.uint32(7), np.float32(1.5))
-            rows["kernel launch"].insert(0, ("CuPy RawKernel", lambda: ck((1,), (1,), cargs, stream=cs), cs.synchronize))
+            for row in ("kernel launch", "launch, numpy scalars", "launch, typed values", "launch, under with s:"):
+                rows[row].insert(0, ("CuPy RawKernel", lambda: ck((1,), (1,), cargs, stream=cs), cs.synchronize))
             cg_stream = cupy.cuda.Stream(non_blocking=True)
             dst = cupy.empty(4 << 10, dtype=cupy.uint8)
             src = cupy.cuda.alloc_pinned_memory(4 << 10)
@@ -86,7 +97,8 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
                 cg_stream.begin_capture()
                 cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.ptr, 4 << 10, 1, cg_stream.ptr)
                 cgraph = cg_stream.end_capture()
-            rows["graph launch"].insert(0, ("CuPy Graph.launch", lambda: cgraph.launch(cg_stream), cg_stream.synchronize))
+            for row in ("graph launch", "graph launch, with s:"):
+                rows[row].insert(0, ("CuPy Graph.launch", lambda: cgraph.launch(cg_stream), cg_stream.synchronize))
             rows["4 KiB pinned H2D async"].insert(0, ("CuPy memcpyAsync", lambda: cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.ptr, 4 << 10, 1, cg_stream.ptr), cg_stream.synchronize))
             big = cupy.empty(64 << 10, dtype=cupy.uint8)
             # ndarray.set with no stream is an asynchronous copy on CuPy's current stream (the legacy one
@@ -108,10 +120,30 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
             cst = cd.create_stream()
             cfg = LaunchConfig(grid=1, block=1)
             cargs2 = (a.ptr, b.ptr, np.uint32(7), np.float32(1.5))
-            rows["kernel launch"].insert(1, ("cuda.core launch", lambda: launch(cst, cfg, kern, *cargs2), cst.sync))
+            for row in ("kernel launch", "launch, numpy scalars", "launch, typed values", "launch, under with s:"):
+                rows[row].insert(1, ("cuda.core launch", lambda: launch(cst, cfg, kern, *cargs2), cst.sync))
         except Exception as exc:  # noqa: BLE001 - an optional peer
             print(f"  (cuda.core skipped: {type(exc).__name__}: {exc})", file=sys.stderr)
     return rows
+
+
+_open: list[object] = []
+
+
+def _under(s: object, call: Callable[[], object]) -> None:
+    """call() inside ``with s:``, as a user's loop body runs: the first call of a burst enters the block
+    and the row's drain (_leave) leaves it, so the burst times the call with stream=None, not the block,
+    and no other row runs inside it."""
+    if not _open:
+        s.__enter__()  # type: ignore[attr-defined]
+        _open.append(s)
+    call()
+
+
+def _leave(s: object) -> None:
+    s.synchronize()  # type: ignore[attr-defined]
+    if _open:
+        _open.pop().__exit__(None, None, None)  # type: ignore[attr-defined]
 
 
 def _cupy_module(cupy):  # type: ignore[no-untyped-def]

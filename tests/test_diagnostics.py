@@ -221,11 +221,11 @@ def test_recorder_covers_tiles(dev):
 
 def test_recorder_ring_is_bounded_and_can_be_turned_off(dev):
     before = cc.configure_flight_recorder()
-    s = dev.create_stream()  # off the legacy stream nothing recycles: one event a slot
+    s = dev.create_stream()  # named by its int handle, nothing recycles: one event a slot
     try:
         cc.configure_flight_recorder(capacity=8)
         for _ in range(20):
-            dev.allocate(256, stream=s).close()
+            dev.allocate(256, stream=s.handle).close()
         evs = cc.flight_record()
         assert len(evs) == 8, "only the newest capacity events are kept"
         assert [x["seq"] for x in evs] == list(range(evs[0]["seq"], evs[0]["seq"] + 8))
@@ -428,12 +428,12 @@ def test_allocation_logging_is_opt_in(dev, caplog):
 def test_allocation_logging_reports_lost_events(dev, caplog):
     caplog.set_level(logging.DEBUG, logger="cudacore")
     before = cc.configure_flight_recorder()["capacity"]
-    s = dev.create_stream()  # off the legacy stream nothing recycles: one event a slot
+    s = dev.create_stream()  # named by its int handle, nothing recycles: one event a slot
     cc.configure_flight_recorder(capacity=4)
     try:
         cc.log_allocations(True, interval=60)  # no read until it is turned off
         for _ in range(5):
-            dev.allocate(256, stream=s).close()  # 10 events: 6 overwritten before the read
+            dev.allocate(256, stream=s.handle).close()  # 10 events: 6 overwritten before the read
         cc.log_allocations(False)
     finally:
         cc.configure_flight_recorder(capacity=before)

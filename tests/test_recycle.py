@@ -100,19 +100,54 @@ def test_a_closed_buffer_counts_as_freed_for_the_next_call(d: cc.Device) -> None
     d.set_allocation_strategy(d.allocation_strategy)
 
 
-@pytest.mark.parametrize("where", ["owned stream", "per-thread stream", "foreign handle"])
-def test_only_the_legacy_stream_recycles(d: cc.Device, where: str) -> None:
+@pytest.mark.parametrize(
+    ("where", "recycled"),
+    [("owned stream", 19), ("current stream under with", 19), ("per-thread stream", 0), ("bare handle", 0)],
+)
+def test_which_streams_recycle(d: cc.Device, where: str, recycled: int) -> None:
+    # A Stream of cudacore's, named by its object (or current under `with s:`), recycles as the legacy
+    # stream does; the per-thread stream's handle is shared by every thread, and a bare handle may be
+    # another library's stream, destroyed behind cudacore's back: those never do.
     s = d.create_stream()
     try:
-        stream: object = {"owned stream": s, "per-thread stream": 2, "foreign handle": s.handle}[where]
         before = counters(d)
-        pairs(d, 20, stream=stream)
+        if where == "current stream under with":
+            with s:
+                pairs(d, 20, stream=None)
+        else:
+            pairs(d, 20, stream={"owned stream": s, "per-thread stream": 2, "bare handle": s.handle}[where])
         s.synchronize()
         got = delta(counters(d), before)
         assert (got["allocations"], got["frees"], got["in_use"]) == (20, 20, 0), got
-        assert got["recycled"] == 0, got
+        assert got["recycled"] == recycled, got
     finally:
         s.close()
+
+
+def test_a_closed_streams_logged_frees_never_reach_its_reused_handle(d: cc.Device) -> None:
+    # The simulator hands a destroyed stream's handle to the next stream, as the driver does. A buffer of
+    # the closed stream, closed afterwards, is freed on the legacy stream; the new stream with the same
+    # handle gets none of the old stream's work, and everything adds up.
+    from cudacore._api import core
+
+    core.SimSetMemoryConditions(0, '{"reuse_handles": true}')
+    try:
+        s = d.create_stream()
+        late = d.allocate(4096, stream=s)
+        pairs(d, 5, stream=s)
+        old = s.handle
+        s.close()
+        t = d.create_stream()
+        assert t.handle == old
+        before = counters(d)
+        late.close()  # logged against the dead handle: Go frees it on the legacy stream
+        b = d.allocate(4096, stream=t)  # may take the logged block: the old stream was synchronized
+        b.close()
+        t.close()
+        got = delta(counters(d), before)
+        assert (got["frees"] - got["allocations"], got["in_use"]) == (1, -4096), got
+    finally:
+        core.SimSetMemoryConditions(0, "{}")
 
 
 def test_no_recycling_while_a_stream_captures(d: cc.Device) -> None:

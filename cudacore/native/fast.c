@@ -519,6 +519,8 @@ static PyObject *handles_dict;     /* cudacore._handles' module dict: its open_s
 static PyObject *stream_resolver;  /* cudacore._handles.stream_handle(stream, device) -> int */
 static PyObject *capture_noter;    /* cudacore._stream.note_capture_buffers(buffers) */
 static PyObject *str_open_blocks;
+static PyObject *str_current;      /* "_current": cudacore._handles' thread-local current state */
+static PyObject *str_streams;      /* "streams": its per-device current streams */
 
 static PyObject *capturing_set; /* cudacore._stream.capturing_streams: nonempty while any stream captures */
 
@@ -537,6 +539,7 @@ static slot_layout device_slots;  /* _ordinal */
 static slot_layout graph_slots;   /* _exec, _device */
 static slot_layout kernel_slots;  /* _direct, _module, _spec */
 static slot_layout module_slots;  /* _loaded, _device */
+static slot_layout kernel_arg_slots; /* KernelArg: _code, _raw */
 enum { S_OWNED = 0, S_CLOSED = 1, S_HANDLE = 2, S_DEVICE = 3 };
 
 /* Slot i of o (borrowed, may be NULL), or NULL when o is not an instance of the layout's exact class. */
@@ -1126,13 +1129,16 @@ fast_set_stack_frames(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssi
 /* Module functions                                                                                     */
 
 
+static PyObject *current_stream_object(int64_t device); /* defined below */
+
 /* The handle of a stream argument (a Stream, an int handle, or None: the current stream of device), as
- * cudacore._handles.stream_handle gives it. The common cases (no `with stream:` block open, a Stream, a
- * non-negative int) cost no Python frame; everything else, errors included, is stream_handle's. 0, or -1
- * with an exception set. */
+ * cudacore._handles.stream_handle gives it, and whether it names an open Stream this process owns
+ * (*owned). The common cases (None, a Stream, a non-negative int) cost no Python frame; everything else,
+ * errors included, is stream_handle's. 0, or -1 with an exception set. */
 static int
-resolve_stream(PyObject *stream, int64_t device, const char *fn, int64_t *out)
+resolve_stream(PyObject *stream, int64_t device, const char *fn, int64_t *out, int *owned)
 {
+    *owned = 0;
     if (stream == Py_None && handles_dict != NULL) {
         PyObject *n = PyDict_GetItemWithError(handles_dict, str_open_blocks); /* borrowed */
         if (n == NULL && PyErr_Occurred()) {
@@ -1142,7 +1148,28 @@ resolve_stream(PyObject *stream, int64_t device, const char *fn, int64_t *out)
             *out = 0;
             return 0;
         }
+        /* A `with stream:` block is open somewhere: this thread's current Stream of the device, read where
+         * cudacore._handles keeps it; a closed one (or none readable) goes to the resolver, which explains. */
+        PyObject *cur = current_stream_object(device);
+        if (cur == NULL && PyErr_Occurred()) {
+            return -1;
+        }
+        if (cur == Py_None) {
+            Py_DECREF(cur);
+            *out = 0;
+            return 0;
+        }
+        if (cur != NULL) {
+            int64_t h = slot_of(&stream_slots, cur, S_CLOSED) == Py_False ? int_of(slot_of(&stream_slots, cur, S_HANDLE)) : -1;
+            *owned = h > 0 && slot_of(&stream_slots, cur, S_OWNED) == Py_True;
+            Py_DECREF(cur);
+            if (h >= 0) {
+                *out = h;
+                return 0;
+            }
+        }
     } else if (slot_of(&stream_slots, stream, S_HANDLE) != NULL) {
+        *owned = slot_of(&stream_slots, stream, S_OWNED) == Py_True && slot_of(&stream_slots, stream, S_CLOSED) == Py_False;
         return door_int(slot_of(&stream_slots, stream, S_HANDLE), fn, "stream", out);
     } else if (PyLong_CheckExact(stream)) {
         int overflow = 0;
@@ -1170,6 +1197,57 @@ resolve_stream(PyObject *stream, int64_t device, const char *fn, int64_t *out)
     int r = door_int(h, fn, "stream", out);
     Py_DECREF(h);
     return r;
+}
+
+/* This thread's current stream of device `device` as cudacore._handles keeps it (the `streams` dict of its
+ * thread-local `_current`): a new reference to the Stream, Py_None for the legacy default stream, or NULL
+ * when it cannot be read here (no exception set) or on an error (exception set). Reading a thread-local
+ * may run _Current.__init__ on a thread's first use: callers resolve the stream before the checks that the
+ * direct path makes with the GIL held. */
+static PyObject *
+current_stream_object(int64_t device)
+{
+    if (handles_dict == NULL || str_current == NULL) {
+        return NULL;
+    }
+    PyObject *local = PyDict_GetItemWithError(handles_dict, str_current); /* borrowed */
+    if (local == NULL) {
+        return NULL;
+    }
+    PyObject *streams = PyObject_GetAttr(local, str_streams);
+    if (streams == NULL) {
+        return NULL;
+    }
+    PyObject *key = PyLong_FromLongLong(device);
+    PyObject *cur = NULL;
+    if (key != NULL && PyDict_CheckExact(streams)) {
+        cur = PyDict_GetItemWithError(streams, key); /* borrowed */
+        cur = cur != NULL ? Py_NewRef(cur) : PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    }
+    Py_XDECREF(key);
+    Py_DECREF(streams);
+    return cur;
+}
+
+/* The stream a call with stream=None works on, for the direct path: this thread's current Stream of the
+ * device while a `with stream:` block is open anywhere, else NULL (the legacy default stream, which the
+ * direct path does not take). A new reference, or NULL; never sets an exception. */
+static PyObject *
+current_for_direct(int64_t device)
+{
+    if (no_stream_blocks()) {
+        return NULL;
+    }
+    PyObject *cur = current_stream_object(device);
+    if (cur == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (cur == Py_None) {
+        Py_DECREF(cur);
+        return NULL;
+    }
+    return cur;
 }
 
 /* Hand new device buffers to the capture bookkeeping of the Python layer while any stream captures (a
@@ -1203,10 +1281,14 @@ recycle_ok(void)
     return capturing_set != NULL && PySet_GET_SIZE(capturing_set) == 0 && stack_frames == 0;
 }
 
-/* Whether a Buffer on stream handle stream may recycle: the legacy stream only, the one stream whose
- * handle means the same stream on every thread for the life of the process (per-thread default streams
- * share one handle across threads, and a created stream's handle can name another stream once it is
- * destroyed). */
+/* Whether a Buffer on stream handle stream may recycle, whoever named it: the legacy stream, the one
+ * default stream whose handle means the same stream on every thread (per-thread default streams share one
+ * handle across threads). A stream cudacore created may recycle too, when the allocation named it by its
+ * open Stream object (resolve_stream's owned): its handle names it until Stream.close(), whose door replays
+ * the log (every free logged on it becomes a free through Go) before the stream is destroyed; a Buffer of
+ * it closed later logs a free that Go orders on the legacy stream, the stream having been synchronized
+ * when it was destroyed. Handles of other libraries' streams never recycle: their owner may destroy them
+ * behind cudacore's back, and the driver hands the handle to the next stream. */
 static int
 recyclable_stream(int64_t stream)
 {
@@ -1216,7 +1298,7 @@ recyclable_stream(int64_t stream)
 /* Allocate through the Allocate door into a new Buffer of the configured class; on the legacy stream, from
  * the recycle log when it holds a free of the same size on the same stream. */
 static PyObject *
-allocate_buffer(int64_t device, int64_t size, int64_t stream)
+allocate_buffer(int64_t device, int64_t size, int64_t stream, int owned)
 {
     int64_t ptr = 0;
     if (buffer_type == NULL) {
@@ -1228,7 +1310,7 @@ allocate_buffer(int64_t device, int64_t size, int64_t stream)
     if (b == NULL) {
         return NULL;
     }
-    b->recyclable = (char)(size > 0 && recyclable_stream(stream));
+    b->recyclable = (char)(size > 0 && (recyclable_stream(stream) || owned));
     if (b->recyclable && recycle_ok()) {
         uint64_t p = cc_recycle_take(device, (uint64_t)size, (uint64_t)stream);
         if (p != 0) {
@@ -1276,7 +1358,7 @@ fast_allocate(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
         door_int(args[1], "allocate", "size", &size) < 0 || door_int(args[2], "allocate", "stream", &stream) < 0) {
         return NULL;
     }
-    return allocate_buffer(device, size, stream);
+    return allocate_buffer(device, size, stream, 0);
 }
 
 PyDoc_STRVAR(device_allocate_doc, "device_allocate(device: int, size: int, stream) -> Buffer\n\n"
@@ -1288,11 +1370,12 @@ static PyObject *
 fast_device_allocate(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     int64_t device, size, stream;
+    int owned;
     if (door_enter("allocate", nargs, 3) < 0 || door_int(args[0], "allocate", "device", &device) < 0 ||
-        door_int(args[1], "allocate", "size", &size) < 0 || resolve_stream(args[2], device, "allocate", &stream) < 0) {
+        door_int(args[1], "allocate", "size", &size) < 0 || resolve_stream(args[2], device, "allocate", &stream, &owned) < 0) {
         return NULL;
     }
-    PyObject *b = allocate_buffer(device, size, stream);
+    PyObject *b = allocate_buffer(device, size, stream, owned);
     if (b != NULL && note_if_capturing(b) < 0) {
         Py_DECREF(b); /* the allocation is freed with the object */
         return NULL;
@@ -1332,8 +1415,15 @@ graph_direct(PyObject *graph, PyObject *stream)
     if (exec <= 0 || device < 0 || cudacore_forked) {
         return 0;
     }
-    uint64_t handle = direct_stream(stream, device);
-    return handle != 0 && direct_graph_launch(device, (uint64_t)exec, handle);
+    PyObject *cur = stream == NULL || stream == Py_None ? current_for_direct(device) : Py_NewRef(stream);
+    if (cur == NULL) {
+        return 0;
+    }
+    /* From here to the driver's call no Python code runs: the checks hold until the launch. */
+    uint64_t handle = direct_stream(cur, device);
+    int r = handle != 0 && direct_graph_launch(device, (uint64_t)exec, handle);
+    Py_DECREF(cur);
+    return r;
 }
 
 PyDoc_STRVAR(graph_launch_direct_doc, "graph_launch_direct(graph, stream) -> bool\n\n"
@@ -1352,7 +1442,7 @@ fast_graph_launch_direct(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
     return PyBool_FromLong(graph_direct(args[0], args[1]));
 }
 
-PyDoc_STRVAR(configure_slots_doc, "configure_slots(Stream, Device, Graph, Kernel, Module) -> None\n\n"
+PyDoc_STRVAR(configure_slots_doc, "configure_slots(Stream, Device, Graph, Kernel, Module, KernelArg) -> None\n\n"
                                   "Record where the direct path reads the __slots__ it checks on instances of "
                                   "these exact classes.");
 
@@ -1364,13 +1454,14 @@ fast_configure_slots(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
     static const char *const graph_names[] = {"_exec", "_device"};
     static const char *const kernel_names[] = {"_direct", "_module", "_spec"};
     static const char *const module_names[] = {"_loaded", "_device"};
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "configure_slots(Stream, Device, Graph, Kernel, Module)");
+    static const char *const kernel_arg_names[] = {"_code", "_raw"};
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "configure_slots(Stream, Device, Graph, Kernel, Module, KernelArg)");
         return NULL;
     }
     if (layout_of(&stream_slots, args[0], stream_names, 4) < 0 || layout_of(&device_slots, args[1], device_names, 1) < 0 ||
         layout_of(&graph_slots, args[2], graph_names, 2) < 0 || layout_of(&kernel_slots, args[3], kernel_names, 3) < 0 ||
-        layout_of(&module_slots, args[4], module_names, 2) < 0) {
+        layout_of(&module_slots, args[4], module_names, 2) < 0 || layout_of(&kernel_arg_slots, args[5], kernel_arg_names, 2) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -1394,7 +1485,9 @@ fast_configure_streams(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     }
     if (str_open_blocks == NULL) {
         str_open_blocks = PyUnicode_InternFromString("open_stream_blocks");
-        if (str_open_blocks == NULL) {
+        str_current = PyUnicode_InternFromString("_current");
+        str_streams = PyUnicode_InternFromString("streams");
+        if (str_open_blocks == NULL || str_current == NULL || str_streams == NULL) {
             return NULL;
         }
     }
@@ -1618,15 +1711,101 @@ fast_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 PyDoc_STRVAR(launch_doc, "launch(function: int, gx, gy, gz, bx, by, bz, shared_mem, stream, args, spec) -> int\n\n"
                          "Kernel.launch's hot path: pack args by spec (3 bytes a parameter: kind code, size, "
                          "flags 1=float 2=takes a Buffer) and launch through the FunctionLaunch door, returning what "
-                         "it returns. Returns NotImplemented, having done nothing, when an argument needs the general path (a typed "
-                         "value, a numpy scalar, a value out of range, a wrong count).");
+                         "it returns. Python numbers, numpy scalars, typed values (cudacore.int32(...)) and Buffers pack in C; "
+                         "returns NotImplemented, having done nothing, when an argument needs the general path (bytes, "
+                         "an object with __cuda_array_interface__, a value out of range, a wrong count).");
 
 enum { LAUNCH_FLOAT = 1, LAUNCH_BUFFER = 2, LAUNCH_PTR_CODE = 12, LAUNCH_MAX_PACKED = 1024 };
+
+
+/* A number read from a numpy scalar (or a 0-d numpy array). */
+typedef struct {
+    enum { NUM_SIGNED, NUM_UNSIGNED, NUM_FLOAT } kind;
+    long long i;
+    unsigned long long u;
+    double f;
+} number;
+
+/* Read a as a numpy number: numpy's own scalar types (and 0-d arrays) are static C types named
+ * "numpy.*", whose buffer export is numpy's C code, so reading one runs no Python code (the direct path
+ * holds the GIL from its checks to the driver's call). 1 read, 0 not one (no exception set). */
+static int
+numpy_number(PyObject *a, number *n)
+{
+    PyTypeObject *t = Py_TYPE(a);
+    if ((t->tp_flags & Py_TPFLAGS_HEAPTYPE) != 0 || strncmp(t->tp_name, "numpy.", 6) != 0 || !PyObject_CheckBuffer(a)) {
+        return 0;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(a, &view, PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = 0;
+    const char *f = view.format;
+    if (view.ndim == 0 && f != NULL) {
+        if (*f == '@' || *f == '=' || *f == '<') { /* native order on the little-endian hosts cudacore runs on */
+            f++;
+        }
+        if (f[0] != '\0' && f[1] == '\0') {
+            ok = 1;
+            switch (f[0]) {
+            case 'b': n->kind = NUM_SIGNED, n->i = *(const signed char *)view.buf; break;
+            case 'h': n->kind = NUM_SIGNED, n->i = *(const short *)view.buf; break;
+            case 'i': n->kind = NUM_SIGNED, n->i = *(const int *)view.buf; break;
+            case 'l': n->kind = NUM_SIGNED, n->i = *(const long *)view.buf; break;
+            case 'q': n->kind = NUM_SIGNED, n->i = *(const long long *)view.buf; break;
+            case 'B': n->kind = NUM_UNSIGNED, n->u = *(const unsigned char *)view.buf; break;
+            case 'H': n->kind = NUM_UNSIGNED, n->u = *(const unsigned short *)view.buf; break;
+            case 'I': n->kind = NUM_UNSIGNED, n->u = *(const unsigned int *)view.buf; break;
+            case 'L': n->kind = NUM_UNSIGNED, n->u = *(const unsigned long *)view.buf; break;
+            case 'Q': n->kind = NUM_UNSIGNED, n->u = *(const unsigned long long *)view.buf; break;
+            case 'f': n->kind = NUM_FLOAT, n->f = *(const float *)view.buf; break;
+            case 'd': n->kind = NUM_FLOAT, n->f = *(const double *)view.buf; break;
+            default: ok = 0; /* bool, half, complex, ...: the general path decides */
+            }
+        }
+    }
+    PyBuffer_Release(&view);
+    return ok;
+}
+
+/* Write an integer into a parameter of kind code and size bytes, when it fits: 1, or 0 (nothing
+ * written). negative says the value is v as a signed number (else as an unsigned one). */
+static int
+pack_int(int code, int size, int negative, unsigned long long v, unsigned char *out)
+{
+    int signed_kind = code == 1 || code == 3 || code == 5 || code == 7; /* i8 i16 i32 i64 */
+    if (signed_kind) {
+        unsigned long long bound = 1ULL << (size * 8 - 1); /* |min|; max is bound - 1 */
+        if (negative ? (0 - v) > bound : v >= bound) {
+            return 0;
+        }
+    } else if (negative || (size < 8 && v >> (size * 8) != 0)) {
+        return 0;
+    }
+    memcpy(out, &v, (size_t)size); /* little-endian: the low bytes, two's complement for a negative value */
+    return 1;
+}
 
 /* Pack one argument; 1 packed, 0 needs the general path, -1 error set. */
 static int
 launch_pack_one(PyObject *a, int code, int size, int flags, unsigned char *out)
 {
+    number n;
+    PyObject *kcode = slot_of(&kernel_arg_slots, a, 0);
+    if (kcode != NULL) {
+        /* A typed value (cudacore.int32(...)): checked and encoded when it was made; passed as it is, as the
+         * general path passes it, where its size is the parameter's. */
+        PyObject *raw = slot_of(&kernel_arg_slots, a, 1);
+        int64_t c = int_of(kcode);
+        if (raw == NULL || !PyBytes_CheckExact(raw) || PyBytes_GET_SIZE(raw) != size || c < 1 || c >= LAUNCH_PTR_CODE + 1) {
+            return 0;
+        }
+        memcpy(out, PyBytes_AS_STRING(raw), (size_t)size);
+        out[-3] = (unsigned char)c;
+        return 1;
+    }
     if (flags & LAUNCH_FLOAT) {
         double v;
         if (PyFloat_CheckExact(a)) {
@@ -1637,6 +1816,8 @@ launch_pack_one(PyObject *a, int code, int size, int flags, unsigned char *out)
                 PyErr_Clear();
                 return 0;
             }
+        } else if (numpy_number(a, &n)) {
+            v = n.kind == NUM_FLOAT ? n.f : n.kind == NUM_SIGNED ? (double)n.i : (double)n.u;
         } else {
             return 0;
         }
@@ -1680,6 +1861,13 @@ launch_pack_one(PyObject *a, int code, int size, int flags, unsigned char *out)
             memcpy(out, &v, (size_t)size);
         }
         return 1;
+    }
+    if (numpy_number(a, &n)) {
+        if (n.kind == NUM_FLOAT) {
+            return 0; /* a float for an integer parameter: the general path refuses it */
+        }
+        return n.kind == NUM_SIGNED ? pack_int(code, size, n.i < 0, (unsigned long long)n.i, out)
+                                    : pack_int(code, size, 0, n.u, out);
     }
     if ((flags & LAUNCH_BUFFER) && PyObject_TypeCheck(a, &BufferType)) {
         BufferObject *b = (BufferObject *)a;
@@ -1789,13 +1977,22 @@ kernel_direct(PyObject *kernel, const int64_t v[7], PyObject *stream, PyObject *
         return 0;
     }
     int64_t device = ordinal_in(&module_slots, mod, 1);
-    uint64_t handle = device >= 0 && no_pending_graph_memory() ? direct_stream(stream, device) : 0;
+    if (device < 0) {
+        return 0;
+    }
+    PyObject *cur = stream == NULL || stream == Py_None ? current_for_direct(device) : Py_NewRef(stream);
+    if (cur == NULL) {
+        return 0;
+    }
+    /* From here to the driver's call no Python code runs: the checks hold until the launch. */
+    uint64_t handle = no_pending_graph_memory() ? direct_stream(cur, device) : 0;
+    Py_DECREF(cur); /* the caller's frame, or cudacore._handles' state, keeps it alive */
     if (handle == 0) {
         return 0;
     }
     unsigned char packed[LAUNCH_MAX_PACKED];
     size_t len = 0;
-    int r = launch_pack(args, spec, packed, &len); /* runs no Python code: exact ints, floats, Buffers */
+    int r = launch_pack(args, spec, packed, &len); /* runs no Python code: numbers, numpy scalars, typed values, Buffers */
     if (r <= 0) {
         return r;
     }
@@ -1978,7 +2175,7 @@ hot_graph_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObje
 {
     static const char *const names[] = {"stream"};
     PyObject *stream;
-    if (hot_args(args, nargs, kwnames, names, 1, &stream) == 0 && stream != NULL && graph_direct(self, stream)) {
+    if (hot_args(args, nargs, kwnames, names, 1, &stream) == 0 && graph_direct(self, stream)) {
         Py_RETURN_NONE;
     }
     return NULL;
@@ -1990,8 +2187,7 @@ hot_kernel_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObj
 {
     static const char *const names[] = {"grid", "block", "args", "shared_mem", "stream"};
     PyObject *a[5];
-    if (hot_args(args, nargs, kwnames, names, 5, a) < 0 || a[0] == NULL || a[1] == NULL || a[2] == NULL ||
-        a[4] == NULL) {
+    if (hot_args(args, nargs, kwnames, names, 5, a) < 0 || a[0] == NULL || a[1] == NULL || a[2] == NULL) {
         return NULL;
     }
     int64_t grid = int_of(a[0]), block = int_of(a[1]), shared = a[3] == NULL ? 0 : int_of(a[3]);

@@ -23,7 +23,7 @@ from ._handles import (
     set_current_ordinal,
 )
 from ._limits import Limits, limits_for
-from ._module import Kernel, Module, load_module
+from ._module import Kernel, KernelArg, Module, load_module
 from ._native import fast
 from ._stream import WAIT_SLICE_MS, Event, Graph, Stream
 
@@ -500,7 +500,7 @@ atexit.register(_release_at_exit)
 register_device_type(Device)
 
 # The direct path of the hot calls reads the slots it checks straight from instances of these classes.
-fast.configure_slots(Stream, Device, Graph, Kernel, Module)
+fast.configure_slots(Stream, Device, Graph, Kernel, Module, KernelArg)
 # The hot methods: Stream.synchronize and query, Event.synchronize and query, Graph.launch and Kernel.launch
 # become method descriptors of C functions that make the call on the direct path when they may (an open
 # Stream this process owns, a live Event, a launched Graph or Kernel, no capture anywhere) and otherwise

@@ -96,7 +96,9 @@ def _int_range(kind: str) -> tuple[int, int]:
 class KernelArg:
     """A kernel argument of an explicit type; make one with :func:`int32`, :func:`float32`, ...."""
 
-    __slots__ = ("kind", "value")
+    # _code and _raw are what the launch packs in C (cudacore/native/fast.c reads them at their slots):
+    # the kind's code and the encoded value, made once here.
+    __slots__ = ("_code", "_raw", "kind", "value")
 
     def __init__(self, kind: str, value: Any) -> None:
         if kind not in _KINDS:
@@ -119,13 +121,14 @@ class KernelArg:
                 raise TypeError(f"{kind} argument must be a float, not {type(value).__name__}") from None
         self.kind = kind
         self.value = v
+        try:
+            self._raw = struct.pack(_KINDS[kind][0], v)
+        except OverflowError:
+            raise _invalid(f"{v} is out of range for {kind}") from None
+        self._code = _ARG_CODES[kind]
 
     def encode(self) -> bytes:
-        fmt = _KINDS[self.kind][0]
-        try:
-            return struct.pack(fmt, self.value)
-        except OverflowError:
-            raise _invalid(f"{self.value} is out of range for {self.kind}") from None
+        return self._raw
 
     def __repr__(self) -> str:
         return f"cudacore.{_PUBLIC[self.kind]}({self.value!r})"
