@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -75,6 +76,7 @@ LEFT_OUT = {
         ("TestSingleDeviceMemoryPool", "tests the internals of CuPy's own MemoryPool (its arenas, chunk sizes, limits)"),
         ("TestMemoryPool", "tests the internals of CuPy's own MemoryPool (its free lists and statistics)"),
         ("TestParseMempoolLimitEnvVar", "tests CuPy's own pool's environment variable"),
+        ("test_thread_safe", "TestDeviceSwitch::test_thread_safe hangs under CuPy's own allocator too (H200, one GPU)"),
     ],
     "torch": [
         (
@@ -120,6 +122,15 @@ def suite_root(suite: str) -> Path:
     return ROOT
 
 
+def plugin_dir(out: Path) -> Path:
+    """A folder holding peer_plugin.py alone, for the runs' PYTHONPATH: scripts/gpu itself has modules
+    (profile.py) that would shadow the standard library's in the peers' processes."""
+    d = out / "plugin"
+    d.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(PLUGIN_DIR / "peer_plugin.py", d / "peer_plugin.py")
+    return d
+
+
 def run_file(suite: str, target: str, allocator: str, out: Path, timeout: float) -> dict[str, str]:
     """Run one file (or package) under one allocator; return nodeid -> outcome, crashes included."""
     root = suite_root(suite)
@@ -131,7 +142,7 @@ def run_file(suite: str, target: str, allocator: str, out: Path, timeout: float)
         CUDACORE_PEER_ALLOCATOR=allocator,
         CUDACORE_PEER_SUITE=suite,
         CUDACORE_PEER_LOG=str(log),
-        PYTHONPATH=os.pathsep.join(p for p in (str(PLUGIN_DIR), env.get("PYTHONPATH", "")) if p),
+        PYTHONPATH=os.pathsep.join(p for p in (str(plugin_dir(out)), env.get("PYTHONPATH", "")) if p),
         PYTHONFAULTHANDLER="1",
     )
     if suite == "numba" and allocator == "cudacore":
@@ -200,9 +211,15 @@ def main() -> int:
         for target in SELECTED[suite]:
             if args.only and not any(o in target for o in args.only):
                 continue
+            got = {}
             for allocator in allocators:  # interleaved per file
                 print(f"{suite} {allocator} {target}", flush=True)
-                results[allocator].update(run_file(suite, target, allocator, out, args.timeout))
+                got[allocator] = run_file(suite, target, allocator, out, args.timeout)
+                results[allocator].update(got[allocator])
+            if len(allocators) == 2:  # each file's differences as it ends: a run cut short still tells
+                a, b = (got[x] for x in allocators)
+                for n in sorted(n for n in set(a) | set(b) if a.get(n, "absent") != b.get(n, "absent")):
+                    print(f"  DIFF {n}: {a.get(n, 'absent')} -> {b.get(n, 'absent')}", flush=True)
         for allocator in allocators:
             counts = collections.Counter(results[allocator].values())
             rows.append((suite, allocator, len(results[allocator]), counts))
