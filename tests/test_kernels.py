@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+import numpy as np
 import pytest
 
 import cudacore as cc
@@ -253,6 +254,54 @@ def test_simulator_call_form(mod):
         mod.function("fill_f32")((4,), (256,), FakeBuffer(0x1000), 1.5, 1024, stream=None)
 
 
+# What Kernel.launch packs in C (cudacore._fast.launch) and what it leaves to the general path (NotImplemented,
+# nothing done), which checks and explains: fill(.u64 p, .u32 v, .u64 n) and fill_f32(.u64 p, .f32 v, .u64 n).
+_PACKED = [
+    ("fill", 7),
+    ("fill", np.uint32(7)),
+    ("fill", np.int32(7)),
+    ("fill", np.uint8(255)),
+    ("fill", np.int64(2**32 - 1)),
+    ("fill", cc.uint32(7)),
+    ("fill", cc.int32(-1)),  # a typed value goes as it is, as the general path sends it
+    ("fill_f32", np.float32(1.5)),
+    ("fill_f32", np.float64(1e30)),
+    ("fill_f32", np.int16(-3)),
+    ("fill_f32", np.array(2.5)),  # a 0-d array, as numpy scalars come out of reductions
+    ("fill_f32", cc.float32(1.5)),
+]
+_GENERAL = [
+    ("fill", np.int64(-1)),  # out of range: the general path says so
+    ("fill", np.uint64(2**32)),
+    ("fill", np.float32(1.0)),  # a float for an integer parameter: refused there
+    ("fill", np.bool_(True)),
+    ("fill", np.array([7], dtype=np.uint32)),  # not a scalar
+    ("fill", cc.uint64(7)),  # a typed value of another size than the parameter
+    ("fill_f32", np.float64(1e300)),  # does not fit a float
+    ("fill_f32", np.float16(1.0)),
+    ("fill_f32", np.complex64(1)),
+]
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize(("name", "value"), _PACKED, ids=repr)
+def test_numpy_scalars_and_typed_values_pack_in_c(mod, name, value):
+    from cudacore._native import fast
+
+    k = mod.function(name)
+    with pytest.raises(cc.NotSupportedError):  # packed in C and handed to the launch door: no kernel runs here
+        fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (0x1000, value, 16), k._spec)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize(("name", "value"), _GENERAL, ids=repr)
+def test_other_arguments_take_the_general_path(mod, name, value):
+    from cudacore._native import fast
+
+    k = mod.function(name)
+    assert fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (0x1000, value, 16), k._spec) is NotImplemented
+
+
 # -- on a real GPU --------------------------------------------------------------------------------
 
 # Device buffers for the GPU scripts: CuPy (on the GPU machine) or cudacore's own allocator. Both use the
@@ -363,6 +412,42 @@ def test_gpu_limits_defaults_and_clamp():
     assert len(out["clamp"]) == 1 and "asked 70,368,744,177,664 bytes (64.0 TiB)" in out["clamp"][0]
     assert out["applied"] < 64 << 40  # docs/driver-facts.md: 17,681,179,680 on the H100
     assert out["strict"] is not None and "restored" in out["strict"]
+
+
+@pytest.mark.gpu
+def test_gpu_numpy_scalars_and_typed_values_reach_the_kernel():
+    # Each argument form, on the direct path (a Stream of cudacore's, explicit or current under `with s:`,
+    # after a first launch through Go) and through Go: the kernel writes the value it was given.
+    out = _gpu(
+        f"""
+        import json
+        m = d.load_module({str(FILL_PTX)!r})
+        fill, fill_f32 = m.function("fill"), m.function("fill_f32")
+        s = d.create_stream()
+        got = {{}}
+        for label, v in (("py", 7), ("np.uint32", np.uint32(8)), ("np.int64", np.int64(9)), ("cc.uint32", cc.uint32(10))):
+            for how in ("go", "direct", "with"):
+                a, read_a = zeros(64, np.uint32)
+                if how == "with":
+                    with s:
+                        fill.launch(grid=1, block=64, args=(a, v, 64))
+                else:
+                    fill.launch(grid=1, block=64, args=(a, v, 64), stream=s if how == "direct" else None)
+                s.synchronize()
+                got[f"u32 {{label}} {{how}}"] = int(read_a()[0])
+        for label, v in (("np.float32", np.float32(1.5)), ("np.float64", np.float64(2.5)), ("cc.float32", cc.float32(3.5))):
+            b, read_b = zeros(64, np.float32)
+            fill_f32.launch(grid=1, block=64, args=(b, v, 64), stream=s)
+            s.synchronize()
+            got[f"f32 {{label}}"] = float(read_b()[0])
+        print(json.dumps(got))
+        """
+    )
+    assert out == {
+        **{f"u32 {label} {how}": want for label, want in (("py", 7), ("np.uint32", 8), ("np.int64", 9), ("cc.uint32", 10))
+           for how in ("go", "direct", "with")},
+        "f32 np.float32": 1.5, "f32 np.float64": 2.5, "f32 cc.float32": 3.5,
+    }  # fmt: skip
 
 
 @pytest.mark.gpu

@@ -1737,7 +1737,7 @@ numpy_number(PyObject *a, number *n)
         return 0;
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(a, &view, PyBUF_FORMAT) < 0) {
+    if (PyObject_GetBuffer(a, &view, PyBUF_ND | PyBUF_FORMAT) < 0) { /* ND: the true ndim (else 0) */
         PyErr_Clear();
         return 0;
     }

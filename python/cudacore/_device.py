@@ -410,7 +410,8 @@ class Device:
         ``allocations``, ``frees``, ``ooms``, ``failures``, ``recycled`` (of the allocations, those served
         with a block closed just before, without entering the allocator: docs/memory.md), ``limit``,
         ``pinned_in_use``, ``pinned_staging`` (the pinned staging buffers of pageable copies, at most four
-        of 8 MiB: docs/memory.md), ``strategy``, ``graph_destroy_failures`` and ``graph_destroys_pending``
+        of 8 MiB: docs/memory.md), ``orphaned`` (freed blocks of other libraries' streams that were destroyed
+        meanwhile, waiting for a device synchronize: docs/memory.md), ``strategy``, ``graph_destroy_failures`` and ``graph_destroys_pending``
         (graph destroys the driver refused, and graphs kept to destroy again: docs/capture.md), ..."""
         return _memory.memory_stats(self)
 

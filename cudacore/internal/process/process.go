@@ -1,6 +1,6 @@
 // Package process holds cudacore's process-wide state: the driver chosen for this process and the
-// devices opened on it. The facade (package cudacore) and the fast-path exports (internal/fast) both
-// reach devices through here, so there is exactly one of each per process.
+// devices opened on it. The facade (package cudacore), whose doors the C fast path calls too, reaches the
+// devices through here, so there is exactly one of each per process.
 //
 // The driver is chosen once, on first use, from CUDACORE_BACKEND ("cuda", the default, or "sim"); a
 // failure to load it is remembered and returned to every later caller, so a process without a driver
