@@ -169,6 +169,34 @@ def test_no_recycling_while_a_stream_captures(d: cc.Device) -> None:
     assert counters(d)["recycled"] > before["recycled"]
 
 
+def test_a_live_graph_keeps_only_the_memory_it_uses_off_the_log(d: cc.Device) -> None:
+    # A graph that copies into `used` keeps `used` alive until the graph is destroyed (its launches write
+    # there); every other pair recycles meanwhile. The block of `used` is never handed to a new
+    # allocation while the graph lives, however many allocations of its size follow.
+    s = d.create_stream()
+    pinned = d.allocate_pinned(4096)
+    used = d.allocate(4096)
+    with s.capture() as graph:
+        used.copy_from(pinned, stream=s)
+    graph.launch(s)
+    s.synchronize()
+    used_ptr = used.ptr
+    before = counters(d)
+    pairs(d, 20)
+    got = delta(counters(d), before)
+    assert got["recycled"] == 19, got  # unrelated memory recycles while the graph lives
+    used.close()  # its free waits for the graph
+    handed = pairs(d, 50)
+    assert used_ptr not in handed
+    assert counters(d)["in_use"] == before["in_use"], "used is still held for the graph"
+    graph.launch(s)  # still writes into used's block, which nobody else has
+    s.synchronize()
+    graph.destroy()
+    assert counters(d)["in_use"] == before["in_use"] - 4096
+    pinned.close()
+    s.close()
+
+
 @pytest.mark.parametrize("mode", ["tracking", "python stacks", "sync strategy"])
 def test_what_needs_every_call_in_go_stops_recycling(d: cc.Device, mode: str) -> None:
     strategy = d.allocation_strategy

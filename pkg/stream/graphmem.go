@@ -35,6 +35,9 @@ import (
 type graphMemory struct {
 	// active counts allocs, void pointers and graphs with uses: when zero, frees skip all of this.
 	active atomic.Int32
+	// proper counts allocs and void pointers alone; version changes with every change of the books.
+	proper  atomic.Int32
+	version atomic.Uint64
 
 	mu     sync.Mutex
 	allocs map[cuda.DevicePtr]*graphAlloc
@@ -82,7 +85,33 @@ type span struct{ lo, hi cuda.DevicePtr }
 
 func (gm *graphMemory) count() {
 	gm.active.Store(int32(len(gm.allocs) + len(gm.void) + len(gm.voided) + len(gm.users)))
+	gm.proper.Store(int32(len(gm.allocs) + len(gm.void) + len(gm.voided)))
+	gm.version.Add(1)
 }
+
+// GraphMemoryProper says whether graph memory (allocations made during captures, and void pointers) is on
+// the books, as distinct from memory that live graphs merely use.
+func (m *Manager) GraphMemoryProper() bool { return m.gm.proper.Load() != 0 }
+
+// GraphUses returns the ranges of memory the device's live graphs use ([lo[i], hi[i]), sorted and merged),
+// appended to lo and hi, and the version of the books they were read at: the version changes whenever
+// the books do, so a caller that kept an earlier version knows when to read them again.
+func (m *Manager) GraphUses(lo, hi []uint64) ([]uint64, []uint64, uint64) {
+	gm := &m.gm
+	gm.mu.Lock()
+	defer gm.mu.Unlock()
+	var all []span
+	for g := range gm.users {
+		all = append(all, g.uses...)
+	}
+	for _, s := range mergeSpans(all) {
+		lo, hi = append(lo, uint64(s.lo)), append(hi, uint64(s.hi))
+	}
+	return lo, hi, gm.version.Load()
+}
+
+// GraphUsesVersion is the version GraphUses would report now: one atomic load.
+func (m *Manager) GraphUsesVersion() uint64 { return m.gm.version.Load() }
 
 // noteUse records that the capture on s uses [p, p+n) (n may be 1 for a pointer whose extent is unknown).
 func (m *Manager) noteUse(s *Stream, p cuda.DevicePtr, n uint64) {

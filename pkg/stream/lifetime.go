@@ -26,6 +26,7 @@ const maxDead = 1 << 16
 
 type lifetimes struct {
 	mu    sync.RWMutex
+	live  map[cuda.Stream]struct{} // the streams this Manager created and has not destroyed
 	dead  map[cuda.Stream]struct{}
 	order []cuda.Stream
 	// closing holds the streams closed to cudacore whose driver stream lives on until the captures end
@@ -54,6 +55,7 @@ func (l *lifetimes) markClosing(s *Stream) {
 // markDead records h as destroyed; the caller holds mu for writing.
 func (l *lifetimes) markDead(h cuda.Stream) {
 	delete(l.closing, h)
+	delete(l.live, h)
 	if l.dead == nil {
 		l.dead = map[cuda.Stream]struct{}{}
 	}
@@ -68,11 +70,26 @@ func (l *lifetimes) markDead(h cuda.Stream) {
 	}
 }
 
-// reborn forgets h: the driver reused the handle for a new stream.
-func (l *lifetimes) reborn(h cuda.Stream) {
+// born records h as a stream this Manager created, forgetting it as destroyed: the driver may reuse a
+// destroyed stream's handle for a new stream.
+func (l *lifetimes) born(h cuda.Stream) {
 	l.mu.Lock()
 	delete(l.dead, h)
+	if l.live == nil {
+		l.live = map[cuda.Stream]struct{}{}
+	}
+	l.live[h] = struct{}{}
 	l.mu.Unlock()
+}
+
+// Owns says whether h names a stream this Manager created: alive, closed to cudacore, or destroyed (and
+// not handed out again by the driver since, as far as this Manager knows).
+func (m *Manager) Owns(h cuda.Stream) bool {
+	m.life.mu.RLock()
+	defer m.life.mu.RUnlock()
+	_, live := m.life.live[h]
+	_, dead := m.life.dead[h]
+	return live || dead || m.life.closing[h] != nil
 }
 
 // Later is the stream on which a free of a block last used on h is made when it waits (for the captures

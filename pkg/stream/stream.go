@@ -191,7 +191,7 @@ func (m *Manager) Create(nonBlocking bool, priority int) (*Stream, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.life.reborn(h)
+	m.life.born(h)
 	return &Stream{m: m, h: h, nonBlocking: nonBlocking, priority: priority}, nil
 }
 

@@ -10,8 +10,8 @@ on the development machine into ``peer-suites/`` (``scripts/fetch_peer_suites.sh
   ``cupy.cuda.set_allocator(cudacore.interop.cupy_allocator())``;
 - **PyTorch**: the allocator, stream, event and graph classes of ``test/test_cuda.py`` at a pinned commit,
   with ``cudacore.interop.use_torch_allocator()``;
-- **Numba-CUDA**: ``numba.cuda.tests`` of the installed numba-cuda, with
-  ``NUMBA_CUDA_MEMORY_MANAGER=cudacore.interop``.
+- **Numba-CUDA**: modules of ``numba.cuda.tests`` of the installed numba-cuda, with
+  ``NUMBA_CUDA_MEMORY_MANAGER=cudacore.interop``, run by unittest (``peer_unittest.py``), as Numba runs them.
 
 Each selected file runs in a process of its own, once per allocator. A process that dies (a crash) has its
 test recorded as ``crashed``, and the file goes on from there with the crashed tests deselected. The
@@ -156,12 +156,18 @@ def run_file(suite: str, target: str, allocator: str, out: Path, timeout: float)
     if suite == "torch":
         keyword = f"({TORCH_CLASSES}) and {keyword}"
     for _attempt in range(50):  # one more start per crash
-        cmd = [sys.executable, "-m", "pytest", "-q", "-rN", "-p", "peer_plugin", "-p", "no:cacheprovider"]
-        cmd += ["--pyargs", target] if suite == "numba" else [target]
-        if keyword:
-            cmd += ["-k", keyword]
-        for d in deselect:
-            cmd += ["--deselect", d]
+        if suite == "numba":  # unittest suites: their own runner, which logs as the plugin does
+            cmd = [sys.executable, str(PLUGIN_DIR / "peer_unittest.py"), target]
+            for pattern, _ in LEFT_OUT[suite]:
+                cmd += ["--skip", pattern]
+            for d in deselect:
+                cmd += ["--skip", d]
+        else:
+            cmd = [sys.executable, "-m", "pytest", "-q", "-rN", "-p", "peer_plugin", "-p", "no:cacheprovider", target]
+            if keyword:
+                cmd += ["-k", keyword]
+            for d in deselect:
+                cmd += ["--deselect", d]
         started = time.monotonic()
         try:
             proc = subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, text=True, check=False)

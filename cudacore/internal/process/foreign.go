@@ -82,23 +82,15 @@ func Watched(h cuda.Stream) bool {
 	return ok
 }
 
-// ownStream says whether h names a stream cudacore created: alive, closed or destroyed.
+// ownStream says whether h names a stream cudacore created, on any open device: alive, closed or
+// destroyed (stream.Manager.Owns).
 func ownStream(h cuda.Stream) bool {
-	if _, ok := Streams.Get(int(uint64(h))); ok {
-		return true
-	}
-	return destroyedAnywhere(h) || closedAnywhere(h)
-}
-
-// closedAnywhere says whether h names a stream cudacore closed (and destroys once the captures end) on
-// any open device.
-func closedAnywhere(h cuda.Stream) bool {
-	closed := false
+	owned := false
 	streamManagers.Range(func(_, m any) bool {
-		closed = m.(*stream.Manager).Closed(h)
-		return !closed
+		owned = m.(*stream.Manager).Owns(h)
+		return !owned
 	})
-	return closed
+	return owned
 }
 
 // noteForeign records the generation of the foreign stream p was allocated on, when a watcher vouches

@@ -122,7 +122,10 @@ func (d *Device) freeLogged(p cuda.DevicePtr, size uint64, h cuda.Stream, at tim
 //     done anyway: keep the block for the next allocation of its size on its stream;
 //   - it tracks no allocation (the tracker records each one);
 //   - no stream of the process captures;
-//   - no graph memory or memory a live graph uses is on the books (their frees follow the graph's rules);
+//   - no graph memory (allocations of captures, void pointers) is on the books: their frees follow the
+//     graph's rules. Memory live graphs only use does not stop it: C holds the ranges they use
+//     (recycle.Guard, given before logging is allowed) and never logs the free of a block in one, which
+//     goes through Go and waits for those graphs;
 //   - no memory limit is exceeded: a limit lowered below what is in use fails every later allocation, and
 //     C's takes never raise what is in use above what Go last saw, so they stay within a limit Go saw kept.
 //
@@ -159,6 +162,20 @@ func publish(write bool) bool {
 		if !off && !capturing {
 			max = d.recyclable()
 		}
+		// The ranges live graphs use go to C first, whenever they changed, so that C never logs the free of
+		// a block a graph launched later may still write (recycle.Guard). Ranges that do not fit stop
+		// logging for the device instead, and are offered again at the next publish.
+		if s := d.streams.Load(); s != nil && s.GraphUsesVersion() != guardVersion[i].Load() {
+			changed = true
+			if write {
+				lo, hi, v := s.GraphUses(nil, nil)
+				if recycle.Guard(i, lo, hi) {
+					guardVersion[i].Store(v)
+				} else {
+					max = 0
+				}
+			}
+		}
 		if recycle.Allowed(i) != max { // only Publish writes what C holds
 			changed = true
 			if write {
@@ -175,8 +192,14 @@ func (d *Device) recyclable() uint64 {
 	if m == nil || m.Cache() == nil || m.Tracking() || m.OverLimit() {
 		return 0
 	}
-	if s := d.streams.Load(); s != nil && s.GraphMemoryInUse() {
+	// Graph memory proper (allocations of captures, void pointers) stops logging; memory live graphs only
+	// use does not: C checks each free against the ranges publish gives it.
+	if s := d.streams.Load(); s != nil && s.GraphMemoryProper() {
 		return 0
 	}
 	return m.Cache().MaxBlock()
 }
+
+// guardVersion is, per device, the version of the graph-use books (stream.Manager.GraphUsesVersion)
+// whose ranges C holds; written by publish under publishMu.
+var guardVersion [recycle.Devices]atomic.Uint64

@@ -91,6 +91,22 @@ func Allow(ordinal int, max uint64) {
 	C.cc_recycle_set(C.int64_t(ordinal), C.uint64_t(max))
 }
 
+// Guards is how many guarded ranges C holds for all devices together.
+const Guards = C.CC_RECYCLE_GUARDS
+
+// Guard replaces device ordinal's guarded ranges ([lo[i], hi[i]): memory live graphs use, whose frees C
+// never logs) and says whether they fit (else nothing changed). Set them before allowing logging.
+func Guard(ordinal int, lo, hi []uint64) bool {
+	if len(lo) != len(hi) || len(lo) > Guards {
+		return false
+	}
+	var plo, phi *C.uint64_t
+	if len(lo) > 0 {
+		plo, phi = (*C.uint64_t)(unsafe.Pointer(&lo[0])), (*C.uint64_t)(unsafe.Pointer(&hi[0]))
+	}
+	return C.cc_recycle_guard(C.int64_t(ordinal), plo, phi, C.int(len(lo))) != 0
+}
+
 // Allowed is the largest block C may log for device ordinal now (0: none).
 func Allowed(ordinal int) uint64 {
 	if ordinal < 0 || ordinal >= Devices {

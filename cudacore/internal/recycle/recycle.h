@@ -13,7 +13,7 @@
  *
  * Go decides when C may log, per device (cc_recycle_max): only while its allocator caches freed blocks
  * (a block it would have kept anyway, of a size it caches), nothing captures, no graph memory is on the books and no
- * allocation is tracked. The C caller adds its own conditions (an owned stream, no capture starting,
+ * allocation is tracked; and never a block that a live graph uses (cc_recycle_guard). The C caller adds its own conditions (an owned stream, no capture starting,
  * no stack labels); see cudacore/native/fast.c.
  *
  * The log is bounded: when it is full, cc_recycle_free and cc_recycle_take answer 0 and the caller
@@ -66,5 +66,14 @@ int64_t cc_recycle_now(void);
 /* Allow logging for a device, of blocks up to max bytes, or stop it (max 0); out of range: ignored. For
  * Go. */
 void cc_recycle_set(int64_t device, uint64_t max);
+
+/* The guarded ranges: device memory that live graphs use. A free of a block that overlaps one is never
+ * logged (the caller frees through Go, which keeps the block until those graphs are gone), so no
+ * allocation can take a block a later launch may still write. */
+#define CC_RECYCLE_GUARDS 1024 /* ranges in all; past it Go stops logging for the device instead */
+
+/* Replace device's guarded ranges with the n ranges [lo[i], hi[i]); out of range or n beyond the room
+ * left: ignored, and 0 returned (1 when set). For Go, which sets them before it allows logging. */
+int cc_recycle_guard(int64_t device, const uint64_t *lo, const uint64_t *hi, int n);
 
 #endif

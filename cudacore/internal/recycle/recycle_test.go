@@ -263,3 +263,48 @@ func TestOpTimes(t *testing.T) {
 	assert.Less(t, gap, 5*time.Second)
 	assert.Less(t, free.Sub(start).Abs(), 50*time.Millisecond)
 }
+
+// A free of a block that overlaps a guarded range (memory a live graph uses) is never logged, on its
+// device only; replacing a device's ranges keeps the other devices', and ranges that do not fit change
+// nothing.
+func TestGuardedRangesAreNeverLogged(t *testing.T) {
+	fresh(t, 1<<20)
+	t.Cleanup(func() {
+		require.True(t, Guard(0, nil, nil))
+		require.True(t, Guard(1, nil, nil))
+	})
+	const s = cuda.StreamLegacy
+	require.True(t, Guard(0, []uint64{0x2000, 0x9000}, []uint64{0x3000, 0x9001}))
+	require.True(t, Guard(1, []uint64{0x5000}, []uint64{0x6000}))
+	for _, tc := range []struct {
+		name   string
+		device int
+		p      cuda.DevicePtr
+		size   uint64
+		logged bool
+	}{
+		{"before the range", 0, 0x1000, 0x1000, true},
+		{"ending inside it", 0, 0x1800, 0x1000, false},
+		{"inside it", 0, 0x2400, 0x100, false},
+		{"over a one-byte range (a kernel's pointer argument)", 0, 0x8000, 0x2000, false},
+		{"right after it", 0, 0x3000, 0x1000, true},
+		{"another device's range", 0, 0x5000, 0x1000, true},
+		{"on that device", 1, 0x5800, 0x100, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.logged, LogFree(tc.device, tc.p, tc.size, s))
+			drained(t)
+		})
+	}
+	// Replacing device 0's ranges leaves device 1's.
+	require.True(t, Guard(0, nil, nil))
+	assert.True(t, LogFree(0, 0x2400, 0x100, s))
+	assert.False(t, LogFree(1, 0x5800, 0x100, s))
+	drained(t)
+	// Too many ranges: refused, and the old ones stay.
+	lo, hi := make([]uint64, Guards+1), make([]uint64, Guards+1)
+	assert.False(t, Guard(0, lo, hi))
+	assert.False(t, Guard(0, []uint64{1}, nil), "lo and hi differ in length")
+	assert.False(t, LogFree(1, 0x5800, 0x100, s))
+	drained(t)
+}
