@@ -258,6 +258,7 @@ def test_simulator_call_form(mod):
 # nothing done), which checks and explains: fill(.u64 p, .u32 v, .u64 n) and fill_f32(.u64 p, .f32 v, .u64 n).
 _PACKED = [
     ("fill", 7),
+    ("fill", 2**32 - 1),
     ("fill", np.uint32(7)),
     ("fill", np.int32(7)),
     ("fill", np.uint8(255)),
@@ -271,7 +272,10 @@ _PACKED = [
     ("fill_f32", cc.float32(1.5)),
 ]
 _GENERAL = [
-    ("fill", np.int64(-1)),  # out of range: the general path says so
+    ("fill", -1),  # out of range: the general path says so
+    ("fill", 2**32),
+    ("fill", 2**64),
+    ("fill", np.int64(-1)),
     ("fill", np.uint64(2**32)),
     ("fill", np.float32(1.0)),  # a float for an integer parameter: refused there
     ("fill", np.bool_(True)),
@@ -511,3 +515,24 @@ def test_launch_obeys_the_capture_rules_and_refuses_dead_streams():
         s.close()
         buf.close()
         mod.unload()
+
+
+def test_the_argument_codes_agree_across_languages():
+    # The kind codes of packed launch arguments are written in three places: Go's table (pkg/module.ArgCodes,
+    # which unpacks them), Python's (_module._ARG_CODES, which packs the general path) and the C packer's
+    # constants (cudacore/native/fast.c). They must be the same table.
+    import re
+
+    from cudacore import _module
+
+    go = (ROOT / "pkg" / "module" / "args.go").read_text()
+    line = re.search(r"var ArgCodes = \[\]ArgKind\{(.*)\}", go).group(1)
+    names = {m.group(1): m.group(2) for m in re.finditer(r'\t(\w+)\s+ArgKind = "(\w+)"', go)}
+    go_codes = [names.get(x.strip(), x.strip().strip('"')) for x in line.split(",")]
+    py_codes = [k for k, _ in sorted(_module._ARG_CODES.items(), key=lambda kv: kv[1])]
+    assert go_codes == py_codes
+    c = (ROOT / "cudacore" / "native" / "fast.c").read_text()
+    assert int(re.search(r"LAUNCH_PTR_CODE = (\d+)", c).group(1)) == py_codes.index("ptr")
+    signed = re.search(r"int signed_kind = code == (\d+) \|\| code == (\d+) \|\| code == (\d+) \|\| code == (\d+);", c)
+    assert [int(x) for x in signed.groups()] == [py_codes.index(k) for k in ("i8", "i16", "i32", "i64")]
+    assert c.count("int signed_kind = code ==") == 1, "the packer tests signedness in one place, checked here"

@@ -1835,32 +1835,21 @@ launch_pack_one(PyObject *a, int code, int size, int flags, unsigned char *out)
         return 1;
     }
     if (PyLong_CheckExact(a)) {
-        int signed_kind = code == 1 || code == 3 || code == 5 || code == 7; /* i8 i16 i32 i64 */
-        if (signed_kind) {
-            int overflow = 0;
-            long long v = PyLong_AsLongLongAndOverflow(a, &overflow);
-            if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
-                PyErr_Clear();
-                return 0;
-            }
-            long long lo = size == 8 ? LLONG_MIN : -(1LL << (size * 8 - 1));
-            long long hi = size == 8 ? LLONG_MAX : (1LL << (size * 8 - 1)) - 1;
-            if (v < lo || v > hi) {
-                return 0;
-            }
-            memcpy(out, &v, (size_t)size); /* little-endian: the low bytes */
-        } else {
-            unsigned long long v = PyLong_AsUnsignedLongLong(a);
-            if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-                PyErr_Clear();
-                return 0;
-            }
-            if (size < 8 && v >> (size * 8) != 0) {
-                return 0;
-            }
-            memcpy(out, &v, (size_t)size);
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(a, &overflow);
+        if (overflow == 0 && !(v == -1 && PyErr_Occurred())) {
+            return pack_int(code, size, v < 0, (unsigned long long)v, out);
         }
-        return 1;
+        PyErr_Clear();
+        if (overflow > 0) { /* above int64: an unsigned 64-bit value, or out of range */
+            unsigned long long u = PyLong_AsUnsignedLongLong(a);
+            if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return 0;
+            }
+            return pack_int(code, size, 0, u, out);
+        }
+        return 0;
     }
     if (numpy_number(a, &n)) {
         if (n.kind == NUM_FLOAT) {
