@@ -256,7 +256,7 @@ def test_gpu_cupy_capture_on_its_stream_with_temporaries() -> None:
     proc = run_python(
         CUPY_ON_CUDACORE
         + """
-def run():
+def run(graph_first):
     s = cupy.cuda.Stream(non_blocking=True)
     a = cupy.random.random((100,))
     cupy.cuda.get_current_stream().synchronize()
@@ -271,15 +271,20 @@ def run():
         s.synchronize()
         out2 = f(a)
         cupy.testing.assert_array_equal(out1, out2)
-run()  # the first run leaves CuPy's caches (FFT plans, the random generator's state) allocated
+    # The graph and the stream go in either order, with the last output still allocated.
+    if graph_first:
+        del g; gc.collect(); del s; gc.collect()
+    else:
+        del s; gc.collect(); del g; gc.collect()
+run(True)  # the first run leaves CuPy's caches (FFT plans, the random generator's state) allocated
 gc.collect()
 before = d.memory_stats()["in_use"]
-for _ in range(3):
-    run()
+for i in range(4):
+    run(i % 2 == 0)
     gc.collect()
 d.release_cached_memory()
 s = d.memory_stats()
-print(s["in_use"] - before, s["orphaned"])
+print(max(s["in_use"] - before, 0), s["orphaned"])  # nothing left behind (CuPy may free cache meanwhile)
 """,
         env={"CUDACORE_BACKEND": "cuda"},
         timeout=300,
