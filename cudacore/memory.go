@@ -100,7 +100,7 @@ func MemoryRelease(ordinal int) (int, error) {
 		// stays with the driver for later launches until trimmed, and the pinned staging buffers of
 		// pageable copies are kept for the next copy: both go back too, unless a capture runs. Orphans (freed
 		// blocks of gone foreign streams) are given back first, after a device synchronize.
-		if err := d.FlushOrphans(); err != nil && !process.Capturing() {
+		if _, err := d.FlushOrphans(); err != nil {
 			return 0, err
 		}
 		err = process.Steady(func() error {
@@ -113,6 +113,24 @@ func MemoryRelease(ordinal int) (int, error) {
 			return 0, err
 		}
 		return int(d.Memory().Cached()), nil
+	})
+}
+
+// MemoryFlushOrphans gives the device's orphans back to its allocator after a device synchronize
+// (process.Device.FlushOrphans: blocks of other libraries' streams that nobody vouches for any more) and
+// returns the bytes given back. The allocation path calls it, without the GIL, before it retries an
+// allocation that ran out of memory while orphans waited.
+//
+//cudacore:gil release
+//cudacore:door native
+func MemoryFlushOrphans(ordinal int) (int, error) {
+	return guard("cudacore.flush_orphans", func() (int, error) {
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		n, err := d.FlushOrphans()
+		return int(n), err
 	})
 }
 

@@ -93,6 +93,9 @@ typedef struct {
      * passes back (the GraphFree door), so that a free after its memory went void, when the driver may have
      * handed the address to another owner, frees nothing. Set by the Python layer when it notes the buffer. */
     int64_t graph_token;
+    /* The stream object of another library the buffer was allocated on (a CuPy stream, say), held until the
+     * buffer is freed: such a stream is destroyed when its object goes, and the free must find it alive. */
+    PyObject *keep;
 } BufferObject;
 
 /* Wait, with the GIL released in between, until another thread's free of this object has returned (it
@@ -166,13 +169,16 @@ buffer_free(BufferObject *self, int dealloc)
         return -1;
     }
     self->closed = 1;
+    Py_CLEAR(self->keep); /* freed: its stream may go (this can run its owner's destroy) */
     return 0;
 }
 
 static int
 buffer_free_dealloc(PyObject *self)
 {
-    return buffer_free((BufferObject *)self, 1);
+    int r = buffer_free((BufferObject *)self, 1);
+    Py_CLEAR(((BufferObject *)self)->keep); /* after the free: it may destroy the stream */
+    return r;
 }
 
 /* The end of an owning object (Buffer, PinnedBuffer): free what it still owns with free_fn, reporting a
@@ -840,6 +846,7 @@ buffer_void(BufferObject *self, PyObject *Py_UNUSED(ignored))
 {
     wait_for_free(&self->freeing);
     self->closed = 1;
+    Py_CLEAR(self->keep);
     Py_RETURN_NONE;
 }
 
@@ -1297,6 +1304,24 @@ recyclable_stream(int64_t stream)
 
 /* Allocate through the Allocate door into a new Buffer of the configured class; on the legacy stream, from
  * the recycle log when it holds a free of the same size on the same stream. */
+/* Give device's orphans back to its allocator (the MemoryFlushOrphans door), without the GIL: the device
+ * synchronize it makes may wait for work that needs the GIL (a host callback). The bytes given back; 0 on
+ * a failure, which the allocation's own error then reports. */
+static int64_t
+flush_orphans(int64_t device)
+{
+    int64_t n = 0;
+    char *err;
+    Py_BEGIN_ALLOW_THREADS
+    err = cudacore_door_MemoryFlushOrphans(device, &n);
+    Py_END_ALLOW_THREADS
+    if (err != NULL) {
+        free(err);
+        return 0;
+    }
+    return n;
+}
+
 static PyObject *
 allocate_buffer(int64_t device, int64_t size, int64_t stream, int owned)
 {
@@ -1330,6 +1355,18 @@ allocate_buffer(int64_t device, int64_t size, int64_t stream, int owned)
         Py_END_ALLOW_THREADS
     } else {
         err = cudacore_door_Allocate(device, size, stream, &token, (int64_t)sizeof token, &ptr);
+    }
+    if (err != NULL && strncmp(err, "cuda[2 ", 7) == 0 && flush_orphans(device) > 0) {
+        /* Out of memory while orphans waited (blocks of other libraries' streams, freed and waiting for a
+         * device synchronize): they are back in the allocator now; try once more. */
+        free(err);
+        if (door_blocking(device)) {
+            Py_BEGIN_ALLOW_THREADS
+            err = cudacore_door_Allocate(device, size, stream, &token, (int64_t)sizeof token, &ptr);
+            Py_END_ALLOW_THREADS
+        } else {
+            err = cudacore_door_Allocate(device, size, stream, &token, (int64_t)sizeof token, &ptr);
+        }
     }
     if (err != NULL) {
         Py_DECREF(b);
@@ -1376,6 +1413,10 @@ fast_device_allocate(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
         return NULL;
     }
     PyObject *b = allocate_buffer(device, size, stream, owned);
+    PyObject *sa = args[2];
+    if (b != NULL && sa != Py_None && !PyLong_Check(sa) && slot_of(&stream_slots, sa, S_HANDLE) == NULL) {
+        ((BufferObject *)b)->keep = Py_NewRef(sa); /* another library's stream object: alive until the free */
+    }
     if (b != NULL && note_if_capturing(b) < 0) {
         Py_DECREF(b); /* the allocation is freed with the object */
         return NULL;
@@ -1874,6 +1915,52 @@ launch_pack_one(PyObject *a, int code, int size, int flags, unsigned char *out)
     return 0;
 }
 
+/* args with each array of another library passed for a pointer parameter (an object with
+ * __cuda_array_interface__: a CuPy array, a Numba device array, a PyTorch tensor) replaced by its device
+ * address, as the general path reads it (the "data" entry's address): a new reference, to args itself when
+ * nothing was replaced. Reading the attribute can run Python code (a property), so callers resolve the
+ * arguments before any check the direct path relies on. An object whose interface cannot be read is left
+ * as it is, for the general path to explain. NULL only when Python is out of memory. */
+static PyObject *
+resolve_array_args(PyObject *args, PyObject *spec)
+{
+    if ((!PyTuple_CheckExact(args) && !PyList_CheckExact(args)) || !PyBytes_CheckExact(spec) ||
+        PySequence_Fast_GET_SIZE(args) * 3 != PyBytes_GET_SIZE(spec)) {
+        return Py_NewRef(args);
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(args);
+    const unsigned char *sp = (const unsigned char *)PyBytes_AS_STRING(spec);
+    PyObject **items = PySequence_Fast_ITEMS(args);
+    PyObject *out = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = items[i];
+        if (!(sp[3 * i + 2] & LAUNCH_BUFFER) || PyLong_CheckExact(a) || PyObject_TypeCheck(a, &BufferType) ||
+            slot_of(&kernel_arg_slots, a, 0) != NULL || Py_TYPE(a)->tp_as_buffer != NULL) {
+            continue; /* packed as it is, or left to the general path */
+        }
+        PyObject *cai = PyObject_GetAttrString(a, "__cuda_array_interface__");
+        PyObject *data = cai != NULL && PyDict_Check(cai) ? PyDict_GetItemString(cai, "data") : NULL; /* borrowed */
+        PyObject *ptr = data != NULL && PyTuple_Check(data) && PyTuple_GET_SIZE(data) >= 1 ? PyTuple_GET_ITEM(data, 0) : NULL;
+        if (ptr == NULL || !PyLong_CheckExact(ptr)) {
+            PyErr_Clear();
+            Py_XDECREF(cai);
+            continue;
+        }
+        if (out == NULL && (out = PyList_New(n)) != NULL) {
+            for (Py_ssize_t j = 0; j < n; j++) {
+                PyList_SET_ITEM(out, j, Py_NewRef(items[j]));
+            }
+        }
+        if (out == NULL) {
+            Py_DECREF(cai);
+            return NULL;
+        }
+        Py_SETREF(PyList_GET_ITEM(out, i), Py_NewRef(ptr));
+        Py_DECREF(cai);
+    }
+    return out != NULL ? out : Py_NewRef(args);
+}
+
 /* Pack seq by spec into packed (the FunctionLaunch door's format: per argument its kind code, size and a
  * zero byte, then the value). 1 packed (*len set), 0 needs the general path, -1 error set. */
 static int
@@ -1920,9 +2007,14 @@ fast_launch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
             return NULL;
         }
     }
+    PyObject *resolved = resolve_array_args(args[9], args[10]);
+    if (resolved == NULL) {
+        return NULL;
+    }
     unsigned char packed[LAUNCH_MAX_PACKED];
     size_t off = 0;
-    int r = launch_pack(args[9], args[10], packed, &off);
+    int r = launch_pack(resolved, args[10], packed, &off);
+    Py_DECREF(resolved);
     if (r < 0) {
         return NULL;
     }
@@ -1945,6 +2037,9 @@ PyDoc_STRVAR(launch_direct_doc,
              "The checks (the module loaded, direct_stream) and the driver call happen with the GIL held "
              "throughout. False when not taken (an argument needs the general path, no direct path, or the "
              "driver failed): the caller launches through Go, which checks and reports.");
+
+static int kernel_direct_resolved(PyObject *kernel, const int64_t v[7], int64_t fn, PyObject *mod, PyObject *spec,
+                                  int64_t device, PyObject *cur, PyObject *resolved);
 
 /* Kernel.launch on the direct path: v holds gx, gy, gz, bx, by, bz and shared_mem. 1 launched, 0 not
  * taken (nothing done: the full path decides and explains), -1 error set. */
@@ -1969,19 +2064,41 @@ kernel_direct(PyObject *kernel, const int64_t v[7], PyObject *stream, PyObject *
     if (device < 0) {
         return 0;
     }
-    PyObject *cur = stream == NULL || stream == Py_None ? current_for_direct(device) : Py_NewRef(stream);
-    if (cur == NULL) {
+    /* Python code may run while the arguments and the current stream are resolved; none runs after. The
+     * module and the spec are held meanwhile (the slots that lent them could change). */
+    Py_INCREF(mod);
+    Py_INCREF(spec);
+    PyObject *resolved = resolve_array_args(args, spec);
+    PyObject *cur = resolved == NULL ? NULL : stream == NULL || stream == Py_None ? current_for_direct(device) : Py_NewRef(stream);
+    int r = kernel_direct_resolved(kernel, v, fn, mod, spec, device, cur, resolved);
+    Py_XDECREF(cur);
+    Py_XDECREF(resolved);
+    Py_DECREF(spec);
+    Py_DECREF(mod);
+    return resolved == NULL ? -1 : r;
+}
+
+/* kernel_direct past the resolution of its arguments (resolved) and of its stream (cur; NULL: not on the
+ * direct path). No Python code runs here until the driver has the launch. */
+static int
+kernel_direct_resolved(PyObject *kernel, const int64_t v[7], int64_t fn, PyObject *mod, PyObject *spec,
+                       int64_t device, PyObject *cur, PyObject *resolved)
+{
+    if (cur == NULL || resolved == NULL) {
         return 0;
     }
-    /* From here to the driver's call no Python code runs: the checks hold until the launch. */
-    uint64_t handle = no_pending_graph_memory() ? direct_stream(cur, device) : 0;
-    Py_DECREF(cur); /* the caller's frame, or cudacore._handles' state, keeps it alive */
+    /* From here to the driver's call no Python code runs: the checks hold until the launch. The module, the
+     * kernel's slots and the stream are read again after the resolution above. */
+    uint64_t handle = int_of(slot_of(&kernel_slots, kernel, 0)) == fn && slot_of(&module_slots, mod, 0) == Py_True &&
+                              no_pending_graph_memory()
+                          ? direct_stream(cur, device)
+                          : 0;
     if (handle == 0) {
         return 0;
     }
     unsigned char packed[LAUNCH_MAX_PACKED];
     size_t len = 0;
-    int r = launch_pack(args, spec, packed, &len); /* runs no Python code: numbers, numpy scalars, typed values, Buffers */
+    int r = launch_pack(resolved, spec, packed, &len); /* runs no Python code: numbers, numpy scalars, typed values, Buffers */
     if (r <= 0) {
         return r;
     }

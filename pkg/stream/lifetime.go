@@ -82,6 +82,23 @@ func (l *lifetimes) born(h cuda.Stream) {
 	l.mu.Unlock()
 }
 
+// OwnsLive says whether h names a stream this Manager created and has not destroyed.
+func (m *Manager) OwnsLive(h cuda.Stream) bool {
+	m.life.mu.RLock()
+	defer m.life.mu.RUnlock()
+	_, live := m.life.live[h]
+	return live
+}
+
+// Reborn forgets h as a stream this Manager destroyed: the caller knows that h names a live stream of
+// someone else's now (the driver hands a destroyed stream's handle to the next stream made, by any
+// library). A live stream of this Manager's is left alone.
+func (m *Manager) Reborn(h cuda.Stream) {
+	m.life.mu.Lock()
+	delete(m.life.dead, h)
+	m.life.mu.Unlock()
+}
+
 // Owns says whether h names a stream this Manager created: alive, closed to cudacore, or destroyed (and
 // not handed out again by the driver since, as far as this Manager knows).
 func (m *Manager) Owns(h cuda.Stream) bool {

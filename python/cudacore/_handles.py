@@ -178,7 +178,9 @@ def stream_handle(stream: object, device: int | None = None) -> int:
 # watch ends (StreamGone) when the object goes; PyTorch's streams come from a pool PyTorch never destroys,
 # so theirs never ends. Other objects (cuda.core's Stream, which close() destroys while the object lives,
 # CuPy's and PyTorch's ExternalStream, any __cuda_stream__ object, a bare int) are not watched: a block
-# allocated on one and freed after the call waits for a device synchronize instead (docs/memory.md).
+# allocated on one and freed after the call waits for a device synchronize instead (docs/memory.md). A
+# Buffer allocated on a stream object holds the object until it is freed (cudacore/native/fast.c), so a
+# CuPy stream is destroyed only after the last of its blocks was freed in its order.
 
 #: handle -> the weak reference that watches it (CuPy streams)
 _watches: dict[int, Any] = {}
@@ -192,8 +194,10 @@ def _foreign_handle(stream: object) -> int | None:
     protocol = getattr(type(stream), "__cuda_stream__", None)
     if protocol is not None:
         pair = stream.__cuda_stream__()  # type: ignore[attr-defined]
-        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], int)):
-            raise TypeError(f"{type(stream).__name__}.__cuda_stream__() must return (version, handle), got {pair!r}")
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], int) and not isinstance(pair[1], bool)):
+            raise TypeError(
+                f"{type(stream).__name__}.__cuda_stream__() must return (version, handle) with an int handle, got {pair!r}"
+            )
         handle = pair[1]
     else:
         handle = getattr(stream, "ptr", None) if _is_cupy_stream(stream) else getattr(stream, "cuda_stream", None)
@@ -205,7 +209,8 @@ def _foreign_handle(stream: object) -> int | None:
 
 
 def _is_cupy_stream(stream: object) -> bool:
-    return type(stream).__module__.startswith("cupy.")
+    cls = type(stream)
+    return cls.__module__.startswith("cupy.") and cls.__name__ in ("Stream", "ExternalStream")
 
 
 def _watch(stream: object, handle: int) -> None:
@@ -225,13 +230,19 @@ def _watch(stream: object, handle: int) -> None:
         return
 
     def gone(r: Any, handle: int = handle) -> None:
-        # CuPy's Stream destroys its handle as it is collected (its __del__ runs before this callback).
+        # CuPy's Stream destroys its handle as it is collected (its __del__ runs before this callback); every
+        # Buffer allocated on it held it until freed, so none is left to free. A newer stream object that
+        # took the handle over meanwhile keeps the watch.
         if _watches.get(handle) is r:
             del _watches[handle]
-        if not _api.forked():
-            core.StreamGone(handle)
+            if not _api.forked():
+                core.StreamGone(handle)
 
-    _watches[handle] = weakref.ref(stream, gone)
+    try:
+        ref = weakref.ref(stream, gone)
+    except TypeError:
+        return  # cannot be watched: its blocks wait for a device synchronize when freed late
+    _watches[handle] = ref
     core.StreamWatch(handle)
 
 

@@ -83,9 +83,9 @@ def cupy_allocator(device: Device | int | None = None) -> Callable[[int], Any]:
 
     Each CuPy allocation is a :class:`cudacore.Buffer` on CuPy's current stream, wrapped in a
     ``cupy.cuda.MemoryPointer`` over a ``cupy.cuda.UnownedMemory`` whose owner is that Buffer: the memory
-    is freed (in stream order) when CuPy drops its last reference. A block that outlives its CuPy stream
-    (CuPy destroys a stream when the object is collected) is given back after a device synchronize
-    instead, never on the destroyed handle (docs/memory.md, "Streams of other libraries"). ``device`` (default: CuPy's current
+    is freed (in stream order) when CuPy drops its last reference. The Buffer holds CuPy's stream object
+    until then (CuPy destroys a stream when the object is collected), so the free always finds its stream
+    alive (docs/memory.md, "Streams of other libraries"). ``device`` (default: CuPy's current
     device at each call) picks the cudacore device.
 
     Out of memory raises :class:`cudacore.OutOfMemoryError` (a ``MemoryError``), not
@@ -100,8 +100,8 @@ def cupy_allocator(device: Device | int | None = None) -> Callable[[int], Any]:
         dev = fixed if fixed is not None else _device(cupy.cuda.runtime.getDevice())
         if size == 0:
             return memory.MemoryPointer(memory.UnownedMemory(0, 0, None, dev.device_id), 0)
-        # CuPy's current stream, as the object: cudacore watches a CuPy Stream so that a block freed after
-        # CuPy destroyed the stream never reaches its handle (docs/memory.md).
+        # CuPy's current stream, as the object: the Buffer holds it until freed, and cudacore watches it, so
+        # that its handle never reaches the driver after CuPy destroyed it (docs/memory.md).
         buf = dev.allocate(size, stream=cupy.cuda.get_current_stream())
         return memory.MemoryPointer(memory.UnownedMemory(buf.ptr, size, buf, dev.device_id), 0)
 

@@ -29,6 +29,9 @@ func (d *Device) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
 		return p, err
 	}
 	streams := d.Streams()
+	// Whose stream h is, decided before its use is bracketed (UseForAlloc holds the lifetimes' read lock
+	// until Done, which Owns takes again): a live handle cannot become cudacore's meanwhile.
+	own := streams.Owns(h)
 	if err := streams.UseForAlloc(h); err != nil {
 		return 0, err
 	}
@@ -48,7 +51,9 @@ func (d *Device) Allocate(size uint64, h cuda.Stream) (cuda.DevicePtr, error) {
 	} else {
 		streams.Reissued(p)
 	}
-	noteForeign(p, h)
+	if !own {
+		noteForeign(p, h) // whose stream h is can change before the free: decided now
+	}
 	return p, nil
 }
 
@@ -129,20 +134,13 @@ func (d *Device) AllocateSteady(size uint64, h cuda.Stream) (p cuda.DevicePtr, e
 // It is read in the same steady state as the allocation: no capture can end in between and void the
 // memory, and a token looked up by address later could be a newer owner's, once the address was handed
 // out again.
-//
-// Out of memory while orphans wait (foreign.go), the orphans are given back and the allocation is tried
-// once more.
 func (d *Device) AllocateOwned(size uint64, h cuda.Stream) (p cuda.DevicePtr, token uint64, err error) {
-	allocate := func() error {
+	err = captures.Steady(func() error {
 		if p, err = d.Allocate(size, h); err == nil && d.Streams().Captured(h, p) {
 			token = d.Streams().Token(p) // an earlier owner's token lingering at p is not this one's
 		}
 		return err
-	}
-	err = captures.Steady(allocate)
-	if err != nil && cuda.ResultOf(err) == cuda.ErrorOutOfMemory && d.Orphaned() > 0 && d.FlushOrphans() == nil {
-		err = captures.Steady(allocate)
-	}
+	})
 	return p, token, err
 }
 
@@ -279,20 +277,29 @@ func (d *Device) freeNamedNow(p cuda.DevicePtr, size uint64, h cuda.Stream) erro
 func (d *Device) freeAt(p cuda.DevicePtr, size uint64, h cuda.Stream, named bool) error {
 	d.inFlight.RLock()
 	defer d.inFlight.RUnlock()
+	g, foreignBlock := takeForeign(p) // allocated on a stream cudacore did not create
 	if stream.IsDefault(h) {
 		return d.Memory().Deallocate(p, size, stream.Later(h))
 	}
-	if !ownStream(h) {
-		if named {
-			foreign.blocks.Delete(p)
-			return d.Memory().Deallocate(p, size, h)
-		}
-		return d.freeForeign(p, size, h)
+	if !foreignBlock && ownStream(h) {
+		streams := d.Streams()
+		use := streams.UseForFree(h)
+		defer streams.Done(h)
+		return d.Memory().Deallocate(p, size, use)
 	}
-	streams := d.Streams()
-	use := streams.UseForFree(h)
-	defer streams.Done(h)
-	return d.Memory().Deallocate(p, size, use)
+	switch {
+	case named: // the caller vouches for h in this call
+		err := d.Memory().Deallocate(p, size, h)
+		if err != nil && foreignBlock {
+			putForeign(p, g)
+		}
+		return err
+	case foreignBlock:
+		return d.freeForeign(p, size, h, g)
+	default: // a block of a stream nobody vouches for
+		d.orphan(p, size)
+		return nil
+	}
 }
 
 // Order makes work queued on waiter wait for the work queued so far on producer (stream.Manager.Order).

@@ -21,31 +21,45 @@ import (
 //     object goes (WatchStream). A handle watched again after it went gets a new generation, and a block
 //     allocated under the old one never reaches the new stream: the handle may name another stream now.
 //
+// Whether a block is foreign is decided when it is allocated, not when it is freed: the driver may have
+// handed its stream's handle to a stream of cudacore's meanwhile, whose order says nothing of the old
+// stream's work.
+//
 // A block whose stream cudacore cannot vouch for when it is freed (allocated on an unwatched foreign
 // stream, or on one whose watcher has gone) is an orphan: it cannot be ordered after its stream's work,
 // so it stays off the allocator until every stream of the device has finished the work queued before its
 // free (a device synchronize), and is then given back on the legacy stream. Orphans are given back in
-// batches (orphanFlushBytes, orphanFlushCount), on release_cached_memory, and before an out-of-memory
-// error is raised; until then they count as in use.
+// batches (orphanFlushBytes, orphanFlushCount) on a goroutine of their own, on release_cached_memory, on
+// a strategy change, and before an allocation that ran out of memory is tried again (the Python layer's
+// FlushOrphans door, without the GIL); until then they count as in use.
 
-// foreignBooks is the process's record of watched foreign streams and of the blocks allocated on them.
+// foreignBooks is the process's record of watched foreign streams and of the blocks allocated on
+// foreign streams.
 type foreignBooks struct {
 	mu      sync.RWMutex           // held for reading across a driver call on a watched handle
 	watched map[cuda.Stream]uint64 // handle -> generation, while a watcher vouches for the stream
 	next    uint64                 // the last generation handed out
-	any     atomic.Bool            // whether any stream was ever watched: the hot paths' one load
-	blocks  sync.Map               // cuda.DevicePtr -> generation: a block allocated on a watched stream
+	// blocks maps each live block allocated on a foreign stream to the generation of its stream's watch
+	// then (0: unwatched); count is how many it holds, so that frees skip it while it is empty.
+	blocks sync.Map
+	count  atomic.Int64
 }
 
 var foreign foreignBooks
 
 // WatchStream records that the caller vouches for h, a stream cudacore did not create, until it calls
 // StreamGone(h). The caller calls it while h is alive (inside a call that names it). Default streams and
-// cudacore's own streams need no watcher and are ignored. It returns h's generation (0 when ignored).
+// live streams of cudacore's need no watcher and are ignored. A handle of a stream cudacore destroyed is
+// someone else's stream now (the driver hands handles out again), and stops counting as destroyed. It
+// returns h's generation (0 when ignored).
 func WatchStream(h cuda.Stream) uint64 {
-	if stream.IsDefault(h) || ownStream(h) {
+	if stream.IsDefault(h) || liveOwnStream(h) {
 		return 0
 	}
+	streamManagers.Range(func(_, m any) bool {
+		m.(*stream.Manager).Reborn(h)
+		return true
+	})
 	foreign.mu.Lock()
 	defer foreign.mu.Unlock()
 	if g, ok := foreign.watched[h]; ok {
@@ -56,7 +70,6 @@ func WatchStream(h cuda.Stream) uint64 {
 	}
 	foreign.next++
 	foreign.watched[h] = foreign.next
-	foreign.any.Store(true)
 	return foreign.next
 }
 
@@ -71,69 +84,88 @@ func StreamGone(h cuda.Stream) bool {
 	return ok
 }
 
-// Watched says whether a watcher vouches for h now.
-func Watched(h cuda.Stream) bool {
-	if !foreign.any.Load() {
-		return false
-	}
-	foreign.mu.RLock()
-	defer foreign.mu.RUnlock()
-	_, ok := foreign.watched[h]
-	return ok
-}
-
 // ownStream says whether h names a stream cudacore created, on any open device: alive, closed or
 // destroyed (stream.Manager.Owns).
 func ownStream(h cuda.Stream) bool {
-	owned := false
+	return anyManager(func(m *stream.Manager) bool { return m.Owns(h) })
+}
+
+// liveOwnStream says whether h names a stream cudacore created and has not destroyed, on any open device.
+func liveOwnStream(h cuda.Stream) bool {
+	return anyManager(func(m *stream.Manager) bool { return m.OwnsLive(h) })
+}
+
+func anyManager(f func(*stream.Manager) bool) bool {
+	found := false
 	streamManagers.Range(func(_, m any) bool {
-		owned = m.(*stream.Manager).Owns(h)
-		return !owned
+		found = f(m.(*stream.Manager))
+		return !found
 	})
-	return owned
+	return found
 }
 
-// noteForeign records the generation of the foreign stream p was allocated on, when a watcher vouches
-// for it; a block of an unwatched foreign stream needs no record (it is an orphan when freed).
+// noteForeign records p as allocated on h, a stream cudacore did not create (the caller knows), with the
+// generation of h's watch (0: unwatched).
 func noteForeign(p cuda.DevicePtr, h cuda.Stream) {
-	if !foreign.any.Load() || stream.IsDefault(h) {
-		return
-	}
 	foreign.mu.RLock()
-	g, ok := foreign.watched[h]
+	g := foreign.watched[h]
 	foreign.mu.RUnlock()
-	if ok {
-		foreign.blocks.Store(p, g)
+	if _, loaded := foreign.blocks.Swap(p, g); !loaded {
+		foreign.count.Add(1)
 	}
 }
 
-// freeForeign frees p (size bytes), last used on h, a stream cudacore did not create, with no caller
-// vouching for h now: on h while its watcher still vouches for the generation p was allocated under,
-// else as an orphan (a flush, once due, runs on a goroutine of its own). The caller holds the allocator
-// (inFlight).
-func (d *Device) freeForeign(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
-	g, noted := foreign.blocks.LoadAndDelete(p)
-	if noted {
+// takeForeign takes p's record out of the foreign books: the generation it was allocated under, and
+// whether it was allocated on a foreign stream at all. One atomic load while the books are empty.
+func takeForeign(p cuda.DevicePtr) (uint64, bool) {
+	if foreign.count.Load() == 0 {
+		return 0, false
+	}
+	g, ok := foreign.blocks.LoadAndDelete(p)
+	if !ok {
+		return 0, false
+	}
+	foreign.count.Add(-1)
+	return g.(uint64), true
+}
+
+// putForeign puts back the record takeForeign took, for a free that failed and may be retried.
+func putForeign(p cuda.DevicePtr, g uint64) {
+	if _, loaded := foreign.blocks.Swap(p, g); !loaded {
+		foreign.count.Add(1)
+	}
+}
+
+// freeForeign frees p (size bytes), allocated under generation g of h's watch, with no caller vouching
+// for h now: on h while its watcher still vouches for that generation, else as an orphan. The caller
+// holds the allocator (inFlight).
+func (d *Device) freeForeign(p cuda.DevicePtr, size uint64, h cuda.Stream, g uint64) error {
+	if g != 0 {
 		foreign.mu.RLock()
-		if w, ok := foreign.watched[h]; ok && w == g.(uint64) {
+		if w, ok := foreign.watched[h]; ok && w == g {
 			err := d.Memory().Deallocate(p, size, h)
 			foreign.mu.RUnlock()
 			if err != nil {
-				foreign.blocks.Store(p, g) // still the owner's: a retried free takes the same way
+				putForeign(p, g) // still the owner's: a retried free takes the same way
 			}
 			return err
 		}
 		foreign.mu.RUnlock()
 	}
+	d.orphan(p, size)
+	return nil
+}
+
+// orphan adds p to the device's orphans, and starts a flush on a goroutine of its own once they are due:
+// the caller holds the allocator, and may hold the GIL or keep captures from beginning (Steady), none of
+// which may be held across the device synchronize.
+func (d *Device) orphan(p cuda.DevicePtr, size uint64) {
 	if d.orphans.add(p, size) && d.orphans.flushing.CompareAndSwap(false, true) {
-		// On a goroutine of its own: the caller holds the allocator, and may hold the GIL or keep captures
-		// from beginning (Steady), none of which may be held across the device synchronize.
 		go func() {
 			defer d.orphans.flushing.Store(false)
-			_ = d.FlushOrphans()
+			_ = d.flushOrphans()
 		}()
 	}
-	return nil
 }
 
 // orphanFlushBytes and orphanFlushCount bound what waits as orphans before a free synchronizes the device
@@ -153,7 +185,10 @@ type orphanage struct {
 	mu       sync.Mutex
 	blocks   []orphanBlock
 	bytes    atomic.Uint64
-	flushing atomic.Bool // a flush started by a free is running
+	flushing atomic.Bool   // a flush started by a free is running
+	flushMu  sync.Mutex    // one flush at a time: a second caller waits for the one in flight, then flushes the rest
+	given    atomic.Uint64 // the bytes all flushes gave back so far
+	reported atomic.Uint64 // given, as FlushOrphans last told its caller
 }
 
 // add adds an orphan and says whether the orphans are due for a flush.
@@ -169,47 +204,56 @@ func (o *orphanage) add(p cuda.DevicePtr, size uint64) bool {
 // synchronize before the allocator may hand them out again.
 func (d *Device) Orphaned() uint64 { return d.orphans.bytes.Load() }
 
-// FlushOrphans synchronizes the device and gives its orphans back to the allocator on the legacy stream.
-// While a capture forbids the synchronize nothing is given back and the orphans wait for a later flush.
-// The caller holds none of the allocator (inFlight), the capture registry's locks (Steady) or the GIL
-// across the call: it waits for the device.
-func (d *Device) FlushOrphans() error {
-	if d.orphans.bytes.Load() == 0 {
-		return nil
-	}
+// FlushOrphans synchronizes the device and gives its orphans back to the allocator on the legacy stream
+// (a flush in flight on a goroutine is waited for first), and returns the bytes given back since the last
+// FlushOrphans returned, by any flush: a caller retrying an allocation that ran out of memory knows
+// whether there is more room, also when a flush on a goroutine gave the orphans back just before.
+func (d *Device) FlushOrphans() (uint64, error) {
+	err := d.flushOrphans()
+	given := d.orphans.given.Load()
+	return given - d.orphans.reported.Swap(given), err
+}
+
+// flushOrphans is FlushOrphans without the report. While a capture runs nothing is given back
+// and the orphans wait for a later flush. The synchronize runs while no capture can begin (Steady): a
+// capture begun meanwhile would be invalidated by it. The caller holds none of the allocator (inFlight),
+// the capture registry's locks (Steady) or the GIL across the call: it waits for the device, and work
+// queued on the device may wait for the GIL (a host callback).
+func (d *Device) flushOrphans() error {
 	o := &d.orphans
-	o.mu.Lock()
-	taken := o.blocks
-	o.blocks = nil
-	o.mu.Unlock()
-	if len(taken) == 0 {
+	o.flushMu.Lock()
+	defer o.flushMu.Unlock()
+	if o.bytes.Load() == 0 {
 		return nil
 	}
-	// Every block's last work was queued before its free: once the device has finished what is queued
-	// now, no stream uses them, and a free on any stream is safe.
-	var err error
-	if _, err = d.Streams().SynchronizeDevice(0, false); err == nil {
-		err = captures.Steady(func() error {
-			if Capturing() { // a capture began since the synchronize: its rules forbid the frees
-				return cuda.NewError("cudacore.free", cuda.ErrorStreamCaptureUnsupported, "a capture is in progress")
-			}
-			d.inFlight.RLock()
-			defer d.inFlight.RUnlock()
-			for len(taken) > 0 {
-				b := taken[0]
-				if ferr := d.Memory().Deallocate(b.p, b.size, cuda.StreamLegacy); ferr != nil {
-					return ferr
-				}
-				o.bytes.Add(^(b.size - 1))
-				taken = taken[1:]
-			}
-			return nil
-		})
-	}
-	if len(taken) > 0 { // kept for the next flush
+	return captures.Steady(func() error {
+		if Capturing() {
+			return nil // the synchronize would be refused, or invalidate a capture: a later flush
+		}
+		// Every orphan's last work was queued before its free: once the device has finished what is queued
+		// now, no stream uses them, and a free on any stream is safe.
 		o.mu.Lock()
-		o.blocks = append(taken, o.blocks...)
+		taken := o.blocks
+		o.blocks = nil
 		o.mu.Unlock()
-	}
-	return err
+		if err := d.Driver().CtxSynchronize(d.Context()); err != nil {
+			o.mu.Lock()
+			o.blocks = append(taken, o.blocks...)
+			o.mu.Unlock()
+			return err
+		}
+		d.inFlight.RLock()
+		defer d.inFlight.RUnlock()
+		for i, b := range taken {
+			if err := d.Memory().Deallocate(b.p, b.size, cuda.StreamLegacy); err != nil {
+				o.mu.Lock()
+				o.blocks = append(taken[i:], o.blocks...)
+				o.mu.Unlock()
+				return err
+			}
+			o.bytes.Add(^(b.size - 1))
+			o.given.Add(b.size)
+		}
+		return nil
+	})
 }

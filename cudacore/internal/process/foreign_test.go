@@ -48,7 +48,8 @@ func TestForeignStreamFrees(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := simDevice(t)
-			require.NoError(t, d.FlushOrphans())
+			_, err := d.FlushOrphans()
+			require.NoError(t, err)
 			before := d.Memory().Stats().InUse
 			h, destroy := foreignStream(t, d)
 			if tc.watch {
@@ -74,7 +75,9 @@ func TestForeignStreamFrees(t *testing.T) {
 			if tc.orphaned {
 				assert.Equal(t, uint64(4096), d.Orphaned())
 				assert.Equal(t, before+4096, d.Memory().Stats().InUse, "an orphan stays in use until a device synchronize")
-				require.NoError(t, d.FlushOrphans())
+				given, err := d.FlushOrphans()
+				require.NoError(t, err)
+				assert.Equal(t, uint64(4096), given)
 			}
 			assert.Zero(t, d.Orphaned())
 			assert.Equal(t, before, d.Memory().Stats().InUse)
@@ -82,7 +85,9 @@ func TestForeignStreamFrees(t *testing.T) {
 	}
 }
 
-// Default streams and cudacore's own streams need no watcher.
+// Default streams and cudacore's live streams need no watcher. A destroyed stream's handle that is
+// watched names someone else's stream now (the driver hands handles out again): it stops counting as
+// destroyed, so an allocation on it is no longer refused.
 func TestOwnAndDefaultStreamsAreNotWatched(t *testing.T) {
 	d := simDevice(t)
 	s, err := d.Streams().Create(true, 0)
@@ -91,14 +96,18 @@ func TestOwnAndDefaultStreamsAreNotWatched(t *testing.T) {
 		assert.Zero(t, WatchStream(h), "%#x", uint64(h))
 	}
 	require.NoError(t, s.Destroy())
-	assert.Zero(t, WatchStream(s.Handle()), "a destroyed stream of cudacore's stays its own")
-	assert.False(t, StreamGone(s.Handle()))
+	require.True(t, d.Streams().Destroyed(s.Handle()))
+	assert.NotZero(t, WatchStream(s.Handle()), "a watcher vouches for the handle now")
+	assert.False(t, d.Streams().Destroyed(s.Handle()))
+	assert.True(t, StreamGone(s.Handle()))
 }
 
-// An allocation that runs out of memory while orphans wait gives them back and tries once more.
+// An allocation that runs out of memory while orphans wait succeeds once they are given back (the
+// allocation door does so, without the GIL, and tries once more).
 func TestOrphansGoBackBeforeOutOfMemory(t *testing.T) {
 	d := simDevice(t)
-	require.NoError(t, d.FlushOrphans())
+	_, err := d.FlushOrphans()
+	require.NoError(t, err)
 	require.NoError(t, d.Memory().Release())
 	free, _, err := d.Driver().MemGetInfo(d.Context())
 	require.NoError(t, err)
@@ -109,8 +118,13 @@ func TestOrphansGoBackBeforeOutOfMemory(t *testing.T) {
 	destroy()
 	require.NoError(t, d.FreeSteady(p, big, h))
 	require.Equal(t, big, d.Orphaned())
+	_, err = d.AllocateSteady(big, cuda.StreamLegacy)
+	require.ErrorIs(t, err, cuda.ErrOutOfMemory, "the orphan still holds the memory")
+	given, err := d.FlushOrphans()
+	require.NoError(t, err)
+	assert.Equal(t, big, given)
 	q, err := d.AllocateSteady(big, cuda.StreamLegacy)
-	require.NoError(t, err, "the orphan went back before the out-of-memory error")
+	require.NoError(t, err)
 	assert.Zero(t, d.Orphaned())
 	require.NoError(t, d.FreeSteady(q, big, cuda.StreamLegacy))
 	require.NoError(t, d.Memory().Release())

@@ -224,7 +224,13 @@ func GetDevice(ordinal int) (*Device, error) {
 // stream of the process captures. The check and the close of the old allocator (which frees its cached
 // blocks and synchronizes) run while no capture can begin (Steady): the call releases the GIL, and a
 // GLOBAL capture begun on another thread in between was invalidated by those frees, whose blocks were lost.
+//
+// Orphans (foreign.go) are given back first: the blocks were freed by their owners, and would otherwise
+// count as memory still allocated through the current allocator.
 func (d *Device) SetStrategy(requested string, opts memory.StackOptions) error {
+	if _, err := d.FlushOrphans(); err != nil {
+		return err
+	}
 	return captures.Steady(func() error { return d.setStrategy(requested, opts) })
 }
 
