@@ -48,7 +48,7 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
     s = d.create_stream()
     rows: dict[str, list] = {
         k: []
-        for k in ("kernel launch", "launch, numpy scalars", "launch, typed values", "launch, under with s:",
+        for k in ("kernel launch", "launch, numpy scalars", "launch, typed values", "launch, CuPy arrays", "launch, under with s:",
                   "graph launch", "graph launch, with s:", "4 KiB pinned H2D async", "64 KiB pageable H2D sync",
                   "64 KiB pageable H2D async", "stream query, idle", "stream synchronize, idle", "cold door call")
     }  # fmt: skip
@@ -88,8 +88,10 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
             ck = mod.get_function("empty4")
             ca, cb = cupy.empty(1 << 18, dtype=cupy.float32), cupy.empty(1 << 18, dtype=cupy.float32)
             cargs = (ca, cb, np.uint32(7), np.float32(1.5))
-            for row in ("kernel launch", "launch, numpy scalars", "launch, typed values", "launch, under with s:"):
+            for row in ("kernel launch", "launch, numpy scalars", "launch, typed values", "launch, CuPy arrays", "launch, under with s:"):
                 rows[row].insert(0, ("CuPy RawKernel", lambda: ck((1,), (1,), cargs, stream=cs), cs.synchronize))
+            arr_args = (ca, cb, 7, 1.5)  # arrays of another library, by __cuda_array_interface__
+            rows["launch, CuPy arrays"].append(("cudacore Kernel.launch", lambda: k.launch(1, 1, arr_args, stream=s), s.synchronize))
             cg_stream = cupy.cuda.Stream(non_blocking=True)
             dst = cupy.empty(4 << 10, dtype=cupy.uint8)
             src = cupy.cuda.alloc_pinned_memory(4 << 10)
@@ -120,7 +122,7 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
             cst = cd.create_stream()
             cfg = LaunchConfig(grid=1, block=1)
             cargs2 = (a.ptr, b.ptr, np.uint32(7), np.float32(1.5))
-            for row in ("kernel launch", "launch, numpy scalars", "launch, typed values", "launch, under with s:"):
+            for row in ("kernel launch", "launch, numpy scalars", "launch, typed values", "launch, CuPy arrays", "launch, under with s:"):
                 rows[row].insert(1, ("cuda.core launch", lambda: launch(cst, cfg, kern, *cargs2), cst.sync))
         except Exception as exc:  # noqa: BLE001 - an optional peer
             print(f"  (cuda.core skipped: {type(exc).__name__}: {exc})", file=sys.stderr)

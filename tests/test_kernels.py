@@ -298,6 +298,26 @@ def test_numpy_scalars_and_typed_values_pack_in_c(mod, name, value):
 
 
 @pytest.mark.sim
+def test_arrays_of_other_libraries_pack_in_c(mod):
+    # An object with __cuda_array_interface__ (a CuPy array, a PyTorch tensor) passed for a pointer
+    # parameter goes as its device address, in C as in the general path; one whose interface cannot be read
+    # goes to the general path, which explains.
+    from cudacore._native import fast
+
+    class Broken:
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("no")
+
+    k = mod.function("fill")
+    with pytest.raises(cc.NotSupportedError):
+        fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (FakeArray(0x2000), 7, 16), k._spec)
+    assert fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (Broken(), 7, 16), k._spec) is NotImplemented
+    assert fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (FakeArray(0x2000), FakeArray(0x3000), 16), k._spec) is NotImplemented
+    assert _readable(k.encode_args((FakeArray(0x2000), 7, 16))).startswith("ptr:0020000000000000")
+
+
+@pytest.mark.sim
 @pytest.mark.parametrize(("name", "value"), _GENERAL, ids=repr)
 def test_other_arguments_take_the_general_path(mod, name, value):
     from cudacore._native import fast

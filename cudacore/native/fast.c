@@ -1935,7 +1935,7 @@ resolve_array_args(PyObject *args, PyObject *spec)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = items[i];
         if (!(sp[3 * i + 2] & LAUNCH_BUFFER) || PyLong_CheckExact(a) || PyObject_TypeCheck(a, &BufferType) ||
-            slot_of(&kernel_arg_slots, a, 0) != NULL || Py_TYPE(a)->tp_as_buffer != NULL) {
+            slot_of(&kernel_arg_slots, a, 0) != NULL || PyObject_CheckBuffer(a)) {
             continue; /* packed as it is, or left to the general path */
         }
         PyObject *cai = PyObject_GetAttrString(a, "__cuda_array_interface__");
