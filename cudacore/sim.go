@@ -49,11 +49,7 @@ func SimClearFaults() (int, error) {
 //cudacore:gil hold
 func SimForeignStream(ordinal int, nonBlocking bool) (int, error) {
 	return guard("cudacore.sim.foreign_stream", func() (int, error) {
-		s, err := process.Sim()
-		if err != nil {
-			return 0, err
-		}
-		d, err := process.Lookup(ordinal)
+		s, d, err := simAndDevice(ordinal)
 		if err != nil {
 			return 0, err
 		}
@@ -73,14 +69,20 @@ func SimForeignStream(ordinal int, nonBlocking bool) (int, error) {
 //cudacore:gil hold
 func SimForeignStreamDestroy(ordinal, handle int) (int, error) {
 	return guard("cudacore.sim.foreign_stream_destroy", func() (int, error) {
-		s, err := process.Sim()
-		if err != nil {
-			return 0, err
-		}
-		d, err := process.Lookup(ordinal)
+		s, d, err := simAndDevice(ordinal)
 		if err != nil {
 			return 0, err
 		}
 		return 0, s.StreamDestroy(d.Context(), cuda.Stream(uint64(handle)))
 	})
+}
+
+// simAndDevice is the simulator and device ordinal, for the doors that act at the simulated driver.
+func simAndDevice(ordinal int) (*cudasim.Driver, *process.Device, error) {
+	s, err := process.Sim()
+	if err != nil {
+		return nil, nil, err
+	}
+	d, err := process.Lookup(ordinal)
+	return s, d, err
 }

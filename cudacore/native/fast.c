@@ -1322,6 +1322,21 @@ flush_orphans(int64_t device)
     return n;
 }
 
+/* The Allocate door, under the device's GIL policy (door_blocking: released where the allocator can block). */
+static char *
+door_allocate(int64_t device, int64_t size, int64_t stream, int64_t *token, int64_t *ptr)
+{
+    char *err;
+    if (door_blocking(device)) {
+        Py_BEGIN_ALLOW_THREADS
+        err = cudacore_door_Allocate(device, size, stream, token, (int64_t)sizeof *token, ptr);
+        Py_END_ALLOW_THREADS
+    } else {
+        err = cudacore_door_Allocate(device, size, stream, token, (int64_t)sizeof *token, ptr);
+    }
+    return err;
+}
+
 static PyObject *
 allocate_buffer(int64_t device, int64_t size, int64_t stream, int owned)
 {
@@ -1347,26 +1362,13 @@ allocate_buffer(int64_t device, int64_t size, int64_t stream, int owned)
         }
     }
     b->closed = 1; /* until the allocation succeeds, dealloc must not free anything */
-    char *err;
     int64_t token = 0; /* taken with the allocation: looked up later, it could be a newer owner's */
-    if (door_blocking(device)) {
-        Py_BEGIN_ALLOW_THREADS
-        err = cudacore_door_Allocate(device, size, stream, &token, (int64_t)sizeof token, &ptr);
-        Py_END_ALLOW_THREADS
-    } else {
-        err = cudacore_door_Allocate(device, size, stream, &token, (int64_t)sizeof token, &ptr);
-    }
+    char *err = door_allocate(device, size, stream, &token, &ptr);
     if (err != NULL && strncmp(err, "cuda[2 ", 7) == 0 && flush_orphans(device) > 0) {
         /* Out of memory while orphans waited (blocks of other libraries' streams, freed and waiting for a
          * device synchronize): they are back in the allocator now; try once more. */
         free(err);
-        if (door_blocking(device)) {
-            Py_BEGIN_ALLOW_THREADS
-            err = cudacore_door_Allocate(device, size, stream, &token, (int64_t)sizeof token, &ptr);
-            Py_END_ALLOW_THREADS
-        } else {
-            err = cudacore_door_Allocate(device, size, stream, &token, (int64_t)sizeof token, &ptr);
-        }
+        err = door_allocate(device, size, stream, &token, &ptr);
     }
     if (err != NULL) {
         Py_DECREF(b);
