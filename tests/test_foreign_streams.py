@@ -204,6 +204,25 @@ c.close()
 
 
 @pytest.mark.sim
+def test_a_strategy_change_gives_orphans_back_first() -> None:
+    # Orphans were freed by their owners: they do not count as memory still allocated through the
+    # allocator a strategy change replaces.
+    out = _ok(
+        FAKE_CUPY
+        + """
+h = core.SimForeignStream(0, True)
+b = d.allocate(1 << 20, stream=h)
+core.SimForeignStreamDestroy(0, h)
+b.close()
+print(stats())
+d.set_allocation_strategy("sync")
+print(stats(), d.allocation_strategy)
+"""
+    )
+    assert out.split("\n")[:2] == [f"({1 << 20}, {1 << 20})", "(0, 0) sync"]
+
+
+@pytest.mark.sim
 def test_a_free_that_names_the_stream_is_ordered_on_it() -> None:
     # PyTorch's free and a cuda.core deallocation name the stream in the call: it is alive then.
     out = _ok(

@@ -155,6 +155,28 @@ def test_leak_check_finds_a_leaked_pinned_buffer(runner, pytester: pytest.Pytest
     )
 
 
+def test_leak_check_does_not_count_orphans(runner, pytester: pytest.Pytester) -> None:
+    # A Buffer of another library's stream, closed after its owner destroyed the stream, waits for a
+    # device synchronize before its memory goes back (docs/memory.md): it was freed, so no leak.
+    pytester.makepyfile(
+        test_orphan="""
+        import pytest
+        import cudacore as cc
+        from cudacore._api import core
+
+        @pytest.mark.cudacore_leak_check
+        def test_orphan():
+            d = cc.Device(0)
+            h = core.SimForeignStream(0, True)
+            b = d.allocate(1 << 20, stream=h)
+            core.SimForeignStreamDestroy(0, h)
+            b.close()
+            assert d.memory_stats()["orphaned"] == 1 << 20
+        """
+    )
+    runner("-v").assert_outcomes(passed=1)
+
+
 def test_leak_check_finds_a_leaked_managed_buffer(runner, pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_managed_leak="""
