@@ -345,3 +345,34 @@ print(max(s["in_use"] - before, 0), s["orphaned"])  # nothing left behind (CuPy 
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.split("\n")[0] == "0 0", proc.stdout + proc.stderr
+
+
+def test_a_cudacore_stream_speaks_the_stream_protocol() -> None:
+    import cudacore as cc
+
+    d = cc.Device(0)
+    s = d.create_stream()
+    assert s.__cuda_stream__() == (0, s.handle)
+    assert cc.Stream.legacy(d).__cuda_stream__()[0] == 0
+    b = d.allocate(4096, stream=s)  # named by its object: no protocol needed, and no foreign watch
+    assert b.stream_handle == s.handle
+    b.close()
+    s.close()
+    with pytest.raises(cc.InvalidHandleError, match="closed"):
+        s.__cuda_stream__()
+
+
+@pytest.mark.gpu
+def test_gpu_cupy_takes_a_cudacore_stream() -> None:
+    cupy = pytest.importorskip("cupy")
+    import cudacore as cc
+
+    s = cc.Device(0).create_stream()
+    cs = cupy.cuda.Stream.from_external(s)  # through __cuda_stream__
+    assert cs.ptr == s.handle
+    with cs:
+        x = cupy.arange(1000) * 2
+    cs.synchronize()
+    assert int(x[10]) == 20
+    del x, cs
+    s.close()

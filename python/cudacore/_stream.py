@@ -203,6 +203,19 @@ class Stream:
         """The driver's stream handle (what ``allocate(n, stream=...)`` and other libraries take)."""
         return self._handle
 
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol: ``(0, handle)``, so that cuda.core, CuPy (``Stream.from_external``) and
+        other libraries take this stream. The stream must stay open while they use it.
+
+        Raises
+        ------
+        InvalidHandleError
+            If the stream is closed (``CUDACORE_ERROR_CLOSED``).
+        """
+        if self._closed:
+            raise closed_error("Stream", "cudacore.cuda_stream")
+        return (0, self._handle)
+
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` destroyed the stream (never for the default streams)."""
