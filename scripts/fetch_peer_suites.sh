@@ -7,7 +7,10 @@
 # - CuPy: the tests/ folder of the CuPy source release from PyPI, checked against its sha256. The version
 #   must match the CuPy installed on the GPU machine (docs/gpu-testing.md names it).
 # - PyTorch: test/test_cuda.py is not on PyPI (PyTorch publishes no sdist). Put the file of the pinned
-#   commit below at peer-suites/torch/test_cuda.py by hand, from a checkout of the PyTorch repository.
+#   commit below at peer-suites/torch/test_cuda.py by hand. The pin is a snapshot of PyTorch's main
+#   between the 2.10 and 2.11 branch cuts (every API the file uses exists in torch 2.11.0, the GPU
+#   machine's), as a fork (EmanueleCoradin/pytorch) holds it; its common_utils needs the expecttest
+#   package, which the GPU machine's Python lacks: carry its wheel.
 # - Numba-CUDA: its tests ship inside the installed numba-cuda package; nothing to fetch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +18,7 @@ CUPY_VERSION=${1:-14.2.0}
 declare -A CUPY_SHA256=(
     [14.2.0]=cfed725e612178cfbdbf62f4a3a598b60edecbbca718c0d4580c21a16ae4a62c
 )
-TORCH_COMMIT=0a4bbf60004ddfd3e3197081bd5ac2f3da188619
+TORCH_COMMIT=010dab67455e07af73b0879059f4288cf9bb8bab
 
 mkdir -p peer-suites/torch
 sha=${CUPY_SHA256[$CUPY_VERSION]:-}
