@@ -144,3 +144,45 @@ def test_bad_environment_gives_typed_error_not_crash(env: dict[str, str], cls: s
     assert r.returncode == 0, f"crashed: {r.returncode}\n{r.stderr}"
     assert r.stdout.startswith(cls + " "), r.stdout + r.stderr
     assert needle in r.stdout
+
+
+AVAILABILITY = (
+    "import cudacore as cc\n"
+    "print(cc.is_available(), cc.device_count(), len(cc.devices()))\n"
+    "print(cc.unavailable_reason())\n"
+    "try:\n"
+    "    cc.Device(0)\n"
+    "except cc.CUDAError as e:\n"
+    "    print(type(e).__name__)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("env", "first", "reason"),
+    [
+        ({"CUDACORE_BACKEND": "sim"}, "True 1 1", "None"),
+        ({"CUDACORE_BACKEND": "cuda", "CUDACORE_LIBCUDA": "/nonexistent/libcuda.so.1"}, "False 0 0", "DriverNotFoundError"),
+    ],
+)
+def test_without_a_driver_there_are_no_devices(env: dict[str, str], first: str, reason: str) -> None:
+    # As torch.cuda.device_count(): no driver means no devices, not an error; the reason stays available,
+    # and using a device still says what is wrong.
+    r = run_python(AVAILABILITY, env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == first
+    assert lines[1].startswith(reason)
+    if first.startswith("False"):
+        assert "/nonexistent/libcuda.so.1" in lines[1]
+        assert lines[2] == "DriverNotFoundError"
+
+
+def test_a_bad_setting_is_an_error_not_an_absence() -> None:
+    code = "import cudacore as cc\nprint(cc.is_available())\nprint(cc.unavailable_reason())\n"
+    r = run_python(code, {"CUDACORE_BACKEND": "quantum"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "False"
+    assert lines[1].startswith("InvalidValueError") and "unknown backend" in lines[1]
+    r = run_python("import cudacore as cc\ncc.device_count()\n", {"CUDACORE_BACKEND": "quantum"})
+    assert r.returncode != 0 and "InvalidValueError" in r.stderr

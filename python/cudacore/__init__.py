@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from ._capture_tools import CaptureDiagnosis, Graphed, graphed, rehearse
 from ._copy import device_to_device
-from ._device import Device, backend, current_device, device_count, devices, driver_version
+from ._device import (
+    Device,
+    backend,
+    current_device,
+    device_count,
+    devices,
+    driver_version,
+    is_available,
+    unavailable_reason,
+)
 from ._diagnostics import (
     configure_flight_recorder,
     flight_record,
@@ -116,6 +125,7 @@ __all__ = [
     "int16",
     "int32",
     "int64",
+    "is_available",
     "log_allocations",
     "memory_summary",
     "plot_flight_record",
@@ -125,4 +135,5 @@ __all__ = [
     "uint16",
     "uint32",
     "uint64",
+    "unavailable_reason",
 ]

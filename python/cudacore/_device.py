@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from . import _diagnostics, _ipc, _memory
 from ._api import core
 from ._display import device_html
-from ._errors import error
+from ._errors import CUDAError, DriverNotFoundError, error
 from ._external import asbuffer
 from ._handles import (
     current_ordinal,
@@ -60,13 +60,44 @@ def driver_version() -> tuple[int, int]:
 
 
 def device_count() -> int:
-    """The number of devices the driver sees."""
-    return core.DeviceCount()
+    """The number of devices the driver sees: 0 where there is no CUDA driver or no device
+    (:func:`unavailable_reason` says which), as ``torch.cuda.device_count()`` does.
+
+    Raises
+    ------
+    CUDAError
+        Any other failure: a bad ``CUDACORE_BACKEND`` or simulator setting (``InvalidValueError``), or a
+        driver that failed to initialize.
+    """
+    try:
+        return core.DeviceCount()
+    except DriverNotFoundError:
+        return 0
+    except CUDAError as e:
+        if e.name == "CUDA_ERROR_NO_DEVICE":
+            return 0
+        raise
 
 
 def devices() -> list[Device]:
-    """Every device, in ordinal order."""
+    """Every device, in ordinal order (none where there is no driver or no device)."""
     return [Device(i) for i in range(device_count())]
+
+
+def unavailable_reason() -> str | None:
+    """Why cudacore cannot use a device in this process (the error that says so, as text), or None when
+    it can. Never raises."""
+    try:
+        n = core.DeviceCount()
+    except CUDAError as e:
+        return f"{type(e).__name__}: {e}"
+    return None if n > 0 else "the driver sees no device"
+
+
+def is_available() -> bool:
+    """Whether cudacore can use a device in this process: the driver (or the simulator) loads and sees at
+    least one device. Never raises; :func:`unavailable_reason` says why not."""
+    return unavailable_reason() is None
 
 
 def current_device() -> Device:
