@@ -690,3 +690,23 @@ def test_frees_during_capture_wait_for_its_end(dev, mode):
     graph = s.end_capture()  # not invalidated
     graph.destroy()
     assert dev.memory_stats()["pinned_in_use"] == before - (1 << 20)
+
+
+def test_a_stream_waits_for_another_stream(dev) -> None:
+    # Stream.wait takes a Stream as cuda.core's does: an event recorded on it now, waited for, and closed.
+    from conftest import objects
+
+    a, b = dev.create_stream(), dev.create_stream()
+    before = objects()
+    a.wait(b)
+    a.wait(cc.Stream.legacy(dev))
+    a.wait(a)  # its own work is in order already
+    assert objects() == before, "the marker event is gone"
+    for bad in (None, 3, True):
+        with pytest.raises(TypeError, match="an Event or a stream"):
+            a.wait(bad)
+    b.close()
+    with pytest.raises(cc.InvalidHandleError):
+        a.wait(b)
+    assert objects()["events"] == before["events"], "no marker event is left behind by a refusal either"
+    a.close()

@@ -274,11 +274,31 @@ class Stream:
         event.record(self)
         return event
 
-    def wait(self, event: Event) -> None:
-        """Make later work on this stream wait for ``event`` (the host does not wait)."""
-        if not isinstance(event, Event):
-            raise TypeError(f"wait() takes an Event, not {type(event).__name__}")
-        fast.stream_wait_event(self._device.device_id, self._handle, event._live())
+    def wait(self, event: Event | Stream | Any) -> None:
+        """Make later work on this stream wait for ``event`` (the host does not wait), or for the work
+        queued so far on another Stream of cudacore's (through an event recorded on it now).
+
+        Raises
+        ------
+        TypeError
+            ``event`` is neither an Event nor a stream.
+        InvalidHandleError
+            ``event`` is a closed Stream, or a stream cudacore did not create (record an Event there with
+            that library, and wait for it).
+        """
+        if isinstance(event, Event):
+            fast.stream_wait_event(self._device.device_id, self._handle, event._live())
+            return
+        if event is None or isinstance(event, (int, bool)):
+            raise TypeError(f"wait() takes an Event or a stream, not {type(event).__name__}")
+        if event is self:
+            return  # a stream's work is in order already
+        marker = Event(self._device, timing=False)
+        try:
+            marker.record(event)  # the stream argument as every call takes it: its errors explain
+            fast.stream_wait_event(self._device.device_id, self._handle, marker._live())
+        finally:
+            marker.close()
 
     wait_event = wait
 
