@@ -429,3 +429,13 @@ def test_staging_buffers_are_bounded_and_shown(dev: cc.Device) -> None:
     assert stats["pinned_in_use"] == 0, "the staging buffers are not PinnedBuffers"
     dev.release_cached_memory()
     assert dev.memory_stats()["pinned_staging"] == 0
+
+
+def test_numpy_refuses_a_buffer_with_a_message() -> None:
+    # Without __array__, numpy.asarray(buf) made a one-element object array, silently.
+    import numpy as np
+
+    with cc.Device(0).allocate(64) as buf:
+        for convert in (np.asarray, np.array):
+            with pytest.raises(TypeError, match="device memory, which numpy cannot view: copy it to the host"):
+                convert(buf)

@@ -191,6 +191,8 @@ _forever: set[int] = set()
 def _foreign_handle(stream: object) -> int | None:
     """The handle of a stream object of another library, watching it where its kind allows; None for an
     object that is none of them (a cudacore Stream, or something the caller refuses)."""
+    if type(stream).__module__.startswith("cudacore."):
+        return None  # a Stream of cudacore's (its handle, closed or not, is Go's to check)
     protocol = getattr(type(stream), "__cuda_stream__", None)
     if protocol is not None:
         pair = stream.__cuda_stream__()  # type: ignore[attr-defined]

@@ -68,6 +68,21 @@ class Buffer(_CBuffer):
         """The size in bytes (as numpy and CuPy name it)."""
         return self.size
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        """Refused: a Buffer is device memory, which numpy cannot view (without this, ``numpy.asarray(buf)``
+        would quietly make an array of one Python object).
+
+        Raises
+        ------
+        TypeError
+            Always, naming the ways to get the bytes to the host or to view them on the device.
+        """
+        raise TypeError(
+            f"a cudacore Buffer ({self.size} bytes) is device memory, which numpy cannot view: copy it to the "
+            "host with buf.copy_to(numpy.empty(buf.size, numpy.uint8)), or view it on the device with "
+            "cupy.asarray(buf) or torch.from_dlpack(buf)"
+        )
+
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         """Version 3 of the CUDA Array Interface: a 1-D array of bytes, ordered on the buffer's stream."""
