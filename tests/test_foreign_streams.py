@@ -199,8 +199,10 @@ c.close()
     )
     lines = out.split("\n")
     assert lines[0] == "(0, 0)"
-    assert lines[1] == f"({600 << 20}, {600 << 20})"
-    assert lines[2].startswith(f"({900 << 20}, 0)")
+    # The 600 MiB orphan is over the batch bound: a flush of its own accord may have given it back
+    # already; if not, the allocation that does not fit gives it back before it fails.
+    assert lines[1] in (f"({600 << 20}, {600 << 20})", "(0, 0)")
+    assert lines[2].startswith(f"({900 << 20}, 0) "), "the allocation fit, with no out-of-memory error raised"
 
 
 @pytest.mark.sim

@@ -160,19 +160,28 @@ func (d *Device) freeForeign(p cuda.DevicePtr, size uint64, h cuda.Stream, g uin
 // the caller holds the allocator, and may hold the GIL or keep captures from beginning (Steady), none of
 // which may be held across the device synchronize.
 func (d *Device) orphan(p cuda.DevicePtr, size uint64) {
-	if d.orphans.add(p, size) && d.orphans.flushing.CompareAndSwap(false, true) {
+	o := &d.orphans
+	if o.add(p, size) && o.flushing.CompareAndSwap(false, true) {
 		go func() {
-			defer d.orphans.flushing.Store(false)
-			_ = d.flushOrphans()
+			// Orphans added while a flush runs are not in it: flush again while they are due and the last
+			// flush gave something back (one that a capture held off leaves them to the next orphan).
+			for {
+				before := o.given.Load()
+				_ = d.flushOrphans()
+				o.flushing.Store(false)
+				if o.given.Load() == before || !o.due() || !o.flushing.CompareAndSwap(false, true) {
+					return
+				}
+			}
 		}()
 	}
 }
 
 // orphanFlushBytes and orphanFlushCount bound what waits as orphans before a free synchronizes the device
-// to give them back.
-const (
-	orphanFlushBytes = 64 << 20
-	orphanFlushCount = 1024
+// to give them back. Variables only so that tests can stretch them.
+var (
+	orphanFlushBytes uint64 = 64 << 20
+	orphanFlushCount        = 1024
 )
 
 type orphanBlock struct {
@@ -195,9 +204,17 @@ type orphanage struct {
 func (o *orphanage) add(p cuda.DevicePtr, size uint64) bool {
 	o.mu.Lock()
 	o.blocks = append(o.blocks, orphanBlock{p, size})
+	o.mu.Unlock()
+	o.bytes.Add(size)
+	return o.due()
+}
+
+// due says whether the orphans waiting are over the batch bounds.
+func (o *orphanage) due() bool {
+	o.mu.Lock()
 	n := len(o.blocks)
 	o.mu.Unlock()
-	return o.bytes.Add(size) >= orphanFlushBytes || n >= orphanFlushCount
+	return o.bytes.Load() >= orphanFlushBytes || n >= orphanFlushCount
 }
 
 // Orphaned returns the bytes of the device's orphans: freed by their owners, waiting for a device
