@@ -281,8 +281,8 @@ func (d *Device) freeAt(p cuda.DevicePtr, size uint64, h cuda.Stream, named bool
 	if stream.IsDefault(h) {
 		return d.Memory().Deallocate(p, size, stream.Later(h))
 	}
-	if !foreignBlock && ownStream(h) {
-		streams := d.Streams()
+	// Not recorded as another library's, and this device's own stream (Allocate decides the same way).
+	if streams := d.Streams(); !foreignBlock && streams.Owns(h) {
 		use := streams.UseForFree(h)
 		defer streams.Done(h)
 		return d.Memory().Deallocate(p, size, use)

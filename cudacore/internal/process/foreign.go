@@ -84,17 +84,12 @@ func StreamGone(h cuda.Stream) bool {
 	return ok
 }
 
-// ownStream says whether h names a stream cudacore created, on any open device: alive, closed or
-// destroyed (stream.Manager.Owns).
-func ownStream(h cuda.Stream) bool {
-	return anyManager(func(m *stream.Manager) bool { return m.Owns(h) })
-}
-
 // liveOwnStream says whether h names a stream cudacore created and has not destroyed, on any open device.
 func liveOwnStream(h cuda.Stream) bool {
 	return anyManager(func(m *stream.Manager) bool { return m.OwnsLive(h) })
 }
 
+// anyManager says whether f holds for the stream manager of any open device.
 func anyManager(f func(*stream.Manager) bool) bool {
 	found := false
 	streamManagers.Range(func(_, m any) bool {

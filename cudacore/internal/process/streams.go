@@ -108,10 +108,5 @@ func IsPinned(p uintptr, n int) bool {
 
 // destroyedAnywhere says whether h names a stream cudacore destroyed on any open device.
 func destroyedAnywhere(h cuda.Stream) bool {
-	dead := false
-	streamManagers.Range(func(_, m any) bool {
-		dead = m.(*stream.Manager).Destroyed(h)
-		return !dead
-	})
-	return dead
+	return anyManager(func(m *stream.Manager) bool { return m.Destroyed(h) })
 }
