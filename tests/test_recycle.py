@@ -124,6 +124,7 @@ def test_which_streams_recycle(d: cc.Device, where: str, recycled: int) -> None:
         s.close()
 
 
+@pytest.mark.sim
 def test_a_closed_streams_logged_frees_never_reach_its_reused_handle(d: cc.Device) -> None:
     # The simulator hands a destroyed stream's handle to the next stream, as the driver does. A buffer of
     # the closed stream, closed afterwards, is freed on the legacy stream; the new stream with the same

@@ -187,7 +187,7 @@ def run_file(suite: str, target: str, allocator: str, out: Path, timeout: float)
         if not died:
             counts = collections.Counter(outcomes.values())
             print(f"  rc {rc}, {time.monotonic() - started:.0f}s: {dict(counts)}", flush=True)
-            if rc not in (0, 1) or not outcomes:
+            if rc not in (0, 1) or not outcomes or all(v == "error" for v in outcomes.values()):
                 print(tail, flush=True)
             return outcomes
         if pending is None:
