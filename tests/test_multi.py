@@ -865,3 +865,39 @@ def test_a_stream_of_another_device_cannot_join_a_capture() -> None:
         """
     )
     assert out.splitlines() == ["NotSupportedError CUDA_ERROR_NOT_SUPPORTED True", "True False"]
+
+
+def test_a_synchronous_peer_copy_is_refused_where_a_capture_forbids_unsafe_calls() -> None:
+    """docs/capture.md: a peer copy without a stream waits for the legacy stream, an unsafe call, so a
+    GLOBAL or THREAD_LOCAL capture refuses it before the driver (which would answer 900 and end the
+    capture), in either direction; the capture goes on. A RELAXED capture allows it."""
+    out = _run(
+        """
+        import cudacore as cc
+        d0, d1, _ = cc.devices()
+        a, b = d0.allocate(4096), d1.allocate(4096)
+        s = d0.create_stream()
+        for mode in ("global", "thread_local", "relaxed"):
+            with s.capture(mode) as g:
+                for dst, src in ((b, a), (a, b)):
+                    try:
+                        cc.device_to_device(dst, src)
+                        print(mode, "copied")
+                    except cc.CaptureError as e:
+                        print(mode, e.name, "synchronous peer copy" in str(e))
+                print(mode, s.capturing)
+            g.destroy()
+        a.close(); b.close(); s.close()
+        """
+    )
+    assert out.splitlines() == [
+        "global CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED True",
+        "global CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED True",
+        "global True",
+        "thread_local CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED True",
+        "thread_local CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED True",
+        "thread_local True",
+        "relaxed copied",
+        "relaxed copied",
+        "relaxed True",
+    ]

@@ -40,18 +40,7 @@ func (m *Manager) CopyPeer(dst cuda.DevicePtr, dstDev Peer, src cuda.DevicePtr, 
 		}
 	}
 	if s == nil {
-		if err := m.checkSyncCopy(opCopyPeer, "a synchronous peer copy",
-			"pass the capturing stream (stream=<the capturing stream>)"); err != nil {
-			return err
-		}
-		if n == 0 {
-			return nil
-		}
-		err := m.drv.MemcpyPeerAsync(m.ctx, dst, dstDev.Context(), src, srcDev.Context(), n, cuda.StreamLegacy)
-		if err == nil {
-			err = m.drv.StreamSynchronize(m.ctx, cuda.StreamLegacy)
-		}
-		return m.after(opCopyPeer, nil, err)
+		return m.syncPeerCopy(dst, dstDev, src, srcDev, n)
 	}
 	if err := m.checkStreamArg(opCopyPeer, s); err != nil || n == 0 {
 		return err
@@ -59,6 +48,37 @@ func (m *Manager) CopyPeer(dst cuda.DevicePtr, dstDev Peer, src cuda.DevicePtr, 
 	return m.after(opCopyPeer, s, s.hold(opCopyPeer, func() error {
 		return m.drv.MemcpyPeerAsync(m.ctx, dst, dstDev.Context(), src, srcDev.Context(), n, s.h)
 	}))
+}
+
+// syncPeerCopy is CopyPeer without a stream: the copy is enqueued on m's legacy stream and waited for with
+// cuStreamSynchronize. So it is refused where a synchronous copy is (a blocking stream of m's device
+// captures: 906) and also where a capture forbids unsafe calls on this thread (a GLOBAL capture anywhere, a
+// THREAD_LOCAL one of this thread: the synchronize is one, the driver's 900, which would end that capture).
+// The checks and the driver's calls run in one steady state, so no capture begins between them (the door
+// runs without the GIL); after, which may end captures, runs outside it.
+func (m *Manager) syncPeerCopy(dst cuda.DevicePtr, dstDev Peer, src cuda.DevicePtr, srcDev Peer, n uint64) error {
+	const fix = "pass the capturing stream (stream=<the capturing stream>), or copy before or after the capture"
+	var err error
+	if serr := m.reg.Steady(func() error {
+		if err := m.checkSyncCopy(opCopyPeer, "a synchronous peer copy", fix); err != nil {
+			return err
+		}
+		if err := m.CheckUnsafe(opCopyPeer,
+			"a synchronous peer copy (it waits for the legacy stream: cuStreamSynchronize)", fix); err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		err = m.drv.MemcpyPeerAsync(m.ctx, dst, dstDev.Context(), src, srcDev.Context(), n, cuda.StreamLegacy)
+		if err == nil {
+			err = m.drv.StreamSynchronize(m.ctx, cuda.StreamLegacy)
+		}
+		return nil
+	}); serr != nil || n == 0 {
+		return serr
+	}
+	return m.after(opCopyPeer, nil, err)
 }
 
 // NewInterprocessEvent creates an event that other processes can open (IpcHandle, OpenEvent). Such

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -84,6 +85,38 @@ func TestCopyPeer(t *testing.T) {
 	err = m1.CopyPeer(dst, d1, src, d0, 16, nil)
 	requireResult(t, cuda.ErrorStreamCaptureImplicit, err)
 	_, err = sb.EndCapture()
+	require.NoError(t, err)
+}
+
+// A synchronous peer copy waits for the legacy stream (cuStreamSynchronize), an unsafe call: where a
+// GLOBAL capture (anywhere) or a THREAD_LOCAL one of this thread forbids it, it is refused before the
+// driver sees it, in either direction, and the capture goes on; a RELAXED capture allows it.
+func TestSyncCopyPeerRefusedWhereACaptureForbidsUnsafeCalls(t *testing.T) {
+	runtime.LockOSThread() // a capture's thread rules
+	defer runtime.UnlockOSThread()
+	m0, m1, drv := twoDevices(t)
+	d0, d1 := m0.Device(), m1.Device()
+	a, err := drv.MemAlloc(d0.Context(), 4096)
+	require.NoError(t, err)
+	b, err := drv.MemAlloc(d1.Context(), 4096)
+	require.NoError(t, err)
+	s, err := m0.Create(true, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, s.Destroy()) }()
+	for _, mode := range []cuda.CaptureMode{cuda.CaptureModeGlobal, cuda.CaptureModeThreadLocal} {
+		require.NoError(t, s.BeginCapture(mode))
+		err = m1.CopyPeer(b, d1, a, d0, 4096, nil)
+		requireResult(t, cuda.ErrorStreamCaptureUnsupported, err, "to the other device")
+		assert.Contains(t, err.Error(), "synchronous peer copy")
+		require.NotNil(t, s.capturing(), "refused before the driver: the capture goes on")
+		requireResult(t, cuda.ErrorStreamCaptureUnsupported, m0.CopyPeer(a, d0, b, d1, 4096, nil), "to the capturing device")
+		requireResult(t, cuda.ErrorStreamCaptureUnsupported, m0.CopyPeer(a, d0, b, d1, 0, nil), "refused whatever its size")
+		_, err = s.EndCapture()
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeRelaxed))
+	require.NoError(t, m1.CopyPeer(b, d1, a, d0, 4096, nil), "a RELAXED capture allows it")
+	_, err = s.EndCapture()
 	require.NoError(t, err)
 }
 
