@@ -859,3 +859,44 @@ def test_go_stacks_after_checks_its_argument(bad: object, exc: type[Exception]) 
 
     with pytest.raises(exc, match="go_stacks_after"):
         testing.go_stacks_after(bad)  # type: ignore[arg-type]
+
+
+def test_escape_audit_ignores_other_threads_work(dev):
+    """Issue 30 item 12: another thread's copies on its own stream (and its synchronous ones) while a
+    capture runs are not escapes of that capture: rehearse reports a clean body as ok, and graphed keeps
+    the graph."""
+    import threading
+
+    s = dev.create_stream()
+    buf = dev.allocate(4096, stream=s)
+    pinned = dev.allocate_pinned(4096)
+    stop, busy = threading.Event(), threading.Event()
+
+    def noise() -> None:
+        u = dev.create_stream()
+        b = dev.allocate(4096, stream=u)
+        while not stop.is_set():
+            b.copy_from(bytes(4096), stream=u)
+            b.copy_from(bytes(4096))
+            busy.set()
+        b.close()
+        u.close()
+
+    t = threading.Thread(target=noise)
+    t.start()
+    try:
+        busy.wait()
+        for _ in range(5):
+            d = cc.rehearse(lambda st: buf.copy_from(pinned, stream=st), s)
+            assert d.ok, str(d)
+            g = cc.graphed(lambda: buf.copy_from(pinned, stream=s), stream=s)
+            g()
+            g()
+            assert not g.eager and g.graph is not None, g.fallback_reason
+            g.reset()
+    finally:
+        stop.set()
+        t.join()
+    s.synchronize()
+    buf.close()
+    pinned.close()

@@ -218,7 +218,7 @@ func (c *capture) blocking() bool {
 
 // NoteEscape records that op ran on the stream with handle h (0 or legacy: the legacy stream) while
 // captures were in progress, for the escape audit: unless h itself captures, the work ran at once and is
-// in no graph, so every capture in progress lists it. One atomic load when nothing captures.
+// in no graph, so every capture in progress that this thread began lists it (see escape). One atomic load when nothing captures.
 func (m *Manager) NoteEscape(op string, h cuda.Stream) {
 	if m.reg.active.Load() == 0 || m.lookup(h) != nil {
 		return
@@ -243,10 +243,18 @@ func (m *Manager) noteEscape(op string, s *Stream) {
 	}
 }
 
-// escape adds what to every capture in progress.
+// escape adds what to every capture in progress that the calling thread began. The audit is of the
+// capturing code's own work: what another thread runs meanwhile (its own copies, on its own streams) is
+// no part of that code, and counting it made every capture in a busy process look incomplete (graphed()
+// then fell back to eager for good). Work of the capturing code that it hands to another thread is not
+// seen, as work issued through other libraries is not.
 func (m *Manager) escape(what string) {
+	tid := gettid()
 	m.reg.mu.Lock()
 	for c := range m.reg.caps {
+		if c.tid != tid {
+			continue
+		}
 		c.escaped++
 		if len(c.escapes) < maxEscapes {
 			c.escapes = append(c.escapes, what)

@@ -697,6 +697,35 @@ func TestCaptureEscapes(t *testing.T) {
 	require.NoError(t, g.Destroy())
 }
 
+// The escape audit lists the capturing thread's work only: another thread's copies on its own streams, and
+// its synchronous ones, made while the capture runs, are none of the capture's business.
+func TestCaptureEscapesAreTheCapturingThreadsOwn(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	e := newEnv(t)
+	const n = 4096
+	a, b := e.alloc(t, n), e.alloc(t, n)
+	s, other, mine := e.stream(t, true), e.stream(t, true), e.stream(t, true)
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeRelaxed))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // another OS thread, as another Python thread is
+		defer runtime.UnlockOSThread()
+		assert.NoError(t, e.m.CopyDtoD(b, a, n, other))
+		assert.NoError(t, e.m.CopyDtoD(b, a, n, nil))
+		e.m.NoteEscape("allocate", other.Handle())
+	}()
+	<-done
+	require.NoError(t, e.m.CopyDtoD(b, a, n, mine)) // the capturing thread's own: an escape
+	g, err := s.EndCapture()
+	require.NoError(t, err)
+	list, count := g.Escapes()
+	assert.Equal(t, 1, count, "%v", list)
+	assert.Equal(t, []string{"copy on " + mine.String()}, list)
+	require.NoError(t, g.Destroy())
+}
+
 // Destroying an executable graph is an unsafe call during a capture: the driver refuses it with 900 and
 // invalidates the capture, in GLOBAL mode from any thread and in THREAD_LOCAL mode from the capturing
 // thread. Graph.Destroy therefore waits for the captures to end where the call is forbidden, and
