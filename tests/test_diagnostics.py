@@ -866,6 +866,7 @@ def test_escape_audit_ignores_other_threads_work(dev):
     capture runs are not escapes of that capture: rehearse reports a clean body as ok, and graphed keeps
     the graph."""
     import threading
+    import time
 
     s = dev.create_stream()
     buf = dev.allocate(4096, stream=s)
@@ -886,10 +887,14 @@ def test_escape_audit_ignores_other_threads_work(dev):
     t.start()
     try:
         busy.wait()
+        def body(st: cc.Stream) -> None:
+            buf.copy_from(pinned, stream=st)
+            time.sleep(0.005)  # the other thread runs while this one captures
+
         for _ in range(5):
-            d = cc.rehearse(lambda st: buf.copy_from(pinned, stream=st), s)
+            d = cc.rehearse(body, s)
             assert d.ok, str(d)
-            g = cc.graphed(lambda: buf.copy_from(pinned, stream=s), stream=s)
+            g = cc.graphed(lambda: body(s), stream=s)
             g()
             g()
             assert not g.eager and g.graph is not None, g.fallback_reason
@@ -900,3 +905,144 @@ def test_escape_audit_ignores_other_threads_work(dev):
     s.synchronize()
     buf.close()
     pinned.close()
+
+
+def test_rehearse_refuses_a_stream_that_captures_and_leaves_its_capture(dev):
+    """Issue 30 item 9: rehearsing on a stream the caller is capturing is refused up front; the caller's
+    capture goes on and ends with its work."""
+    s = dev.create_stream()
+    buf = dev.allocate(4096, stream=s)
+    pinned = dev.allocate_pinned(4096)
+    ran = []
+    with s.capture() as g:
+        buf.copy_from(pinned, stream=s)
+        with pytest.raises(cc.IllegalStateError, match="capturing already") as ei:
+            cc.rehearse(lambda st: ran.append(st), s)
+        assert ei.value.op == "cudacore.rehearse"
+        assert s.capturing, "the caller's capture goes on"
+    assert not ran, "the body never ran"
+    assert g.node_count == 1
+    g.launch(s)
+    s.synchronize()
+    g.destroy()
+    buf.close()
+    pinned.close()
+
+
+def test_rehearse_names_an_exception_of_the_body(dev):
+    """Issue 30 item 10: an ordinary exception of the body is named, with its line, not reported as
+    escaped work; the report keeps the exception itself."""
+    s = dev.create_stream()
+
+    def body(st):
+        raise ValueError("the body's own bug")
+
+    line = body.__code__.co_firstlineno + 1
+    d = cc.rehearse(body, s)
+    assert not d.ok and d.first is None and d.escapes == []
+    assert isinstance(d.raised, ValueError) and d.raised.__traceback__ is not None
+    text = str(d)
+    assert text.splitlines()[0] == "capture rehearsal: FAILED"
+    assert f"the body raised ValueError, at {__file__}:{line}: the body's own bug" in text
+    assert "escaped" not in text
+    assert not s.capturing
+    s.close()
+
+
+def test_graphed_function_that_calls_itself_does_not_hang(dev):
+    """Issue 30 item 11: a graphed function that calls itself runs the inner call as part of the outer
+    one (captured with it, replayed with it), instead of deadlocking on the wrapper's lock."""
+    import threading
+
+    s = dev.create_stream()
+    buf = dev.allocate(4096, stream=s)
+    pinned = dev.allocate_pinned(4096)
+    calls = []
+
+    @cc.graphed(stream=s)
+    def rec(n: int = 2) -> None:
+        calls.append(n)
+        buf.copy_from(pinned, stream=s)
+        if n:
+            rec(n - 1)
+        if n == 1:
+            with pytest.raises(cc.IllegalStateError, match="from inside its own call"):
+                rec.reset()
+
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            rec()
+            rec()
+            out["ok"] = True
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            out["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "the graphed function deadlocked on its own call"
+    assert out == {"ok": True}
+    assert calls == [2, 1, 0], "captured once, with its inner calls; the second call replays"
+    assert not rec.eager and rec.graph.node_count == 3
+    s.synchronize()
+    rec.reset()
+    buf.close()
+    pinned.close()
+
+
+def test_graphed_function_that_returns_memory_it_allocated_runs_eagerly(dev):
+    """Issue 30 item 13: a graph cannot be launched again while its last launch's memory is open, so a
+    function that returns (or keeps) a Buffer it allocated inside the capture runs eagerly, and each call
+    returns its own valid Buffer, which the caller owns."""
+    s = dev.create_stream()
+    src = dev.allocate(256, stream=s)
+    src.copy_from(bytes(range(256)), stream=s)
+
+    @cc.graphed(stream=s)
+    def make() -> tuple[cc.Buffer, int]:
+        out = dev.allocate(256, stream=s)
+        cc.device_to_device(out, src, stream=s)
+        return out, 7
+
+    results = [make() for _ in range(3)]
+    assert make.eager and make.graph is None and make.error is None
+    assert "keeps memory it allocated inside the capture" in make.fallback_reason
+    bufs = [b for b, _ in results]
+    assert len({id(b) for b in bufs}) == 3
+    bufs[0].close()  # each is the caller's own: closing one leaves the others, and later calls, valid
+    later, seven = make()
+    for b in (*bufs[1:], later):
+        assert not b.closed
+        host = bytearray(256)
+        b.copy_to(host, stream=s)
+        s.synchronize()
+        assert bytes(host) == bytes(range(256))
+        b.close()
+    assert seven == 7
+
+    # Memory allocated and closed inside the function is a temporary of the graph: it stays graphed.
+    @cc.graphed(stream=s)
+    def temp() -> None:
+        t = dev.allocate(256, stream=s)
+        cc.device_to_device(t, src, stream=s)
+        t.close()
+
+    temp()
+    temp()
+    assert not temp.eager and temp.graph is not None
+    s.synchronize()
+    temp.reset()
+    src.close()
+
+
+@pytest.mark.parametrize("bad", [0, "s", object()])
+def test_rehearse_and_graphed_refuse_what_is_not_a_stream(bad):
+    """Issue 30 item 20: a TypeError naming what is accepted, not an AttributeError."""
+    with pytest.raises(TypeError, match=r"cudacore.rehearse: stream must be a cudacore.Stream \(or None, for a new stream\), not "):
+        cc.rehearse(lambda st: None, bad)
+    with pytest.raises(TypeError, match=r"cudacore.graphed: stream must be a cudacore.Stream, not "):
+        cc.graphed(lambda: None, stream=bad)
+    with pytest.raises(TypeError, match="cudacore.graphed: stream must be"):
+        cc.graphed(stream=bad)

@@ -15,13 +15,16 @@ from __future__ import annotations
 import os
 import threading
 import traceback
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from . import _errors
-from ._errors import CaptureError, CUDAError
+from . import _stream as _streams
+from ._errors import CaptureError, CUDAError, error
+from ._native import fast
 from ._stream import Stream
 
 __all__ = ["CaptureDiagnosis", "Graphed", "graphed", "rehearse"]
@@ -63,10 +66,16 @@ class CaptureDiagnosis:
     def __str__(self) -> str:
         if self.ok:
             return f"capture rehearsal: ok ({self.node_count} nodes, nothing escaped)"
-        lines = ["capture rehearsal: FAILED" if self.first else "capture rehearsal: work escaped the capture"]
+        own = self.raised is not None and not isinstance(self.raised, CaptureError)
+        lines = ["capture rehearsal: FAILED" if self.first or own else "capture rehearsal: work escaped the capture"]
         if self.first:
             lines.append(f"  first illegal operation, at {self.first['where']}: {self.first['op']} ({self.first['name']})")
             lines.append(f"    {self.first['message']}")
+        if own:
+            # An error of the body's own (not a capture's): the rehearsal could not see the rest of it.
+            assert self.raised is not None
+            where = _raised_at(self.raised)
+            lines.append(f"  the body raised {type(self.raised).__name__}{f', at {where}' if where else ''}: {self.raised}")
         if self.symptoms:
             lines.append(f"  {len(self.symptoms)} later error(s) follow from it; the first at {self.symptoms[0]['where']}")
         if self.escapes:
@@ -81,6 +90,19 @@ _watch = threading.local()
 def _user_stack() -> list[str]:
     frames = [f for f in traceback.extract_stack()[:-1] if not f.filename.startswith(_PACKAGE_DIR)]
     return [f"{f.filename}:{f.lineno} in {f.name}" for f in reversed(frames)][:8]
+
+
+def _raised_at(exc: BaseException) -> str:
+    """The ``file:line`` of user code where ``exc`` was raised (the innermost frame of its traceback outside
+    this package), or ``""``."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_PACKAGE_DIR)]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+def _check_stream(stream: object, op: str, *, none: bool) -> None:
+    if not isinstance(stream, Stream):
+        accepted = "a cudacore.Stream (or None, for a new stream)" if none else "a cudacore.Stream"
+        raise TypeError(f"{op}: stream must be {accepted}, not {type(stream).__name__}")
 
 
 def _note(exc: CUDAError) -> None:
@@ -119,7 +141,28 @@ def rehearse(body: Callable[[Any], object], stream: Any = None, *, mode: str = "
     Returns
     -------
     CaptureDiagnosis
+        An exception the body raised is kept in ``raised`` (with its traceback) and named by the report;
+        one that is not an :class:`Exception` (``KeyboardInterrupt``, ``SystemExit``) propagates.
+
+    Raises
+    ------
+    TypeError
+        If ``stream`` is neither a :class:`Stream` nor None.
+    IllegalStateError
+        If ``stream`` is capturing already (a capture of the caller's, or one it joined): the rehearsal
+        needs a capture of its own, and that capture goes on untouched. Rehearse on another stream, or
+        before or after that capture.
     """
+    op = "cudacore.rehearse"
+    if stream is not None:
+        _check_stream(stream, op, none=True)
+        if stream.capturing:
+            raise error(
+                "CUDA_ERROR_ILLEGAL_STATE",
+                f"{op}: {stream!r} is capturing already; the rehearsal makes and discards a capture of its own, so "
+                "rehearse on another stream, or before or after that capture (which goes on untouched)",
+                op=op,
+            )
     own = stream is None
     s = Stream() if own else stream
     seen: list[dict[str, Any]] = []
@@ -128,8 +171,10 @@ def rehearse(body: Callable[[Any], object], stream: Any = None, *, mode: str = "
     raised: BaseException | None = None
     escapes: list[str] = []
     nodes = 0
+    began = False  # only the rehearsal's own capture is ever aborted here, never one it failed to begin
     try:
         s.begin_capture(mode)
+        began = True
         try:
             body(s)
         except Exception as exc:  # noqa: BLE001 - the rehearsal reports it
@@ -144,7 +189,7 @@ def rehearse(body: Callable[[Any], object], stream: Any = None, *, mode: str = "
             graph.destroy()
     finally:
         _watch.seen = prev
-        if s.capturing:
+        if began and s.capturing:
             s.abort_capture()
         if own:
             s.close()
@@ -159,6 +204,27 @@ def rehearse(body: Callable[[Any], object], stream: Any = None, *, mode: str = "
     )
 
 
+def _buffers_in(result: object, depth: int = 0) -> list[Any]:
+    """The device Buffers in ``result``: itself, or held by its tuples, lists, sets and dict values."""
+    if isinstance(result, fast.Buffer):
+        return [result]
+    if depth >= 8:
+        return []
+    if isinstance(result, (tuple, list, set, frozenset)):
+        items: Any = result
+    elif isinstance(result, dict):
+        items = result.values()
+    else:
+        return []
+    return [b for item in items for b in _buffers_in(item, depth + 1)]
+
+
+def _graph_buffers() -> weakref.WeakSet[Any]:
+    """The Buffers of graph memory known now (allocated during some capture), weakly."""
+    with _streams._capture_lock:
+        return weakref.WeakSet(_streams._capture_buffers.values())
+
+
 class Graphed(Generic[P, R]):
     """A function captured into a graph on its first call and replayed on later calls; see :func:`graphed`.
 
@@ -167,16 +233,21 @@ class Graphed(Generic[P, R]):
     graph : Graph or None
         The captured graph, once the first call captured it.
     fallback_reason : str or None
-        Why the function runs eagerly: the capture failed (None while it is graphed or not yet called).
+        Why the function runs eagerly: the capture failed, or could not be replayed (None while it is
+        graphed or not yet called).
     error : BaseException or None
         The exception the capture failed with.
     """
 
     def __init__(self, fn: Callable[P, R], stream: Any, mode: str) -> None:
+        _check_stream(stream, "cudacore.graphed", none=False)
         self._fn = fn
         self._stream = stream
         self._mode = mode
         self._lock = threading.Lock()
+        # The thread inside a call, while it holds the lock: a call from inside fn on that thread (fn
+        # calling itself) is part of the outer call and must not wait for the lock it holds.
+        self._owner: int | None = None
         self.graph: Any = None
         self.fallback_reason: str | None = None
         self.error: BaseException | None = None
@@ -191,12 +262,21 @@ class Graphed(Generic[P, R]):
         return self.fallback_reason is not None
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        me = threading.get_ident()
+        if self._owner == me:
+            # fn called itself: the inner call is part of the outer one's work, captured with it (and so
+            # replayed with it) or run eagerly with it.
+            return self._fn(*args, **kwargs)
         with self._lock:
-            if self.fallback_reason is not None:
-                return self._fn(*args, **kwargs)
-            if self.graph is None:
-                return self._capture(*args, **kwargs)
-            graph = self.graph
+            self._owner = me
+            try:
+                if self.fallback_reason is not None:
+                    return self._fn(*args, **kwargs)
+                if self.graph is None:
+                    return self._capture(*args, **kwargs)
+                graph = self.graph
+            finally:
+                self._owner = None
         graph.launch(self._stream)
         return self._result  # type: ignore[no-any-return]
 
@@ -204,6 +284,7 @@ class Graphed(Generic[P, R]):
         diag_seen: list[dict[str, Any]] = []
         prev = getattr(_watch, "seen", None)
         _watch.seen = diag_seen
+        before = _graph_buffers()
         try:
             with self._stream.capture(self._mode) as graph:
                 result = self._fn(*args, **kwargs)
@@ -218,21 +299,62 @@ class Graphed(Generic[P, R]):
         # A capture that ended cleanly can still be incomplete: an illegal operation whose error fn
         # swallowed is not in the graph, and work that escaped it ran once and would never be replayed.
         escapes = graph.escapes
-        if diag_seen or escapes:
+        kept = self._kept_memory(graph, result, before) if not (diag_seen or escapes) else []
+        if diag_seen or escapes or kept:
             graph.destroy()
             if diag_seen:
                 first = diag_seen[0]
                 self.fallback_reason = f"an illegal operation was left out of the capture at {first['where']}: {first['message']}"
-            else:
+            elif escapes:
                 self.fallback_reason = f"{len(escapes)} operation(s) escaped the capture and would not be replayed: {'; '.join(escapes)}"
+            else:
+                self.fallback_reason = (
+                    f"{self.__name__} keeps memory it allocated inside the capture ({len(kept)} Buffer(s) of graph memory "
+                    "still open when it returned, in its result or elsewhere): a graph cannot be launched again while "
+                    "its last launch's memory is in use, so each call runs eagerly and returns its own Buffers. To keep "
+                    "it graphed, allocate what it returns before the first call and have it write there, and close "
+                    "its temporaries inside it"
+                )
             # fn's work of this call ran as far as it was not captured; run it whole, eagerly.
             return self._fn(*args, **kwargs)
         self.graph, self._result = graph, result
         graph.launch(self._stream)
         return result
 
+    def _kept_memory(self, graph: Any, result: object, before: weakref.WeakSet[Any]) -> list[Any]:
+        """The Buffers of graph memory that this capture allocated and fn left open: in its result, or
+        on the capturing stream. Each launch of the graph allocates them again, which the driver allows
+        only once the previous launch's are freed, so such a graph could not be replayed."""
+        if not graph.allocations:
+            return []
+        device, handle = self._stream.device.device_id, self._stream.handle
+        with _streams._capture_lock:
+            made = list(_streams._capture_buffers.values())
+        mine = {id(b) for b in _buffers_in(result)}
+        return [
+            b
+            for b in made
+            if b not in before
+            and not b.closed
+            and getattr(b, "_graph_token", 0)
+            and b.device_id == device
+            and (b.stream_handle == handle or id(b) in mine)
+        ]
+
     def reset(self) -> None:
-        """Forget the graph (destroying it) and any fallback: the next call captures again."""
+        """Forget the graph (destroying it) and any fallback: the next call captures again.
+
+        Raises
+        ------
+        IllegalStateError
+            If called from inside the graphed function (its call is not over): call it afterwards.
+        """
+        if self._owner == threading.get_ident():
+            raise error(
+                "CUDA_ERROR_ILLEGAL_STATE",
+                f"cudacore.graphed: reset() of {self.__name__} from inside its own call; reset it after the call returns",
+                op="cudacore.graphed_reset",
+            )
         with self._lock:
             if self.graph is not None:
                 self.graph.destroy()
@@ -251,12 +373,23 @@ def graphed(fn: Callable[P, R] | None = None, *, stream: Any, mode: str = "threa
     wait) and returns the first call's result: the arguments of later calls are not looked at, so the
     graph works on the buffers of the first call (refill them to change the input), as with every CUDA
     graph. If the capture fails, ``fn`` runs eagerly on that call and every later one; the wrapper keeps
-    working and records why (``.fallback_reason``, ``.error``). A capture that ends but is incomplete counts
-    as failed: when ``fn`` swallowed a capture error, or when work escaped the capture (it ran once, on
-    another stream or synchronously, and a replay would not repeat it).
+    working and records why (``.fallback_reason``, ``.error``). A capture that ends but cannot be replayed
+    faithfully counts as failed: when ``fn`` swallowed a capture error, when work escaped the capture (it
+    ran once, on another stream or synchronously, and a replay would not repeat it), and when ``fn`` keeps
+    memory it allocated inside the capture (returns it, or leaves it open elsewhere): a graph's next launch
+    needs that memory back, so each call runs eagerly and returns Buffers the caller owns.
+
+    A call of the wrapper from inside ``fn`` (recursion) runs ``fn`` directly, as part of the outer
+    call: captured with it, or run eagerly with it. Calls from several threads take turns.
 
     Use as ``step = cudacore.graphed(fn, stream=s)`` or as a decorator, ``@cudacore.graphed(stream=s)``.
+
+    Raises
+    ------
+    TypeError
+        If ``stream`` is not a :class:`Stream`.
     """
+    _check_stream(stream, "cudacore.graphed", none=False)
     if fn is None:
         return lambda f: Graphed(f, stream, mode)
     return Graphed(fn, stream, mode)
