@@ -32,6 +32,8 @@ type statsJSON struct {
 	Orphaned       uint64 `json:"orphaned"`       // freed blocks of gone foreign streams, waiting for a device synchronize
 	ManagedInUse   uint64 `json:"managed_in_use"`
 	ManagedLive    int    `json:"managed_allocations"`
+	SharedInUse    uint64 `json:"shared_in_use"` // shareable memory allocated here (SharedBuffers), freed or not yet
+	SharedLive     int    `json:"shared_allocations"`
 	Strategy       string `json:"strategy"`
 	LiveTracked    int    `json:"live_tracked"`
 	TrackingActive bool   `json:"tracking"`
@@ -62,6 +64,7 @@ func MemoryStats(ordinal int) (string, error) {
 			out.LiveTracked = len(m.Live())
 		}
 		out.ManagedInUse, out.ManagedLive = d.ManagedInUse()
+		out.SharedInUse, out.SharedLive = d.OwnedInUse(process.OwnedShared)
 		out.GraphDestroyFailures, out.GraphDestroysPending = d.Streams().DestroyFailures(), d.Streams().DestroysKept()
 		out.PinnedStaging = d.Streams().StagingBytes()
 		out.Orphaned = d.Orphaned()
@@ -156,10 +159,12 @@ func MemorySetLimit(ordinal, limit int) (int, error) {
 // AllocateTiles allocates count tiles of tileSize bytes on stream, all or nothing: if tile k fails,
 // tiles 0..k-1 are freed, the cache is released, and the out-of-memory error says how many tiles fit.
 // It returns the tiles, comma-separated (a list crosses gopy cheaply as one string), each as
-// "address:token" with the owner token of a tile made during a capture (0 for none; see Allocate).
+// "address:token" with the owner token of a tile made during a capture (0 for none; see Allocate). The
+// tiles are recorded under owner, a Python owner's token, before the call returns (OwnedClaim once their
+// Buffers hold them, OwnedFree if that never happened; 0 records nothing).
 //
 //cudacore:gil release
-func AllocateTiles(ordinal, count, tileSize, stream int) (string, error) {
+func AllocateTiles(ordinal, count, tileSize, stream, owner int) (string, error) {
 	return guard("cudacore.allocate_tiles", func() (string, error) {
 		if err := checkTiles(count, tileSize); err != nil {
 			return "", err
@@ -168,9 +173,16 @@ func AllocateTiles(ordinal, count, tileSize, stream int) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		ptrs, tokens, err := d.AllocateTiles(count, uint64(tileSize), cuda.Stream(uint64(stream)), nil)
+		h := cuda.Stream(uint64(stream))
+		ptrs, tokens, err := d.AllocateTiles(count, uint64(tileSize), h, nil)
 		if err != nil {
 			return "", err
+		}
+		for i, p := range ptrs {
+			size, token := uint64(tileSize), tokens[i]
+			process.Own(uint64(owner), d, p, size, process.OwnedTile, func() error {
+				return d.FreeOwned(p, size, h, token)
+			})
 		}
 		var b strings.Builder
 		b.Grow(len(ptrs) * 20)
@@ -266,8 +278,11 @@ func MemoryLive(ordinal int) (string, error) {
 // attached globally) and returns its address; Free frees it like any Buffer. It is synchronous, so it is
 // refused while a capture forbids synchronous allocation on this thread.
 //
+// The allocation is recorded under owner, a Python owner's token, before the call returns
+// (OwnedClaim once its Buffer holds it, OwnedFree if that never happened).
+//
 //cudacore:gil release
-func ManagedAllocate(ordinal, size int) (int, error) {
+func ManagedAllocate(ordinal, size, owner int) (int, error) {
 	return guard("cudacore.allocate_managed", func() (int, error) {
 		if size <= 0 {
 			return 0, cuda.NewError("cudacore.allocate_managed", cuda.ErrorInvalidValue, "nbytes must be positive")
@@ -277,6 +292,11 @@ func ManagedAllocate(ordinal, size int) (int, error) {
 			return 0, err
 		}
 		p, err := d.AllocateManaged(uint64(size))
+		if err == nil {
+			process.Own(uint64(owner), d, p, uint64(size), process.OwnedManaged, func() error {
+				return d.FreeSteady(p, uint64(size), 0)
+			})
+		}
 		return int(p), err
 	})
 }

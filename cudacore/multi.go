@@ -145,10 +145,12 @@ func ShareKind(ordinal int) (string, error) {
 }
 
 // ShareAllocate allocates size bytes of memory another process can open, ordered on stream, and returns
-// its address; free it with ShareFree. kind is "pool", "ipc", or "" for the device's (ShareKind).
+// its address. kind is "pool", "ipc", or "" for the device's (ShareKind). The allocation is recorded
+// under owner, its Python owner's token (process.Own), before the call returns: free it with
+// OwnedFree(owner), which waits for the live graphs that use it.
 //
 //cudacore:gil release
-func ShareAllocate(ordinal, size, stream int, kind string) (int, error) {
+func ShareAllocate(ordinal, size, stream int, kind string, owner int) (int, error) {
 	return guard("cudacore.allocate_shareable", func() (int, error) {
 		const op = "cudacore.allocate_shareable"
 		if size <= 0 {
@@ -158,7 +160,16 @@ func ShareAllocate(ordinal, size, stream int, kind string) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		p, err := d.ShareAllocate(uint64(size), cuda.Stream(uint64(stream)), kind)
+		if kind == "" {
+			kind = d.ShareKind()
+		}
+		h := cuda.Stream(uint64(stream))
+		p, err := d.ShareAllocate(uint64(size), h, kind)
+		if err == nil {
+			process.Own(uint64(owner), d, p, uint64(size), process.OwnedShared, func() error {
+				return d.ShareFreeHeld(p, uint64(size), kind, h)
+			})
+		}
 		return int(p), err
 	})
 }
@@ -208,11 +219,13 @@ func ShareExport(ordinal, ptr int, kind string) (string, error) {
 	})
 }
 
-// ShareImport opens memory another process exported on the device at ordinal and returns its address
-// here; close it with ShareClose. fd is the pool's descriptor (kind "pool"), which the caller keeps.
+// ShareImport opens size bytes of memory another process exported on the device at ordinal and returns
+// its address here. fd is the pool's descriptor (kind "pool"), which the caller keeps. The mapping is
+// recorded under owner, its Python owner's token, before the call returns: close it with
+// OwnedFree(owner) (or ShareClose by address, for an owner of token 0).
 //
 //cudacore:gil release
-func ShareImport(ordinal int, kind, handle string, fd int, poolID string) (int, error) {
+func ShareImport(ordinal int, kind, handle string, fd int, poolID string, size, owner int) (int, error) {
 	return guard("cudacore.open_shared", func() (int, error) {
 		const op = "cudacore.open_shared"
 		if err := checkKind(op, kind); err != nil {
@@ -227,6 +240,11 @@ func ShareImport(ordinal int, kind, handle string, fd int, poolID string) (int, 
 			return 0, err
 		}
 		p, err := d.ShareImport(kind, h, fd, poolID)
+		if err == nil {
+			process.Own(uint64(owner), d, p, uint64(max(size, 0)), process.OwnedImported, func() error {
+				return d.ShareClose(p, kind)
+			})
+		}
 		return int(p), err
 	})
 }
@@ -347,5 +365,28 @@ func ShareRelease(ordinal int) (int, error) {
 			return 0, err
 		}
 		return 0, d.ShareRelease()
+	})
+}
+
+// OwnedFree frees what the calls that named owner (a Python owner's token) recorded for it and that is
+// still its own: shareable memory, mappings of another process's memory, and what an allocation made
+// for a Buffer before the Buffer held it. A token freed already, or never given anything, frees
+// nothing, so the owner may call it again after an interruption. It returns 0.
+//
+//cudacore:gil release
+func OwnedFree(owner int) (int, error) {
+	return guard("cudacore.free", func() (int, error) {
+		return 0, process.FreeToken(uint64(owner))
+	})
+}
+
+// OwnedClaim forgets what the calls that named owner recorded, without freeing it: the Buffers made for
+// it own it now, and free it by address. It returns 0.
+//
+//cudacore:gil hold
+func OwnedClaim(owner int) (int, error) {
+	return guard("cudacore.free", func() (int, error) {
+		process.Disown(uint64(owner))
+		return 0, nil
 	})
 }

@@ -900,4 +900,4 @@ def test_a_cold_wrapper_raises_the_typed_error_with_gopys_as_its_cause() -> None
     with pytest.raises(TypeError, match=r"Noop\(\): x must be an int, not bool"):
         core.Noop(True)
     with pytest.raises(cc.InvalidValueError, match=r"tile_size must be an integer in \[-2\*\*63, 2\*\*63\)"):
-        core.AllocateTiles(0, 1, 2**64, 0)
+        core.AllocateTiles(0, 1, 2**64, 0, 0)

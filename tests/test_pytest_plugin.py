@@ -310,3 +310,34 @@ def test_faults_skip_on_real_backend(runner, pytester: pytest.Pytester) -> None:
         """
     )
     runner("-rs", backend="cuda").assert_outcomes(skipped=2)
+
+
+def test_leak_check_finds_a_leaked_shared_buffer(runner, pytester: pytest.Pytester) -> None:
+    """Issue 30, item 7: a SharedBuffer left open is a leak (memory_stats()["shared_in_use"] and the call
+    site), also one made without Device.allocate_shareable."""
+    pytester.makepyfile(
+        test_shared_leak="""
+        import pytest
+        import cudacore as cc
+        from cudacore import _ipc
+
+        KEEP = []
+
+        @pytest.mark.cudacore_leak_check
+        def test_shared_leak():
+            KEEP.append(cc.Device(0).allocate_shareable(4321))
+
+        @pytest.mark.cudacore_leak_check
+        def test_shared_leak_elsewhere():
+            KEEP.append(_ipc.allocate_shareable(cc.Device(0), 1234))
+        """
+    )
+    result = runner("-v")
+    result.assert_outcomes(passed=2, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*1 cudacore SharedBuffer(s) still allocated after the test (4321 bytes)*",
+            "*KEEP.append(cc.Device(0).allocate_shareable(4321))*",
+        ]
+    )
+    result.stdout.fnmatch_lines(["*device 0: 1234 bytes more shareable memory in use than before the test*"])

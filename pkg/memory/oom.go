@@ -25,6 +25,9 @@ type PoolState struct {
 	// Probe says whether one block of size bytes can be had from the device outside the pool now (it
 	// allocates and frees it at once). Used only when the device reports enough free memory.
 	Probe func(size uint64) bool
+	// Outside is the device memory this process holds outside this allocator (shareable memory, managed
+	// memory, graph memory): it is this process's, never other processes', in the verdict.
+	Outside uint64
 }
 
 // ProcessUsage is one other process's memory on a device.
@@ -106,8 +109,9 @@ func OutOfMemory(d *device.Device, requested uint64, cause error, ps PoolState) 
 	}
 	name := strings.TrimSpace(props.Name)
 
-	// What is held outside this allocator: other processes by NVML when it answers, else the gap.
-	ours := ps.InUse + ps.Cached
+	// What is held outside this process: other processes by NVML when it answers, else the gap between
+	// the device's used memory and what this process is known to hold (its allocator and Outside).
+	ours := ps.InUse + ps.Cached + ps.Outside
 	var gap uint64
 	if total > free+ours {
 		gap = total - free - ours
@@ -148,6 +152,9 @@ func OutOfMemory(d *device.Device, requested uint64, cause error, ps PoolState) 
 		"this process's pool holds %s in use and %s cached",
 		causeLead[verdict], FormatBytes(requested), props.Ordinal, name, FormatBytes(free), FormatBytes(total),
 		FormatBytes(ps.InUse), FormatBytes(ps.Cached))
+	if ps.Outside != 0 {
+		fmt.Fprintf(&b, ", and %s outside it (shareable, managed and graph memory)", FormatBytes(ps.Outside))
+	}
 	if ps.Limit != 0 {
 		fmt.Fprintf(&b, "; its memory limit is %s", FormatBytes(ps.Limit))
 	}
@@ -212,7 +219,7 @@ func OutOfMemory(d *device.Device, requested uint64, cause error, ps PoolState) 
 		{Key: "cause", Value: verdict},
 		field("requested", requested), field("free", free), field("total", total),
 		{Key: "device", Value: fmt.Sprint(props.Ordinal)},
-		field("in_use", ps.InUse), field("cached", ps.Cached), field("released", released),
+		field("in_use", ps.InUse), field("cached", ps.Cached), field("outside", ps.Outside), field("released", released),
 		field("others", others), {Key: "others_source", Value: source},
 	}
 	if ps.Limit != 0 {

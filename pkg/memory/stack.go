@@ -24,6 +24,8 @@ type StackOptions struct {
 	Recorder *Recorder
 	// Others lists other processes' memory on the device, for the out-of-memory verdict (PoolState.Others).
 	Others func() ([]ProcessUsage, bool)
+	// Outside is what this process holds on the device outside the stack (PoolState.Outside); nil: nothing.
+	Outside func() uint64
 }
 
 // Stack is the per-device allocator the facade uses, composed bottom to top:
@@ -52,6 +54,7 @@ type Stack struct {
 	rec     *Recorder
 	ordinal int
 	others  func() ([]ProcessUsage, bool)
+	outside func() uint64
 	// capturing counts the streams marked by SetCapturing: while any is, the out-of-memory probe (a
 	// cuMemAlloc, an unsafe call that would invalidate a capture) is skipped.
 	capturing atomic.Int64
@@ -63,7 +66,7 @@ func NewStack(d *device.Device, opts StackOptions) (*Stack, error) {
 	if strategy == "" {
 		strategy = d.Strategy()
 	}
-	s := &Stack{d: d, rec: opts.Recorder, ordinal: d.Properties().Ordinal, others: opts.Others}
+	s := &Stack{d: d, rec: opts.Recorder, ordinal: d.Properties().Ordinal, others: opts.Others, outside: opts.Outside}
 	var r Resource
 	switch strategy {
 	case device.StrategyPool:
@@ -150,8 +153,7 @@ func (s *Stack) wrap(size uint64, st cuda.Stream, err error) error {
 	if errors.As(err, &rt) && rt.released > 0 {
 		s.rec.Record(Event{Kind: EventRelease, Device: s.ordinal, Size: rt.released, InUse: s.stats.InUse(), Note: "oom-retry"})
 	}
-	ps := PoolState{InUse: s.stats.InUse(), Cached: Cached(s.top), Limit: s.limit.Limit(), Pool: s.pool != nil,
-		Others: s.others, Probe: s.probe}
+	ps := s.State()
 	oom := OutOfMemory(s.d, size, err, ps)
 	cause, _ := oom.Field("cause")
 	seq := s.rec.Record(Event{Kind: EventOOM, Device: s.ordinal, Size: size, Stream: st, InUse: ps.InUse, Note: cause})
@@ -159,6 +161,17 @@ func (s *Stack) wrap(size uint64, st cuda.Stream, err error) error {
 		oom.Fields = append(oom.Fields, field("event", seq))
 	}
 	return oom
+}
+
+// State is what the stack holds now, for the out-of-memory verdict of this allocation or of another
+// allocation of the device made outside the stack.
+func (s *Stack) State() PoolState {
+	ps := PoolState{InUse: s.stats.InUse(), Cached: Cached(s.top), Limit: s.limit.Limit(), Pool: s.pool != nil,
+		Others: s.others, Probe: s.probe}
+	if s.outside != nil {
+		ps.Outside = s.outside()
+	}
+	return ps
 }
 
 // probe allocates and frees one block of size outside the pool (cuMemAlloc): whether the device has it.

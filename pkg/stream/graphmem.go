@@ -816,3 +816,21 @@ func (m *Manager) CheckGraphMemoryExport(op string, p cuda.DevicePtr, size uint6
 	}
 	return m.checkPendingEnded(op, []span{{p, p + cuda.DevicePtr(max(size, 1))}})
 }
+
+// GraphMemoryBytes is the graph memory of live graphs that launches have made real (the driver holds it
+// for them until the graph goes, or its owner frees it and the launches after give it back).
+func (m *Manager) GraphMemoryBytes() uint64 {
+	gm := &m.gm
+	if gm.proper.Load() == 0 {
+		return 0
+	}
+	gm.mu.Lock()
+	defer gm.mu.Unlock()
+	var n uint64
+	for _, a := range gm.allocs {
+		if a.state != gmPending {
+			n += a.size
+		}
+	}
+	return n
+}

@@ -45,6 +45,7 @@ from ._errors import CUDAError, error
 from ._handles import as_device, stream_handle
 from ._memory import Buffer
 from ._native import fast
+from ._owner import Descriptors, Owner, close_buffer, owner_of
 from ._stream import Event
 
 if TYPE_CHECKING:
@@ -64,29 +65,45 @@ _SLOT = struct.Struct("<i")
 _ALL_SLOTS = struct.Struct(f"<{_SLOTS}i")
 
 
-class _Lease:
+class _Lease(Descriptors):
     """The importers of one export, across processes: a shared page of pid slots, changed under a POSIX
     record lock (between processes) and a thread lock (between threads of one process, which record
-    locks do not separate)."""
+    locks do not separate). It owns its descriptor and mapping (closed once, by :meth:`close`)."""
 
-    __slots__ = ("_fd", "_lock", "_mm")
+    __slots__ = ("_fd", "_mm")
 
     _thread_lock = threading.Lock()
 
     def __init__(self, fd: int) -> None:
+        super().__init__([fd])
         self._fd = fd
-        self._mm = mmap.mmap(fd, _LEASE_SIZE)
+        try:
+            self._mm = mmap.mmap(fd, _LEASE_SIZE)
+        except BaseException:
+            self.close()
+            raise
         magic, _, _ = _HEAD.unpack_from(self._mm, 0)
         if magic != _LEASE_MAGIC:
-            self._mm.close()
+            self.close()
             raise error("CUDA_ERROR_INVALID_VALUE", "the handle's lease is not a cudacore lease", op="cudacore.open_shared")
 
     @classmethod
     def create(cls) -> _Lease:
         fd = os.memfd_create("cudacore-lease", os.MFD_CLOEXEC)
-        os.ftruncate(fd, _LEASE_SIZE)
-        os.pwrite(fd, _HEAD.pack(_LEASE_MAGIC, os.getpid(), 0), 0)
+        try:
+            os.ftruncate(fd, _LEASE_SIZE)
+            os.pwrite(fd, _HEAD.pack(_LEASE_MAGIC, os.getpid(), 0), 0)
+        except BaseException:
+            os.close(fd)
+            raise
         return cls(fd)
+
+    def _release(self) -> None:
+        mm = getattr(self, "_mm", None)
+        if mm is not None:
+            with contextlib.suppress(Exception):
+                mm.close()
+        super()._release()
 
     @property
     def fd(self) -> int:
@@ -94,12 +111,15 @@ class _Lease:
 
     @contextlib.contextmanager
     def _locked(self) -> Any:
-        with self._thread_lock:
-            fcntl.lockf(self._fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.lockf(self._fd, fcntl.LOCK_UN)
+        with self._lock:  # the owner's: the lease is not closed meanwhile
+            if self.closed:
+                raise error("CUDACORE_ERROR_CLOSED", "the lease was closed", op="cudacore.open_shared")
+            with self._thread_lock:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.lockf(self._fd, fcntl.LOCK_UN)
 
     def _slots(self) -> tuple[int, ...]:
         return _ALL_SLOTS.unpack_from(self._mm, _HEAD.size)
@@ -150,63 +170,128 @@ class _Lease:
             return live
 
     def release(self) -> None:
-        with contextlib.suppress(Exception):
-            self._mm.close()
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
+        self.close()
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: an exited process not yet reaped (a zombie) holds nothing."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True  # no /proc: the signal's answer stands
+    # "pid (comm) state ...": comm may hold spaces and parentheses, the state follows the last ")".
+    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
+    return state not in (b"Z", b"X")
 
 
 # -- the exporter's side --------------------------------------------------------------------------------
 
 
-class _Share:
-    """Owns one shareable allocation in the exporting process (the owner of its SharedBuffer)."""
+class _Share(Owner):
+    """Owns one shareable allocation in the exporting process (the owner of its SharedBuffer). Go records
+    the allocation under its token (``core.ShareAllocate``), so it is freed once, by
+    ``core.OwnedFree``, whoever gets there first."""
 
-    __slots__ = ("__weakref__", "device_id", "exported", "freed", "kind", "lease", "ptr", "size", "stream")
+    __slots__ = ("device_id", "exported", "kind", "lease", "ptr", "size", "stream", "views")
 
-    def __init__(self, device_id: int, ptr: int, size: int, kind: str, stream: int) -> None:
-        self.device_id, self.ptr, self.size, self.kind, self.stream = device_id, ptr, size, kind, stream
+    def __init__(self, device_id: int, size: int, kind: str, stream: int) -> None:
+        super().__init__()
+        self.device_id, self.size, self.kind, self.stream = device_id, size, kind, stream
+        self.ptr = 0
         self.lease: _Lease | None = None
         self.exported: tuple[str, str] | None = None  # (handle, pool id): the same for every export
-        self.freed = False
+        self.views: weakref.WeakSet[_View] = weakref.WeakSet()  # IpcHandle.open() in this process
 
-    def free(self) -> list[int]:
-        """Free the memory unless live importers hold it; returns those holders (nothing freed then)."""
-        if self.freed:
-            return []
-        if self.lease is not None:
-            holders = self.lease.close_if_free()
-            if holders:
-                return holders
-        core.ShareFree(self.device_id, self.ptr, self.kind, self.stream)
-        self.freed = True
-        _exported.pop((self.device_id, self.ptr), None)
-        if self.lease is not None:
-            self.lease.release()
-        return []
+    def _refuse(self) -> None:
+        views = len(self.views)
+        if views:
+            raise error(
+                "CUDA_ERROR_ILLEGAL_STATE",
+                f"{views} Buffer{'s' if views > 1 else ''} opened from an IpcHandle in this process still "
+                f"view{'' if views > 1 else 's'} this memory; close {'them' if views > 1 else 'it'} first",
+                op="cudacore.free_shareable",
+            )
+        holders = self.lease.holders() if self.lease is not None else []
+        if holders:
+            raise error(
+                "CUDA_ERROR_ILLEGAL_STATE",
+                f"processes {holders} still hold this memory open (imported from an IpcHandle); "
+                "they must close their ImportedBuffers first",
+                op="cudacore.free_shareable",
+            )
 
-    def __del__(self) -> None:
-        if self.freed:
+    def _release(self) -> None:
+        """Free the memory; held by importers that opened it since the refusals were checked, it is freed
+        once they let go (as when collected)."""
+        lease = self.lease
+        if lease is not None and not lease.closed and lease.close_if_free():
+            _hold(self)
             return
-        with contextlib.suppress(Exception):
-            if self.free():
-                # Held by another process: the memory must stay valid; a stand-in frees it later.
-                later = _Share(self.device_id, self.ptr, self.size, self.kind, self.stream)
-                later.lease, self.lease = self.lease, None
-                self.freed = True
-                _exported.pop((self.device_id, self.ptr), None)
-                with _pending_lock:
-                    _pending.append(later)
+        core.OwnedFree(self.token)
+        _exported.pop((self.device_id, self.ptr), None)
+        if lease is not None:
+            lease.close()
+
+    def _collect(self) -> None:
+        self._release()
+
+    def try_free(self) -> bool:
+        """Free the memory if no importer holds it now (for :func:`_reap`); whether it was."""
+        with self._lock:
+            lease = self.lease
+            if lease is not None and not lease.closed and lease.close_if_free():
+                return False
+            core.OwnedFree(self.token)
+            if lease is not None:
+                lease.close()
+            self.closed = True
+            return True
+
+
+class _View(Owner):
+    """What a Buffer that IpcHandle.open() returns in the exporting process holds: the SharedBuffer's
+    owner, which refuses to free while it lives. It owns nothing itself."""
+
+    __slots__ = ("share",)
+
+    def __init__(self, share: _Share) -> None:
+        super().__init__()
+        self.share = share
+        share.views.add(self)
+
+    def _release(self) -> None:
+        self.share.views.discard(self)
+
+
+def _hold(share: _Share) -> None:
+    """Keep ``share``, which importers hold, until they let go (freed by :func:`_reap`)."""
+    with _pending_lock:
+        _pending.append(_Held(share))
+    _exported.pop((share.device_id, share.ptr), None)
+
+
+class _Held:
+    """A collected or closed SharedBuffer's allocation that importers still hold: freed once they let go."""
+
+    __slots__ = ("lease", "token")
+
+    def __init__(self, share: _Share) -> None:
+        self.token, self.lease = share.token, share.lease
+
+    def free(self) -> bool:
+        if self.lease is not None and self.lease.close_if_free():
+            return False
+        core.OwnedFree(self.token)
+        if self.lease is not None:
+            self.lease.close()
+        return True
 
 
 _exported: dict[tuple[int, int], weakref.ReferenceType[_Share]] = {}
@@ -230,20 +315,23 @@ def _wait_for_stream(device_id: int, stream: int) -> None:
         ev.synchronize()
 
 
-_pending: list[_Share] = []  # collected while held by importers: freed when they let go
-_pending_lock = threading.Lock()
+_pending: list[_Held] = []  # closed or collected while held by importers: freed when they let go
+_pending_lock = threading.RLock()  # reentrant: a Popen's collection (below) may come during a reap
 
 
 def _reap() -> None:
-    """Free what was collected while importers held it, where they have let go since."""
+    """Free what was closed or collected while importers held it, where they have let go since."""
     with _pending_lock:
         keep = []
-        for share in _pending:
-            # A failing free must not stop the others; that block is dropped.
-            with contextlib.suppress(Exception):
-                if share.free():
-                    keep.append(share)
+        for held in _pending:
+            # A failing free must not stop the others; that block is kept for the next try.
+            try:
+                if not held.free():
+                    keep.append(held)
+            except CUDAError:
+                keep.append(held)
         _pending[:] = keep
+    _close_started()
 
 
 atexit.register(_reap)
@@ -253,69 +341,70 @@ class SharedBuffer(Buffer):
     """Device memory that other processes can open: see :meth:`Device.allocate_shareable`.
 
     :meth:`export` (or pickling) hands it to another process. It is not drawn from the device's
-    allocator, so it does not show in :meth:`Device.memory_stats`.
+    allocator: :meth:`Device.memory_stats` counts it apart, in ``shared_in_use``. Its memory is held by
+    one owner (``cudacore._owner``): close is idempotent and thread-safe, and refuses (freeing nothing)
+    while other processes, Buffers opened from its handles in this process, or DLPack exports use it.
     """
 
-    __slots__ = ()
+    __slots__ = ("_own",)
+
+    def _share(self, op: str) -> _Share:
+        share = owner_of(self, _Share)
+        if share is None or self.closed or share.closed:
+            raise error("CUDACORE_ERROR_CLOSED", "the SharedBuffer was closed", op=op)
+        return share
 
     @property
     def kind(self) -> str:
         """How it is shared: ``"pool"`` (exportable pool, a file descriptor) or ``"ipc"`` (cuIpcMemHandle)."""
-        owner = self.owner
-        if owner is None:
-            raise error("CUDACORE_ERROR_CLOSED", "the SharedBuffer was closed", op="cudacore.export")
-        return str(owner.kind)
+        return str(self._share("cudacore.export").kind)
 
     def export(self) -> IpcHandle:
         """An :class:`IpcHandle` for another process. For pool memory it first waits for the work queued so
         far on the buffer's stream (the allocation is stream-ordered), so the importer sees the bytes written
-        before the export."""
-        share: _Share = self.owner
-        if self.closed or share.freed:
-            raise error("CUDACORE_ERROR_CLOSED", "cannot export a closed SharedBuffer", op="cudacore.export")
-        if _pending:
+        before the export. Every export of one SharedBuffer carries the same lease, made once."""
+        share = self._share("cudacore.export")
+        if _pending or _started:
             _reap()
-        if share.kind == "pool":
-            _wait_for_stream(self.device_id, share.stream)
-        if share.exported is None:
-            # The handle of an allocation never changes, nor does its pool's descriptor: the driver is asked
-            # once, and later exports duplicate what it gave.
-            info = json.loads(core.ShareExport(self.device_id, share.ptr, share.kind))
-            if info["fd"] >= 0:
-                with _pending_lock:
-                    if _pool_fds.setdefault(self.device_id, info["fd"]) != info["fd"]:
-                        os.close(info["fd"])
-            share.exported = (info["handle"], info["pool_id"])
-        if share.lease is None:
-            share.lease = _Lease.create()
-        handle, pool_id = share.exported
+        with share._lock:  # one lease and one driver export, however many threads export at once
+            if self.closed or share.closed:
+                raise error("CUDACORE_ERROR_CLOSED", "cannot export a closed SharedBuffer", op="cudacore.export")
+            if share.kind == "pool":
+                _wait_for_stream(self.device_id, share.stream)
+            if share.exported is None:
+                # The handle of an allocation never changes, nor does its pool's descriptor: the driver is
+                # asked once, and later exports duplicate what it gave.
+                info = json.loads(core.ShareExport(self.device_id, share.ptr, share.kind))
+                if info["fd"] >= 0:
+                    with _pending_lock:
+                        if _pool_fds.setdefault(self.device_id, info["fd"]) != info["fd"]:
+                            os.close(info["fd"])
+                share.exported = (info["handle"], info["pool_id"])
+            if share.lease is None:
+                share.lease = _Lease.create()
+            handle, pool_id = share.exported
+            fds = Descriptors([])  # owns the duplicates until the IpcHandle does
+            if share.kind == "pool":
+                fds.fds.append(os.dup(_pool_fds[self.device_id]))
+            fds.fds.append(os.dup(share.lease.fd))
         return IpcHandle(
             kind=share.kind,
             device_id=self.device_id,
             size=share.size,
             handle=handle,
             pool_id=pool_id,
-            pool_fd=os.dup(_pool_fds[self.device_id]) if share.kind == "pool" else None,
-            lease_fd=os.dup(share.lease.fd),
+            pool_fd=fds.fds[0] if share.kind == "pool" else None,
+            lease_fd=fds.fds[-1],
             exporter=os.getpid(),
             ptr=share.ptr,
+            owner=fds,
         )
 
     def close(self) -> None:
-        """Free the memory. Raises :class:`IllegalStateError` (and frees nothing) while other processes
-        hold it open; idempotent otherwise."""
-        if self.closed:
-            return
-        share: _Share = self.owner
-        holders = share.free()
-        if holders:
-            raise error(
-                "CUDA_ERROR_ILLEGAL_STATE",
-                f"processes {holders} still hold this memory open (imported from an IpcHandle); "
-                "they must close their ImportedBuffers first",
-                op="cudacore.free_shareable",
-            )
-        super().close()
+        """Free the memory. Idempotent and thread-safe. Raises, and frees nothing, while it is in use:
+        :class:`IllegalStateError` while other processes hold it open or Buffers opened from its handles
+        in this process view it, ``BufferError`` while a DLPack export lives."""
+        close_buffer(self, owner_of(self, _Share))
 
     def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
@@ -335,61 +424,54 @@ def allocate_shareable(device: Device, nbytes: int, stream: object = None, kind:
         raise TypeError(f"nbytes must be an int, not {type(nbytes).__name__}")
     if kind is not None and kind not in ("pool", "ipc"):
         raise error("CUDA_ERROR_INVALID_VALUE", f'unknown kind {kind!r}: use "pool", "ipc" or None (the device\'s)', op="cudacore.allocate_shareable")
-    if _pending:
+    if _pending or _started:
         _reap()
     handle = stream_handle(stream, device.device_id)
     ordinal = device.device_id
     kind = kind or core.ShareKind(ordinal)
-    ptr = core.ShareAllocate(ordinal, nbytes, handle, kind)
-    share = _Share(ordinal, ptr, nbytes, kind, handle)
-    _exported[(ordinal, ptr)] = weakref.ref(share)
-    buf = fast.borrow(SharedBuffer, ordinal, ptr, nbytes, handle, share)
+    # The owner exists before the allocation, which Go records under its token: an interrupt anywhere from
+    # here on loses nothing (collected, the owner frees by the token).
+    share = _Share(ordinal, nbytes, kind, handle)
+    share.ptr = core.ShareAllocate(ordinal, nbytes, handle, kind, share.token)
+    _exported[(ordinal, share.ptr)] = weakref.ref(share)
+    buf = fast.borrow(SharedBuffer, ordinal, share.ptr, nbytes, handle, share)
+    buf._own = share
     return buf
 
 
 # -- the importer's side --------------------------------------------------------------------------------
 
 
-class _Mapping:
-    """Owns one opened import (the owner of its ImportedBuffer)."""
+class _Mapping(Owner):
+    """Owns one opened import (the owner of its ImportedBuffer): the mapping, which Go records under its
+    token (``core.ShareImport``), and its slot in the exporter's lease."""
 
-    __slots__ = ("closed", "device_id", "kind", "lease", "lock", "ptr")
+    __slots__ = ("lease",)
 
-    def __init__(self, device_id: int, ptr: int, kind: str, lease: _Lease | None) -> None:
-        self.device_id, self.ptr, self.kind, self.lease = device_id, ptr, kind, lease
-        self.closed = False
-        self.lock = threading.Lock()  # one unmapping, however many threads close at once
+    def __init__(self, lease: _Lease) -> None:
+        super().__init__()
+        self.lease = lease
 
-    def close(self) -> None:
-        with self.lock:
-            if self.closed:
-                return
-            # A failed unmapping leaves the memory mapped: it stays open, and held (the exporter must not
-            # free it), so that close() can be called again.
-            core.ShareClose(self.device_id, self.ptr, self.kind)
-            self.closed = True
-        if self.lease is not None:
-            self.lease.give_back(os.getpid())
-            self.lease.release()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
+    def _release(self) -> None:
+        # A failed unmapping raises here with the slot still taken: the memory stays mapped and held (the
+        # exporter must not free it), and close() can be called again.
+        core.OwnedFree(self.token)
+        lease = self.lease
+        if not lease.closed:
+            with contextlib.suppress(CUDAError):
+                lease.give_back(os.getpid())
+            lease.close()
 
 
 class ImportedBuffer(Buffer):
     """Device memory of another process, opened from an :class:`IpcHandle`. :meth:`close` (or garbage
-    collection) unmaps it and lets the exporter free it."""
+    collection) unmaps it and lets the exporter free it; it refuses (``BufferError``, unmapping nothing)
+    while a DLPack export lives."""
 
-    __slots__ = ()
+    __slots__ = ("_own",)
 
     def close(self) -> None:
-        if self.closed:
-            return
-        owner = self.owner
-        if isinstance(owner, _Mapping):
-            owner.close()
-        super().close()
+        close_buffer(self, owner_of(self, _Mapping))
 
     def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
@@ -409,7 +491,7 @@ class IpcHandle:
     buffer, or export again.
     """
 
-    __slots__ = ("_closed", "device_id", "exporter", "handle", "kind", "lease_fd", "pool_fd", "pool_id", "ptr", "size")
+    __slots__ = ("_owner", "device_id", "exporter", "handle", "kind", "lease_fd", "pool_fd", "pool_id", "ptr", "size")
 
     def __init__(
         self,
@@ -423,13 +505,21 @@ class IpcHandle:
         lease_fd: int,
         exporter: int,
         ptr: int,
+        owner: Descriptors | None = None,
     ) -> None:
         self.kind, self.device_id, self.size, self.handle, self.pool_id = kind, device_id, size, handle, pool_id
         self.pool_fd, self.lease_fd, self.exporter, self.ptr = pool_fd, lease_fd, exporter, ptr
-        self._closed = False
+        # The descriptors' one owner (cudacore._owner): closed once, by close() or collection.
+        self._owner = owner if owner is not None else Descriptors([fd for fd in (pool_fd, lease_fd) if fd is not None])
+
+    @property
+    def _closed(self) -> bool:
+        return self._owner.closed
 
     def fds(self) -> list[int]:
-        """The file descriptors the handle owns (the pool's, if any, then the lease's)."""
+        """The file descriptors the handle owns (the pool's, if any, then the lease's); none once closed."""
+        if self._closed:
+            return []
         return [fd for fd in (self.pool_fd, self.lease_fd) if fd is not None]
 
     def _meta(self) -> dict[str, Any]:
@@ -460,36 +550,31 @@ class IpcHandle:
         if self.exporter == os.getpid():
             ref = _exported.get((self.device_id, self.ptr))
             share = ref() if ref is not None else None
-            if share is None or share.freed:
+            if share is None or share.closed:
                 raise error("CUDA_ERROR_ILLEGAL_STATE", "the SharedBuffer this handle names was closed", op="cudacore.open_shared")
-            return fast.borrow(Buffer, self.device_id, self.ptr, self.size, share.stream, share)
+            with share._lock:
+                if share.closed:
+                    raise error("CUDA_ERROR_ILLEGAL_STATE", "the SharedBuffer this handle names was closed", op="cudacore.open_shared")
+                # The view holds the memory as an importer does: SharedBuffer.close() refuses while it lives.
+                return fast.borrow(Buffer, self.device_id, self.ptr, self.size, share.stream, _View(share))
         lease = _Lease(os.dup(self.lease_fd))
         try:
             lease.take(os.getpid())
         except BaseException:
-            lease.release()
+            lease.close()
             raise
-        try:
-            pool_fd = -1 if self.pool_fd is None else self.pool_fd
-            ptr = core.ShareImport(dev.device_id, self.kind, self.handle, pool_fd, self.pool_id)
-        except BaseException:
-            lease.give_back(os.getpid())
-            lease.release()
-            raise
-        return fast.borrow(ImportedBuffer, dev.device_id, ptr, self.size, 0, _Mapping(dev.device_id, ptr, self.kind, lease))
+        # The owner exists before the mapping, which Go records under its token: collected after an
+        # interrupt, it unmaps and gives the slot back.
+        mapping = _Mapping(lease)
+        pool_fd = -1 if self.pool_fd is None else self.pool_fd
+        ptr = core.ShareImport(dev.device_id, self.kind, self.handle, pool_fd, self.pool_id, self.size, mapping.token)
+        buf = fast.borrow(ImportedBuffer, dev.device_id, ptr, self.size, 0, mapping)
+        buf._own = mapping
+        return buf
 
     def close(self) -> None:
-        """Close the descriptors the handle owns. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        for fd in self.fds():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
+        """Close the descriptors the handle owns. Idempotent and thread-safe."""
+        self._owner.close()
 
     def __enter__(self) -> Self:
         return self
@@ -501,11 +586,17 @@ class IpcHandle:
         if self._closed:
             raise error("CUDACORE_ERROR_CLOSED", "cannot send a closed IpcHandle", op="cudacore.export")
         fds = self.fds()
-        if context.get_spawning_popen() is not None:
+        popen = context.get_spawning_popen()
+        if popen is not None:
             # Pickled into a process being started: the descriptor numbers themselves are inherited when it
-            # starts, after this handle may be gone, so they are duplicated and kept open for it.
-            fds = [os.dup(fd) for fd in fds]
-            _kept_for_children.extend(fds)
+            # starts, after this handle may be gone, so they are duplicated and kept open until it has
+            # started (see _close_started).
+            kept = Descriptors([])
+            for fd in fds:
+                kept.fds.append(os.dup(fd))
+            fds = list(kept.fds)
+            with _pending_lock:
+                _started.append((weakref.ref(popen, _popen_gone), kept))
         return (_rebuild_handle, (self._meta(), [reduction.DupFd(fd) for fd in fds]))
 
     def send(self, sock: socket.socket) -> None:
@@ -525,18 +616,30 @@ class IpcHandle:
         return f"<cudacore.IpcHandle {self.kind}, {self.size} bytes, device {self.device_id}, from process {self.exporter}>"
 
 
-#: Descriptors duplicated for processes being started (see IpcHandle.__reduce__); closed at exit.
-_kept_for_children: list[int] = []
+#: Descriptors duplicated for processes being started (see IpcHandle.__reduce__), with the start's Popen:
+#: the child has its copies once the Popen knows its pid (or is gone), and ours are closed then.
+_started: list[tuple[weakref.ReferenceType[Any], Descriptors]] = []
 
 
-def _close_kept() -> None:
-    for fd in _kept_for_children:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _kept_for_children.clear()
+def _close_started(every: bool = False) -> None:
+    """Close the descriptors kept for processes that have started since (all of them with ``every``)."""
+    with _pending_lock:
+        done = [item for item in _started if every or _has_started(item[0]())]
+        _started[:] = [item for item in _started if item not in done]
+    for _, kept in done:
+        kept.close()
 
 
-atexit.register(_close_kept)
+def _popen_gone(_ref: Any) -> None:
+    with contextlib.suppress(Exception):
+        _close_started()
+
+
+def _has_started(popen: Any) -> bool:
+    return popen is None or getattr(popen, "pid", None) is not None
+
+
+atexit.register(_close_started, True)
 
 
 def _from_meta(meta: dict[str, Any], fds: list[int]) -> IpcHandle:

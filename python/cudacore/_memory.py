@@ -19,6 +19,7 @@ from ._display import MemoryStats, buffer_html, format_bytes
 from ._errors import OutOfMemoryError, error
 from ._handles import as_device, stream_handle
 from ._native import fast
+from ._owner import adopt
 from ._stream import Stream, capturing_streams, note_capture_buffers
 
 if TYPE_CHECKING:
@@ -201,8 +202,8 @@ def allocate_managed(device: Device, nbytes: int) -> ManagedBuffer:
     """Managed memory of ``nbytes``; see :meth:`Device.allocate_managed`."""
     _positive("nbytes", nbytes)
     ordinal = device.device_id
-    ptr = core.ManagedAllocate(ordinal, nbytes)
-    buf: ManagedBuffer = fast.wrap(ordinal, ptr, nbytes, 0, ManagedBuffer)
+    # Through adopt (cudacore._owner): a KeyboardInterrupt between the allocation and its Buffer loses nothing.
+    buf: ManagedBuffer = adopt(lambda owner: fast.wrap(ordinal, core.ManagedAllocate(ordinal, nbytes, owner), nbytes, 0, ManagedBuffer))
     return buf
 
 
@@ -265,7 +266,8 @@ def allocate_tiles(
     ordinal = device.device_id
     callback, bar = _progress(progress, count, tile_size)
     if callback is None:
-        out = _wrap_tiles(ordinal, core.AllocateTiles(ordinal, count, tile_size, handle), tile_size, handle)
+        # Through adopt (cudacore._owner): a KeyboardInterrupt between the allocation and the Buffers loses nothing.
+        out = adopt(lambda owner: _wrap_tiles(ordinal, core.AllocateTiles(ordinal, count, tile_size, handle, owner), tile_size, handle))
         if capturing_streams:
             note_capture_buffers(out)
         return out
@@ -277,13 +279,12 @@ def allocate_tiles(
         while len(tiles) < count:
             n = min(batch, count - len(tiles))
             try:
-                text = core.AllocateTiles(ordinal, n, tile_size, handle)
+                tiles.extend(adopt(lambda owner, n=n: _wrap_tiles(ordinal, core.AllocateTiles(ordinal, n, tile_size, handle, owner), tile_size, handle)))
             except OutOfMemoryError as exc:
                 done = len(tiles) + int(exc.fields.get("tiles_allocated", "0"))
                 _release_all(tiles)
                 core.MemoryRelease(ordinal)
                 raise _tiles_oom(device, exc, done, count, tile_size) from exc
-            tiles.extend(_wrap_tiles(ordinal, text, tile_size, handle))
             if callback(len(tiles), count) is False:
                 _release_all(tiles)
                 raise InterruptedError(f"allocate_tiles cancelled by the progress callback after {len(tiles)} of {count} tiles; all released")

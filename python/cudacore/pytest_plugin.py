@@ -215,15 +215,16 @@ class _LeakWatch:
             out[(ordinal, "Buffer")] = stats["in_use"] - stats["orphaned"]
             out[(ordinal, "PinnedBuffer")] = stats["pinned_in_use"]
             out[(ordinal, "ManagedBuffer")] = stats["managed_in_use"]
+            out[(ordinal, "SharedBuffer")] = stats["shared_in_use"]
         return out
 
     def start(self) -> None:
         gc.collect()
         self.baseline = self._in_use()
         allocate, allocate_tiles, allocate_pinned = Device.allocate, Device.allocate_tiles, Device.allocate_pinned
-        allocate_managed = Device.allocate_managed
+        allocate_managed, allocate_shareable = Device.allocate_managed, Device.allocate_shareable
         self._saved = {"allocate": allocate, "allocate_tiles": allocate_tiles, "allocate_pinned": allocate_pinned,
-                       "allocate_managed": allocate_managed}
+                       "allocate_managed": allocate_managed, "allocate_shareable": allocate_shareable}
         watch = self
 
         def tracked_allocate(self: Device, nbytes: int, stream: object = None) -> Any:
@@ -247,6 +248,13 @@ class _LeakWatch:
             watch._record(buf, "ManagedBuffer")
             return buf
 
+        def tracked_shareable(self: Device, nbytes: int, *args: Any, **kwargs: Any) -> Any:
+            buf = allocate_shareable(self, nbytes, *args, **kwargs)
+            watch._record(buf, "SharedBuffer")
+            return buf
+
+        tracked_shareable.__doc__ = allocate_shareable.__doc__
+        Device.allocate_shareable = tracked_shareable  # type: ignore[method-assign]
         tracked_allocate.__doc__ = allocate.__doc__
         tracked_managed.__doc__ = allocate_managed.__doc__
         Device.allocate_managed = tracked_managed  # type: ignore[method-assign]
@@ -274,7 +282,7 @@ class _LeakWatch:
         if not live and not grown:
             return None
         lines = []
-        for kind in ("Buffer", "PinnedBuffer", "ManagedBuffer"):
+        for kind in ("Buffer", "PinnedBuffer", "ManagedBuffer", "SharedBuffer"):
             mine = [entry for entry in live if entry[1] == kind]
             if not mine:
                 continue
@@ -290,7 +298,7 @@ class _LeakWatch:
         for (ordinal, kind), delta in grown.items():
             tracked = sum(size for buf, k, size, _ in live if k == kind and buf.device_id == ordinal)
             if delta > tracked:
-                what = {"Buffer": "device memory", "PinnedBuffer": "pinned host memory"}.get(kind, "managed memory")
+                what = {"Buffer": "device memory", "PinnedBuffer": "pinned host memory", "SharedBuffer": "shareable memory"}.get(kind, "managed memory")
                 lines.append(
                     f"device {ordinal}: {delta} bytes more {what} in use than before the test, {delta - tracked} of "
                     "them not through Device.allocate/allocate_pinned (an interop allocator, or C code)"

@@ -176,6 +176,7 @@ func (d *Device) FreeNamed(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 }
 
 func (d *Device) freeOwned(p cuda.DevicePtr, size uint64, h cuda.Stream, token uint64, now func(cuda.DevicePtr, uint64, cuda.Stream) error) error {
+	disownAt(d, p) // its owner by address frees it: an owner token of its making must not free it again
 	streams := d.Streams()
 	node, stale := false, false
 	err := captures.Steady(func() error {

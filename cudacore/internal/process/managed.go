@@ -33,12 +33,15 @@ func (d *Device) AllocateManaged(size uint64) (cuda.DevicePtr, error) {
 	if size == 0 {
 		return 0, cuda.NewError("cudacore."+op, cuda.ErrorInvalidValue, "nbytes must be positive")
 	}
-	var p cuda.DevicePtr
-	err := d.unsafeSteady(op, "a managed allocation (cuMemAllocManaged is synchronous)",
-		"allocate before the capture and reuse the buffer inside it", func() (err error) {
-			p, err = d.Driver().MemAllocManaged(d.Context(), size, cuda.MemAttachGlobal)
-			return err
-		})
+	// Out of memory, cudacore's caches go back and the allocation is tried once more (allocOutside).
+	p, err := d.allocOutside(size, func() (p cuda.DevicePtr, err error) {
+		err = d.unsafeSteady(op, "a managed allocation (cuMemAllocManaged is synchronous)",
+			"allocate before the capture and reuse the buffer inside it", func() (err error) {
+				p, err = d.Driver().MemAllocManaged(d.Context(), size, cuda.MemAttachGlobal)
+				return err
+			})
+		return p, err
+	})
 	if err != nil {
 		return 0, err
 	}
@@ -98,6 +101,12 @@ func (d *Device) freeManaged(p cuda.DevicePtr, size uint64) (handled bool, err e
 		t.n.Store(int32(len(t.live) + len(t.pending)))
 		t.mu.Unlock()
 		return err
+	}
+	// A live graph that uses the memory (a copy or kernel it captured names it) keeps it: the free waits
+	// for the destruction of every such graph, pending meanwhile (in managed_in_use, a second free refused).
+	if held, _ := d.Streams().FreeGraphAware(p, size, func() error { return nil },
+		func() { _ = captures.RunOrDefer(free) }); held {
+		return true, nil
 	}
 	// cuMemFree synchronizes: it runs now only while no capture can begin, else once the captures end.
 	return true, captures.RunOrDefer(free)

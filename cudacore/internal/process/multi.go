@@ -206,16 +206,19 @@ func refuseDuringCapture(op string) error {
 // ShareAllocate allocates size bytes of shareable memory on d, ordered on h for the pool kind.
 // kind is KindPool, KindIPC, or "" for ShareKind's; KindPool needs a device with memory pools. The
 // capture check and the allocation run while no capture can begin or end (Steady): a synchronous
-// allocation, and the exportable pool's probe, are unsafe calls during a capture.
-func (d *Device) ShareAllocate(size uint64, h cuda.Stream, kind string) (p cuda.DevicePtr, err error) {
+// allocation, and the exportable pool's probe, are unsafe calls during a capture. Out of memory, it
+// releases cudacore's caches and retries once (allocOutside).
+func (d *Device) ShareAllocate(size uint64, h cuda.Stream, kind string) (cuda.DevicePtr, error) {
 	if kind == "" {
 		kind = d.ShareKind()
 	}
-	err = captures.Steady(func() error {
-		p, err = d.shareAllocate(size, h, kind)
-		return err
+	return d.allocOutside(size, func() (p cuda.DevicePtr, err error) {
+		err = captures.Steady(func() error {
+			p, err = d.shareAllocate(size, h, kind)
+			return err
+		})
+		return p, err
 	})
-	return p, err
 }
 
 func (d *Device) shareAllocate(size uint64, h cuda.Stream, kind string) (cuda.DevicePtr, error) {
@@ -253,6 +256,18 @@ func (d *Device) shareAllocate(size uint64, h cuda.Stream, kind string) (cuda.De
 		streams.Reissued(p)
 	}
 	return p, err
+}
+
+// ShareFreeHeld is ShareFree for the size bytes at p that live graphs may use: while one does (a copy or a
+// kernel it captured names them), the free waits for the destruction of every such graph, as the free
+// of a Buffer does, so that no launch writes into memory handed out again.
+func (d *Device) ShareFreeHeld(p cuda.DevicePtr, size uint64, kind string, h cuda.Stream) error {
+	held, err := d.Streams().FreeGraphAware(p, size, func() error { return d.ShareFree(p, kind, h) },
+		func() { _ = d.ShareFree(p, kind, stream.Later(h)) })
+	if held {
+		return err
+	}
+	return d.ShareFree(p, kind, h)
 }
 
 // ShareFree frees what ShareAllocate returned, in order on h for the pool kind. While a stream captures

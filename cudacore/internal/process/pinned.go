@@ -1,8 +1,10 @@
 package process
 
 import (
+	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 	"unsafe"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
@@ -42,11 +44,22 @@ func (d *Device) AllocPinned(size int64) (uintptr, error) {
 	}
 	t := d.pinnedTable()
 	var b []byte
-	err := d.unsafeSteady("allocate_pinned", "allocating pinned host memory (cuMemHostAlloc)",
-		"allocate pinned memory before the capture and reuse it inside", func() (err error) {
-			b, err = t.res.AllocateHost(uint64(size))
-			return err
-		})
+	alloc := func() error {
+		return d.unsafeSteady("allocate_pinned", "allocating pinned host memory (cuMemHostAlloc)",
+			"allocate pinned memory before the capture and reuse it inside", func() (err error) {
+				b, err = t.res.AllocateHost(uint64(size))
+				return err
+			})
+	}
+	err := alloc()
+	if err != nil && errors.Is(err, cuda.ErrOutOfMemory) {
+		// What cudacore keeps pinned goes back (the staging buffers no copy holds, frees that failed), and
+		// the allocation is tried once more.
+		_ = Steady(func() error { RetryPinnedFrees(); return d.Streams().ReleaseStaging() })
+		if err = alloc(); err != nil && errors.Is(err, cuda.ErrOutOfMemory) {
+			return 0, d.pinnedOOM(uint64(size), err)
+		}
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -166,3 +179,39 @@ func RetryPinnedFrees() {
 
 // PinnedStats returns the pinned resource's counters.
 func (d *Device) PinnedStats() memory.PinnedStats { return d.pinnedTable().res.Stats() }
+
+// pinnedOOM is the out-of-memory error of a pinned allocation of size bytes that failed twice: page-locked
+// host memory, so the verdict is the process's own ("exhausted") or the request's size ("too_large", more
+// than the host's memory); the message says what this process holds pinned.
+func (d *Device) pinnedOOM(size uint64, cause error) error {
+	op := "cudacore.allocate_pinned"
+	var ce *cuda.Error
+	if errors.As(cause, &ce) && ce.Op != "" {
+		op = ce.Op
+	}
+	st := d.PinnedStats()
+	staging := d.Streams().StagingBytes()
+	verdict, lead, fix := memory.CauseExhausted, "memory exhausted by this process",
+		"Close PinnedBuffers you no longer need, or allocate less; the host's limit on locked memory (ulimit -l, a container's memory limit) may be lower than its memory."
+	if total := hostMemory(); total != 0 && size > total {
+		verdict, lead, fix = memory.CauseTooLarge, "the request is larger than the host",
+			"Pin less: copy through a smaller PinnedBuffer in pieces."
+	}
+	msg := fmt.Sprintf("%s: out of page-locked host memory allocating %s of pinned memory: this process holds %s in PinnedBuffers and %s in staging buffers. %s",
+		lead, memory.FormatBytes(size), memory.FormatBytes(st.InUse), memory.FormatBytes(staging), fix)
+	return cuda.NewError(op, cuda.ErrorOutOfMemory, msg,
+		cuda.Field{Key: "cause", Value: verdict},
+		cuda.Field{Key: "requested", Value: fmt.Sprint(size)},
+		cuda.Field{Key: "pinned_in_use", Value: fmt.Sprint(st.InUse)},
+		cuda.Field{Key: "pinned_staging", Value: fmt.Sprint(staging)},
+		cuda.Field{Key: "device", Value: fmt.Sprint(d.Ordinal())})
+}
+
+// hostMemory is the host's physical memory in bytes, 0 if unknown.
+func hostMemory() uint64 {
+	var si syscall.Sysinfo_t
+	if syscall.Sysinfo(&si) != nil {
+		return 0
+	}
+	return uint64(si.Totalram) * uint64(si.Unit)
+}

@@ -292,5 +292,21 @@ func stackOptions(d *device.Device, opts memory.StackOptions) memory.StackOption
 		_, ok := Streams.Get(int(uint64(h)))
 		return ok
 	}
+	// Out of memory: what this process holds outside the allocator is its own in the verdict, and the
+	// retry also gives back what the device's exportable pool keeps cached (closed SharedBuffers' blocks).
+	ordinal := d.Properties().Ordinal
+	opts.Outside = func() uint64 {
+		if pd, err := Lookup(ordinal); err == nil {
+			return pd.OutsideInUse()
+		}
+		return 0
+	}
+	onOOM := opts.OnOOM
+	opts.OnOOM = func(requested uint64) bool {
+		if pd, err := Lookup(ordinal); err == nil {
+			_ = pd.ShareRelease()
+		}
+		return onOOM == nil || onOOM(requested)
+	}
 	return withDiagnostics(d, opts)
 }
