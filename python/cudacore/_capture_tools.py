@@ -336,7 +336,7 @@ class Graphed(Generic[P, R]):
             for b in made
             if b not in before
             and not b.closed
-            and getattr(b, "_graph_token", 0)
+            and getattr(b, "_graph_token", 0) != 0
             and b.device_id == device
             and (b.stream_handle == handle or id(b) in mine)
         ]

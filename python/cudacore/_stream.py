@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Iterable
+from contextlib import suppress
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from . import _handles
@@ -314,7 +317,8 @@ class Stream:
         try:
             core.StreamBeginCapture(self._device.device_id, self._handle, mode)
         except BaseException:
-            if fresh:
+            # An interrupt can come after the driver began: the capture is then going, and stays listed.
+            if fresh and not self._still_capturing():
                 capturing_streams.discard(key)
             raise
 
@@ -345,16 +349,18 @@ class Stream:
         capturing_streams.discard((self._device.device_id, self._handle))
         void_buffers(self._device.device_id)
 
+    def _still_capturing(self) -> bool:
+        try:
+            return self.capturing
+        except BaseException:  # noqa: BLE001 - a stream that cannot say captures no more
+            return False
+
     def _end_failed(self) -> None:
         # An end or abort that was refused (on a thread other than the one that began a GLOBAL or
         # THREAD_LOCAL capture, or on a stream joined to another's capture) or that failed with the stream
         # still capturing leaves the capture going: it stays listed, since the direct path and the
         # capture-time allocations read the list. Otherwise the capture is over.
-        try:
-            going = self.capturing
-        except BaseException:  # noqa: BLE001 - a stream that cannot say captures no more
-            going = False
-        if not going:
+        if not self._still_capturing():
             self._capture_over()
 
     def abort_capture(self) -> None:
@@ -373,8 +379,7 @@ class Stream:
             raise
         self._capture_over()
 
-    @contextmanager
-    def capture(self, mode: str = "thread_local") -> Iterator[Graph]:
+    def capture(self, mode: str = "thread_local") -> _Capture:
         """Capture the work issued on this stream inside the ``with`` block into a graph.
 
         >>> with s.capture() as graph:
@@ -392,22 +397,15 @@ class Stream:
             allocation, synchronizing) on every thread, ``"thread_local"`` on this thread, ``"relaxed"``
             nowhere. Synchronous copies, which use the legacy stream, are refused in every mode while a
             blocking stream captures.
+
+        Notes
+        -----
+        A ``KeyboardInterrupt`` never leaves the stream capturing: one that comes while the block is being
+        entered ends the capture begun there and is raised in its place; one that comes while the block is
+        left is held back until the capture has ended (the graph made, or the capture discarded) and is
+        raised then.
         """
-        graph = Graph._pending(self._device)
-        self.begin_capture(mode)
-        try:
-            yield graph
-        except BaseException:
-            graph._destroyed = True  # nothing was captured into it: it is a dead graph, not a pending one
-            self.abort_capture()
-            raise
-        try:
-            done = self.end_capture()
-        except BaseException:
-            graph._destroyed = True  # the capture failed: no graph will come
-            raise
-        graph._take(done)
-        graph.instantiate()
+        return _Capture(self, mode)
 
     def close(self) -> None:
         """Destroy the stream (ending and discarding a capture in progress). Idempotent; the default
@@ -465,6 +463,115 @@ class Stream:
         state = " destroyed" if self._closed else ""
         flags = "non-blocking" if self._non_blocking else "blocking"
         return f"<cudacore.Stream 0x{self._handle:x}{state}, {flags}, priority {self._priority}, device {self._device.device_id}>"
+
+
+# Keyboard interrupts at the edges of `with stream.capture()`. Python runs a signal's handler in the main
+# thread, between two bytecodes, wherever that thread is: between the driver beginning a capture and the
+# `with` block being entered, or on the first line of __exit__, before the capture is ended. A
+# KeyboardInterrupt raised there would leave the stream capturing. So while a capture block of the main
+# thread is open, SIGINT's handler is _held_handler: it holds an interrupt back when it comes inside
+# _Capture.__enter__ or __exit__ (or a call of theirs), and passes it on to the handler it replaced
+# anywhere else, the block's body included. The held interrupt is raised once the edge is done.
+# Only the main thread holds interrupts (Python runs signal handlers there alone), so this state is the
+# main thread's; the handler never takes a lock, since it runs wherever that thread is.
+_hold: dict[str, Any] = {"depth": 0, "prev": None, "pending": False}
+
+
+def _held_handler(signum: int, frame: FrameType | None) -> None:
+    f = frame
+    while f is not None:
+        if f.f_code in _EDGES:
+            _hold["pending"] = True
+            return
+        f = f.f_back
+    prev = _hold["prev"]
+    if callable(prev):
+        prev(signum, frame)
+
+
+def _hold_interrupts() -> bool:
+    """Put _held_handler in place for one more capture block; False where it cannot be (not the main
+    thread, or SIGINT is not handled by a Python function: ignored, or the default action)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        current = signal.getsignal(signal.SIGINT)
+        if current is not _held_handler:
+            if not callable(current):
+                return False
+            _hold["prev"], _hold["depth"], _hold["pending"] = current, 0, False
+            signal.signal(signal.SIGINT, _held_handler)
+    except ValueError:  # signals are not ours to set here (another interpreter)
+        return False
+    _hold["depth"] += 1
+    return True
+
+
+def _release_interrupts(raise_held: bool) -> None:
+    """End one capture block's hold; the last puts the replaced handler back. With ``raise_held``, an
+    interrupt held back meanwhile is raised now, by that handler."""
+    prev, pending = _hold["prev"], _hold["pending"]
+    _hold["pending"] = False
+    _hold["depth"] -= 1
+    if _hold["depth"] == 0:
+        if signal.getsignal(signal.SIGINT) is _held_handler:
+            signal.signal(signal.SIGINT, prev)
+        _hold["prev"] = None
+    if pending and raise_held and callable(prev):
+        prev(signal.SIGINT, sys._getframe())
+
+
+class _Capture:
+    """The context manager of :meth:`Stream.capture`: begins the capture on entry and ends it (or, if the
+    block raised, discards it) on exit, with keyboard interrupts held back at both edges."""
+
+    __slots__ = ("_graph", "_held", "_mode", "_stream")
+
+    def __init__(self, stream: Stream, mode: str) -> None:
+        self._stream = stream
+        self._mode = mode
+        self._graph = Graph._pending(stream._device)
+        self._held = False
+
+    def __enter__(self) -> Graph:
+        self._held = _hold_interrupts()
+        try:
+            self._stream.begin_capture(self._mode)
+        except BaseException:
+            if self._held:
+                self._held = False
+                _release_interrupts(raise_held=False)  # the error raised is the answer
+            raise
+        if self._held and _hold["pending"]:
+            # Interrupted on the way in: the block never runs, so its capture is discarded here.
+            self._graph._destroyed = True
+            try:
+                self._stream.abort_capture()
+            finally:
+                self._held = False
+                _release_interrupts(raise_held=True)
+        return self._graph
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        try:
+            if exc_type is not None:
+                self._graph._destroyed = True  # nothing was captured into it: a dead graph, not a pending one
+                self._stream.abort_capture()
+                return
+            try:
+                done = self._stream.end_capture()
+            except BaseException:
+                self._graph._destroyed = True  # the capture failed: no graph will come
+                raise
+            self._graph._take(done)
+            self._graph.instantiate()
+        finally:
+            if self._held:
+                self._held = False
+                _release_interrupts(raise_held=True)
+
+
+_EDGES = frozenset({_Capture.__enter__.__code__, _Capture.__exit__.__code__})
 
 
 class Event:
