@@ -11,7 +11,10 @@
 #   between the 2.10 and 2.11 branch cuts (every API the file uses exists in torch 2.11.0, the GPU
 #   machine's), as a fork (EmanueleCoradin/pytorch) holds it; its common_utils needs the expecttest
 #   package, which the GPU machine's Python lacks: carry its wheel.
-# - Numba-CUDA: its tests ship inside the installed numba-cuda package; nothing to fetch.
+# - Numba-CUDA: its tests ship inside the installed numba-cuda package. They import cffi and filecheck,
+#   which the GPU machine lacks, and use numpy.row_stack, which its numpy (2.5) no longer has: the wheels
+#   below (CPython 3.12, pinned) go to peer-suites/wheels/, and peer_suites.py installs them without an
+#   index, numpy for the Numba runs alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CUPY_VERSION=${1:-14.2.0}
@@ -33,6 +36,12 @@ if [ ! -d "peer-suites/cupy-$CUPY_VERSION/tests" ]; then
     rm -rf "$tmp"
 fi
 echo "CuPy $CUPY_VERSION tests: peer-suites/cupy-$CUPY_VERSION/tests"
+# The suites' test-only dependencies, for the GPU machine's CPython 3.12 (x86-64 Linux).
+mkdir -p peer-suites/wheels
+python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d peer-suites/wheels \
+    expecttest==0.3.0 cffi==2.1.1 pycparser==3.12 filecheck==1.0.6 numpy==2.3.5
+echo "test-only wheels: peer-suites/wheels"
 if [ -f peer-suites/torch/test_cuda.py ]; then
     echo "PyTorch test_cuda.py: peer-suites/torch/test_cuda.py (expected: commit $TORCH_COMMIT)"
 else

@@ -105,6 +105,40 @@ LEFT_OUT = {
     ],
 }
 
+#: Per suite: (test id pattern, outcome under the own allocator, under cudacore, reason): differences that
+#: are the suites' own design or a documented limit, reported but not counted as failures. A listed test
+#: that differs in any other way still counts.
+EXPECTED = {
+    "cupy": [],
+    "torch": [],
+    "numba": [
+        (
+            "test_cuda_array_interface.TestCudaArrayInterface.test_ownership",
+            "*",
+            "skipped",
+            "Numba skips it under any external memory manager (skip_if_external_memmgr)",
+        ),
+        (
+            "test_ipc.TestIpc",
+            "passed",
+            "*",
+            (
+                "Numba's IPC needs cuIpcGetMemHandle, which blocks of a stream-ordered pool do not have: cudacore's "
+                "plug-in raises NotSupportedError naming CUDACORE_ALLOCATOR=sync (docs/memory.md, Numba)"
+            ),
+        ),
+    ],
+}
+
+
+def expected(suite: str, nodeid: str, own: str, ours: str) -> str | None:
+    """The reason a difference is expected, or None."""
+    for pattern, a, b, reason in EXPECTED[suite]:
+        if pattern in nodeid and a in ("*", own) and b in ("*", ours):
+            return reason
+    return None
+
+
 TORCH_CLASSES = "TestCuda or TestCudaMultiGPU or TestCudaOptims or TestCudaComm or TestCudaAutocast or TestCudaGraph"
 
 
@@ -133,18 +167,68 @@ def plugin_dir(out: Path) -> Path:
     return d
 
 
+def test_sites(suite: str, out: Path) -> list[str]:
+    """The folders put first on a suite's PYTHONPATH: peer_plugin.py's, and the suites' test-only
+    dependencies from peer-suites/wheels (installed there once, without an index); the Numba runs get the
+    older numpy their tests need as well."""
+    sites = [str(plugin_dir(out))]
+    wheels = sorted((SUITES_DIR / "wheels").glob("*.whl"))
+    for name, chosen in (
+        ("site-numba", [w for w in wheels if w.name.startswith("numpy-")] if suite == "numba" else []),
+        ("site", [w for w in wheels if not w.name.startswith("numpy-")]),
+    ):
+        if not chosen:
+            continue
+        site = out / name
+        if not site.is_dir():
+            cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site), *map(str, chosen)]
+            subprocess.run(cmd, check=True)
+        sites.append(str(site))
+    return sites
+
+
 def run_file(suite: str, target: str, allocator: str, out: Path, timeout: float) -> dict[str, str]:
-    """Run one file (or package) under one allocator; return nodeid -> outcome, crashes included."""
+    """Run one file (or package) under one allocator, then its failures again in fresh processes; return
+    nodeid -> outcome, crashes included.
+
+    A test that leaves the process's CUDA state broken (a capture left open, a sticky error) fails every
+    test after it, under either allocator; PyTorch's own CI reruns failures in new processes for that
+    reason. Here the failures are rerun, in their order, in a fresh process: the first one that fails
+    again keeps its failure, and those after it that failed are rerun again without it, until none is
+    left. A failure's outcome is its last run's."""
+    outcomes = run_once(suite, target, allocator, out, timeout, [])
+    pending = [n for n, o in outcomes.items() if o in ("failed", "error") and "::" in n]
+    if suite == "numba" or len(pending) == len(outcomes):  # unittest ids, or nothing ran at all
+        return outcomes
+    for attempt in range(1, 41):
+        if not pending:
+            break
+        print(f"  rerun {attempt}: {len(pending)} failures in a fresh process", flush=True)
+        again = run_once(suite, target, allocator, out, timeout, [f"{target}::{n.split('::', 1)[1]}" for n in pending], attempt)
+        outcomes.update({n: o for n, o in again.items() if n in outcomes})
+        first = next((i for i, n in enumerate(pending) if again.get(n) in ("failed", "error")), None)
+        if first is None:
+            break
+        pending = [n for n in pending[first + 1 :] if again.get(n) in ("failed", "error")]
+    return outcomes
+
+
+def run_once(
+    suite: str, target: str, allocator: str, out: Path, timeout: float, nodeids: list[str], rerun: int = 0
+) -> dict[str, str]:
+    """One process (one more per crash) running ``target``, or only ``nodeids`` of it when given."""
     root = suite_root(suite)
-    name = target.replace("/", "_").replace(".", "_")
+    name = target.replace("/", "_").replace(".", "_") + (f"-rerun{rerun}" if rerun else "")
     log = out / f"{suite}-{allocator}-{name}.log"
     log.unlink(missing_ok=True)
+    transcript = log.with_suffix(".out")
+    transcript.unlink(missing_ok=True)
     env = dict(os.environ)
     env.update(
         CUDACORE_PEER_ALLOCATOR=allocator,
         CUDACORE_PEER_SUITE=suite,
         CUDACORE_PEER_LOG=str(log),
-        PYTHONPATH=os.pathsep.join(p for p in (str(plugin_dir(out)), env.get("PYTHONPATH", "")) if p),
+        PYTHONPATH=os.pathsep.join(p for p in (*test_sites(suite, out), env.get("PYTHONPATH", "")) if p),
         PYTHONFAULTHANDLER="1",
     )
     if suite == "numba" and allocator == "cudacore":
@@ -163,7 +247,8 @@ def run_file(suite: str, target: str, allocator: str, out: Path, timeout: float)
             for d in deselect:
                 cmd += ["--skip", d]
         else:
-            cmd = [sys.executable, "-m", "pytest", "-q", "-rN", "-p", "peer_plugin", "-p", "no:cacheprovider", target]
+            cmd = [sys.executable, "-m", "pytest", "-q", "-rN", "-p", "peer_plugin", "-p", "no:cacheprovider"]
+            cmd += nodeids or [target]
             if keyword:
                 cmd += ["-k", keyword]
             for d in deselect:
@@ -171,9 +256,12 @@ def run_file(suite: str, target: str, allocator: str, out: Path, timeout: float)
         started = time.monotonic()
         try:
             proc = subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, text=True, check=False)
-            rc, tail = proc.returncode, proc.stdout[-3000:]
+            rc, text = proc.returncode, proc.stdout
         except subprocess.TimeoutExpired as e:
-            rc, tail = -9, (e.stdout or b"")[-3000:] if isinstance(e.stdout, bytes) else str(e.stdout or "")[-3000:]
+            rc, text = -9, e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else str(e.stdout or "")
+        tail = text[-3000:]
+        with open(transcript, "a", encoding="utf-8") as f:  # the whole output, for reading failures later
+            f.write(f"$ {' '.join(cmd)}\n{text}\n")
         pending = None
         for line in log.read_text(encoding="utf-8").splitlines() if log.exists() else []:
             kind, _, nodeid = line.partition(" ")
@@ -241,10 +329,12 @@ def main() -> int:
         if len(allocators) == 2:
             a, b = (results[x] for x in allocators)
             diff = sorted(n for n in set(a) | set(b) if a.get(n, "absent") != b.get(n, "absent"))
-            print(f"{suite}: {len(diff)} differences ({allocators[0]} -> {allocators[1]})")
+            known = {n: r for n in diff if allocators == ["own", "cudacore"] and (r := expected(suite, n, a.get(n, "absent"), b.get(n, "absent")))}
+            print(f"{suite}: {len(diff) - len(known)} differences ({allocators[0]} -> {allocators[1]}), {len(known)} expected")
             for n in diff:
-                print(f"  {n}: {a.get(n, 'absent')} -> {b.get(n, 'absent')}")
-            if diff:
+                why = f"  [expected: {known[n]}]" if n in known else ""
+                print(f"  {n}: {a.get(n, 'absent')} -> {b.get(n, 'absent')}{why}")
+            if len(diff) > len(known):
                 status = 1
     print()
     print("| suite | allocator | tests | passed | failed | error | skipped | xfailed | crashed |")

@@ -19,6 +19,7 @@ class _Logged(unittest.TextTestResult):
     def __init__(self, log: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._log = log
+        self._subfailed: set[str] = set()
 
     def _write(self, kind: str, test: unittest.TestCase) -> None:
         self._log.write(f"{kind} {test.id()}\n")
@@ -40,6 +41,14 @@ class _Logged(unittest.TextTestResult):
     def addError(self, test: unittest.TestCase, err: Any) -> None:
         self._write("error", test)
         super().addError(test, err)
+
+    def addSubTest(self, test: unittest.TestCase, subtest: Any, err: Any) -> None:
+        # A failing subtest fails its test: log it once, under the test's own id (addSuccess is then never
+        # called for it).
+        if err is not None and test.id() not in self._subfailed:
+            self._subfailed.add(test.id())
+            self._write("failed" if issubclass(err[0], test.failureException) else "error", test)
+        super().addSubTest(test, subtest, err)
 
     def addSkip(self, test: unittest.TestCase, reason: str) -> None:
         self._write("skipped", test)
