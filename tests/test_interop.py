@@ -271,3 +271,72 @@ def test_inject_faults_rejects_bad_specs() -> None:
         testing.inject_faults("cuNoSuchThing:1:2")
     with pytest.raises(cc.InvalidValueError):
         testing.inject_faults("cuMemAllocAsync:0:2")
+
+
+def _refused_as_readonly(view: cc.Buffer, dev: cc.Device, src: cc.Buffer) -> None:
+    """Every write cudacore makes into ``view`` is refused, nothing is written, and reads still work."""
+    s = dev.create_stream()
+    writes = [
+        lambda: view.copy_from(bytes(view.size)),
+        lambda: view.copy_from(bytes(view.size), stream=s),
+        lambda: view.copy_from(dev.allocate_pinned(view.size), stream=s),  # the C method's hot case
+        lambda: cc.device_to_device(view, src),
+        lambda: cc.device_to_device(view, src, stream=s),
+    ]
+    for write in writes:
+        with pytest.raises(cc.InvalidValueError, match="the destination is read-only"):
+            write()
+    out = bytearray(view.size)
+    view.copy_to(out)  # reading is fine
+    assert bytes(out) == bytes(range(view.size))
+    cc.device_to_device(src, view)
+    s.close()
+
+
+def test_asbuffer_carries_the_read_only_flag_of_the_cuda_array_interface(dev: cc.Device) -> None:
+    """Issue 30 item 19: data=(ptr, True) gives a read-only buffer that refuses writes, and says so when it
+    hands the memory on; data=(ptr, False) stays writable."""
+    backing, src = dev.allocate(64), dev.allocate(64)
+    backing.copy_from(bytes(range(64)))
+    arr = _CAI(backing, (64,), "|u1")
+    arr.__cuda_array_interface__["data"] = (backing.ptr, True)
+    view = cc.asbuffer(arr)
+    assert isinstance(view, cc.ExternalBuffer) and view.readonly
+    assert view.__cuda_array_interface__["data"] == (backing.ptr, True)
+    assert "read-only" in repr(view)
+    _refused_as_readonly(view, dev, src)
+    writable = cc.asbuffer(_CAI(backing, (64,), "|u1"))
+    assert not writable.readonly and writable.__cuda_array_interface__["data"] == (backing.ptr, False)
+    writable.copy_from(bytes(64))
+    for x in (view, writable, src):
+        x.close()
+    gc.collect()
+    backing.close()
+
+
+def test_from_dlpack_carries_the_read_only_flag(dev: cc.Device) -> None:
+    """Issue 30 item 19: a DLPack 1.x tensor flagged read-only gives a read-only buffer."""
+    backing, src = dev.allocate(64), dev.allocate(64)
+    backing.copy_from(bytes(range(64)))
+    cap = backing.__dlpack__(max_version=(1, 0))
+    _capsule_struct(cap, b"dltensor_versioned", _DLManagedTensorVersioned).flags |= 1  # DLPACK_FLAG_BITMASK_READ_ONLY
+    view = interop.from_dlpack(cap)
+    assert view.readonly
+    _refused_as_readonly(view, dev, src)
+    plain = interop.from_dlpack(backing.__dlpack__(max_version=(1, 0)))
+    assert not plain.readonly
+    for x in (view, plain, src):
+        x.close()
+    del cap
+    gc.collect()
+    backing.close()
+
+
+@pytest.mark.parametrize("data", [(), (0,), [1, 2, 3], "0x10", ("0x10", False), None])
+def test_asbuffer_refuses_a_malformed_data_entry(dev: cc.Device, data: object) -> None:
+    """Issue 30 item 20: a malformed 'data' of the CUDA Array Interface is a ValueError naming it."""
+    with dev.allocate(64) as backing:
+        arr = _CAI(backing, (16,))
+        arr.__cuda_array_interface__["data"] = data
+        with pytest.raises(ValueError, match=r"__cuda_array_interface__\['data'\]"):
+            cc.asbuffer(arr)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 else:
     Buffer, PinnedBuffer = fast.Buffer, fast.PinnedBuffer
 
-__all__ = ["device_to_device", "device_to_host", "host_to_device"]
+__all__ = ["device_to_device", "device_to_host", "host_to_device", "readonly_error"]
 
 #: Asynchronous copies up to this size keep the GIL (they only enqueue work); larger ones release it.
 HELD_MAX = 64 << 10
@@ -70,6 +70,22 @@ def _check_buffer(buf: Any, what: str, op: str) -> None:
         raise TypeError(f"{op}: {what} must be a cudacore Buffer, not {type(buf).__name__}")
     if buf.closed:
         raise error("CUDACORE_ERROR_CLOSED", f"{op}: the {what} buffer was closed", op=op)
+
+
+def readonly_error(buf: Any, op: str) -> CUDAError:
+    """The refusal of a write into ``buf``, memory its owner declared read-only (an ExternalBuffer)."""
+    owner = type(getattr(buf, "owner", None)).__name__
+    return _invalid(
+        f"{op}: the destination is read-only: its owner ({owner}) declared the memory read-only (the CUDA Array "
+        "Interface's data=(ptr, True), or DLPack's read-only flag); write into a writable array instead",
+        op,
+    )
+
+
+def _check_writable(buf: Buffer, op: str) -> None:
+    # Only an ExternalBuffer can be read-only; the slot is absent from every other Buffer.
+    if getattr(buf, "_readonly", False):
+        raise readonly_error(buf, op)
 
 
 def _stream_arg(buf: Buffer, stream: object, op: str) -> int:
@@ -113,6 +129,7 @@ def host_to_device(buf: Buffer, host: Any, stream: object = None, nbytes: int | 
     """Copy ``host`` (all of it, or its first ``nbytes``) into the start of device buffer ``buf``."""
     op = "cudacore.copy_from"
     _check_buffer(buf, "destination", op)
+    _check_writable(buf, op)
     handle = _stream_arg(buf, stream, op)
     n = _size(nbytes, _host_nbytes(host, op), op)
     if n > buf.size:
@@ -153,6 +170,7 @@ def device_to_device(dst: Buffer, src: Buffer, stream: object = None, nbytes: in
     op = "cudacore.copy"
     _check_buffer(dst, "destination", op)
     _check_buffer(src, "source", op)
+    _check_writable(dst, op)
     if dst.device_id != src.device_id:
         _peer_copy(dst, src, stream, nbytes)
         return

@@ -9,6 +9,7 @@ import ctypes
 import operator
 from typing import TYPE_CHECKING, Any
 
+from ._copy import readonly_error
 from ._handles import stream_handle
 from ._memory import Buffer
 from ._native import fast
@@ -30,13 +31,47 @@ class ExternalBuffer(Buffer):
 
     It keeps :attr:`owner` alive until :meth:`close` (or until it is garbage collected) and never frees the
     memory itself. Made by :func:`asbuffer` / ``Device.from_array``.
+
+    Attributes
+    ----------
+    readonly : bool
+        The owner declared the memory read-only (the CUDA Array Interface's ``data=(ptr, True)``, DLPack's
+        read-only flag): cudacore refuses to write into it (:meth:`copy_from`, ``device_to_device`` with it
+        as the destination) with :class:`InvalidValueError`, and says so again when it hands the memory on
+        through ``__cuda_array_interface__``. A kernel launch cannot say whether it writes through a
+        pointer argument, so that is not checked.
     """
 
-    __slots__ = ()
+    __slots__ = ("_readonly",)
+
+    @property
+    def readonly(self) -> bool:
+        """Whether the owner declared the memory read-only (see the class notes)."""
+        return bool(getattr(self, "_readonly", False))
+
+    def copy_from(self, host: Any, stream: Any = None) -> None:
+        """Copy host memory into this buffer, as :meth:`cudacore.Buffer.copy_from`.
+
+        Raises
+        ------
+        InvalidValueError
+            If the memory is read-only (:attr:`readonly`).
+        """
+        if self.readonly:
+            raise readonly_error(self, "cudacore.copy_from")
+        super().copy_from(host, stream)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """As :attr:`cudacore.Buffer.__cuda_array_interface__`, with the owner's read-only flag."""
+        cai = super().__cuda_array_interface__
+        cai["data"] = (cai["data"][0], self.readonly)
+        return cai
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"0x{self.ptr:x}"
-        return f"<cudacore.ExternalBuffer {state}, {self.size} bytes, device {self.device_id}, owner {type(self.owner).__name__}>"
+        ro = ", read-only" if self.readonly else ""
+        return f"<cudacore.ExternalBuffer {state}, {self.size} bytes{ro}, device {self.device_id}, owner {type(self.owner).__name__}>"
 
 
 # -- arrays in ------------------------------------------------------------------------------------------
@@ -78,14 +113,28 @@ def _device_arg(device: Any) -> int | None:
 def _from_cai(obj: Any, cai: dict[str, Any], device: int | None) -> ExternalBuffer:
     if cai.get("mask") is not None:
         raise ValueError("asbuffer: masked arrays (__cuda_array_interface__ 'mask') are not supported")
-    ptr = int(cai["data"][0])
+    data = cai["data"]
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        raise ValueError(
+            f"asbuffer: {type(obj).__name__}.__cuda_array_interface__['data'] must be a (pointer, read_only) pair, not {data!r}"
+        )
+    try:
+        ptr = operator.index(data[0])
+    except TypeError:
+        raise ValueError(
+            f"asbuffer: {type(obj).__name__}.__cuda_array_interface__['data'][0] must be an int (the device "
+            f"pointer), not {type(data[0]).__name__}"
+        ) from None
+    readonly = bool(data[1])
     shape = tuple(int(x) for x in cai["shape"])
     strides = cai.get("strides")
     nbytes = _contiguous_nbytes(shape, None if strides is None else tuple(strides), _itemsize(cai["typestr"]), "asbuffer")
     stream = cai.get("stream")
     handle = 0 if stream in (None, 1) else int(stream)
     ordinal = device if device is not None else _array_device(obj)
-    return fast.borrow(ExternalBuffer, ordinal, ptr, nbytes, handle, obj)
+    buf = fast.borrow(ExternalBuffer, ordinal, ptr, nbytes, handle, obj)
+    buf._readonly = readonly
+    return buf
 
 
 def _array_device(obj: Any) -> int:
@@ -173,24 +222,31 @@ class _DLPackOwner:
             self._deleter = 0
 
 
-def _parse_capsule(capsule: Any) -> tuple[_DLTensor, int, int, bool]:
+#: DLPack 1.x's flag of a tensor its producer does not allow to be written (DLPACK_FLAG_BITMASK_READ_ONLY).
+_DLPACK_READ_ONLY = 1
+
+
+def _parse_capsule(capsule: Any) -> tuple[_DLTensor, int, int, bool, bool]:
+    """The tensor, its address, its deleter, whether it is versioned and whether it is read-only (only a
+    versioned tensor can say so)."""
     if _api.PyCapsule_IsValid(capsule, b"dltensor_versioned"):
         addr = _api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
         mv = _DLManagedTensorVersioned.from_address(addr)
         if mv.version.major != 1:
             raise BufferError(f"DLPack version {mv.version.major}.{mv.version.minor} is not supported (1.x is)")
-        return mv.dl_tensor, addr, int(mv.deleter or 0), True
+        return mv.dl_tensor, addr, int(mv.deleter or 0), True, bool(mv.flags & _DLPACK_READ_ONLY)
     if _api.PyCapsule_IsValid(capsule, b"dltensor"):
         addr = _api.PyCapsule_GetPointer(capsule, b"dltensor")
         m = _DLManagedTensor.from_address(addr)
-        return m.dl_tensor, addr, int(m.deleter or 0), False
+        return m.dl_tensor, addr, int(m.deleter or 0), False, False
     raise ValueError("not a DLPack capsule, or one already consumed (its name is not 'dltensor')")
 
 
 def from_dlpack(obj: Any, *, stream: int | None = None) -> ExternalBuffer:
     """Take an object with ``__dlpack__`` (or a raw DLPack capsule) as an :class:`ExternalBuffer`.
 
-    The tensor must be on a CUDA device and C-contiguous. ``stream`` is the stream cudacore will use it on
+    The tensor must be on a CUDA device and C-contiguous; one its producer flags read-only (DLPack 1.x)
+    gives a read-only buffer (:attr:`ExternalBuffer.readonly`). ``stream`` is the stream cudacore will use it on
     (None: the current stream of the tensor's device, as ``__dlpack_device__`` names it; the current
     device's when the producer has no ``__dlpack_device__``), passed to the producer so that it orders its
     work before.
@@ -211,7 +267,7 @@ def from_dlpack(obj: Any, *, stream: int | None = None) -> ExternalBuffer:
             capsule = obj.__dlpack__(stream=stream)
     else:
         capsule, producer = obj, None
-    t, addr, deleter, versioned = _parse_capsule(capsule)
+    t, addr, deleter, versioned, readonly = _parse_capsule(capsule)
     if t.device.device_type not in (kDLCUDA, kDLCUDAManaged):
         raise ValueError(f"from_dlpack: the tensor is on DLPack device type {t.device.device_type}, not CUDA (2)")
     shape = tuple(t.shape[i] for i in range(t.ndim))
@@ -223,7 +279,9 @@ def from_dlpack(obj: Any, *, stream: int | None = None) -> ExternalBuffer:
     # Consumed: rename so that the capsule's destructor leaves the tensor to us.
     _api.PyCapsule_SetName(capsule, _USED_VERSIONED if versioned else _USED)
     owner = _DLPackOwner(addr, deleter, producer)
-    return fast.borrow(ExternalBuffer, ordinal, ptr, nbytes, 0, owner)
+    buf = fast.borrow(ExternalBuffer, ordinal, ptr, nbytes, 0, owner)
+    buf._readonly = readonly
+    return buf
 
 
 def asbuffer(obj: Any, *, device: Device | int | None = None) -> Buffer:
@@ -232,14 +290,16 @@ def asbuffer(obj: Any, *, device: Device | int | None = None) -> Buffer:
     A :class:`cudacore.Buffer` comes back as it is. Anything else with ``__cuda_array_interface__``
     (CuPy, PyTorch CUDA tensors, Numba device arrays) or ``__dlpack__`` (or a DLPack capsule) becomes an
     :class:`ExternalBuffer` over its memory (C-contiguous only), holding ``obj`` alive. The buffer's size
-    is the array's size in bytes; its stream is the one the interface names (CAI v3).
+    is the array's size in bytes; its stream is the one the interface names (CAI v3). An array the
+    interface declares read-only gives a read-only buffer (:attr:`ExternalBuffer.readonly`).
 
     Raises
     ------
     TypeError
         If ``obj`` offers neither interface.
     ValueError
-        If the array is not C-contiguous or not on a CUDA device.
+        If the array is not C-contiguous or not on a CUDA device, or its ``__cuda_array_interface__`` is
+        malformed (a key missing, ``data`` not a ``(pointer, read_only)`` pair).
     """
     if isinstance(obj, Buffer):
         return obj
