@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["BYTE_KEYS", "MemoryStats", "buffer_html", "device_html", "format_bytes"]
 
 #: The counters of :meth:`Device.memory_stats` that are byte counts.
-BYTE_KEYS = {"in_use", "peak_in_use", "cached", "reserved", "limit", "pinned_in_use", "pinned_peak_in_use", "pinned_staging", "managed_in_use", "orphaned"}
+BYTE_KEYS = {"in_use", "peak_in_use", "cached", "reserved", "limit", "pinned_in_use", "pinned_peak_in_use", "pinned_staging", "managed_in_use", "shared_in_use", "orphaned"}
 
 
 def format_bytes(n: int | None) -> str:
