@@ -38,7 +38,8 @@ const (
 
 // Verify runs tiny real probes on d instead of reading its attributes alone: it allocates and frees a few
 // KiB from the default memory pool, as pinned host memory and as managed memory; reads the IPC handle
-// types and virtual-memory claims (cudacore has no API to exercise them yet); reads the heap, stack and
+// types and virtual-memory claims (cudacore has no API to exercise them yet), and which devices it can
+// reach as peers (not enabled: see peerProbe); reads the heap, stack and
 // printf reservations, writes each back to itself to check the limit is settable, and says what the stack
 // reservation costs (stack size times the resident threads of every multiprocessor); and reports the
 // module loading mode in effect. It changes nothing it does not restore, and never panics.
@@ -111,11 +112,7 @@ func Verify(d *Device) []Probe {
 	}
 	out = append(out, ipc)
 
-	peer := Probe{Name: "peer access", Status: NotProbed, Reason: "cudacore has no peer-access API yet"}
-	if n, err := drv.DeviceCount(); err == nil && n < 2 {
-		peer.Reason = "one device: there is no peer to reach"
-	}
-	out = append(out, peer)
+	out = append(out, peerProbe(d))
 
 	resident := uint64(props.MultiprocessorCount)
 	if t, err := drv.DeviceAttribute(d.Handle(), cuda.AttrMaxThreadsPerMultiprocessor); err == nil && t > 0 {
@@ -189,4 +186,50 @@ func judge(p *Probe, err error, ok, fallback string) {
 func sorted(s []string) []string {
 	sort.Strings(s)
 	return s
+}
+
+// peerProbe reads which devices d can reach directly (cuDeviceCanAccessPeer). It does not enable peer
+// access to exercise it: that changes d's context for the rest of the process (the driver has no way back
+// through cudacore), and Device.enable_peer_access is the user's to call. So the status is Claimed.
+func peerProbe(d *Device) Probe {
+	drv := d.Driver()
+	p := Probe{Name: "peer access", Status: Claimed}
+	n, err := drv.DeviceCount()
+	if err != nil {
+		p.Status, p.Reason = NotProbed, fmt.Sprintf("the devices could not be counted: %v", err)
+		return p
+	}
+	if n < 2 {
+		p.Status, p.Reason = NotProbed, "one device: there is no peer to reach"
+		return p
+	}
+	peers := []int{}
+	for j := range n {
+		if j == d.Ordinal() {
+			continue
+		}
+		other, err := drv.DeviceGet(j)
+		if err != nil {
+			p.Status, p.Reason = NotProbed, fmt.Sprintf("device %d could not be read: %v", j, err)
+			return p
+		}
+		can, err := drv.DeviceCanAccessPeer(d.Handle(), other)
+		if err != nil {
+			p.Status, p.Reason = NotProbed, fmt.Sprintf("cuDeviceCanAccessPeer failed for device %d: %v", j, err)
+			return p
+		}
+		if can {
+			peers = append(peers, j)
+		}
+	}
+	claimed := len(peers) > 0
+	p.Claimed = &claimed
+	p.Value = map[string]any{"peers": peers}
+	if claimed {
+		p.Reason = fmt.Sprintf("the driver says it reaches devices %v directly; Device.enable_peer_access(peer) enables it "+
+			"(not done here: it lasts for the process); peer copies work without it, staged through the host", peers)
+	} else {
+		p.Reason = "the driver says it reaches no other device directly: peer copies are staged through the host"
+	}
+	return p
 }

@@ -68,3 +68,40 @@ func TestVerifyModuleLoading(t *testing.T) {
 	}
 	assert.True(t, found)
 }
+
+// The peer-access probe reads the driver's peer matrix (cudacore has enable_peer_access): it names the
+// devices reachable directly, and never says that cudacore has no peer-access API.
+func TestVerifyPeerAccess(t *testing.T) {
+	far := cudasim.H100()
+	far.PeerGroup = 1
+	drv := cudasim.New(cudasim.WithDevices(cudasim.H100(), cudasim.H100(), far))
+	require.NoError(t, drv.Init())
+	for ordinal, want := range map[int][]int{0: {1}, 1: {0}, 2: {}} {
+		d, err := device.Open(drv, ordinal, "auto")
+		require.NoError(t, err)
+		var peer device.Probe
+		for _, p := range device.Verify(d) {
+			if p.Name == "peer access" {
+				peer = p
+			}
+		}
+		require.NoError(t, d.Close())
+		assert.Equal(t, device.Claimed, peer.Status, "device %d: %s", ordinal, peer.Reason)
+		require.NotNil(t, peer.Claimed)
+		assert.Equal(t, len(want) > 0, *peer.Claimed, "device %d", ordinal)
+		assert.Equal(t, want, peer.Value["peers"], "device %d", ordinal)
+		assert.NotContains(t, peer.Reason, "no peer-access API")
+	}
+
+	one := cudasim.New(cudasim.WithDevices(cudasim.H100()))
+	require.NoError(t, one.Init())
+	d, err := device.Open(one, 0, "auto")
+	require.NoError(t, err)
+	defer func() { _ = d.Close() }()
+	for _, p := range device.Verify(d) {
+		if p.Name == "peer access" {
+			assert.Equal(t, device.NotProbed, p.Status)
+			assert.Equal(t, "one device: there is no peer to reach", p.Reason)
+		}
+	}
+}
