@@ -141,3 +141,15 @@ def test_gpu_a_kernel_writes_managed_memory_the_host_reads() -> None:
         m.copy_to(out)
         assert (out == 77).all()
         s.close()
+
+
+def test_bad_sizes_name_allocate_managed_not_allocate_tiles(dev: cc.Device) -> None:
+    """Issue 30 item 21: the refusal of a bad size names the call that was made."""
+    for n in (0, -1):
+        with pytest.raises(cc.InvalidValueError) as ei:
+            dev.allocate_managed(n)
+        assert ei.value.op == "cudacore.allocate_managed"
+        assert "allocate_tiles" not in str(ei.value)
+        assert str(ei.value).startswith(f"cudacore.allocate_managed: nbytes must be positive, got {n}")
+    with pytest.raises(TypeError, match=r"^cudacore.allocate_managed: nbytes must be an int, not str"):
+        dev.allocate_managed("4096")  # type: ignore[arg-type]

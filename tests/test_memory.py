@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import sys
 import threading
 
 import numpy as np
@@ -152,6 +153,19 @@ def test_tiles_bad_input(dev: cc.Device, count: object, size: object, exc: type)
         dev.allocate_tiles(count, size)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         dev.allocate_tiles(2, 5, progress="yes")
+
+
+def test_tiles_progress_bar_without_tqdm_is_a_clear_error(dev: cc.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 30 item 20: progress=True without tqdm is an InvalidValueError that says to install tqdm or
+    pass progress=False, raised before anything is allocated."""
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm raises ImportError
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    before = dev.memory_stats()["in_use"]
+    with pytest.raises(cc.InvalidValueError, match=r"pip install tqdm\), or pass progress=False") as ei:
+        dev.allocate_tiles(4, MiB, progress=True)
+    assert ei.value.op == "cudacore.allocate_tiles"
+    assert isinstance(ei.value.__cause__, ImportError)
+    assert dev.memory_stats()["in_use"] == before
 
 
 def test_would_fit_counts_free_and_cache(dev: cc.Device) -> None:

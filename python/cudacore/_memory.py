@@ -200,7 +200,7 @@ class ManagedBuffer(Buffer):
 
 def allocate_managed(device: Device, nbytes: int) -> ManagedBuffer:
     """Managed memory of ``nbytes``; see :meth:`Device.allocate_managed`."""
-    _positive("nbytes", nbytes)
+    _positive("nbytes", nbytes, "cudacore.allocate_managed")
     ordinal = device.device_id
     # Through adopt (cudacore._owner): a KeyboardInterrupt between the allocation and its Buffer loses nothing.
     buf: ManagedBuffer = adopt(lambda owner: fast.wrap(ordinal, core.ManagedAllocate(ordinal, nbytes, owner), nbytes, 0, ManagedBuffer))
@@ -243,11 +243,11 @@ def allocate_pinned(device: Device, nbytes: int) -> PinnedBuffer:
     return fast.allocate_pinned(device.device_id, nbytes)
 
 
-def _positive(name: str, value: Any) -> int:
+def _positive(name: str, value: Any, op: str = "cudacore.allocate_tiles") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        raise TypeError(f"{op}: {name} must be an int, not {type(value).__name__}")
     if value <= 0:
-        raise error("CUDA_ERROR_INVALID_VALUE", f"{name} must be positive, got {value}", op="cudacore.allocate_tiles")
+        raise error("CUDA_ERROR_INVALID_VALUE", f"{op}: {name} must be positive, got {value}", op=op)
     return value
 
 
@@ -337,7 +337,13 @@ def _progress(progress: Any, count: int, tile_size: int) -> tuple[Callable[[int,
         try:
             from tqdm.auto import tqdm  # type: ignore[import-untyped, unused-ignore]
         except ImportError as exc:
-            raise ImportError("progress=True needs tqdm (pip install tqdm); or pass a callable(done, total)") from exc
+            # Checked before anything is allocated: the argument cannot be honoured here.
+            raise error(
+                "CUDA_ERROR_INVALID_VALUE",
+                "cudacore.allocate_tiles: progress=True draws a tqdm progress bar, and tqdm is not installed: "
+                "install it (pip install tqdm), or pass progress=False or a callable(done, total)",
+                op="cudacore.allocate_tiles",
+            ) from exc
         bar = tqdm(total=count, unit="tile", desc=f"allocating {count} tiles of {tile_size} B")
 
         def update(done: int, total: int) -> None:
@@ -350,8 +356,8 @@ def _progress(progress: Any, count: int, tile_size: int) -> tuple[Callable[[int,
 
 
 def would_fit(device: Device, count: int, tile_size: int) -> dict[str, Any]:
-    _positive("count", count)
-    _positive("tile_size", tile_size)
+    _positive("count", count, "cudacore.would_fit")
+    _positive("tile_size", tile_size, "cudacore.would_fit")
     return json.loads(core.AdmitTiles(device.device_id, count, tile_size))
 
 
