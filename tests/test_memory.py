@@ -453,3 +453,20 @@ def test_numpy_refuses_a_buffer_with_a_message() -> None:
         for convert in (np.asarray, np.array):
             with pytest.raises(TypeError, match="device memory, which numpy cannot view: copy it to the host"):
                 convert(buf)
+
+
+@pytest.mark.parametrize("dtype", ["datetime64[ns]", "timedelta64[s]"])
+def test_a_contiguous_datetime_array_is_not_called_non_contiguous(dev: cc.Device, dtype: str) -> None:
+    """Issue 30 item 21: numpy cannot export datetime64/timedelta64 through the buffer protocol; the error
+    says so and names the int64 view, instead of "must be C-contiguous"."""
+    a = np.arange(8).astype(dtype)
+    assert a.flags.c_contiguous
+    with dev.allocate(64) as b:
+        for call in (lambda: b.copy_from(a), lambda: b.copy_to(a), lambda: b.copy_from(a, stream=cc.Stream.legacy(dev))):
+            with pytest.raises(TypeError, match=r"cannot export a .*64.* array through the buffer protocol.*view\('int64'\)") as ei:
+                call()
+            assert "C-contiguous" not in str(ei.value)
+        b.copy_from(a.view("int64"))
+        out = np.zeros(8, dtype=dtype)
+        b.copy_to(out.view("int64"))
+        assert (out == a).all()

@@ -54,6 +54,13 @@ def _host_nbytes(host: Any, op: str) -> int:
         return len(host)
     nbytes = getattr(host, "nbytes", None)  # memoryview, numpy
     if isinstance(nbytes, int):
+        dtype = getattr(host, "dtype", None)
+        if getattr(dtype, "kind", "") in ("M", "m"):
+            # numpy cannot export datetime64 and timedelta64 through the buffer protocol, contiguous or not.
+            raise TypeError(
+                f"{op}: numpy cannot export a {dtype} array through the buffer protocol; copy its 64-bit "
+                "integers instead: pass array.view('int64')"
+            )
         return nbytes
     try:
         with memoryview(host) as mv:
