@@ -133,6 +133,15 @@ func (p *Pool) query(attr cuda.MemPoolAttribute, last *atomic.Uint64) (uint64, e
 	return v, err
 }
 
+// lastCached is Cached from the last readings of Reserved and Used, without asking the driver.
+func (p *Pool) lastCached() uint64 {
+	r, u := p.lastReserved.Load(), p.lastUsed.Load()
+	if u > r {
+		return 0
+	}
+	return r - u
+}
+
 // Used is the memory of the pool handed out (CU_MEMPOOL_ATTR_USED_MEM_CURRENT).
 func (p *Pool) Used() (uint64, error) {
 	return p.query(cuda.PoolAttrUsedMemCurrent, &p.lastUsed)

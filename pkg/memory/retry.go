@@ -43,7 +43,7 @@ func (e *retriedError) Unwrap() error { return e.err }
 
 func (r *Retry) Allocate(size uint64, s cuda.Stream) (cuda.DevicePtr, error) {
 	p, err := r.inner.Allocate(size, s)
-	if err == nil || !errors.Is(err, cuda.ErrOutOfMemory) || !retryable(err) {
+	if err == nil || !errors.Is(err, cuda.ErrOutOfMemory) || !retryable(err) || capturedElsewhere(r.drv, r.ctx, s) {
 		return p, err
 	}
 	before := Cached(r.inner)
@@ -59,6 +59,20 @@ func (r *Retry) Allocate(size uint64, s cuda.Stream) (cuda.DevicePtr, error) {
 		return 0, &retriedError{released: released, err: err2}
 	}
 	return p, nil
+}
+
+// capturedElsewhere says whether s, the stream an allocation names, is being captured: by another library
+// (cudacore's own captures make the pool Quiet). Making room would then invalidate that capture: the
+// release synchronizes the context, and a query of the pool's usage is an unsafe call during a capture
+// (docs/driver-facts.md). Only the out-of-memory path asks, so the query costs nothing on success. The
+// legacy and per-thread streams are not asked: a query of the legacy stream while another stream captures
+// is itself refused. A failed query counts as capturing, the safe side.
+func capturedElsewhere(drv cuda.Driver, ctx cuda.Context, s cuda.Stream) bool {
+	if s == 0 || s == cuda.StreamLegacy || s == cuda.StreamPerThread {
+		return false
+	}
+	status, err := drv.StreamIsCapturing(ctx, s)
+	return err != nil || status != cuda.CaptureStatusNone
 }
 
 // retryable is false for out-of-memory errors no release can cure: a request larger than the device

@@ -778,3 +778,32 @@ func TestCacheReleaseKeepsLegacyBlocksDuringCapture(t *testing.T) {
 	assert.Equal(t, free, freeMem(t, d), "the block went back to the device")
 	require.NoError(t, drv.StreamDestroy(d.Context(), blocking))
 }
+
+// An allocation that runs out of memory on a stream another library is capturing leaves its capture
+// intact: the verdict reads no pool attribute and probes nothing (both would invalidate it), and
+// Retry makes no room (its release synchronizes the context). PyTorch's test_graph_capture_oom does
+// this under torch.cuda.graph: a request larger than the device inside the capture, then capture_end.
+func TestOOMOnAStreamCapturedElsewhereKeepsTheCapture(t *testing.T) {
+	for _, tc := range strategies[:3] {
+		t.Run(tc.name, func(t *testing.T) {
+			drv, d := openSim(t)
+			s := newStack(t, d, tc.opts)
+			ctx := d.Context()
+			st, err := drv.StreamCreate(ctx, 1, 0)
+			require.NoError(t, err)
+			defer func() { _ = drv.StreamDestroy(ctx, st) }()
+			require.NoError(t, drv.StreamBeginCapture(ctx, st, cuda.CaptureModeGlobal))
+			queries := drv.Calls("cuMemPoolGetAttribute")
+			_, err = s.Allocate(2<<40, st)
+			require.ErrorIs(t, err, cuda.ErrOutOfMemory)
+			assert.Contains(t, err.Error(), "the request is larger than the device")
+			assert.Equal(t, queries, drv.Calls("cuMemPoolGetAttribute"), "no pool query during the capture")
+			status, err := drv.StreamIsCapturing(ctx, st)
+			require.NoError(t, err)
+			assert.Equal(t, cuda.CaptureStatusActive, status)
+			g, err := drv.StreamEndCapture(ctx, st)
+			require.NoError(t, err)
+			require.NoError(t, drv.GraphDestroy(ctx, g))
+		})
+	}
+}

@@ -153,7 +153,7 @@ func (s *Stack) wrap(size uint64, st cuda.Stream, err error) error {
 	if errors.As(err, &rt) && rt.released > 0 {
 		s.rec.Record(Event{Kind: EventRelease, Device: s.ordinal, Size: rt.released, InUse: s.stats.InUse(), Note: "oom-retry"})
 	}
-	ps := s.State()
+	ps := s.state(capturedElsewhere(s.d.Driver(), s.d.Context(), st))
 	oom := OutOfMemory(s.d, size, err, ps)
 	cause, _ := oom.Field("cause")
 	seq := s.rec.Record(Event{Kind: EventOOM, Device: s.ordinal, Size: size, Stream: st, InUse: ps.InUse, Note: cause})
@@ -165,13 +165,34 @@ func (s *Stack) wrap(size uint64, st cuda.Stream, err error) error {
 
 // State is what the stack holds now, for the out-of-memory verdict of this allocation or of another
 // allocation of the device made outside the stack.
-func (s *Stack) State() PoolState {
-	ps := PoolState{InUse: s.stats.InUse(), Cached: Cached(s.top), Limit: s.limit.Limit(), Pool: s.pool != nil,
-		Others: s.others, Probe: s.probe}
+func (s *Stack) State() PoolState { return s.state(false) }
+
+// state is State; captured (another library captures on the allocation's stream) takes the pool's last
+// readings and no probe, since a query of the pool's usage or a probe allocation would invalidate that
+// capture.
+func (s *Stack) state(captured bool) PoolState {
+	ps := PoolState{InUse: s.stats.InUse(), Limit: s.limit.Limit(), Pool: s.pool != nil, Others: s.others}
+	if captured {
+		ps.Cached = s.lastCached()
+	} else {
+		ps.Cached, ps.Probe = Cached(s.top), s.probe
+	}
 	if s.outside != nil {
 		ps.Outside = s.outside()
 	}
 	return ps
+}
+
+// lastCached is Cached(s.top) from the pool's last readings: no driver call.
+func (s *Stack) lastCached() uint64 {
+	var n uint64
+	if s.cache != nil {
+		n = s.cache.cached.Load()
+	}
+	if s.pool != nil {
+		n += s.pool.lastCached()
+	}
+	return n
 }
 
 // probe allocates and frees one block of size outside the pool (cuMemAlloc): whether the device has it.

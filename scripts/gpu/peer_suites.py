@@ -98,6 +98,13 @@ LEFT_OUT = {
         ),
         ("TestCudaMallocAsync or TestMemPool or TestBlockStateAbsorption",
          "classes that test PyTorch's own allocator backends and pools"),
+        (
+            "test_graph_rng_after_failed_capture",
+            (
+                "tests a fix newer than the installed torch (the pinned file is from PyTorch's main): it fails under "
+                "PyTorch's own allocator too, and leaves the CUDA generator mid-capture, so every later test fails"
+            ),
+        ),
     ],
     "numba": [
         ("test_emm_plugins", "replaces the memory manager itself"),
@@ -110,7 +117,26 @@ LEFT_OUT = {
 #: that differs in any other way still counts.
 EXPECTED = {
     "cupy": [],
-    "torch": [],
+    "torch": [
+        *(
+            (name, "passed", "failed", f"PyTorch refuses {call} under any CUDAPluggableAllocator (the pool issue)")
+            for name, call in (
+                ("test_cublas_workspace_explicit_allocation", "getDeviceStats (memory_stats)"),
+                ("test_graph_memory_stats_and_use_result_after_destroy_graph", "getDeviceStats (memory_stats)"),
+                ("test_cuda_graph_allocator_propagates_stream", "snapshot (memory_snapshot)"),
+                ("test_get_per_process_memory_fraction", "getMemoryFraction"),
+            )
+        ),
+        (
+            "test_graph_concurrent_replay",
+            "passed",
+            "failed",
+            (
+                "asserts that PyTorch's native allocator, with graphs sharing a pool, corrupts concurrent replays; "
+                "on cudacore the results are right, as the test expects of PyTorch's cudaMallocAsync backend"
+            ),
+        ),
+    ],
     "numba": [
         (
             "test_cuda_array_interface.TestCudaArrayInterface.test_ownership",
@@ -247,7 +273,8 @@ def run_once(
             for d in deselect:
                 cmd += ["--skip", d]
         else:
-            cmd = [sys.executable, "-m", "pytest", "-q", "-rN", "-p", "peer_plugin", "-p", "no:cacheprovider"]
+            # cudacore's own pytest plugin stays out: the peers' tests are not cudacore's.
+            cmd = [sys.executable, "-m", "pytest", "-q", "-rN", "-p", "peer_plugin", "-p", "no:cacheprovider", "-p", "no:cudacore"]
             cmd += nodeids or [target]
             if keyword:
                 cmd += ["-k", keyword]
