@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "_api": 1,  # fork check and error translation around gopy calls
     "_handles": 1,  # stream_handle, each thread's current device and streams, the registry to Device
     # 2: the handles
+    "_owner": 2,  # the one owner of memory and descriptors that Python objects hold (below _memory, _ipc)
     "_stream": 2,  # Stream, Event, Graph
     "_copy": 2,  # host <-> device copies (below _memory: Buffer.copy_from/copy_to call it)
     "_memory": 2,  # Buffer, PinnedBuffer, tiles, statistics
