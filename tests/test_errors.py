@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import traceback
 
 import pytest
 
@@ -83,9 +84,24 @@ def test_every_class_pickles(cls: type) -> None:
     assert (str(back), back.code, back.name, back.op, back.fields) == ("msg", 906, exc.name, exc.op, {"a": "1"})
 
 
-def test_typed_error_from_go_keeps_cause() -> None:
+def test_typed_error_from_go_is_raised_alone_with_its_fields() -> None:
+    """Issue 31: a Go error reaches the user once, as cudacore.<Name>, with no chained RuntimeError that
+    repeats it in wire form; the wire form's parts stay on the typed error."""
     with pytest.raises(cc.InvalidValueError) as info:
-        cc.Device(10_000)
-    assert isinstance(info.value.__cause__, RuntimeError)
-    assert str(info.value.__cause__).startswith("cuda[1 CUDA_ERROR_INVALID_VALUE ")
-    assert "device 10000 does not exist" in str(info.value)
+        cc.Device(0).limits.malloc_heap_size = -1
+    exc = info.value
+    assert exc.__cause__ is None and exc.__suppress_context__
+    assert (exc.code, exc.name, exc.op) == (1, "CUDA_ERROR_INVALID_VALUE", "cudacore.limits")
+    assert exc.fields == {"limit": "malloc_heap_size", "requested": "-1"}
+    shown = "".join(traceback.format_exception(exc))
+    assert "RuntimeError" not in shown and "direct cause" not in shown and "cuda[1 " not in shown
+    assert shown.count("a limit cannot be negative") == 1
+    assert "\ncudacore.InvalidValueError: malloc_heap_size = -1 is not valid" in shown
+
+
+@pytest.mark.parametrize("cls", [getattr(cc, name) for name in cc.__all__ if name.endswith("Error")])
+def test_error_classes_are_public_and_pickle_by_their_public_name(cls: type) -> None:
+    assert (cls.__module__, cls.__qualname__) == ("cudacore", cls.__name__)
+    assert f"cudacore\n{cls.__name__}".encode() in pickle.dumps(cls("m"), protocol=0)
+    back = pickle.loads(pickle.dumps(cls("m", code=1, name="CUDA_ERROR_INVALID_VALUE", op="op", fields={"k": "v"})))
+    assert type(back) is cls and (str(back), back.fields) == ("m", {"k": "v"})

@@ -2,8 +2,8 @@
 
 ``core.Name(...)`` calls a facade function through its generated METH_FASTCALL wrapper (``fast.cold``):
 the fork check and the argument checks run in C before Go is entered, and a Go error becomes its typed
-exception through the one funnel (:func:`cudacore._errors.from_wire`), in the wrapper itself. The few
-entries whose parameters are not all scalars keep gopy's Python wrapper, which raises RuntimeError: call
+exception through the one funnel (:func:`cudacore._errors.from_wire`, which raises it), in the wrapper
+itself. The few entries whose parameters are not all scalars keep gopy's Python wrapper, which raises RuntimeError: call
 those through :func:`call`, which translates. The hot entries are generated METH_FASTCALL functions of
 ``cudacore._fast`` itself and pass the same guard.
 """
@@ -17,7 +17,7 @@ from . import _errors
 from ._native import core, fast
 
 #: ``call(fn, *args)``: call any generated function through the guard and return its result; a Go error
-#: raises its typed exception (the RuntimeError from gopy is its ``__cause__``). It is the C function
+#: raises its typed exception (in place of gopy's RuntimeError, not chained to it). It is the C function
 #: itself, so it adds no Python frame; for a generated wrapper (most of ``core``) it only passes the call on.
 call: Callable[..., Any] = fast.call
 

@@ -5,7 +5,8 @@ Go errors reach Python as text in one format (see ``pkg/cuda/wire.go``)::
     cuda[<code> <NAME> <op>]{<key>=<value> ...}: <message>
 
 gopy's cold door raises it as ``RuntimeError(text)``; the C doors (cudacore/native/door.c) pass the text
-itself. Either way :func:`from_wire` is the one function that turns it into the typed exception. The C
+itself. Either way :func:`from_wire` is the one function that raises the typed exception (made by
+:func:`typed_error`), with no chained ``RuntimeError``. The C
 guard also builds its own errors here (:func:`forked_error`, :func:`closed_error`,
 :func:`invalid_argument`), and Python code makes errors with :func:`error`, by result name: codes come
 from the generated table of every result (``_results``), never from a literal. Both sides of the wire
@@ -45,6 +46,7 @@ __all__ = [
     "from_runtime_error",
     "from_wire",
     "invalid_argument",
+    "typed_error",
 ]
 
 
@@ -213,6 +215,27 @@ class OutOfMemoryError(CUDAError, MemoryError):
         return self._int_field("limit")
 
 
+# Users meet these as cudacore.<Name> (tracebacks, repr, pickles): the package exports each one, so the
+# public module is where pickle finds them again.
+for _cls in (
+    CUDAError,
+    DriverNotFoundError,
+    NotInitializedError,
+    NotSupportedError,
+    CaptureError,
+    InvalidValueError,
+    InvalidImageError,
+    InvalidHandleError,
+    IllegalStateError,
+    NotFoundError,
+    NotReadyError,
+    LaunchError,
+    DeviceFaultError,
+    OutOfMemoryError,
+):
+    _cls.__module__ = "cudacore"
+del _cls
+
 _BY_CATEGORY: dict[str, type[CUDAError]] = {
     "InvalidValue": InvalidValueError,
     "OutOfMemory": OutOfMemoryError,
@@ -277,7 +300,7 @@ def error(name: str, message: str, op: str = "cudacore", **fields: object) -> CU
     return exc
 
 
-#: Called with every typed error :func:`from_wire` and :func:`error` make, where it is made (cudacore's
+#: Called with every typed error :func:`typed_error` and :func:`error` make, where it is made (cudacore's
 #: diagnostics attach the flight record to an OutOfMemoryError, and a capture rehearsal notes where each
 #: CaptureError arose). A hook's own failure never replaces the error.
 HOOKS: list[Callable[[CUDAError], None]] = []
@@ -291,7 +314,7 @@ def _run_hooks(exc: CUDAError) -> None:
             pass
 
 
-def from_wire(text: str) -> CUDAError | None:
+def typed_error(text: str) -> CUDAError | None:
     """The typed exception for wire-format text from Go, or None if the text is not in the format."""
     parts = decode(text)
     if parts is None:
@@ -303,14 +326,30 @@ def from_wire(text: str) -> CUDAError | None:
     return exc
 
 
+def from_wire(text: str) -> None:
+    """The doors' funnel (the C guard calls it with a Go error's wire-format text): raise its typed exception.
+
+    The exception is raised here, not returned, so that it reaches the caller alone: the C guard would
+    otherwise chain gopy's ``RuntimeError`` (the same message in wire form) to it as ``__cause__``, and every
+    traceback would show the message twice. The wire form's parts stay on the exception (``code``,
+    ``name``, ``op``, ``fields``). Returns None, raising nothing, for text not in the format: the guard then
+    raises the original as it is.
+    """
+    __tracebackhide__ = True  # pytest: this frame is the funnel's, not the caller's
+    typed = typed_error(text)
+    if typed is not None:
+        raise typed from None
+
+
 def from_runtime_error(exc: BaseException) -> BaseException:
     """Return the typed exception for a gopy ``RuntimeError``; any other exception is returned unchanged.
 
-    The caller raises the result ``from exc``, so the original stays reachable as ``__cause__``.
+    The caller raises the result ``from None``: the typed exception carries every part of the original's
+    wire-format text, which would only repeat the message.
     """
     if not isinstance(exc, RuntimeError) or isinstance(exc, CUDAError):
         return exc
-    typed = from_wire(str(exc))
+    typed = typed_error(str(exc))
     return exc if typed is None else typed
 
 

@@ -36,7 +36,7 @@ from typing import Any
 from . import _external
 from ._api import core
 from ._device import Device
-from ._errors import error, from_wire
+from ._errors import error, typed_error
 from ._external import ExternalBuffer, asbuffer, from_dlpack
 
 # Arrays in (zero-copy) live in _external, a layer below, because Device.from_array uses them too. Its
@@ -115,7 +115,7 @@ def last_error() -> Exception | None:
     text = core.InteropLastError()
     if not text:
         return None
-    typed = from_wire(text)
+    typed = typed_error(text)
     return typed if typed is not None else RuntimeError(text)
 
 
