@@ -299,6 +299,28 @@ def test_live_allocations_name_the_python_line(dev):
         dev.set_allocation_strategy("auto")
 
 
+
+@pytest.mark.parametrize("progress", [None, lambda done, total: True], ids=["at-once", "in-batches"])
+def test_tiles_name_the_python_line_as_allocate_does(dev, progress):
+    """Tiles are made through Go, not the fast path that labels allocate()'s buffers: each still names
+    the line of allocate_tiles, in live allocations and on its alloc event (issue 30 item 21)."""
+    dev.set_allocation_strategy("auto", track=True)
+    tiles = []
+    try:
+        after = cc.flight_record(1)[-1]["seq"] if cc.flight_record(1) else 0
+        line = _line() + 1
+        tiles = dev.allocate_tiles(3, 4096, progress=progress)
+        want = f"{__file__}:{line} in test_tiles_name_the_python_line_as_allocate_does"
+        live = {a["ptr"]: a["where"] for a in dev.live_allocations()}
+        assert [live[t.ptr].splitlines()[0] for t in tiles] == [want] * 3
+        events = {e["ptr"]: e for e in cc.flight_record(device=dev.device_id, after=after) if e["kind"] == "alloc"}
+        assert [events[t.ptr]["note"].splitlines()[0] for t in tiles] == [want] * 3
+    finally:
+        for t in tiles:
+            t.close()
+        cc.configure_flight_recorder(python_stacks=False)
+        dev.set_allocation_strategy("auto")
+
 def test_oom_report_written_to_file(dev, tmp_path):
     path = tmp_path / "oom.txt"
     cc.configure_flight_recorder(path=path)

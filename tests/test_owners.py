@@ -289,6 +289,7 @@ def test_an_adopted_allocation_interrupted_after_its_buffers_frees_once(monkeypa
     d = cc.Device(0)
     gc.collect()
     before = d.memory_stats()["in_use"]
+    failures = d.memory_stats()["failures"]  # cumulative: earlier tests of the process may have counted some
     real = core.OwnedClaim
 
     def claim(token: int) -> None:
@@ -300,7 +301,7 @@ def test_an_adopted_allocation_interrupted_after_its_buffers_frees_once(monkeypa
     monkeypatch.setattr(core, "OwnedClaim", real)
     gc.collect()
     assert d.memory_stats()["in_use"] == before
-    assert d.memory_stats()["failures"] == 0
+    assert d.memory_stats()["failures"] == failures
     assert isinstance(_owner.Owner().token, int)
 
 

@@ -10,9 +10,11 @@ written to a file when one is configured (``CUDACORE_FLIGHT_RECORD`` or :func:`c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -104,6 +106,27 @@ def track_python_stacks() -> None:
     which Python line made them."""
     if _state["stack_frames"] == 0:
         configure_flight_recorder(python_stacks=True)
+
+
+def label_allocations(device_id: int, ptrs: list[int]) -> None:
+    """Label the allocations ``ptrs`` of device ``device_id``, made just now by a call of cudacore's that
+    does not pass the fast path's labelling (``allocate_tiles``), with the caller's Python stack, as the
+    fast path labels those of ``Device.allocate``: the innermost frames outside cudacore's package, each
+    ``file:line in function``. Does nothing unless Python stacks are on; best effort, as there."""
+    frames = _state["stack_frames"]
+    if frames <= 0 or not ptrs:
+        return
+    lines: list[str] = []
+    f = sys._getframe(1)
+    while f is not None and len(lines) < frames:
+        code = f.f_code
+        if not code.co_filename.startswith(_PACKAGE_DIR):
+            lines.append(f"{code.co_filename}:{f.f_lineno} in {code.co_name}")
+        f = f.f_back
+    label = "\n".join(lines)
+    for p in ptrs:
+        with contextlib.suppress(_errors.CUDAError):
+            core.MemoryLabel(device_id, p, label)
 
 
 def flight_record(limit: int | None = None, *, device: int | None = None, after: int = 0) -> list[dict[str, Any]]:

@@ -79,6 +79,15 @@ class _Lease(Descriptors):
         self._fd = fd
         try:
             self._mm = mmap.mmap(fd, _LEASE_SIZE)
+        except (OSError, ValueError) as exc:
+            # A pipe, a socket, a read-only or short file: not a lease that export() made.
+            self.close()
+            raise error(
+                "CUDA_ERROR_INVALID_VALUE",
+                f"the handle's lease descriptor is not a cudacore lease (it cannot be mapped: {exc}); "
+                "use an IpcHandle from SharedBuffer.export() as it arrived",
+                op="cudacore.open_shared",
+            ) from exc
         except BaseException:
             self.close()
             raise
@@ -269,6 +278,13 @@ class _View(Owner):
     def _release(self) -> None:
         self.share.views.discard(self)
 
+    def why_not_sent(self) -> str:
+        """Why a Buffer viewing the memory does not pickle, and what to send instead."""
+        return (
+            "a Buffer opened from an IpcHandle cannot be sent to another process: send the SharedBuffer it "
+            "views (it pickles as a handle the other process opens), or an IpcHandle from its export()"
+        )
+
 
 def _hold(share: _Share) -> None:
     """Keep ``share``, which importers hold, until they let go (freed by :func:`_reap`)."""
@@ -446,11 +462,21 @@ class _Mapping(Owner):
     """Owns one opened import (the owner of its ImportedBuffer): the mapping, which Go records under its
     token (``core.ShareImport``), and its slot in the exporter's lease."""
 
-    __slots__ = ("lease",)
+    __slots__ = ("exporter", "lease")
 
-    def __init__(self, lease: _Lease) -> None:
+    def __init__(self, lease: _Lease, exporter: int) -> None:
         super().__init__()
         self.lease = lease
+        self.exporter = exporter
+
+    def why_not_sent(self) -> str:
+        """Why the ImportedBuffer does not pickle, and what to send instead."""
+        return (
+            f"an ImportedBuffer cannot be sent on to another process: it is memory of process {self.exporter} "
+            "opened here, and only its exporter can share it. Have process "
+            f"{self.exporter} send the SharedBuffer (or an IpcHandle from SharedBuffer.export()) to the "
+            "other process too"
+        )
 
     def _release(self) -> None:
         # A failed unmapping raises here with the slot still taken: the memory stays mapped and held (the
@@ -557,7 +583,13 @@ class IpcHandle:
                     raise error("CUDA_ERROR_ILLEGAL_STATE", "the SharedBuffer this handle names was closed", op="cudacore.open_shared")
                 # The view holds the memory as an importer does: SharedBuffer.close() refuses while it lives.
                 return fast.borrow(Buffer, self.device_id, self.ptr, self.size, share.stream, _View(share))
-        lease = _Lease(os.dup(self.lease_fd))
+        try:
+            lease_fd = os.dup(self.lease_fd)
+        except OSError as exc:  # a number that names no open file (closed behind the handle's back)
+            raise error(
+                "CUDA_ERROR_INVALID_VALUE", f"the handle's lease descriptor {self.lease_fd} is not open: {exc}", op="cudacore.open_shared"
+            ) from exc
+        lease = _Lease(lease_fd)
         try:
             lease.take(os.getpid())
         except BaseException:
@@ -565,7 +597,7 @@ class IpcHandle:
             raise
         # The owner exists before the mapping, which Go records under its token: collected after an
         # interrupt, it unmaps and gives the slot back.
-        mapping = _Mapping(lease)
+        mapping = _Mapping(lease, self.exporter)
         pool_fd = -1 if self.pool_fd is None else self.pool_fd
         ptr = core.ShareImport(dev.device_id, self.kind, self.handle, pool_fd, self.pool_id, self.size, mapping.token)
         buf = fast.borrow(ImportedBuffer, dev.device_id, ptr, self.size, 0, mapping)
@@ -606,11 +638,22 @@ class IpcHandle:
 
     @classmethod
     def receive(cls, sock: socket.socket) -> IpcHandle:
-        """Receive a handle that :meth:`send` sent on the other end of ``sock``."""
+        """Receive a handle that :meth:`send` sent on the other end of ``sock``.
+
+        Raises
+        ------
+        InvalidValueError
+            If what arrived is not a handle :meth:`send` sent (the other end closed the socket first, or
+            sent something else); the descriptors that came with it are closed.
+        """
         data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 2)
-        (n,) = struct.unpack_from("<I", data, 0)
-        meta = json.loads(data[4 : 4 + n])
-        return _from_meta(meta, fds)
+        try:
+            return _from_meta(_parse_message(data), fds)
+        except BaseException:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            raise
 
     def __repr__(self) -> str:
         return f"<cudacore.IpcHandle {self.kind}, {self.size} bytes, device {self.device_id}, from process {self.exporter}>"
@@ -642,8 +685,52 @@ def _has_started(popen: Any) -> bool:
 atexit.register(_close_started, True)
 
 
+#: The fields of a handle's description and their types (``bool`` is checked apart: it is an int too).
+_META_FIELDS: dict[str, type] = {
+    "kind": str,
+    "device_id": int,
+    "size": int,
+    "handle": str,
+    "pool_id": str,
+    "exporter": int,
+    "ptr": int,
+    "has_pool_fd": bool,
+}
+
+
+def _malformed(why: str) -> CUDAError:
+    return error("CUDA_ERROR_INVALID_VALUE", f"IpcHandle.receive: {why}; it takes what IpcHandle.send sent", op="cudacore.receive")
+
+
+def _parse_message(data: bytes) -> dict[str, Any]:
+    """The handle's description in a message of :meth:`IpcHandle.send`: a little-endian length, then that
+    many bytes of JSON. Anything else is an InvalidValueError saying what was wrong."""
+    if not data:
+        raise _malformed("the other end sent nothing (it closed the socket)")
+    if len(data) < 4:
+        raise _malformed(f"a message of {len(data)} bytes is too short to be a handle")
+    (n,) = struct.unpack_from("<I", data, 0)
+    if n > len(data) - 4:
+        raise _malformed(f"the message says {n} bytes follow its length, but {len(data) - 4} did")
+    try:
+        meta = json.loads(data[4 : 4 + n])
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _malformed(f"the message is not a handle's description ({exc})") from None
+    if not isinstance(meta, dict):
+        raise _malformed(f"the message holds a JSON {type(meta).__name__}, not a handle's description")
+    for key, kind in _META_FIELDS.items():
+        value = meta.get(key)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise _malformed(f"the handle's {key!r} is {value!r}, not a {kind.__name__}")
+    if meta["kind"] not in ("pool", "ipc"):
+        raise _malformed(f"the handle's kind is {meta['kind']!r}, not 'pool' or 'ipc'")
+    return meta
+
+
 def _from_meta(meta: dict[str, Any], fds: list[int]) -> IpcHandle:
     fds = list(fds)
+    if len(fds) != 1 + bool(meta["has_pool_fd"]):
+        raise _malformed(f"{len(fds)} file descriptors came with the handle, where it needs {1 + bool(meta['has_pool_fd'])}")
     pool_fd = fds.pop(0) if meta["has_pool_fd"] else None
     return IpcHandle(
         kind=meta["kind"],

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _copy, _errors
 from ._api import core
+from ._diagnostics import label_allocations
 from ._display import MemoryStats, buffer_html, format_bytes
 from ._errors import OutOfMemoryError, error
 from ._handles import as_device, stream_handle
@@ -113,7 +114,11 @@ class Buffer(_CBuffer):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Memory of the device's allocator may be cached and handed out again while another process maps
-        # it, so it is not shared: SharedBuffer (Device.allocate_shareable) is.
+        # it, so it is not shared: SharedBuffer (Device.allocate_shareable) is. A Buffer whose owner knows
+        # better (a view of shared memory) says what to send instead.
+        why = _why_not_sent(self.owner)  # a string: the traceback keeps no reference to the owner
+        if why is not None:
+            raise TypeError(why)
         raise TypeError(
             "a cudacore.Buffer cannot be sent to another process: allocate it with Device.allocate_shareable(nbytes) "
             "(a SharedBuffer, which pickles as a handle the other process opens), or copy its bytes"
@@ -251,6 +256,12 @@ def _positive(name: str, value: Any, op: str = "cudacore.allocate_tiles") -> int
     return value
 
 
+def _why_not_sent(owner: object) -> str | None:
+    """What the owner of a Buffer's memory says instead of the default refusal to pickle, if anything."""
+    why = getattr(owner, "why_not_sent", None)
+    return None if why is None else str(why())
+
+
 def allocate_tiles(
     device: Device,
     count: int,
@@ -268,6 +279,7 @@ def allocate_tiles(
     if callback is None:
         # Through adopt (cudacore._owner): a KeyboardInterrupt between the allocation and the Buffers loses nothing.
         out = adopt(lambda owner: _wrap_tiles(ordinal, core.AllocateTiles(ordinal, count, tile_size, handle, owner), tile_size, handle))
+        label_allocations(ordinal, [t.ptr for t in out])
         if capturing_streams:
             note_capture_buffers(out)
         return out
@@ -279,7 +291,9 @@ def allocate_tiles(
         while len(tiles) < count:
             n = min(batch, count - len(tiles))
             try:
-                tiles.extend(adopt(lambda owner, n=n: _wrap_tiles(ordinal, core.AllocateTiles(ordinal, n, tile_size, handle, owner), tile_size, handle)))
+                batch_tiles = adopt(lambda owner, n=n: _wrap_tiles(ordinal, core.AllocateTiles(ordinal, n, tile_size, handle, owner), tile_size, handle))
+                tiles.extend(batch_tiles)
+                label_allocations(ordinal, [t.ptr for t in batch_tiles])
             except OutOfMemoryError as exc:
                 done = len(tiles) + int(exc.fields.get("tiles_allocated", "0"))
                 _release_all(tiles)
