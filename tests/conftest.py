@@ -3,7 +3,8 @@
 The backend is chosen once per process, so it is fixed here before cudacore is first used:
 ``CUDACORE_BACKEND`` from the environment if set (the GPU machine runs with ``CUDACORE_BACKEND=cuda``),
 else the simulator. Tests marked ``gpu`` need the real driver and a device; tests marked ``sim`` need the
-simulator (fault injection, simulated device shapes). Each skips on the other backend.
+simulator (fault injection, simulated device shapes). Each skips on the other backend. Both markers are this
+suite's own: ``gpu`` is carried out by the plugin's ``cudacore_gpu`` (checked when the test is set up).
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ def _plugin_autoloaded() -> bool:
     return any(ep.value == "cudacore.pytest_plugin" for ep in importlib.metadata.entry_points(group="pytest11"))
 
 
-# The `gpu` marker and its skip come from cudacore's own pytest plugin (python/cudacore/pytest_plugin.py),
-# loaded here when the package is not installed; pytester tests the plugin.
+# cudacore's pytest plugin (python/cudacore/pytest_plugin.py) gives the `cudacore_gpu` marker that `gpu`
+# stands for here; it is loaded here when the package is not installed. pytester tests the plugin.
 pytest_plugins = ["pytester"] + ([] if _plugin_autoloaded() else ["cudacore.pytest_plugin"])
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sim: needs the simulator backend")
+    config.addinivalue_line("markers", "gpu: needs a real CUDA GPU (the plugin's cudacore_gpu); skipped otherwise")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -47,6 +49,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "sim" in item.keywords and not on_sim:
             item.add_marker(pytest.mark.skip(reason="needs the simulator backend"))
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(pytest.mark.cudacore_gpu)
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -31,12 +32,13 @@ def runner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_markers_registered_once(runner, pytester: pytest.Pytester) -> None:
-    pytester.makeini("[pytest]\nmarkers =\n    gpu: the project's own gpu marker\n")
+    pytester.makeini("[pytest]\nmarkers =\n    cudacore_gpu: the project's own line for it\n")
     result = runner("--markers")
     out = result.stdout.str()
-    assert out.count("@pytest.mark.gpu:") == 1
+    assert out.count("@pytest.mark.cudacore_gpu:") == 1
     for name in ("cudacore_leak_check", "cudacore_memory_budget", "cudacore_faults"):
         assert f"@pytest.mark.{name}" in out
+    assert "@pytest.mark.gpu" not in out, "no marker of a common name"
 
 
 def test_gpu_marker_skips_without_gpu_and_device_fixture(runner, pytester: pytest.Pytester) -> None:
@@ -44,7 +46,7 @@ def test_gpu_marker_skips_without_gpu_and_device_fixture(runner, pytester: pytes
         """
         import pytest
 
-        @pytest.mark.gpu
+        @pytest.mark.cudacore_gpu
         def test_needs_gpu():
             raise AssertionError("must not run")
 
@@ -55,6 +57,69 @@ def test_gpu_marker_skips_without_gpu_and_device_fixture(runner, pytester: pytes
     )
     result = runner("-rs")
     result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*needs a CUDA GPU*"])
+
+
+def test_a_projects_own_gpu_marker_is_left_alone(runner, pytester: pytest.Pytester) -> None:
+    """Issue 31: a project's own @pytest.mark.gpu test, nothing to do with cudacore, runs under
+    CUDACORE_BACKEND=sim (the plugin skipped it)."""
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: the project's own marker\n")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.gpu
+        def test_mine():
+            pass
+        """
+    )
+    runner("-m", "gpu", "-rs").assert_outcomes(passed=1)
+
+
+SPY_CONFTEST = CONFTEST + """
+import json
+from cudacore._native import core
+
+CALLS = []
+for _name, _fn in list(vars(core).items()):
+    def _spy(*args, _name=_name, _fn=_fn):
+        CALLS.append(_name)
+        return _fn(*args)
+    setattr(core, _name, _spy)
+
+def pytest_collection_finish(session):
+    with open("calls_at_collection.json", "w") as f:
+        json.dump(CALLS, f)
+"""
+
+
+@pytest.mark.parametrize("backend", ["cuda", "sim"])
+def test_nothing_is_called_into_cudacore_at_collection(runner, pytester: pytest.Pytester, backend: str) -> None:
+    """Issue 31: collecting tests that carry cudacore's markers (or a `gpu` marker) calls nothing of cudacore's,
+    so CUDA is not initialised in pytest's process while it collects; the markers are checked when a marked
+    test is set up."""
+    pytester.makeconftest(SPY_CONFTEST)
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: the project's own marker\n")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.gpu
+        def test_own_gpu():
+            pass
+
+        @pytest.mark.cudacore_gpu
+        def test_cudacore_gpu():
+            raise AssertionError("must not run: no GPU here")
+
+        @pytest.mark.cudacore_faults("cuMemAllocAsync:1:2")
+        def test_faults():
+            pass
+        """
+    )
+    result = runner("-rs", backend=backend)
+    assert json.loads((pytester.path / "calls_at_collection.json").read_text()) == []
+    result.assert_outcomes(passed=1 if backend == "cuda" else 2, skipped=2 if backend == "cuda" else 1)
     result.stdout.fnmatch_lines(["*needs a CUDA GPU*"])
 
 

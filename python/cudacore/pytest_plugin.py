@@ -1,8 +1,13 @@
 """pytest plugin for projects that use cudacore (registered by the ``pytest11`` entry point ``cudacore``).
 
+The plugin only acts on what carries cudacore's name: its markers, fixtures, option and ini key. A project
+that uses none of them is left as it is: no marker of a common name (a project's own ``gpu`` marker is its
+own), and no call into cudacore, so CUDA is never initialised while pytest collects. A marked test is
+checked when it is set up, in the process that runs it.
+
 Markers
 -------
-``@pytest.mark.gpu``
+``@pytest.mark.cudacore_gpu``
     Skip the test unless a real GPU is there (the CUDA backend, with at least one device).
 ``@pytest.mark.cudacore_leak_check`` (or ``--cudacore-leak-check`` / ini ``cudacore_leak_check = true``
 for every test; ``@pytest.mark.cudacore_leak_check(False)`` opts one out)
@@ -47,7 +52,7 @@ from ._errors import CUDAError
 __all__ = ["FaultInjector"]
 
 _MARKERS = {
-    "gpu": "gpu: needs a real CUDA GPU (cudacore's CUDA backend with a device); skipped otherwise",
+    "cudacore_gpu": "cudacore_gpu: needs a real CUDA GPU (cudacore's CUDA backend with a device); skipped otherwise",
     "cudacore_leak_check": "cudacore_leak_check(enabled=True): fail the test if it leaves device memory allocated",
     "cudacore_memory_budget": "cudacore_memory_budget(nbytes, device=0): cap the device memory the test may allocate",
     "cudacore_faults": "cudacore_faults(spec, ...): inject simulator driver faults ('entry:nth:code') for the test",
@@ -69,7 +74,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # Idempotent: a project's conftest may register `gpu` too.
+    # Idempotent: a project's conftest or ini may register cudacore's markers too.
     known = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
     for name, line in _MARKERS.items():
         if name not in known:
@@ -100,17 +105,21 @@ def has_gpu() -> bool:
     return _has_gpu
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
-    if gpu_items and not has_gpu():
-        skip = pytest.mark.skip(reason="needs a CUDA GPU (cudacore's CUDA backend with a device); none here")
-        for item in gpu_items:
-            item.add_marker(skip)
-    fault_items = [item for item in items if item.get_closest_marker("cudacore_faults") is not None]
-    if fault_items and not on_simulator():
-        skip = pytest.mark.skip(reason="cudacore fault injection needs the simulator (CUDACORE_BACKEND=sim)")
-        for item in fault_items:
-            item.add_marker(skip)
+GPU_SKIP_REASON = "needs a CUDA GPU (cudacore's CUDA backend with a device); none here"
+FAULTS_SKIP_REASON = "cudacore fault injection needs the simulator (CUDACORE_BACKEND=sim)"
+
+
+@pytest.hookimpl(tryfirst=True, specname="pytest_runtest_setup")
+def pytest_runtest_setup_skip_unmet_markers(item: pytest.Item) -> None:
+    """Skip ``item`` when its cudacore_gpu or cudacore_faults marker cannot be met here. Runs at the item's
+    setup (inside every hook wrapper, as pytest's own skip marks do), never at collection: deciding needs
+    the backend, and on the CUDA backend that initialises CUDA, which a process that only collects (or
+    forks workers later) must not have done for it. (pytest takes hooks by a ``pytest_`` name; the
+    specname makes this a second pytest_runtest_setup beside the leak check's wrapper.)"""
+    if item.get_closest_marker("cudacore_gpu") is not None and not has_gpu():
+        pytest.skip(GPU_SKIP_REASON)
+    if item.get_closest_marker("cudacore_faults") is not None and not on_simulator():
+        pytest.skip(FAULTS_SKIP_REASON)
 
 
 # -- fixtures -----------------------------------------------------------------------------------------------
@@ -145,7 +154,7 @@ class FaultInjector:
 def cudacore_faults() -> Iterator[FaultInjector]:
     """A :class:`FaultInjector`; its faults are cleared after the test. Skips unless on the simulator."""
     if not on_simulator():
-        pytest.skip("cudacore fault injection needs the simulator (CUDACORE_BACKEND=sim)")
+        pytest.skip(FAULTS_SKIP_REASON)
     injector = FaultInjector()
     try:
         yield injector
