@@ -177,6 +177,29 @@ def test_without_a_driver_there_are_no_devices(env: dict[str, str], first: str, 
         assert lines[2] == "DriverNotFoundError"
 
 
+def test_using_a_device_without_a_driver_says_how_to_check_first() -> None:
+    """Issue 31: devices() is empty without a driver, and current_device() / Device(0) raise
+    DriverNotFoundError, typed, once, naming the calls that check without raising."""
+    code = (
+        "import traceback\n"
+        "import cudacore as cc\n"
+        "print(cc.devices())\n"
+        "for use in (cc.current_device, lambda: cc.Device(0)):\n"
+        "    try:\n"
+        "        use()\n"
+        "    except cc.DriverNotFoundError as e:\n"
+        "        print(repr(''.join(traceback.format_exception(e))))\n"
+    )
+    r = run_python(code, {"CUDACORE_BACKEND": "cuda", "CUDACORE_LIBCUDA": "/nonexistent/libcuda.so.1"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "[]" and len(lines) == 3
+    for shown in lines[1:]:
+        assert "cudacore.DriverNotFoundError: " in shown and "/nonexistent/libcuda.so.1" in shown
+        assert "cudacore.is_available()" in shown and "cudacore.unavailable_reason()" in shown
+        assert "RuntimeError" not in shown
+
+
 def test_a_bad_setting_is_an_error_not_an_absence() -> None:
     code = "import cudacore as cc\nprint(cc.is_available())\nprint(cc.unavailable_reason())\n"
     r = run_python(code, {"CUDACORE_BACKEND": "quantum"})

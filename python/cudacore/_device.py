@@ -102,8 +102,26 @@ def is_available() -> bool:
 
 def current_device() -> Device:
     """This thread's current device: device 0, unless ``with device:``, ``with stream:`` or
-    :meth:`Device.use` made another one current. Every ``device=None`` argument means it."""
+    :meth:`Device.use` made another one current. Every ``device=None`` argument means it.
+
+    Raises
+    ------
+    DriverNotFoundError
+        Where there is no CUDA driver (``CUDA_ERROR_NO_DEVICE``'s error where the driver sees no device):
+        the message says to check :func:`is_available` first, as ``Device(i)`` does.
+    """
     return Device(current_ordinal())
+
+
+def _unavailable(e: CUDAError) -> CUDAError:
+    """``e`` (no driver, or no device) again, its message pointing at the calls that check without raising."""
+    return error(
+        e.name,
+        f"{e}. cudacore.is_available() says whether a device can be used without raising, and "
+        "cudacore.unavailable_reason() gives this reason",
+        op=e.op,
+        **e.fields,
+    )
 
 
 def _ordinal(value: Any) -> int:
@@ -161,7 +179,12 @@ class Device:
             return dev
         if ordinal < 0:
             raise error("CUDA_ERROR_INVALID_VALUE", f"device ordinal must be >= 0, got {ordinal}", op="cudacore.device")
-        props = json.loads(core.DeviceProperties(ordinal))
+        try:
+            props = json.loads(core.DeviceProperties(ordinal))
+        except CUDAError as e:
+            if isinstance(e, DriverNotFoundError) or e.name == "CUDA_ERROR_NO_DEVICE":
+                raise _unavailable(e) from None
+            raise
         with cls._lock:
             dev = cls._cache.get(ordinal)
             if dev is None:
