@@ -229,6 +229,55 @@ def test_a_graph_keeps_managed_memory_alive() -> None:
     s.close()
 
 
+_CLOSED_IN_CAPTURE = """
+import sys
+import cudacore as cc
+kind, mode = sys.argv[1], sys.argv[2]
+d = cc.Device(0)
+s = d.create_stream()
+src = d.allocate(4096)
+src.copy_from(b"\\x07" * 4096)
+m = d.allocate_managed(4096) if kind == "managed" else d.allocate_shareable(4096, kind=kind)
+ptr = m.ptr
+with s.capture(mode) as g:
+    cc.device_to_device(m, src, stream=s)
+    m.close()  # inside the capture that names it
+if kind == "managed":
+    held = d.memory_stats()["managed_in_use"] == 4096
+else:  # not handed out again while the graph lives
+    others = [d.allocate_shareable(4096, kind=kind) for _ in range(4)]
+    held = ptr not in {o.ptr for o in others}
+    for o in others:
+        o.close()
+g.launch(s)  # the simulator ends the process if the graph names freed memory, as the real driver crashes
+s.synchronize()
+g.destroy()
+print(held, d.memory_stats()["managed_in_use"] + d.memory_stats()["shared_in_use"])
+"""
+
+
+@pytest.mark.parametrize("mode", ["global", "relaxed"])
+@pytest.mark.parametrize("kind", ["managed", "pool", "ipc"])
+def test_memory_closed_inside_the_capture_that_uses_it_is_kept_by_the_graph(kind: str, mode: str) -> None:
+    """Found by the fuzzer's new mix (tests/fuzz_mix.py): a ManagedBuffer or SharedBuffer closed inside the
+    capture that copies to it was freed when the capture ended, before its graph was among the memory's
+    users, so the graph's instantiation named freed memory (the simulator ends the process there). The
+    graph keeps it until destroyed, as it keeps a Buffer's."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "probe.py"
+        script.write_text(_CLOSED_IN_CAPTURE)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CUDACORE_")}
+        env["CUDACORE_BACKEND"] = "sim"
+        r = subprocess.run([sys.executable, str(script), kind, mode], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    held, after = r.stdout.split()
+    assert (held, after) == ("True", "0"), "kept while the graph lived, freed at its destruction"
+
+
 # -- interrupts -------------------------------------------------------------------------------------------
 
 

@@ -102,14 +102,26 @@ func (d *Device) freeManaged(p cuda.DevicePtr, size uint64) (handled bool, err e
 		t.mu.Unlock()
 		return err
 	}
-	// A live graph that uses the memory (a copy or kernel it captured names it) keeps it: the free waits
-	// for the destruction of every such graph, pending meanwhile (in managed_in_use, a second free refused).
-	if held, _ := d.Streams().FreeGraphAware(p, size, func() error { return nil },
-		func() { _ = captures.RunOrDefer(free) }); held {
+	// During a capture, which may name the memory, whether a graph holds it is decided once the captures
+	// ended and their graphs took their uses (the deferred calls run then): decided now, a capture's
+	// graph would not be among the users yet, and the free would come before the graph's launches.
+	if Capturing() {
+		DeferUntilNoCapture(func() { _ = d.releaseManaged(p, size, free) })
 		return true, nil
 	}
-	// cuMemFree synchronizes: it runs now only while no capture can begin, else once the captures end.
-	return true, captures.RunOrDefer(free)
+	return true, d.releaseManaged(p, size, free)
+}
+
+// releaseManaged frees the managed allocation at p (by free) unless a live graph uses it (a copy or
+// kernel it captured names it): then the free waits for the destruction of every such graph, pending
+// meanwhile (in managed_in_use, a second free refused). cuMemFree synchronizes: it runs now only while
+// no capture can begin, else once the captures end.
+func (d *Device) releaseManaged(p cuda.DevicePtr, size uint64, free func() error) error {
+	if held, _ := d.Streams().FreeGraphAware(p, size, func() error { return nil },
+		func() { _ = captures.RunOrDefer(free) }); held {
+		return nil
+	}
+	return captures.RunOrDefer(free)
 }
 
 // ManagedRange checks that [p, p+n) lies inside one live managed allocation of d.

@@ -261,36 +261,47 @@ func (d *Device) shareAllocate(size uint64, h cuda.Stream, kind string) (cuda.De
 // ShareFreeHeld is ShareFree for the size bytes at p that live graphs may use: while one does (a copy or a
 // kernel it captured names them), the free waits for the destruction of every such graph, as the free
 // of a Buffer does, so that no launch writes into memory handed out again.
+//
+// During a capture, which may name the memory, the whole decision waits for the captures to end and their
+// graphs to take their uses (the deferred calls run then): made now, a capture's graph would not be among
+// the users yet, and the free would come before the graph's launches.
 func (d *Device) ShareFreeHeld(p cuda.DevicePtr, size uint64, kind string, h cuda.Stream) error {
-	held, err := d.Streams().FreeGraphAware(p, size, func() error { return d.ShareFree(p, kind, h) },
-		func() { _ = d.ShareFree(p, kind, stream.Later(h)) })
-	if held {
-		return err
-	}
-	return d.ShareFree(p, kind, h)
+	return steadyOrDefer(func(later bool) error {
+		if later {
+			h = stream.Later(h)
+		}
+		held, err := d.Streams().FreeGraphAware(p, size, func() error { return d.shareFreeNow(p, kind, h) },
+			func() { _ = d.ShareFree(p, kind, stream.Later(h)) })
+		if held {
+			return err
+		}
+		return d.shareFreeNow(p, kind, h)
+	})
 }
 
 // ShareFree frees what ShareAllocate returned, in order on h for the pool kind. While a stream captures
 // the free waits for the capture to end, as every free does.
 func (d *Device) ShareFree(p cuda.DevicePtr, kind string, h cuda.Stream) error {
-	free := func(h cuda.Stream) error {
-		drv, ctx := d.Driver(), d.Context()
-		if kind == KindIPC {
-			return drv.MemFree(ctx, p)
-		}
-		streams := d.Streams()
-		use := streams.UseForFree(h)
-		defer streams.Done(h)
-		return drv.MemFreeAsync(ctx, p, use)
-	}
 	// The call runs without the GIL: the check and the free are made while no capture can begin
 	// (steadyOrDefer), so that a GLOBAL capture begun on another thread in between is not invalidated.
 	return steadyOrDefer(func(later bool) error {
 		if later {
-			return free(stream.Later(h))
+			return d.shareFreeNow(p, kind, stream.Later(h))
 		}
-		return free(h)
+		return d.shareFreeNow(p, kind, h)
 	})
+}
+
+// shareFreeNow makes ShareFree's driver call, where no capture is in progress and none can begin.
+func (d *Device) shareFreeNow(p cuda.DevicePtr, kind string, h cuda.Stream) error {
+	drv, ctx := d.Driver(), d.Context()
+	if kind == KindIPC {
+		return drv.MemFree(ctx, p)
+	}
+	streams := d.Streams()
+	use := streams.UseForFree(h)
+	defer streams.Done(h)
+	return drv.MemFreeAsync(ctx, p, use)
 }
 
 // Export is what another process needs to open shareable memory.
