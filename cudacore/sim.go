@@ -7,8 +7,9 @@ import (
 )
 
 // SimInjectFaults makes later driver calls of the simulator fail, at run time: spec is in the form of
-// CUDACORE_SIM_FAULTS ("entry:nth:code[,...]", nth counted from now). It returns how many faults were
-// added, and refuses (NOT_SUPPORTED) when the process does not run on the simulator.
+// CUDACORE_SIM_FAULTS ("entry[@ordinal]:nth:code[,...]", nth counted from now, on one device with
+// @ordinal). It returns how many faults were added, and refuses (NOT_SUPPORTED) when the process does not
+// run on the simulator, and (INVALID_VALUE) a device the simulator does not have, adding nothing.
 //
 //cudacore:gil hold
 func SimInjectFaults(spec string) (int, error) {
@@ -22,9 +23,35 @@ func SimInjectFaults(spec string) (int, error) {
 			return 0, err
 		}
 		for _, f := range faults {
-			s.InjectFault(f.Entry, f.Nth, f.Code)
+			if f.Device != cudasim.AnyDevice {
+				if _, err := process.Lookup(f.Device); err != nil {
+					return 0, err
+				}
+			}
+		}
+		for _, f := range faults {
+			s.InjectDeviceFault(f.Entry, f.Device, f.Nth, f.Code)
 		}
 		return len(faults), nil
+	})
+}
+
+// SimTakeInjectedAllocationFailure reports (1) whether the last allocation call of the simulator on
+// device ordinal (cuMemAllocFromPoolAsync, cuMemAllocAsync, cuMemAlloc_v2 or cuMemAllocManaged, each
+// its own last call) was answered by an injected fault, and forgets it, else 0. The Python layer asks it
+// once for each out-of-memory error on the simulator, whose verdict it then says was injected.
+//
+//cudacore:gil hold
+func SimTakeInjectedAllocationFailure(ordinal int) (int, error) {
+	return guard("cudacore.sim.injected", func() (int, error) {
+		s, err := process.Sim()
+		if err != nil {
+			return 0, err
+		}
+		if s.TakeInjectedFailure(ordinal, "cuMemAllocFromPoolAsync", "cuMemAllocAsync", "cuMemAlloc_v2", "cuMemAllocManaged") {
+			return 1, nil
+		}
+		return 0, nil
 	})
 }
 

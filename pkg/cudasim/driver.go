@@ -43,6 +43,9 @@ type Driver struct {
 	faultMu sync.Mutex
 	calls   map[string]int
 	faults  map[string][]fault
+	// injected says, per "entry@ordinal", whether the last call of entry on that device was answered by
+	// an injected fault.
+	injected map[string]bool
 
 	capMu sync.Mutex
 	caps  map[*capture]struct{} // captures begun and not yet ended, over all devices
@@ -54,8 +57,17 @@ type Driver struct {
 }
 
 type fault struct {
-	at   int // the value calls[entry] has when the faulty call is made
+	at   int // the value calls[key] has when the faulty call is made
 	code cuda.Result
+}
+
+// faultKey is what faults and calls are kept under: the entry point, or "entry@ordinal" for the calls of
+// one device (AnyDevice: every call of the entry point).
+func faultKey(entry string, device int) string {
+	if device == AnyDevice {
+		return entry
+	}
+	return entry + "@" + strconv.Itoa(device)
 }
 
 // Option configures New.
@@ -106,12 +118,13 @@ func WithDriverVersion(v int) Option { return func(d *Driver) { d.version = v } 
 // New returns a simulator. Call Init before anything else, as with the real driver.
 func New(opts ...Option) *Driver {
 	d := &Driver{
-		version: DefaultDriverVersion,
-		calls:   map[string]int{},
-		faults:  map[string][]fault{},
-		caps:    map[*capture]struct{}{},
-		pinned:  map[uintptr][]byte{},
-		fatal:   fatalExit,
+		version:  DefaultDriverVersion,
+		calls:    map[string]int{},
+		injected: map[string]bool{},
+		faults:   map[string][]fault{},
+		caps:     map[*capture]struct{}{},
+		pinned:   map[uintptr][]byte{},
+		fatal:    fatalExit,
 	}
 	WithDevices(H100())(d)
 	for _, o := range opts {
@@ -138,24 +151,36 @@ func FromEnv() (*Driver, error) {
 			return nil, err
 		}
 		for _, f := range fs {
-			d.InjectFault(f.Entry, f.Nth, f.Code)
+			d.InjectDeviceFault(f.Entry, f.Device, f.Nth, f.Code)
 		}
 	}
 	return d, nil
 }
 
+// AnyDevice is Fault.Device for a fault that counts the calls of its entry point on every device.
+const AnyDevice = -1
+
 // Fault is one entry of CUDACORE_SIM_FAULTS.
 type Fault struct {
-	Entry string      // a cu* entry point, as named in the cuda.Driver comments
-	Nth   int         // 1-based
-	Code  cuda.Result // what the call returns
+	Entry  string      // a cu* entry point, as named in the cuda.Driver comments
+	Nth    int         // 1-based
+	Code   cuda.Result // what the call returns
+	Device int         // the ordinal whose calls count and fail ("entry@ordinal"), or AnyDevice
 }
 
-// ParseFaults parses a CUDACORE_SIM_FAULTS value, "entry:nth:code[,entry:nth:code...]".
+// deviceless are the entry points whose calls name no device (nor a context of one): a fault of
+// theirs cannot be scoped to a device. Calls of the peer entry points name two.
+var deviceless = map[string]bool{
+	"cuInit": true, "cuDriverGetVersion": true, "cuDeviceGetCount": true, "cuDeviceGet": true,
+	"cuCtxEnablePeerAccess": true, "cuMemcpyPeerAsync": true,
+}
+
+// ParseFaults parses a CUDACORE_SIM_FAULTS value, "entry[@ordinal]:nth:code[,...]": with @ordinal, nth
+// counts only the calls made on that device (through its context, or naming it), and only they fail.
 func ParseFaults(s string) ([]Fault, error) {
 	bad := func(item, why string) error {
 		return cuda.NewError(EnvFaults, cuda.ErrorInvalidValue, fmt.Sprintf(
-			"%q: %s; a valid example: cuMemAllocFromPoolAsync:3:2,cuMemAlloc_v2:1:CUDA_ERROR_OUT_OF_MEMORY", item, why))
+			"%q: %s; a valid example: cuMemAllocFromPoolAsync:3:2,cuMemAlloc_v2@1:1:CUDA_ERROR_OUT_OF_MEMORY", item, why))
 	}
 	var out []Fault
 	for _, item := range strings.Split(s, ",") {
@@ -167,8 +192,20 @@ func ParseFaults(s string) ([]Fault, error) {
 		if len(parts) != 3 {
 			return nil, bad(item, "want entry:nth:code")
 		}
-		if !entryPoints[parts[0]] {
-			return nil, bad(item, "unknown entry point "+strconv.Quote(parts[0]))
+		entry, ordinal, scoped := strings.Cut(parts[0], "@")
+		if !entryPoints[entry] {
+			return nil, bad(item, "unknown entry point "+strconv.Quote(entry))
+		}
+		device := AnyDevice
+		if scoped {
+			n, err := strconv.Atoi(ordinal)
+			if err != nil || n < 0 {
+				return nil, bad(item, "the device after @ must be an ordinal, a whole number from 0")
+			}
+			if deviceless[entry] {
+				return nil, bad(item, entry+"'s calls are not made on one device, so its faults cannot name one")
+			}
+			device = n
 		}
 		nth, err := strconv.Atoi(parts[1])
 		if err != nil || nth < 1 {
@@ -185,7 +222,7 @@ func ParseFaults(s string) ([]Fault, error) {
 		if code == cuda.Success {
 			return nil, bad(item, "code 0 is CUDA_SUCCESS, which is not a fault")
 		}
-		out = append(out, Fault{parts[0], nth, code})
+		out = append(out, Fault{Entry: entry, Nth: nth, Code: code, Device: device})
 	}
 	if len(out) == 0 {
 		return nil, bad(s, "no faults listed")
@@ -221,11 +258,19 @@ func init() {
 // InjectFault makes the nth call of entryPoint (1-based, counting from now) fail with code, doing
 // nothing else. nth below 1 means the next call.
 func (d *Driver) InjectFault(entryPoint string, nth int, code cuda.Result) {
+	d.InjectDeviceFault(entryPoint, AnyDevice, nth, code)
+}
+
+// InjectDeviceFault is InjectFault counting only the calls of entryPoint made on device (its context,
+// or naming it): the nth of those fails, and calls on other devices neither count nor fail. AnyDevice
+// counts every call.
+func (d *Driver) InjectDeviceFault(entryPoint string, device, nth int, code cuda.Result) {
 	if nth < 1 {
 		nth = 1
 	}
+	key := faultKey(entryPoint, device)
 	d.faultMu.Lock()
-	d.faults[entryPoint] = append(d.faults[entryPoint], fault{at: d.calls[entryPoint] + nth, code: code})
+	d.faults[key] = append(d.faults[key], fault{at: d.calls[key] + nth, code: code})
 	d.faultMu.Unlock()
 }
 
@@ -242,6 +287,23 @@ func (d *Driver) ClearFaults() int {
 	return n
 }
 
+// TakeInjectedFailure reports whether the last call of any of entries on device was answered by an
+// injected fault, and forgets it for those entries: an out-of-memory verdict asks it once for the
+// failure it describes, so that the next failure, injected or not, is told apart.
+func (d *Driver) TakeInjectedFailure(device int, entries ...string) bool {
+	d.faultMu.Lock()
+	defer d.faultMu.Unlock()
+	found := false
+	for _, e := range entries {
+		key := faultKey(e, device)
+		if d.injected[key] {
+			found = true
+			d.injected[key] = false
+		}
+	}
+	return found
+}
+
 // Calls returns how many times entryPoint has been called, failed calls included.
 func (d *Driver) Calls(entryPoint string) int {
 	d.faultMu.Lock()
@@ -251,21 +313,45 @@ func (d *Driver) Calls(entryPoint string) int {
 
 // enter counts a call of op and returns its injected fault, if one is due, or NotInitialized.
 func (d *Driver) enter(op string) error {
+	return d.enterOn(op, AnyDevice)
+}
+
+// enterOn is enter for a call made on device index (AnyDevice: on none known): the call counts for op
+// and for op on that device, and a fault due for either answers it. Whether one did is recorded per
+// entry and device (TakeInjectedFailure).
+func (d *Driver) enterOn(op string, index int) error {
 	d.faultMu.Lock()
-	d.calls[op]++
-	n := d.calls[op]
-	if fs := d.faults[op]; len(fs) > 0 {
-		for i, f := range fs {
-			if f.at == n {
-				d.faults[op] = append(fs[:i:i], fs[i+1:]...)
-				d.faultMu.Unlock()
-				return cuda.NewError(op, f.code, "fault injected into the simulator")
-			}
+	err := d.due(op, op)
+	if index != AnyDevice {
+		key := faultKey(op, index)
+		if err == nil {
+			err = d.due(op, key)
+		} else {
+			d.calls[key]++ // one call, one fault: a fault of this device due now stays pending
 		}
+		d.injected[key] = err != nil
 	}
 	d.faultMu.Unlock()
+	if err != nil {
+		return err
+	}
 	if op != "cuInit" && op != "cuDriverGetVersion" && !d.inited.Load() {
 		return cuda.NewError(op, cuda.ErrorNotInitialized, "call Init first")
+	}
+	return nil
+}
+
+// due counts a call under key and returns the fault injected under key for this call, if any. Called
+// with faultMu held.
+func (d *Driver) due(op, key string) error {
+	d.calls[key]++
+	n := d.calls[key]
+	for i, f := range d.faults[key] {
+		if f.at == n {
+			fs := d.faults[key]
+			d.faults[key] = append(fs[:i:i], fs[i+1:]...)
+			return cuda.NewError(op, f.code, "fault injected into the simulator")
+		}
 	}
 	return nil
 }
@@ -302,10 +388,14 @@ func (d *Driver) DeviceCount() (int, error) {
 }
 
 func (d *Driver) device(op string, dev cuda.Device) (*device, error) {
-	if err := d.enter(op); err != nil {
+	index := AnyDevice
+	if dev >= 0 && int(dev) < len(d.devs) {
+		index = int(dev)
+	}
+	if err := d.enterOn(op, index); err != nil {
 		return nil, err
 	}
-	if dev < 0 || int(dev) >= len(d.devs) {
+	if index == AnyDevice {
 		return nil, errf(op, cuda.ErrorInvalidDevice, "device %d does not exist; there are %d", dev, len(d.devs))
 	}
 	return d.devs[dev], nil
@@ -471,14 +561,18 @@ func (d *Driver) PrimaryCtxRelease(dev cuda.Device) error {
 
 // ctx validates a context, locks its device and returns it; the caller unlocks.
 func (d *Driver) ctx(op string, c cuda.Context) (*device, error) {
-	if err := d.enter(op); err != nil {
+	u := uintptr(c)
+	index := AnyDevice
+	if u >= ctxBase && (u-ctxBase)%ctxStride == 0 && int((u-ctxBase)/ctxStride) < len(d.devs) {
+		index = int((u - ctxBase) / ctxStride)
+	}
+	if err := d.enterOn(op, index); err != nil {
 		return nil, err
 	}
-	u := uintptr(c)
-	if u < ctxBase || (u-ctxBase)%ctxStride != 0 || int((u-ctxBase)/ctxStride) >= len(d.devs) {
+	if index == AnyDevice {
 		return nil, errf(op, cuda.ErrorInvalidContext, "context %#x is not one this simulator made", u)
 	}
-	v := d.devs[(u-ctxBase)/ctxStride]
+	v := d.devs[index]
 	v.mu.Lock()
 	if v.ctxRefs == 0 {
 		v.mu.Unlock()

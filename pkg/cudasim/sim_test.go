@@ -236,6 +236,54 @@ func TestFaultInjection(t *testing.T) {
 	require.NoError(t, e.d.MemFreeAsync(e.ctx, p, cuda.StreamPerThread))
 }
 
+func TestDeviceScopedFaults(t *testing.T) {
+	d := cudasim.New(cudasim.WithDevices(cudasim.DeviceConfig{}, cudasim.DeviceConfig{}))
+	require.NoError(t, d.Init())
+	c0, err := d.PrimaryCtxRetain(0)
+	require.NoError(t, err)
+	c1, err := d.PrimaryCtxRetain(1)
+	require.NoError(t, err)
+	faults, err := cudasim.ParseFaults("cuMemAlloc_v2@1:2:CUDA_ERROR_OUT_OF_MEMORY,cuMemAlloc_v2:1:2")
+	require.NoError(t, err)
+	assert.Equal(t, []cudasim.Fault{
+		{Entry: "cuMemAlloc_v2", Nth: 2, Code: cuda.ErrorOutOfMemory, Device: 1},
+		{Entry: "cuMemAlloc_v2", Nth: 1, Code: cuda.ErrorOutOfMemory, Device: cudasim.AnyDevice},
+	}, faults)
+	f := faults[0]
+	d.InjectDeviceFault(f.Entry, f.Device, f.Nth, f.Code)
+	// Calls on device 0 neither count towards device 1's fault nor fail.
+	for i := 0; i < 3; i++ {
+		_, err := d.MemAlloc(c0, 64)
+		require.NoError(t, err)
+	}
+	_, err = d.MemAlloc(c1, 64)
+	require.NoError(t, err, "the first call on device 1")
+	_, err = d.MemAlloc(c1, 64)
+	requireResult(t, cuda.ErrorOutOfMemory, "cuMemAlloc_v2", err)
+	assert.True(t, d.TakeInjectedFailure(1, "cuMemAllocFromPoolAsync", "cuMemAlloc_v2"), "device 1's last cuMemAlloc_v2 was injected")
+	assert.False(t, d.TakeInjectedFailure(1, "cuMemAlloc_v2"), "taken once")
+	assert.False(t, d.TakeInjectedFailure(0, "cuMemAlloc_v2"))
+	_, err = d.MemAlloc(c1, 64)
+	require.NoError(t, err, "a fault fires once")
+	d.InjectFault("cuMemAlloc_v2", 1, cuda.ErrorOutOfMemory)
+	_, err = d.MemAlloc(c0, 64)
+	requireResult(t, cuda.ErrorOutOfMemory, "cuMemAlloc_v2", err)
+	_, err = d.MemAlloc(c0, 64)
+	require.NoError(t, err)
+	assert.False(t, d.TakeInjectedFailure(0, "cuMemAlloc_v2"), "the last call succeeded")
+	// A fault of a call that names a device (not a context) is scoped too.
+	d.InjectDeviceFault("cuDeviceGetName", 1, 1, cuda.ErrorUnknown)
+	_, err = d.DeviceName(0)
+	require.NoError(t, err)
+	_, err = d.DeviceName(1)
+	requireResult(t, cuda.ErrorUnknown, "cuDeviceGetName", err)
+
+	for _, bad := range []string{"cuMemAlloc_v2@x:1:2", "cuMemAlloc_v2@-1:1:2", "cuInit@0:1:2", "cuMemcpyPeerAsync@1:1:2"} {
+		_, err := cudasim.ParseFaults(bad)
+		requireResult(t, cuda.ErrorInvalidValue, cudasim.EnvFaults, err)
+	}
+}
+
 func TestPoolCachingAndTrim(t *testing.T) {
 	e := start(t)
 	d, c := e.d, e.ctx

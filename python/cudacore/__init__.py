@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from . import _injected as _injected  # registers the hook of the "injected" out-of-memory verdict
 from ._capture_tools import CaptureDiagnosis, Graphed, graphed, rehearse
 from ._copy import device_to_device
 from ._device import (
@@ -68,6 +71,9 @@ from ._notebook import MemoryRecorder, MemoryStats
 from ._stream import Event, EventHandle, Graph, Stream, current_stream
 from ._version import __version__ as __version__
 from .interop import ExternalBuffer, asbuffer
+
+if TYPE_CHECKING:
+    from . import testing as testing
 
 __all__ = [
     "Buffer",
@@ -137,3 +143,13 @@ __all__ = [
     "uint64",
     "unavailable_reason",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # cudacore.testing is reachable as an attribute without importing it by name first; it is imported
+    # on first use only (so is its module, as ``import cudacore.testing`` would).
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module(".testing", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

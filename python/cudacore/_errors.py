@@ -160,7 +160,8 @@ class OutOfMemoryError(CUDAError, MemoryError):
         The verdict, which the message leads with: ``"exhausted"`` (this process holds the memory),
         ``"other_processes"``, ``"fragmentation"`` (enough free in total, not in one block),
         ``"limit"`` (a cudacore memory limit), ``"pool_reservation"`` (the driver refused the pool's
-        reservation) or ``"too_large"`` (more than the device has). See docs/diagnostics.md.
+        reservation) or ``"too_large"`` (more than the device has); on the simulator, ``"injected"`` when
+        a fault injected for a test caused it. See docs/diagnostics.md.
     flight_record : list of dict
         The allocator events that led here (see :func:`cudacore.flight_record`), oldest first, ending
         with this failure; empty when the recorder is off.

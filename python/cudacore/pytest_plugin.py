@@ -26,7 +26,8 @@ Fixtures
 ``cudacore_device``
     ``cudacore.Device(0)``; skips when no device (or no driver) is there.
 ``cudacore_faults``
-    A :class:`FaultInjector` (``inject(spec)``, ``fail_allocations(nth=1)``, ``clear()``), cleared after
+    A :class:`FaultInjector` (``inject(spec)``, ``inject_fault(entry, nth)``,
+    ``fail_allocations(nth=1, device=None)``, ``clear()``), cleared after
     the test; skips unless on the simulator.
 
 The plugin calls into cudacore (which chooses the backend on first use) only when a test needs it, so a
@@ -137,13 +138,22 @@ class FaultInjector:
     """Run-time fault injection on the simulator (the ``cudacore_faults`` fixture)."""
 
     def inject(self, spec: str) -> int:
-        """Add faults in the CUDACORE_SIM_FAULTS syntax, ``"entry:nth:code[,...]"``, nth counted from now."""
+        """Add faults in the CUDACORE_SIM_FAULTS syntax, ``"entry[@ordinal]:nth:code[,...]"``, nth counted
+        from now (see :func:`cudacore.testing.inject_faults`)."""
         return testing.inject_faults(spec)
 
-    def fail_allocations(self, nth: int = 1, device: int = 0, code: int | str = "CUDA_ERROR_OUT_OF_MEMORY") -> None:
-        """Make the nth allocation from now that reaches the driver fail (see
-        :func:`cudacore.testing.fail_allocations`)."""
-        testing.fail_allocations(device=device, nth=nth, code=code)
+    def inject_fault(
+        self, entry: str, nth: int = 1, code: int | str = "CUDA_ERROR_OUT_OF_MEMORY", *, device: Device | int | None = None
+    ) -> None:
+        """Make the nth call from now of ``entry`` fail (see :func:`cudacore.testing.inject_fault`)."""
+        testing.inject_fault(entry, nth, code, device=device)
+
+    def fail_allocations(
+        self, *, nth: int = 1, device: Device | int | None = None, code: int | str = "CUDA_ERROR_OUT_OF_MEMORY"
+    ) -> None:
+        """Make the nth allocation from now that reaches the driver on ``device`` fail (see
+        :func:`cudacore.testing.fail_allocations`, which takes the same keyword arguments)."""
+        testing.fail_allocations(nth=nth, device=device, code=code)
 
     def clear(self) -> None:
         """Remove every pending fault."""

@@ -12,12 +12,27 @@ import json
 from typing import Any
 
 from ._api import core
-from ._device import Device
+from ._device import Device, _ordinal
+from ._errors import error
+from ._handles import current_ordinal
 
 __all__ = ["clear_faults", "fail_allocations", "go_stacks_after", "inject_fault", "inject_faults", "set_memory_conditions"]
 
 
-def set_memory_conditions(device: int, conditions: dict[str, Any]) -> int:
+def _device_ordinal(device: Device | int | None, fn: str) -> int:
+    """The ordinal ``device`` names: a :class:`Device`, an ordinal, or None for this thread's current
+    device. A negative ordinal is an InvalidValueError naming ``fn``."""
+    if device is None:
+        return current_ordinal()
+    if isinstance(device, Device):
+        return device.device_id
+    ordinal = _ordinal(device)
+    if ordinal < 0:
+        raise error("CUDA_ERROR_INVALID_VALUE", f"{fn}(): device must be >= 0, got {ordinal}", op=f"cudacore.testing.{fn}")
+    return ordinal
+
+
+def set_memory_conditions(device: Device | int | None, conditions: dict[str, Any]) -> int:
     """Model, on the simulator, what makes real allocations fail on ``device`` (replacing earlier
     conditions; ``{}`` clears them), so that each out-of-memory verdict can be tested without a GPU.
 
@@ -30,6 +45,7 @@ def set_memory_conditions(device: int, conditions: dict[str, Any]) -> int:
     hand a destroyed stream's handle to the next stream created, as the real driver does both (so that a
     stale pointer or handle can name a new object; off, the simulator never reuses either, and a destroyed
     stream's handle ends the process as the driver's crash would). Returns the other processes' bytes.
+    ``device`` is a :class:`Device` or an ordinal (None: the current device).
 
     Raises
     ------
@@ -38,27 +54,35 @@ def set_memory_conditions(device: int, conditions: dict[str, Any]) -> int:
     InvalidValueError
         For an unknown key, a pid that is not positive, memory that does not fit, or an unknown device.
     """
-    return int(core.SimSetMemoryConditions(device, json.dumps(conditions)))
+    return int(core.SimSetMemoryConditions(_device_ordinal(device, "set_memory_conditions"), json.dumps(conditions)))
 
 
 def inject_faults(spec: str) -> int:
-    """Make later simulator driver calls fail: ``spec`` is ``"entry:nth:code[,...]"`` as in
+    """Make later simulator driver calls fail: ``spec`` is ``"entry[@ordinal]:nth:code[,...]"`` as in
     ``CUDACORE_SIM_FAULTS`` (for example ``"cuMemAllocFromPoolAsync:3:CUDA_ERROR_OUT_OF_MEMORY"``: the third
-    call from now fails), nth counted from now. Returns how many faults were added.
+    call from now fails), nth counted from now; with ``@ordinal`` only the calls made on that device count
+    and fail (``"cuMemAlloc_v2@1:1:2"``). Returns how many faults were added.
 
     Raises
     ------
     NotSupportedError
         When the process does not run on the simulator.
     InvalidValueError
-        For a malformed spec or an unknown entry point.
+        For a malformed spec, an unknown entry point or a device the simulator does not have.
     """
     return core.SimInjectFaults(spec)
 
 
-def inject_fault(entry: str, nth: int = 1, code: int | str = "CUDA_ERROR_OUT_OF_MEMORY") -> None:
-    """Make the ``nth`` call from now of driver entry point ``entry`` fail with ``code`` (simulator)."""
-    inject_faults(f"{entry}:{nth}:{code}")
+def inject_fault(
+    entry: str, nth: int = 1, code: int | str = "CUDA_ERROR_OUT_OF_MEMORY", *, device: Device | int | None = None
+) -> None:
+    """Make the ``nth`` call from now of driver entry point ``entry`` fail with ``code`` (simulator).
+
+    ``device`` (a :class:`Device` or an ordinal) counts and fails only the calls made on that device;
+    None (the default) counts the calls on every device.
+    """
+    scope = "" if device is None else f"@{_device_ordinal(device, 'inject_fault')}"
+    inject_faults(f"{entry}{scope}:{nth}:{code}")
 
 
 def clear_faults() -> int:
@@ -66,17 +90,23 @@ def clear_faults() -> int:
     return core.SimClearFaults()
 
 
-def fail_allocations(device: int = 0, nth: int = 1, code: int | str = "CUDA_ERROR_OUT_OF_MEMORY") -> None:
+def fail_allocations(
+    *, nth: int = 1, device: Device | int | None = None, code: int | str = "CUDA_ERROR_OUT_OF_MEMORY"
+) -> None:
     """Make the ``nth`` allocation from now that reaches the driver on ``device`` fail (simulator).
 
-    The fault is injected twice in a row, because cudacore's allocator retries a failed allocation once
-    after releasing its cache; so :meth:`Device.allocate` raises :class:`cudacore.OutOfMemoryError` (for
-    the default code). Allocations served from cudacore's cache never reach the driver and are not counted:
-    call ``Device(device).release_cached_memory()`` first for an exact count.
+    Keyword arguments only, the same as the pytest plugin's ``cudacore_faults.fail_allocations``.
+    ``device`` is a :class:`Device` or an ordinal (None: the current device); allocations on other devices
+    neither count nor fail. The fault is injected twice in a row, because cudacore's allocator retries a
+    failed allocation once after releasing its cache; so :meth:`Device.allocate` raises
+    :class:`cudacore.OutOfMemoryError` (for the default code), whose ``cause`` is ``"injected"``.
+    Allocations served from cudacore's cache never reach the driver and are not counted: call
+    ``release_cached_memory()`` on the device first for an exact count.
     """
-    strategy = Device(device).allocation_strategy
+    ordinal = _device_ordinal(device, "fail_allocations")
+    strategy = Device(ordinal).allocation_strategy
     entry = "cuMemAllocFromPoolAsync" if strategy == "pool" else "cuMemAlloc_v2"
-    inject_faults(f"{entry}:{nth}:{code},{entry}:{nth + 1}:{code}")
+    inject_faults(f"{entry}@{ordinal}:{nth}:{code},{entry}@{ordinal}:{nth + 1}:{code}")
 
 
 def go_stacks_after(seconds: float | None) -> None:

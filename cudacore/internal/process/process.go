@@ -153,7 +153,7 @@ func simFromEnv() (*cudasim.Driver, error) {
 			return nil, err
 		}
 		for _, f := range faults {
-			d.InjectFault(f.Entry, f.Nth, f.Code)
+			d.InjectDeviceFault(f.Entry, f.Device, f.Nth, f.Code)
 		}
 	}
 	return d, nil
