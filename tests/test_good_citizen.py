@@ -10,6 +10,7 @@ import pytest
 import cudacore as cc
 from cudacore import testing
 from cudacore.pytest_plugin import FaultInjector
+
 from conftest import run_python
 
 TWO_DEVICES = {
@@ -90,3 +91,21 @@ def test_an_injected_out_of_memory_says_it_was_injected(dev: cc.Device) -> None:
     with pytest.raises(cc.OutOfMemoryError) as ei:
         dev.allocate(dev.total_memory + 1)
     assert ei.value.cause == "too_large"
+
+
+def test_a_flight_record_path_in_a_missing_folder_is_refused(tmp_path) -> None:
+    missing = tmp_path / "no_such_folder" / "oom.txt"
+    with pytest.raises(cc.InvalidValueError, match="its folder .*no_such_folder does not exist"):
+        cc.configure_flight_recorder(path=missing)
+    with pytest.raises(cc.InvalidValueError, match="it is a folder"):
+        cc.configure_flight_recorder(path=tmp_path)
+    assert cc.configure_flight_recorder()["path"] is None
+    r = run_python("import cudacore\n", {"CUDACORE_BACKEND": "sim", "CUDACORE_FLIGHT_RECORD": str(missing)})
+    assert r.returncode == 0, r.stderr
+    assert "RuntimeWarning: CUDACORE_FLIGHT_RECORD=" in r.stderr and "does not exist" in r.stderr
+
+
+def test_flight_record_limit_must_not_be_negative() -> None:
+    with pytest.raises(cc.InvalidValueError, match=r"flight_record\(\): limit must be >= 0"):
+        cc.flight_record(limit=-1)
+    assert cc.flight_record(limit=0) == []

@@ -28,10 +28,14 @@ MODES = ["global", "thread_local", "relaxed"]
 # -- streams and events -------------------------------------------------------------------------------
 
 
-def test_stream_properties_and_priority_clamp(dev):
+def test_stream_properties_and_priority_range(dev):
     least, greatest = cc.Stream.priority_range(dev)
     assert greatest <= least
-    with closing(dev.create_stream(non_blocking=False, priority=greatest - 100)) as s:
+    # Issue 31: a priority outside the range is refused, naming it, where the driver would clamp it.
+    for bad in (greatest - 1, least + 1, 99):
+        with pytest.raises(cc.InvalidValueError, match=rf"priority {bad} is outside device 0's range, {greatest} "):
+            dev.create_stream(priority=bad)
+    with closing(dev.create_stream(non_blocking=False, priority=greatest)) as s:
         assert s.priority == greatest
         assert not s.non_blocking
         assert s.device == dev
@@ -39,7 +43,7 @@ def test_stream_properties_and_priority_clamp(dev):
         assert s.query() is True
         s.synchronize()
         assert not s.capturing and s.capture_mode is None
-    with closing(dev.create_stream(priority=least + 100)) as s:
+    with closing(dev.create_stream(priority=least)) as s:
         assert s.priority == least and s.non_blocking
     assert s.closed
     s.close()  # idempotent

@@ -61,4 +61,5 @@ def relabel(exc: _errors.CUDAError) -> None:
     exc.args = (message,)
 
 
-_errors.HOOKS.append(relabel)
+# First, so that the other hooks (the flight record written to a file) see the verdict it gives.
+_errors.HOOKS.insert(0, relabel)

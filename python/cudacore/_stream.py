@@ -155,7 +155,13 @@ class Stream:
         True (the default) makes a stream that does not synchronize with the legacy default stream, which
         keeps synchronous work elsewhere legal while it captures.
     priority : int
-        Lower is greater; clamped to the device's range (``Stream.priority_range(d)``).
+        Lower is greater, within the device's range (``Stream.priority_range(d)``, for example ``(0, -5)``).
+
+    Raises
+    ------
+    InvalidValueError
+        For a priority outside the device's range (the driver would clamp it in silence); the message
+        names the range.
     """
 
     __slots__ = ("__weakref__", "_closed", "_device", "_handle", "_non_blocking", "_owned", "_priority")
@@ -168,6 +174,17 @@ class Stream:
         self._closed = False
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"create_stream(): priority must be an int, not {type(priority).__name__}")
+        least, greatest = Stream.priority_range(dev)
+        if not greatest <= priority <= least:
+            raise error(
+                "CUDA_ERROR_INVALID_VALUE",
+                f"create_stream(): priority {priority} is outside device {dev.device_id}'s range, {greatest} "
+                f"(the greatest) to {least} (the least, the default's); lower numbers are greater priorities",
+                op="cudacore.create_stream",
+                priority=priority,
+                least=least,
+                greatest=greatest,
+            )
         self._handle = core.StreamCreate(dev.device_id, bool(non_blocking), priority)
         self._owned = True
         info = json.loads(core.StreamInfo(dev.device_id, self._handle))
