@@ -48,6 +48,27 @@ _PACKAGE_DIR = str(Path(__file__).resolve().parent) + os.sep
 _state: dict[str, Any] = {"path": os.environ.get("CUDACORE_FLIGHT_RECORD") or None, "stack_frames": 0}
 
 
+def _unwritable(path: str) -> str | None:
+    """Why out-of-memory reports cannot be appended to ``path`` (its folder is missing, or it is a
+    folder), or None when they can be."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"its folder {folder} does not exist"
+    if os.path.isdir(path):
+        return "it is a folder"
+    return None
+
+
+if _state["path"] is not None and (_why := _unwritable(_state["path"])) is not None:
+    # Read at import, where raising would stop the import: say it now, not when the record is lost.
+    warnings.warn(
+        f"CUDACORE_FLIGHT_RECORD={_state['path']!r}: out-of-memory reports cannot be written there ({_why}); "
+        "create the folder or point the variable at a file in one that exists",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
 def _ensure_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
@@ -80,7 +101,7 @@ def configure_flight_recorder(
     Raises
     ------
     InvalidValueError
-        For a capacity out of range.
+        For a capacity out of range, or a path whose folder does not exist (or that is a folder).
     """
     if enabled is not None or capacity is not None:
         cap = 0 if capacity is None else _ensure_int("capacity", capacity)
@@ -92,7 +113,15 @@ def configure_flight_recorder(
         fast.set_stack_frames(frames, _PACKAGE_DIR)
         _state["stack_frames"] = frames
     if path is not False:
-        _state["path"] = None if path is None else os.fspath(path)  # type: ignore[arg-type]
+        new_path = None if path is None else os.fspath(path)  # type: ignore[arg-type]
+        why = None if new_path is None else _unwritable(new_path)
+        if why is not None:
+            raise _errors.error(
+                "CUDA_ERROR_INVALID_VALUE",
+                f"configure_flight_recorder(): path {new_path!r} cannot take out-of-memory reports: {why}",
+                op="cudacore.flight_recorder",
+            )
+        _state["path"] = new_path
     status = json.loads(core.RecorderEvents(0, 1))
     return {
         "enabled": status["enabled"],
@@ -140,13 +169,21 @@ def flight_record(limit: int | None = None, *, device: int | None = None, after:
     Parameters
     ----------
     limit : int, optional
-        At most this many of the newest events.
+        At most this many of the newest events (0: none); None, every event the recorder keeps.
     device : int, optional
         Only this device's events.
     after : int
         Only events with a ``seq`` above this.
     """
     n = 0 if limit is None else _ensure_int("limit", limit)
+    if n < 0:
+        raise _errors.error(
+            "CUDA_ERROR_INVALID_VALUE",
+            f"flight_record(): limit must be >= 0 (None: every event kept), got {n}",
+            op="cudacore.flight_record",
+        )
+    if limit == 0:
+        return []
     events: list[dict[str, Any]] = json.loads(core.RecorderEvents(_ensure_int("after", after), n))["events"]
     if device is not None:
         events = [e for e in events if e["device"] == device]
@@ -228,8 +265,11 @@ def _attach(exc: _errors.CUDAError) -> None:
     path = _state["path"]
     if path:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(f"=== cudacore out of memory, {stamp}, pid {os.getpid()}\n{exc}\n{format_flight_record(events)}\n\n")
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(f"=== cudacore out of memory, {stamp}, pid {os.getpid()}\n{exc}\n{format_flight_record(events)}\n\n")
+        except OSError as e:  # the error it describes stands; the lost record is said, not swallowed
+            warnings.warn(f"cudacore could not write the out-of-memory report to {path!r}: {e}", RuntimeWarning, stacklevel=2)
 
 
 _errors.HOOKS.append(_attach)
