@@ -36,25 +36,6 @@ func SimInjectFaults(spec string) (int, error) {
 	})
 }
 
-// SimTakeInjectedAllocationFailure reports (1) whether the last allocation call of the simulator on
-// device ordinal (cuMemAllocFromPoolAsync, cuMemAllocAsync, cuMemAlloc_v2 or cuMemAllocManaged, each
-// its own last call) was answered by an injected fault, and forgets it, else 0. The Python layer asks it
-// once for each out-of-memory error on the simulator, whose verdict it then says was injected.
-//
-//cudacore:gil hold
-func SimTakeInjectedAllocationFailure(ordinal int) (int, error) {
-	return guard("cudacore.sim.injected", func() (int, error) {
-		s, err := process.Sim()
-		if err != nil {
-			return 0, err
-		}
-		if s.TakeInjectedFailure(ordinal, "cuMemAllocFromPoolAsync", "cuMemAllocAsync", "cuMemAlloc_v2", "cuMemAllocManaged") {
-			return 1, nil
-		}
-		return 0, nil
-	})
-}
-
 // SimClearFaults removes every pending simulator fault (those of CUDACORE_SIM_FAULTS included) and
 // returns how many were pending: injected and not yet reached by a call.
 //

@@ -31,6 +31,20 @@ type Field struct {
 	Key, Value string
 }
 
+// FieldInjected is the field, "true", of an error that a fault injected into the driver answered a call
+// with (the simulator's fault injection): whoever reports the failure says it was injected.
+const FieldInjected = "injected"
+
+// Injected says whether err, or an error it wraps, was answered by an injected fault (FieldInjected).
+func Injected(err error) bool {
+	var e *Error
+	if !errors.As(err, &e) {
+		return false
+	}
+	v, ok := e.Field(FieldInjected)
+	return ok && v == "true"
+}
+
 // Error is a failure of a driver call or of a cudacore operation that stands for one.
 //
 // Op names the entry point (cuMemAllocAsync) or the cudacore operation (cudacore.allocate). Msg says, for a

@@ -43,9 +43,6 @@ type Driver struct {
 	faultMu sync.Mutex
 	calls   map[string]int
 	faults  map[string][]fault
-	// injected says, per "entry@ordinal", whether the last call of entry on that device was answered by
-	// an injected fault.
-	injected map[string]bool
 
 	capMu sync.Mutex
 	caps  map[*capture]struct{} // captures begun and not yet ended, over all devices
@@ -120,7 +117,6 @@ func New(opts ...Option) *Driver {
 	d := &Driver{
 		version:  DefaultDriverVersion,
 		calls:    map[string]int{},
-		injected: map[string]bool{},
 		faults:   map[string][]fault{},
 		caps:     map[*capture]struct{}{},
 		pinned:   map[uintptr][]byte{},
@@ -287,23 +283,6 @@ func (d *Driver) ClearFaults() int {
 	return n
 }
 
-// TakeInjectedFailure reports whether the last call of any of entries on device was answered by an
-// injected fault, and forgets it for those entries: an out-of-memory verdict asks it once for the
-// failure it describes, so that the next failure, injected or not, is told apart.
-func (d *Driver) TakeInjectedFailure(device int, entries ...string) bool {
-	d.faultMu.Lock()
-	defer d.faultMu.Unlock()
-	found := false
-	for _, e := range entries {
-		key := faultKey(e, device)
-		if d.injected[key] {
-			found = true
-			d.injected[key] = false
-		}
-	}
-	return found
-}
-
 // Calls returns how many times entryPoint has been called, failed calls included.
 func (d *Driver) Calls(entryPoint string) int {
 	d.faultMu.Lock()
@@ -317,8 +296,7 @@ func (d *Driver) enter(op string) error {
 }
 
 // enterOn is enter for a call made on device index (AnyDevice: on none known): the call counts for op
-// and for op on that device, and a fault due for either answers it. Whether one did is recorded per
-// entry and device (TakeInjectedFailure).
+// and for op on that device, and a fault due for either answers it.
 func (d *Driver) enterOn(op string, index int) error {
 	d.faultMu.Lock()
 	err := d.due(op, op)
@@ -329,7 +307,6 @@ func (d *Driver) enterOn(op string, index int) error {
 		} else {
 			d.calls[key]++ // one call, one fault: a fault of this device due now stays pending
 		}
-		d.injected[key] = err != nil
 	}
 	d.faultMu.Unlock()
 	if err != nil {
@@ -350,7 +327,8 @@ func (d *Driver) due(op, key string) error {
 		if f.at == n {
 			fs := d.faults[key]
 			d.faults[key] = append(fs[:i:i], fs[i+1:]...)
-			return cuda.NewError(op, f.code, "fault injected into the simulator")
+			// Marked, so that whoever reports the failure (the out-of-memory verdict) can say it was injected.
+			return cuda.NewError(op, f.code, "fault injected into the simulator", cuda.Field{Key: cuda.FieldInjected, Value: "true"})
 		}
 	}
 	return nil

@@ -44,6 +44,7 @@ const (
 	CauseLimit           = "limit"            // a cudacore memory limit was hit
 	CausePoolReservation = "pool_reservation" // the driver refused the pool's reservation though memory is free
 	CauseTooLarge        = "too_large"        // more than the device's total memory
+	CauseInjected        = "injected"         // a fault injected into the driver (the simulator) answered it
 )
 
 // causeLead is the start of the message for each cause.
@@ -54,6 +55,7 @@ var causeLead = map[string]string{
 	CauseLimit:           "a cudacore memory limit was hit",
 	CausePoolReservation: "the driver refused the pool's reservation",
 	CauseTooLarge:        "the request is larger than the device",
+	CauseInjected:        "injected by cudacore.testing",
 }
 
 // gapSlack is what the gap between the device's used memory and this process's allocator may hold without
@@ -147,6 +149,14 @@ func OutOfMemory(d *device.Device, requested uint64, cause error, ps PoolState) 
 		verdict = CauseOtherProcesses
 	}
 
+	// A failure that a fault injected into the driver made (cudacore.testing, CUDACORE_SIM_FAULTS) says so:
+	// the device's state would blame something that is not there. What that state says is kept as
+	// cause_without_fault.
+	without := ""
+	if cuda.Injected(cause) {
+		without, verdict = verdict, CauseInjected
+	}
+
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: out of memory allocating %s on device %d (%s): %s of %s free; "+
 		"this process's pool holds %s in use and %s cached",
@@ -160,6 +170,9 @@ func OutOfMemory(d *device.Device, requested uint64, cause error, ps PoolState) 
 	}
 	b.WriteString(". ")
 	switch verdict {
+	case CauseInjected:
+		fmt.Fprintf(&b, "The simulator's fault injection answered this allocation (cudacore.testing or "+
+			"CUDACORE_SIM_FAULTS); without it the verdict would be %s.", without)
 	case CauseTooLarge:
 		b.WriteString("The request is larger than the device's total memory: split it (for example into tiles with allocate_tiles), or use managed memory (allocate_managed), which the driver pages in and out of the device.")
 	case CauseLimit:
@@ -221,6 +234,9 @@ func OutOfMemory(d *device.Device, requested uint64, cause error, ps PoolState) 
 		{Key: "device", Value: fmt.Sprint(props.Ordinal)},
 		field("in_use", ps.InUse), field("cached", ps.Cached), field("outside", ps.Outside), field("released", released),
 		field("others", others), {Key: "others_source", Value: source},
+	}
+	if without != "" {
+		fields = append(fields, cuda.Field{Key: "cause_without_fault", Value: without})
 	}
 	if ps.Limit != 0 {
 		fields = append(fields, field("limit", ps.Limit))

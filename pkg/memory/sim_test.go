@@ -807,3 +807,26 @@ func TestOOMOnAStreamCapturedElsewhereKeepsTheCapture(t *testing.T) {
 		})
 	}
 }
+
+// An allocation that a fault injected into the simulator failed gets the verdict "injected", with the
+// verdict the device's state would have given kept as cause_without_fault; the next failure, not
+// injected, is judged by the device's state again.
+func TestAnInjectedOutOfMemorySaysSo(t *testing.T) {
+	drv, d := openSim(t)
+	s := newStack(t, d, StackOptions{})
+	// Both attempts (the allocation and Retry's second try) are answered by the fault.
+	drv.InjectFault("cuMemAllocFromPoolAsync", 1, cuda.ErrorOutOfMemory)
+	drv.InjectFault("cuMemAllocFromPoolAsync", 2, cuda.ErrorOutOfMemory)
+	_, err := s.Allocate(1<<20, cuda.StreamLegacy)
+	e := asCUDA(t, err)
+	cause, _ := e.Field("cause")
+	assert.Equal(t, CauseInjected, cause)
+	without, ok := e.Field("cause_without_fault")
+	assert.True(t, ok)
+	assert.NotEqual(t, CauseInjected, without)
+	assert.True(t, strings.HasPrefix(e.Msg, "injected by cudacore.testing: out of memory allocating 1.0 MiB on device 0"), e.Msg)
+	assert.Contains(t, e.Msg, "without it the verdict would be "+without)
+	_, err = s.Allocate(2<<40, cuda.StreamLegacy)
+	cause, _ = asCUDA(t, err).Field("cause")
+	assert.Equal(t, CauseTooLarge, cause)
+}

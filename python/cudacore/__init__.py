@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import _injected as _injected  # registers the hook of the "injected" out-of-memory verdict
 from ._capture_tools import CaptureDiagnosis, Graphed, graphed, rehearse
 from ._copy import device_to_device
 from ._device import (
