@@ -115,12 +115,12 @@ func WithDriverVersion(v int) Option { return func(d *Driver) { d.version = v } 
 // New returns a simulator. Call Init before anything else, as with the real driver.
 func New(opts ...Option) *Driver {
 	d := &Driver{
-		version:  DefaultDriverVersion,
-		calls:    map[string]int{},
-		faults:   map[string][]fault{},
-		caps:     map[*capture]struct{}{},
-		pinned:   map[uintptr][]byte{},
-		fatal:    fatalExit,
+		version: DefaultDriverVersion,
+		calls:   map[string]int{},
+		faults:  map[string][]fault{},
+		caps:    map[*capture]struct{}{},
+		pinned:  map[uintptr][]byte{},
+		fatal:   fatalExit,
 	}
 	WithDevices(H100())(d)
 	for _, o := range opts {
