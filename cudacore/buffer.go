@@ -8,7 +8,7 @@ import (
 	"github.com/cudacore/cudacore/pkg/cuda"
 )
 
-// The entries behind cudacore._fast's Buffer and PinnedBuffer (cudacore/native/fast.c). A Buffer owns
+// The entries behind cudacore._fast's Buffer and PinnedBuffer (cudacore/native/buffer.c, pinned.c and alloc.c). A Buffer owns
 // its device allocation from Allocate until one successful Free; a PinnedBuffer its host allocation from
 // PinnedAllocate until one successful PinnedFree. The C objects mark themselves closed only after the
 // free succeeded, so a failed free can be retried.

@@ -1,11 +1,8 @@
 package cudacore
 
 import (
-	"fmt"
-
 	"github.com/cudacore/cudacore/cudacore/internal/process"
 	"github.com/cudacore/cudacore/pkg/cuda"
-	"github.com/cudacore/cudacore/pkg/cuda/libcuda"
 	"github.com/cudacore/cudacore/pkg/cudasim"
 )
 
@@ -18,39 +15,8 @@ import (
 // no check of cudacore's, as the real driver would take it. It is taken only while the Python layer
 // knows that every check would pass (a stream the calling object owns and has not closed, no capture
 // anywhere, an executable graph that GraphLaunch handed out), and any failure falls back to the full path
-// through Go, which makes the call again and reports its error. DirectInfo tells C which way a device
-// goes.
-
-// Direct path kinds, as DirectInfo reports them.
-const (
-	directOff  = 0 // every call goes through Go (a driver cudacore cannot reach from C)
-	directCUDA = 1 // the real driver, through the shim's table
-	directSim  = 2 // the simulator, through the SimDirect* doors
-)
-
-// DirectInfo returns how C reaches device ordinal's driver on the direct path: "kind ctx table
-// pageable_max", the kind (0 off, 1 the real driver, 2 the simulator), the device's context handle, for
-// the real driver the address of its entry point table (libcuda.Driver.Table), and the largest pageable
-// host-to-device asynchronous copy its stream manager hands to the driver's own pageable copy (negative:
-// none), which C then makes itself.
-//
-//cudacore:gil hold
-func DirectInfo(ordinal int) (string, error) {
-	return guard("cudacore.direct_info", func() (string, error) {
-		d, err := process.Lookup(ordinal)
-		if err != nil {
-			return "", err
-		}
-		kind, table := directOff, uintptr(0)
-		switch drv := d.Driver().(type) {
-		case *libcuda.Driver:
-			kind, table = directCUDA, drv.Table()
-		case *cudasim.Driver:
-			kind = directSim
-		}
-		return fmt.Sprintf("%d %d %d %d", kind, uint64(d.Context()), uint64(table), d.Streams().PageableDirectMax()), nil
-	})
-}
+// through Go, which makes the call again and reports its error. Which way a device goes is one of its
+// facts in the snapshot (package snapshot), which Go publishes when it opens the device.
 
 // simDirect returns device ordinal's simulated driver and context, refusing any other driver: the
 // SimDirect* doors exist only for the simulator's direct path.

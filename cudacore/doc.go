@@ -1,7 +1,7 @@
 // Package cudacore is the facade that gopy binds into the Python extension module: coarse calls with
 // gopy-friendly signatures (ints, strings, (T, error) returns) over the packages in pkg/.
 //
-// Rules for every exported function here (each is checked by gil_test.go or guard_test.go):
+// Rules for every exported function here (gil_test.go checks each):
 //
 //   - It returns (T, error), never a bare error: gopy leaks a C string per call for error-only returns.
 //

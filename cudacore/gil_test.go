@@ -11,8 +11,9 @@ import (
 )
 
 // TestFacadeGILDirectives checks the facade's contract with the build: every exported function has exactly
-// one valid //cudacore:gil directive (gil.Parse fails otherwise, naming the function and file:line) and
-// returns (T, error), the one shape that gopy wraps without leaking and that bindings/gil knows how to patch.
+// one valid //cudacore:gil directive (gil.Parse fails otherwise, naming the function and file:line),
+// returns (T, error), the one shape that gopy wraps without leaking and that bindings/gil knows how to
+// patch, and runs its body inside guard.
 func TestFacadeGILDirectives(t *testing.T) {
 	funcs, err := gil.Parse(".")
 	require.NoError(t, err)
@@ -37,7 +38,26 @@ func TestFacadeGILDirectives(t *testing.T) {
 		}
 		assert.Truef(t, isError(results[1]), "%s: %s: second result must be error", f.Pos, f.Name)
 		assert.Falsef(t, isError(results[0]), "%s: %s: first result must be a value, not error", f.Pos, f.Name)
+		assert.Truef(t, callsGuard(f.Decl.Body), "%s: %s: its body must run inside guard (a panic would kill the interpreter)", f.Pos, f.Name)
 	}
+}
+
+// callsGuard says whether body calls guard (guard(...) or guard[T](...)).
+func callsGuard(body *ast.BlockStmt) bool {
+	found := false
+	ast.Inspect(body, func(n ast.Node) bool {
+		if c, ok := n.(*ast.CallExpr); ok {
+			fun := c.Fun
+			if ix, ok := fun.(*ast.IndexExpr); ok {
+				fun = ix.X
+			}
+			if id, ok := fun.(*ast.Ident); ok && id.Name == "guard" {
+				found = true
+			}
+		}
+		return !found
+	})
+	return found
 }
 
 func isError(e ast.Expr) bool {

@@ -11,7 +11,7 @@ import (
 	"github.com/cudacore/cudacore/pkg/memory"
 )
 
-// Allocation and free of single buffers go through the Buffer doors (buffer.go, called by cudacore/native/fast.c);
+// Allocation and free of single buffers go through the Buffer doors (buffer.go, called by cudacore/native/alloc.c);
 // these are the coarser memory calls.
 
 // statsJSON is the memory_stats() dict.

@@ -119,11 +119,9 @@ def test_what_takes_the_full_path(dev):
 @pytest.mark.parametrize("mode", ["thread_local", "global"])
 def test_an_end_capture_refused_on_another_thread_keeps_the_capture_listed(dev, mode):
     """end_capture on a thread other than the one that began a THREAD_LOCAL or GLOBAL capture is refused
-    and the capture goes on: it stays in capturing_streams, so nothing takes the direct path past Go's
-    capture rules meanwhile."""
+    and the capture goes on: it stays registered in Go, whose snapshot keeps the direct path off, so nothing
+    takes it past Go's capture rules meanwhile."""
     import threading
-
-    from cudacore._stream import capturing_streams
 
     s = dev.create_stream()
     g, buf, pinned = _one_copy_graph(dev, s)
@@ -146,7 +144,7 @@ def test_an_end_capture_refused_on_another_thread_keeps_the_capture_listed(dev, 
             other.end_capture()
         assert ei.value.name == "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"
         assert other.capturing
-        assert (dev.device_id, other.handle) in capturing_streams
+        assert fast.capturing(), "still registered: the direct path stays off"
         if mode == "thread_local":
             # Through Go (one fault is raised, not absorbed by a direct attempt), which applies the
             # capture's rules, then again with nothing injected.
@@ -159,7 +157,7 @@ def test_an_end_capture_refused_on_another_thread_keeps_the_capture_listed(dev, 
         finish.set()
         t.join()
     g2 = out["graph"]
-    assert (dev.device_id, other.handle) not in capturing_streams
+    assert not fast.capturing()
     assert g2.escaped == 0, "this thread's launches are no work of the capturing thread's"
     s.synchronize()
     for x in (g, g2, buf, pinned, s, other):
@@ -263,6 +261,28 @@ except cc.CUDAError:
 
 
 @pytest.mark.sim
+@pytest.mark.parametrize(("value", "want"), [("0", "off"), ("1", "on"), ("", "on"), ("maybe", "InvalidValueError")])
+def test_the_direct_setting_is_read_by_go_when_the_device_opens(value, want):
+    # Go publishes the device's facts in the snapshot that C reads (docs/design.md, "The snapshot"):
+    # CUDACORE_DIRECT decides one of them, and a value that is neither 0 nor 1 is refused by name.
+    r = run_python(
+        """
+import cudacore as cc
+from cudacore._native import fast
+try:
+    cc.Device(0)
+    print("on" if fast.direct_enabled(0) else "off")
+except cc.InvalidValueError as e:
+    assert "CUDACORE_DIRECT" in str(e), e
+    print("InvalidValueError")
+""",
+        env={"CUDACORE_BACKEND": "sim", "CUDACORE_DIRECT": value},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == want
+
+
+@pytest.mark.sim
 def test_the_direct_path_can_be_turned_off():
     r = run_python(
         """
@@ -299,8 +319,6 @@ def test_direct_doors_take_nothing_they_cannot_check(dev):
     s.synchronize()
     with pytest.raises(TypeError):
         fast.graph_launch_direct(g)
-    with pytest.raises(TypeError):
-        fast.configure_direct(0, 1, 2)
     g.destroy(), buf.close(), pinned.close(), s.close()
 
 

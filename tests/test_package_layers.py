@@ -29,6 +29,7 @@ PKG_DIR = Path(__file__).resolve().parent.parent / "python" / PACKAGE
 LAYERS: dict[str, int] = {
     # 0: leaves, importing nothing of the package
     "_results": 0,  # the generated table of CUresult codes
+    "_tables": 0,  # the generated tables Go owns: kernel-argument codes, limit names, the held-copy bound
     "_errors": 0,  # the exceptions and the one parser of Go's wire-format errors
     "_display": 0,  # format_bytes, MemoryStats and the HTML reprs of devices and buffers
     "_version": 0,  # __version__

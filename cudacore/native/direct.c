@@ -8,6 +8,7 @@
 
 #include "direct.h"
 #include "door_gen.h"
+#include "snapshot.h"
 
 /* The shim's entry points (pkg/cuda/libcuda/shim.h), declared here with plain C types: CUresult is an
  * enum of non-negative values, CUdeviceptr an unsigned long long, the table an opaque pointer. Each makes
@@ -25,41 +26,15 @@ extern unsigned int cc_eventQuery(const void *t, uintptr_t ctx, uintptr_t e);
 /* CUDA_ERROR_NOT_READY: what a query answers while work is pending. */
 #define DIRECT_NOT_READY 600u
 
-#define DIRECT_DEVICES 64
+/* The shim's arguments from a device's facts. */
+#define TABLE(d) ((const void *)(uintptr_t)(d)->table)
+#define CTX(d) ((uintptr_t)(d)->ctx)
 
-typedef struct {
-    int kind;
-    uintptr_t ctx;
-    const void *table;
-    int64_t pageable_max;
-} direct_device;
-
-/* Written by direct_configure with the GIL held, read with it held. */
-static direct_device devices[DIRECT_DEVICES];
-
-int
-direct_configure(int64_t device, int kind, uint64_t ctx, uint64_t table, int64_t pageable_max)
-{
-    if (device < 0 || device >= DIRECT_DEVICES) {
-        return -1;
-    }
-    if (kind == DIRECT_CUDA && (table == 0 || ctx == 0)) {
-        kind = DIRECT_OFF;
-    }
-    devices[device].ctx = (uintptr_t)ctx;
-    devices[device].table = (const void *)(uintptr_t)table;
-    devices[device].pageable_max = pageable_max;
-    devices[device].kind = kind == DIRECT_CUDA || kind == DIRECT_SIM ? kind : DIRECT_OFF;
-    return 0;
-}
-
-static const direct_device *
+/* Device ordinal's facts when its calls may take the direct path (the snapshot Go publishes), else NULL. */
+static const cc_device_facts *
 device_of(int64_t device)
 {
-    if (device < 0 || device >= DIRECT_DEVICES || devices[device].kind == DIRECT_OFF) {
-        return NULL;
-    }
-    return &devices[device];
+    return cc_snapshot_direct(device);
 }
 
 int
@@ -71,7 +46,7 @@ direct_enabled(int64_t device)
 int
 direct_pageable(int64_t device, size_t n)
 {
-    const direct_device *d = device_of(device);
+    const cc_device_facts *d = device_of(device);
     return d != NULL && d->pageable_max >= 0 && (uint64_t)n <= (uint64_t)d->pageable_max;
 }
 
@@ -89,12 +64,12 @@ door_done(char *err)
 int
 direct_graph_launch(int64_t device, uint64_t exec, uint64_t stream)
 {
-    const direct_device *d = device_of(device);
+    const cc_device_facts *d = device_of(device);
     if (d == NULL || exec == 0) {
         return 0;
     }
-    if (d->kind == DIRECT_CUDA) {
-        return cc_graphLaunch(d->table, d->ctx, (uintptr_t)exec, (uintptr_t)stream) == 0;
+    if (d->direct == CC_DIRECT_CUDA) {
+        return cc_graphLaunch(TABLE(d), CTX(d), (uintptr_t)exec, (uintptr_t)stream) == 0;
     }
     int64_t ret;
     return door_done(cudacore_door_SimDirectGraphLaunch(device, (int64_t)exec, (int64_t)stream, &ret));
@@ -103,12 +78,12 @@ direct_graph_launch(int64_t device, uint64_t exec, uint64_t stream)
 int
 direct_copy_to_device(int64_t device, uint64_t dst, const void *src, size_t n, uint64_t stream)
 {
-    const direct_device *d = device_of(device);
+    const cc_device_facts *d = device_of(device);
     if (d == NULL) {
         return 0;
     }
-    if (d->kind == DIRECT_CUDA) {
-        return cc_memcpyHtoDAsync(d->table, d->ctx, (unsigned long long)dst, src, n, (uintptr_t)stream) == 0;
+    if (d->direct == CC_DIRECT_CUDA) {
+        return cc_memcpyHtoDAsync(TABLE(d), CTX(d), (unsigned long long)dst, src, n, (uintptr_t)stream) == 0;
     }
     int64_t ret;
     return door_done(cudacore_door_SimDirectCopyToDevice(device, (int64_t)dst, src, (int64_t)n, (int64_t)stream, &ret));
@@ -117,12 +92,12 @@ direct_copy_to_device(int64_t device, uint64_t dst, const void *src, size_t n, u
 int
 direct_copy_to_host(int64_t device, void *dst, uint64_t src, size_t n, uint64_t stream)
 {
-    const direct_device *d = device_of(device);
+    const cc_device_facts *d = device_of(device);
     if (d == NULL) {
         return 0;
     }
-    if (d->kind == DIRECT_CUDA) {
-        return cc_memcpyDtoHAsync(d->table, d->ctx, dst, (unsigned long long)src, n, (uintptr_t)stream) == 0;
+    if (d->direct == CC_DIRECT_CUDA) {
+        return cc_memcpyDtoHAsync(TABLE(d), CTX(d), dst, (unsigned long long)src, n, (uintptr_t)stream) == 0;
     }
     int64_t ret;
     return door_done(cudacore_door_SimDirectCopyToHost(device, dst, (int64_t)n, (int64_t)src, (int64_t)stream, &ret));
@@ -132,11 +107,11 @@ int
 direct_launch(int64_t device, uint64_t fn, const unsigned int grid[3], const unsigned int block[3], unsigned int shared,
               uint64_t stream, void **params)
 {
-    const direct_device *d = device_of(device);
-    if (d == NULL || d->kind != DIRECT_CUDA || fn == 0) {
+    const cc_device_facts *d = device_of(device);
+    if (d == NULL || d->direct != CC_DIRECT_CUDA || fn == 0) {
         return 0;
     }
-    return cc_launchKernel(d->table, d->ctx, (uintptr_t)fn, grid, block, shared, (uintptr_t)stream, params) == 0;
+    return cc_launchKernel(TABLE(d), CTX(d), (uintptr_t)fn, grid, block, shared, (uintptr_t)stream, params) == 0;
 }
 
 /* A query of the stream or event handle h on device: the driver's entry (the shim's cc_streamQuery or
@@ -146,12 +121,12 @@ static int
 direct_query(int64_t device, uint64_t h, unsigned int (*cc)(const void *, uintptr_t, uintptr_t),
              char *(*sim)(int64_t, int64_t, int64_t *))
 {
-    const direct_device *d = device_of(device);
+    const cc_device_facts *d = device_of(device);
     if (d == NULL || h == 0) {
         return -1;
     }
-    if (d->kind == DIRECT_CUDA) {
-        unsigned int r = cc(d->table, d->ctx, (uintptr_t)h);
+    if (d->direct == CC_DIRECT_CUDA) {
+        unsigned int r = cc(TABLE(d), CTX(d), (uintptr_t)h);
         return r == 0 ? 1 : r == DIRECT_NOT_READY ? 0 : -1;
     }
     int64_t ret = 0;

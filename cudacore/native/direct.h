@@ -2,10 +2,10 @@
  * The direct path of the hot calls: a graph launch, a kernel launch or a small copy made from C, without entering
  * Go, once cudacore has checked what it needs (cudacore/direct.go says when that holds).
  *
- * Every function here is called with the GIL held, after the caller (fast.c, or the Python layer through
- * _fast) has established that the call would pass every check of cudacore's: the stream is one the caller's
- * object owns and has not closed, no stream of cudacore captures, and the memory or executable graph is
- * alive. The GIL is what makes that hold until the driver has the call: every close and destroy of those
+ * Every function here is called with the GIL held, after the caller (the files of cudacore/native, or the Python
+ * layer through _fast) has established that the call would pass every check of cudacore's: the stream is one the caller's
+ * object owns and has not closed, no stream of cudacore captures (the snapshot's count), and the memory or
+ * executable graph is alive. The GIL is what makes that hold until the driver has the call: every close and destroy of those
  * objects marks them, with the GIL held, before it reaches Go, and nothing here releases the GIL.
  */
 #ifndef CUDACORE_DIRECT_H
@@ -14,15 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* What DirectInfo (cudacore/direct.go) reports for a device. */
-#define DIRECT_OFF 0  /* every call goes through Go */
-#define DIRECT_CUDA 1 /* the real driver, through the shim's entry point table */
-#define DIRECT_SIM 2  /* the simulator, through the SimDirect* doors */
-
-/* Record how device ordinal is reached, and the largest pageable host-to-device copy that its stream
- * manager hands to the driver's own pageable copy (stream.Options.PageableDirectMax; negative: none). 0, or
- * -1 for an ordinal beyond the table (its calls go through Go). */
-int direct_configure(int64_t device, int kind, uint64_t ctx, uint64_t table, int64_t pageable_max);
+/* How a device is reached, and the largest pageable copy C hands to the driver, are the device's facts
+ * in the snapshot (snapshot.h), which Go publishes when it opens the device. */
 
 /* Whether the device's calls may take the direct path at all. */
 int direct_enabled(int64_t device);

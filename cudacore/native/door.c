@@ -1,5 +1,6 @@
 /* The C guard of the one door into Go: see door.h. */
 #include "door.h"
+#include "snapshot.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -8,21 +9,10 @@
 volatile int cudacore_forked;
 volatile int cudacore_fork_driver;
 
-#define DOOR_MAX_DEVICES 64
-static volatile unsigned char blocking_devices[DOOR_MAX_DEVICES];
-
 int
 door_blocking(int64_t ordinal)
 {
-    return ordinal >= 0 && ordinal < DOOR_MAX_DEVICES && blocking_devices[ordinal];
-}
-
-void
-door_set_blocking(int64_t ordinal, int blocking)
-{
-    if (ordinal >= 0 && ordinal < DOOR_MAX_DEVICES) {
-        blocking_devices[ordinal] = (unsigned char)(blocking != 0);
-    }
+    return cc_snapshot_blocking(ordinal);
 }
 
 /* The funnel's functions, looked up once by door_configure. Until then errors are RuntimeErrors. */

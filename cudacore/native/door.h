@@ -2,8 +2,8 @@
  * The C guard of cudacore's one door into Go.
  *
  * Every C function that enters Go passes through here: the METH_FASTCALL wrappers that bindings/door
- * generates from the facade's declarations (door_gen.c), the hand-written glue of fast.c (Buffer,
- * PinnedBuffer, DLPack, copies from the buffer protocol), the cold door fast.call around gopy's
+ * generates from the facade's declarations (door_gen.c), the hand-written glue of the _fast module
+ * (fast.h lists its files: Buffer, PinnedBuffer, DLPack, copies, launches), the cold door fast.call around gopy's
  * functions, and the PyTorch allocator entry points (torch_shim.cc). The guard's order is fixed:
  *
  *   1. the fork check, before Go is entered: neither the Go runtime nor CUDA survives fork(), so a
@@ -65,10 +65,9 @@ int door_str(PyObject *o, const char *fn, const char *arg, const char **out);
 int door_buffer(PyObject *o, const char *fn, const char *arg, int writable, Py_buffer *view);
 
 /* Whether the device's allocator can block (the synchronous strategy): entries declared
- * "//cudacore:gil device" release the GIL for such devices only. Set by the Python layer when a device
- * opens or changes strategy. */
+ * "//cudacore:gil device" release the GIL for such devices only. Go publishes it in the snapshot
+ * (snapshot.h) when the device opens and when its strategy changes. */
 int door_blocking(int64_t ordinal);
-void door_set_blocking(int64_t ordinal, int blocking);
 
 /* A str from a malloc'd C string, which is freed. */
 PyObject *door_take_str(char *s);

@@ -17,7 +17,8 @@ type Registry struct {
 	mu       sync.Mutex
 	caps     map[*capture]struct{}
 	active   atomic.Int32
-	deferred []func() // run when the last capture ends (Defer)
+	onActive func(int32) // OnActive's function, called under mu with each new count
+	deferred []func()    // run when the last capture ends (Defer)
 	// change is held for writing while a capture begins or ends (registered and begun at the driver, or
 	// ended there and unregistered), and for reading by Steady: in between, cudacore's books and the
 	// driver disagree on whether the stream captures.
@@ -162,6 +163,22 @@ func (r *Registry) Deferred() int {
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry { return &Registry{caps: map[*capture]struct{}{}} }
+
+// OnActive makes fn hear every new count of captures in progress, under the registry's mutex (so in
+// order: the last call has the latest count), from the moment a capture is registered (before the
+// driver begins it) to the moment it is unregistered (after the driver ended it). fn must not call the
+// registry. Set it before any capture begins.
+func (r *Registry) OnActive(fn func(int32)) {
+	r.mu.Lock()
+	r.onActive = fn
+	r.mu.Unlock()
+}
+
+func (r *Registry) publish(n int32) {
+	if r.onActive != nil {
+		r.onActive(n)
+	}
+}
 
 // Active returns how many captures are in progress.
 func (r *Registry) Active() int { return int(r.active.Load()) }
@@ -689,7 +706,7 @@ func (s *Stream) BeginCapture(mode cuda.CaptureMode) error {
 	c := &capture{stream: s, mode: mode, tid: gettid()}
 	s.cap, s.failed = c, nil
 	m.reg.caps[c] = struct{}{}
-	m.reg.active.Add(1)
+	m.reg.publish(m.reg.active.Add(1))
 	m.reg.mu.Unlock()
 	// The cache is told first, so no cached block can be handed out on s once the driver captures.
 	st := m.memory()
@@ -712,7 +729,7 @@ func (m *Manager) unregister(c *capture) (ready []func()) {
 	m.reg.mu.Lock()
 	if _, ok := m.reg.caps[c]; ok {
 		delete(m.reg.caps, c)
-		m.reg.active.Add(-1)
+		m.reg.publish(m.reg.active.Add(-1))
 	}
 	streams := append([]*Stream{c.stream}, c.joined...)
 	for _, s := range streams {

@@ -41,6 +41,12 @@ import (
 // driver: the helpers touch nothing but the two byte ranges, and the call waits for them before it
 // enqueues the DMA that reads what they wrote.
 
+// HeldCopyMax is the largest asynchronous copy the Python layer makes while keeping the GIL (the Held
+// doors of the facade): such a copy only enqueues work, and releasing the GIL would cost more than the
+// call. Larger ones release it. The Python and C layers read it from the generated tables
+// (cudacore/internal/tablegen).
+const HeldCopyMax = 64 << 10
+
 const (
 	opCopyFrom = "copy_from" // host to device (Buffer.copy_from)
 	opCopyTo   = "copy_to"   // device to host (Buffer.copy_to)

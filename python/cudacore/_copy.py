@@ -22,6 +22,7 @@ from ._errors import CUDAError, error
 from ._handles import current_stream_of, stream_handle
 from ._native import fast
 from ._stream import Stream as _Stream
+from ._tables import HELD_COPY_MAX
 
 # This module is below _memory (Buffer.copy_from and copy_to call it), so it takes buffers by their C base
 # types: every cudacore.Buffer (ExternalBuffer included) and PinnedBuffer is an instance of them, and the
@@ -33,8 +34,9 @@ else:
 
 __all__ = ["device_to_device", "device_to_host", "host_to_device", "readonly_error"]
 
-#: Asynchronous copies up to this size keep the GIL (they only enqueue work); larger ones release it.
-HELD_MAX = 64 << 10
+#: Asynchronous copies up to this size keep the GIL (they only enqueue work); larger ones release it. Go
+#: owns the bound (pkg/stream.HeldCopyMax), as does C, through the generated tables.
+HELD_MAX = HELD_COPY_MAX
 
 #: The stream argument of the Go copy functions that means "synchronous".
 SYNC = -1

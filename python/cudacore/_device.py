@@ -37,14 +37,6 @@ if TYPE_CHECKING:
 _device_allocate = fast.device_allocate
 
 
-def _configure_direct(ordinal: int) -> None:
-    """Tell the direct path of the hot calls how it reaches the device's driver (cudacore/direct.go);
-    ``CUDACORE_DIRECT=0`` sends every call through Go instead."""
-    kind, ctx, table, pageable_max = (int(x) for x in core.DirectInfo(ordinal).split())
-    if os.environ.get("CUDACORE_DIRECT", "1") == "0":
-        kind = 0
-    fast.configure_direct(ordinal, kind, ctx, table, pageable_max)
-
 __all__ = ["Device", "backend", "current_device", "device_count", "devices", "driver_version"]
 
 
@@ -191,15 +183,11 @@ class Device:
                 dev = object.__new__(cls)
                 dev._ordinal = ordinal
                 dev._set_props(props)
-                _configure_direct(ordinal)
                 cls._cache[ordinal] = dev
         return dev
 
     def _set_props(self, props: dict[str, Any]) -> None:
         self._props = props
-        # The synchronous allocator can block for ~100 us (and cuMemFree synchronizes): let the fast path
-        # drop the GIL around its calls for such a device, and keep it for the pool.
-        fast.configure_device(self._ordinal, props["allocation_strategy"] == "sync")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Device, (self._ordinal,))

@@ -179,7 +179,7 @@ def stream_handle(stream: object, device: int | None = None) -> int:
 # so theirs never ends. Other objects (cuda.core's Stream, which close() destroys while the object lives,
 # CuPy's and PyTorch's ExternalStream, any __cuda_stream__ object, a bare int) are not watched: a block
 # allocated on one and freed after the call waits for a device synchronize instead (docs/memory.md). A
-# Buffer allocated on a stream object holds the object until it is freed (cudacore/native/fast.c), so a
+# Buffer allocated on a stream object holds the object until it is freed (cudacore/native/buffer.c), so a
 # CuPy stream is destroyed only after the last of its blocks was freed in its order.
 
 #: handle -> the weak reference that watches it (CuPy streams)

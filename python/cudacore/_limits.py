@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from . import _tables
 from ._api import core
 from ._errors import CUDAError, error
 
@@ -29,16 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = ["LIMIT_NAMES", "LimitClampedWarning", "Limits", "limits_for"]
 
-#: Every limit, in the order ``cudacore doctor`` shows them.
-LIMIT_NAMES: tuple[str, ...] = (
-    "malloc_heap_size",
-    "stack_size",
-    "printf_fifo_size",
-    "dev_runtime_sync_depth",
-    "dev_runtime_pending_launch_count",
-    "max_l2_fetch_granularity",
-    "persisting_l2_cache_size",
-)
+#: Every limit, in the order ``cudacore doctor`` shows them (Go's list, pkg/limits, through the generated tables).
+LIMIT_NAMES: tuple[str, ...] = _tables.LIMIT_NAMES
 
 _INT64_MAX = (1 << 63) - 1
 

@@ -1,7 +1,7 @@
 """Device and pinned host memory: Buffer, PinnedBuffer, tiles and statistics.
 
 A :class:`Buffer` owns device memory from :meth:`Device.allocate` until :meth:`Buffer.close`, the end of
-its ``with`` block, or garbage collection. The object itself is a C type (``cudacore/native/fast.c``): the
+its ``with`` block, or garbage collection. The object itself is a C type (``cudacore/native/buffer.c``): the
 allocate+close pair never runs Python code of ours on success, which is what keeps it as cheap as
 CuPy's pool.
 """
@@ -21,7 +21,7 @@ from ._errors import OutOfMemoryError, error
 from ._handles import as_device, stream_handle
 from ._native import fast
 from ._owner import adopt
-from ._stream import Stream, capturing_streams, note_capture_buffers
+from ._stream import Stream, note_capture_buffers
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -241,7 +241,7 @@ class PinnedBuffer(_CPinnedBuffer):
 
 
 # The C objects instantiate these subclasses, and every door raises through the one funnel, _errors.
-fast.configure(Buffer, PinnedBuffer, _errors, Stream, _copy.HELD_MAX)
+fast.configure(Buffer, PinnedBuffer, _errors, Stream)
 
 
 def allocate_pinned(device: Device, nbytes: int) -> PinnedBuffer:
@@ -280,7 +280,7 @@ def allocate_tiles(
         # Through adopt (cudacore._owner): a KeyboardInterrupt between the allocation and the Buffers loses nothing.
         out = adopt(lambda owner: _wrap_tiles(ordinal, core.AllocateTiles(ordinal, count, tile_size, handle, owner), tile_size, handle))
         label_allocations(ordinal, [t.ptr for t in out])
-        if capturing_streams:
+        if fast.capturing():
             note_capture_buffers(out)
         return out
     # With a progress callback the tiles come in batches (about 1% each), so that it is called while the
@@ -308,7 +308,7 @@ def allocate_tiles(
     finally:
         if bar is not None:
             bar.close()
-    if capturing_streams:
+    if fast.capturing():
         note_capture_buffers(tiles)
     return tiles
 

@@ -30,6 +30,7 @@ from ._errors import CUDAError, error
 from ._handles import stream_handle
 from ._native import fast
 from ._stream import Stream as _Stream
+from ._tables import ARG_KINDS
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -78,8 +79,7 @@ _FLOAT_KIND = {2: "f16", 4: "f32", 8: "f64"}
 
 
 #: The kind codes of the packed launch arguments: the index in pkg/module.ArgCodes (append only there).
-_ARG_CODES = {k: i for i, k in enumerate(
-    ("", "i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64", "f16", "f32", "f64", "ptr", "raw"))}
+_ARG_CODES = {k: i for i, k in enumerate(ARG_KINDS)}  # Go's codes (pkg/module.ArgCodes), generated
 
 
 def _invalid(message: str, **fields: str) -> CUDAError:
@@ -96,7 +96,7 @@ def _int_range(kind: str) -> tuple[int, int]:
 class KernelArg:
     """A kernel argument of an explicit type; make one with :func:`int32`, :func:`float32`, ...."""
 
-    # _code and _raw are what the launch packs in C (cudacore/native/fast.c reads them at their slots):
+    # _code and _raw are what the launch packs in C (cudacore/native/launch.c reads them at their slots):
     # the kind's code and the encoded value, made once here.
     __slots__ = ("_code", "_raw", "kind", "value")
 

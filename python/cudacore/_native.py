@@ -8,7 +8,7 @@ process: two Go c-shared libraries in one process crash).
   gopy's generated C functions, or gopy's Python wrapper where it converts an argument. The generated
   wrappers raise the typed exception of a Go error themselves; the others raise RuntimeError with the
   wire-format message, which ``_api.call`` turns into the typed exception.
-- ``fast``: the hand-written module ``cudacore._fast`` (cudacore/native/fast.c), loaded from the same file.
+- ``fast``: the hand-written module ``cudacore._fast`` (cudacore/native; fast.h lists its files), loaded from the same file.
   CPython dlopens the same path again, which returns the same handle, and calls PyInit__fast.
 """
 

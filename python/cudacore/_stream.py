@@ -49,7 +49,6 @@ __all__ = ["CAPTURE_MODES", "Event", "EventHandle", "Graph", "Stream", "current_
 # allocation returned with the address and its close passes back: a close that comes before this layer
 # heard of the void (on another thread, say) then frees nothing, even once the address belongs to another
 # owner.
-capturing_streams: set[tuple[int, int]] = set()  # (device, stream handle): tested on every allocation
 _capture_buffers: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
 # Taken by whoever reads or changes _capture_buffers: threads note and void Buffers at the same
 # addresses at once, and a lookup and its change must see the same entry. Reentrant: a Graph collected
@@ -71,7 +70,7 @@ def note_capture_buffers(buffers: Iterable[Any]) -> None:
 
 
 # Device.allocate resolves its stream argument and notes capture buffers in C, with these.
-fast.configure_streams(_handles.__dict__, stream_handle, capturing_streams, note_capture_buffers)
+fast.configure_streams(_handles.__dict__, stream_handle, note_capture_buffers)
 
 
 def void_buffers(device_id: int) -> None:
@@ -326,18 +325,9 @@ class Stream:
         """Start capturing the work issued on this stream into a graph (see :meth:`capture`)."""
         if mode not in CAPTURE_MODES:
             raise error("CUDA_ERROR_INVALID_VALUE", f"unknown capture mode {mode!r}: use one of {', '.join(CAPTURE_MODES)}", op="cudacore.begin_capture")
-        # Listed before the driver begins: from then on no call takes the direct path, which knows nothing
-        # of captures (a failure to begin takes it off again).
-        key = (self._device.device_id, self._handle)
-        fresh = key not in capturing_streams
-        capturing_streams.add(key)
-        try:
-            core.StreamBeginCapture(self._device.device_id, self._handle, mode)
-        except BaseException:
-            # An interrupt can come after the driver began: the capture is then going, and stays listed.
-            if fresh and not self._still_capturing():
-                capturing_streams.discard(key)
-            raise
+        # Go registers the capture before the driver begins it, and the snapshot the fast path reads says
+        # so from then on: no call takes the direct path, which knows nothing of captures.
+        core.StreamBeginCapture(self._device.device_id, self._handle, mode)
 
     def end_capture(self) -> Graph:
         """End the capture and return the graph (instantiated on first launch, or with :meth:`Graph.instantiate`).
@@ -355,7 +345,6 @@ class Stream:
         except BaseException:
             self._end_failed()
             raise
-        capturing_streams.discard((self._device.device_id, self._handle))
         # A graph destroyed during the capture (where the driver forbids it) went when it ended: the
         # Buffers of its graph memory that no launch made real are void.
         void_buffers(self._device.device_id)
@@ -363,7 +352,6 @@ class Stream:
 
     def _capture_over(self) -> None:
         # Whatever the capture allocated is void when it made no graph.
-        capturing_streams.discard((self._device.device_id, self._handle))
         void_buffers(self._device.device_id)
 
     def _still_capturing(self) -> bool:
@@ -431,8 +419,7 @@ class Stream:
             self._owned = False
             self._closed = True
             core.StreamDestroy(self._device.device_id, self._handle)
-            if (self._device.device_id, self._handle) in capturing_streams:
-                self._capture_over()  # destroying a capturing stream discards its capture
+            self._capture_over()  # destroying a capturing stream discarded its capture, if it had one
 
     destroy = close
 

@@ -42,9 +42,10 @@ const (
 	// nativeDir holds the hand-written C and C++ of the doors; it is compiled only here, with the
 	// generated main package (it needs Python.h), never by go build ./...
 	nativeDir = "cudacore/native"
-	// recycleHeader declares the recycle log, which package cudacore/internal/recycle defines in C and
-	// cudacore/native uses; it is copied beside the native sources.
-	recycleHeader = "cudacore/internal/recycle/recycle.h"
+	// cSharedHeaders declare what Go packages define in C and cudacore/native uses: the recycle log
+	// (cudacore/internal/recycle) and the snapshot of the facts the fast path decides on
+	// (cudacore/internal/snapshot). They are copied beside the native sources.
+	cSharedHeaders = "cudacore/internal/recycle/recycle.h cudacore/internal/snapshot/snapshot.h"
 	// name is gopy's -name: it names the Go file (core.go), the header (core_go.h) and the extension
 	// (_core<EXT_SUFFIX>). It must not start with "_": gopy's go.py calls the extension as `_<name>` from
 	// inside class bodies, and Python mangles `__core` there into `_ClassName__core`. The module is private
@@ -193,8 +194,10 @@ func run(python, out, work string) error {
 			}
 		}
 	}
-	if err := copyFile(recycleHeader, filepath.Join(work, filepath.Base(recycleHeader))); err != nil {
-		return err
+	for _, h := range strings.Fields(cSharedHeaders) {
+		if err := copyFile(h, filepath.Join(work, filepath.Base(h))); err != nil {
+			return err
+		}
 	}
 	coldFile := filepath.Join(work, "cold_gen.c")
 	if err := os.WriteFile(coldFile, door.GenerateCold(nil, ""), 0o644); err != nil { // the first pass's placeholder

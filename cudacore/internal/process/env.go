@@ -27,6 +27,23 @@ func getenv(name string) string {
 	return C.GoString(v)
 }
 
+// envDirect turns the direct path of the hot calls off ("0": every call goes through Go, to compare or to
+// rule it out) or leaves it on ("1", or unset), for the devices opened after it is set.
+const envDirect = "CUDACORE_DIRECT"
+
+// directOn parses the value of envDirect. Anything but "0", "1" or nothing is an InvalidValue error naming
+// the variable.
+func directOn(v string) (bool, error) {
+	switch strings.TrimSpace(v) {
+	case "", "1":
+		return true, nil
+	case "0":
+		return false, nil
+	}
+	return false, cuda.NewError("cudacore.device", cuda.ErrorInvalidValue, fmt.Sprintf(
+		"%s=%q: must be 0 (every hot call through Go) or 1 (the direct path, the default)", envDirect, v))
+}
+
 // envPageableDirectMax overrides stream.Options.PageableDirectMax for the devices opened after it is set:
 // the largest copy of pageable memory, in bytes, that goes to the driver's own copy rather than through
 // cudacore's staging buffers (asynchronous host-to-device copies, synchronous ones both ways); 0 stages

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/cudacore/cudacore/cudacore/internal/snapshot"
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/cuda/libcuda"
 	"github.com/cudacore/cudacore/pkg/cudasim"
@@ -198,6 +199,10 @@ func GetDevice(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
+	directPath, err := directOn(getenv(envDirect))
+	if err != nil {
+		return nil, err
+	}
 	dd, err := device.Open(drv, ordinal, getenv("CUDACORE_ALLOCATOR"))
 	if err != nil {
 		return nil, err
@@ -209,6 +214,7 @@ func GetDevice(ordinal int) (*Device, error) {
 	}
 	d := &Device{Device: dd, pageableDirectMax: direct}
 	d.memory.Store(stack)
+	d.publish(directPath)
 	devices[ordinal] = d
 	if ordinal < maxFastDevices {
 		opened[ordinal].Store(d)
@@ -266,11 +272,30 @@ func (d *Device) setStrategy(requested string, opts memory.StackOptions) error {
 	// blocks to the Close below, which releases again and reports it.
 	_ = old.Release()
 	d.memory.Store(stack)
+	snapshot.SetBlocking(d.Ordinal(), d.Strategy() == device.StrategySync)
 	if err := d.regrantPeersLocked(); err != nil {
 		_ = old.Close()
 		return err
 	}
 	return old.Close()
+}
+
+// publish writes the device's facts into the snapshot that the C fast path reads (package snapshot):
+// how C reaches its driver (the real driver's entry point table, the simulator's doors, or not at all
+// when directPath is false or the driver is another), its context, the largest pageable copy C may hand
+// to the driver, and whether its allocator can block.
+func (d *Device) publish(directPath bool) {
+	f := snapshot.DeviceFacts{Context: uint64(d.Context()), PageableMax: int64(d.Streams().PageableDirectMax()),
+		Blocking: d.Strategy() == device.StrategySync}
+	if directPath {
+		switch drv := d.Driver().(type) {
+		case *libcuda.Driver:
+			f.Direct, f.Table = snapshot.DirectCUDA, drv.Table()
+		case *cudasim.Driver:
+			f.Direct = snapshot.DirectSim
+		}
+	}
+	snapshot.SetDevice(d.Ordinal(), f)
 }
 
 // stackOptions completes the options of a device's allocator with what the process knows: the pool is

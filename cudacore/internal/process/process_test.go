@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cudacore/cudacore/cudacore/internal/snapshot"
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/memory"
 	"github.com/stretchr/testify/assert"
@@ -203,4 +204,51 @@ func TestStrategySwitchesWhileStreamsComeAndGo(t *testing.T) {
 	assert.Positive(t, switched.Load(), "strategies switched")
 	assert.Positive(t, cycles.Load(), "streams came and went")
 	assert.Equal(t, before, d.Memory().Stats().InUse, "nothing left allocated")
+}
+
+// Go publishes what the C fast path decides on (package snapshot): a device's facts when it opens, its
+// allocator's blocking with each strategy change, and the count of captures from registration (before the
+// driver begins) to unregistration (after the driver ended).
+func TestTheSnapshotFollowsGo(t *testing.T) {
+	d := simDevice(t)
+	f := snapshot.Device(0)
+	assert.Equal(t, snapshot.DirectSim, f.Direct)
+	assert.Equal(t, uint64(d.Context()), f.Context)
+	assert.Equal(t, int64(d.Streams().PageableDirectMax()), f.PageableMax)
+	old := d.Strategy()
+	for _, s := range []string{"sync", "pool"} {
+		require.NoError(t, d.SetStrategy(s, memory.StackOptions{}))
+		assert.Equal(t, s == "sync", snapshot.Device(0).Blocking, s)
+	}
+	require.NoError(t, d.SetStrategy(string(old), memory.StackOptions{}))
+
+	s, err := d.Streams().Create(true, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, s.Destroy()) }()
+	assert.Equal(t, int32(0), snapshot.Captures())
+	require.NoError(t, s.BeginCapture(cuda.CaptureModeThreadLocal))
+	assert.Equal(t, int32(1), snapshot.Captures())
+	g, err := s.EndCapture()
+	require.NoError(t, err)
+	assert.Equal(t, int32(0), snapshot.Captures())
+	require.NoError(t, g.Destroy())
+}
+
+func TestDirectFromTheEnvironment(t *testing.T) {
+	cases := []struct {
+		v    string
+		on   bool
+		fail bool
+	}{{"", true, false}, {"1", true, false}, {" 0 ", false, false}, {"0", false, false}, {"maybe", false, true}, {"2", false, true}}
+	for _, c := range cases {
+		on, err := directOn(c.v)
+		if c.fail {
+			require.Error(t, err, c.v)
+			assert.ErrorIs(t, err, cuda.ErrInvalidValue)
+			assert.Contains(t, err.Error(), "CUDACORE_DIRECT")
+			continue
+		}
+		require.NoError(t, err, c.v)
+		assert.Equal(t, c.on, on, c.v)
+	}
 }

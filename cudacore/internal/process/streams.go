@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"sync"
 
+	"github.com/cudacore/cudacore/cudacore/internal/snapshot"
 	"github.com/cudacore/cudacore/pkg/cuda"
 
 	"github.com/cudacore/cudacore/pkg/memory"
@@ -13,6 +14,10 @@ import (
 // captures is the process's capture registry: one for all devices, since a GLOBAL capture on one device
 // forbids unsafe calls on every other.
 var captures = stream.NewRegistry()
+
+// The count of captures is published to the C fast path (package snapshot), which takes no direct path
+// while any capture is registered.
+func init() { captures.OnActive(snapshot.SetCaptures) }
 
 var streamManagers sync.Map // ordinal -> *stream.Manager
 

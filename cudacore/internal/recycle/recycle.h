@@ -14,7 +14,7 @@
  * Go decides when C may log, per device (cc_recycle_max): only while its allocator caches freed blocks
  * (a block it would have kept anyway, of a size it caches), nothing captures, no graph memory is on the books and no
  * allocation is tracked; and never a block that a live graph uses (cc_recycle_guard). The C caller adds its own conditions (an owned stream, no capture starting,
- * no stack labels); see cudacore/native/fast.c.
+ * no stack labels); see cudacore/native/alloc.c.
  *
  * The log is bounded: when it is full, cc_recycle_free and cc_recycle_take answer 0 and the caller
  * enters Go, whose guard replays the log first. All functions are thread-safe (a spin lock held for a

@@ -1,0 +1,689 @@
+/*
+ * Buffer: device memory as a C type (no per-instance dict), its close and deallocation, its DLPack export,
+ * and the hot cases of copy_from / copy_to (a PinnedBuffer or host memory of the buffer protocol, on a
+ * cudacore Stream or synchronously), made on the direct path or through the doors without a Python frame.
+ *
+ * Ownership: a Buffer owns its device allocation from creation until a close() or deallocation whose free
+ * succeeds; close() is idempotent, and a free that fails leaves the object open, so that close() can be
+ * retried. A borrowed Buffer (interop.ExternalBuffer) owns nothing: its close drops its owner.
+ */
+#include "fast.h"
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Buffer: device memory                                                                                */
+
+/* Wait, with the GIL released in between, until another thread's free of this object has returned (it
+ * released the GIL for the driver call). Afterwards the object is closed, or open again if that free
+ * failed. Called with the GIL held. */
+void
+wait_for_free(volatile char *freeing)
+{
+    while (*freeing) {
+        Py_BEGIN_ALLOW_THREADS
+        sched_yield();
+        Py_END_ALLOW_THREADS
+    }
+}
+
+/* Free the allocation if still open. Returns 0, or -1 with an exception set (the buffer stays open, so
+ * that the free can be retried). A close that finds another thread's free in flight waits for it, so
+ * that it returns only once the memory is gone (or raises if that free failed and its own retry does). In a forked child nothing is freed: Go must not be entered there, and
+ * the memory belongs to the parent's context anyway. */
+int
+buffer_free(BufferObject *self, int dealloc)
+{
+    wait_for_free(&self->freeing);
+    if (self->closed) {
+        return 0;
+    }
+    if (self->dlpack_exports > 0) {
+        PyErr_Format(PyExc_BufferError,
+                     "cannot close a Buffer while %zd DLPack export%s of it (a CuPy/PyTorch/... array made by "
+                     "from_dlpack) %s alive; delete %s first",
+                     self->dlpack_exports, self->dlpack_exports == 1 ? "" : "s",
+                     self->dlpack_exports == 1 ? "is" : "are", self->dlpack_exports == 1 ? "it" : "them");
+        return -1;
+    }
+    if (self->borrowed) {
+        self->closed = 1;
+        Py_CLEAR(self->owner);
+        return 0;
+    }
+    if (cudacore_forked) {
+        if (dealloc) {
+            self->closed = 1;
+            return 0;
+        }
+        return door_check_fork("Buffer.close");
+    }
+    if (self->graph_token == 0 && self->recyclable && recycle_ok() &&
+        cc_recycle_free(self->device, self->ptr, self->size, self->stream)) {
+        self->closed = 1; /* Go frees it, or accounts for its reuse, before anything else it does */
+        return 0;
+    }
+    char *err;
+    int64_t ret;
+    PyThreadState *released = NULL;
+    if (door_blocking(self->device)) {
+        self->freeing = 1;
+        released = PyEval_SaveThread();
+    }
+    if (self->graph_token != 0) {
+        err = cudacore_door_GraphFree(self->device, (int64_t)self->ptr, (int64_t)self->size, (int64_t)self->stream,
+                                      self->graph_token, &ret);
+    } else {
+        err = cudacore_door_Free(self->device, (int64_t)self->ptr, (int64_t)self->size, (int64_t)self->stream, &ret);
+    }
+    if (released != NULL) {
+        PyEval_RestoreThread(released);
+    }
+    self->freeing = 0;
+    if (err != NULL) {
+        door_raise(err);
+        return -1;
+    }
+    self->closed = 1;
+    Py_CLEAR(self->keep); /* freed: its stream may go (this can run its owner's destroy) */
+    return 0;
+}
+
+static int
+buffer_free_dealloc(PyObject *self)
+{
+    int r = buffer_free((BufferObject *)self, 1);
+    Py_CLEAR(((BufferObject *)self)->keep); /* after the free: it may destroy the stream */
+    return r;
+}
+
+/* The end of an owning object (Buffer, PinnedBuffer): free what it still owns with free_fn, reporting a
+ * failure as unraisable (a destructor cannot raise), then clear weak references and release the object. */
+void
+dealloc_owner(PyObject *self, int (*free_fn)(PyObject *), PyObject *weakreflist)
+{
+    PyObject *etype, *evalue, *etb; /* Fetch/Restore rather than GetRaisedException: 3.10 and 3.11 */
+    PyErr_Fetch(&etype, &evalue, &etb);
+    if (free_fn(self) < 0) {
+        PyErr_WriteUnraisable(NULL); /* not self: a hook that kept it would resurrect a freed object */
+    }
+    PyErr_Restore(etype, evalue, etb);
+    if (weakreflist != NULL) {
+        PyObject_ClearWeakRefs(self);
+    }
+    Py_TYPE(self)->tp_free(self);
+}
+
+static void
+buffer_dealloc(BufferObject *self)
+{
+    dealloc_owner((PyObject *)self, buffer_free_dealloc, self->weakreflist);
+}
+
+static PyObject *
+buffer_close(BufferObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (buffer_free(self, 0) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyObject *
+buffer_enter(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_NewRef(self);
+}
+
+static PyObject *
+buffer_exit(BufferObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args;
+    (void)nargs;
+    if (buffer_free(self, 0) < 0) {
+        return NULL;
+    }
+    Py_RETURN_FALSE;
+}
+
+static PyObject *
+buffer_get_ptr(BufferObject *self, void *Py_UNUSED(closure))
+{
+    if (self->closed || self->freeing) {
+        return door_closed("Buffer", "cudacore.buffer");
+    }
+    return PyLong_FromUnsignedLongLong(self->ptr);
+}
+
+static PyObject *
+buffer_get_owner(BufferObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->owner != NULL ? self->owner : Py_None);
+}
+
+static PyObject *
+buffer_get_borrowed(BufferObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->borrowed);
+}
+
+/* ---- DLPack export ------------------------------------------------------------------------------------
+ * The structs of dlpack.h (v1.0), declared by hand: the ABI is fixed by the spec. A Buffer exports itself
+ * as a 1-D uint8 tensor; the capsule's DLManagedTensor holds a reference to the Buffer, dropped by the
+ * deleter that the consumer calls when it is done (or by the capsule's destructor if nobody consumed it). */
+
+enum { kDLCUDA = 2, kDLUInt = 1 };
+
+typedef struct {
+    int32_t device_type;
+    int32_t device_id;
+} DLDevice;
+
+typedef struct {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+} DLDataType;
+
+typedef struct {
+    void *data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t *shape;
+    int64_t *strides;
+    uint64_t byte_offset;
+} DLTensor;
+
+typedef struct DLManagedTensor {
+    DLTensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+
+typedef struct {
+    uint32_t major;
+    uint32_t minor;
+} DLPackVersion;
+
+typedef struct DLManagedTensorVersioned {
+    DLPackVersion version;
+    void *manager_ctx;
+    void (*deleter)(struct DLManagedTensorVersioned *self);
+    uint64_t flags;
+    DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+
+/* One malloc'd block per export: the managed tensor, then shape and strides. */
+typedef struct {
+    DLManagedTensor m;
+    int64_t shape[1];
+    int64_t strides[1];
+} LegacyExport;
+
+typedef struct {
+    DLManagedTensorVersioned m;
+    int64_t shape[1];
+    int64_t strides[1];
+} VersionedExport;
+
+static void
+dlpack_release_buffer(void *ctx)
+{
+    if (ctx == NULL || !Py_IsInitialized()) {
+        return;
+    }
+    /* Consumers may call the deleter from any thread, with or without the GIL. */
+    PyGILState_STATE g = PyGILState_Ensure();
+    BufferObject *b = (BufferObject *)ctx;
+    b->dlpack_exports--;
+    Py_DECREF(b);
+    PyGILState_Release(g);
+}
+
+static void
+dlpack_legacy_deleter(DLManagedTensor *m)
+{
+    dlpack_release_buffer(m->manager_ctx);
+    free(m);
+}
+
+static void
+dlpack_versioned_deleter(DLManagedTensorVersioned *m)
+{
+    dlpack_release_buffer(m->manager_ctx);
+    free(m);
+}
+
+static void
+dlpack_capsule_destructor(PyObject *capsule)
+{
+    /* Consumed capsules were renamed used_dltensor[_versioned]; the consumer calls the deleter then. */
+    PyObject *etype, *evalue, *etb;
+    PyErr_Fetch(&etype, &evalue, &etb);
+    if (PyCapsule_IsValid(capsule, "dltensor")) {
+        DLManagedTensor *m = (DLManagedTensor *)PyCapsule_GetPointer(capsule, "dltensor");
+        if (m != NULL && m->deleter != NULL) {
+            m->deleter(m);
+        }
+    } else if (PyCapsule_IsValid(capsule, "dltensor_versioned")) {
+        DLManagedTensorVersioned *m =
+            (DLManagedTensorVersioned *)PyCapsule_GetPointer(capsule, "dltensor_versioned");
+        if (m != NULL && m->deleter != NULL) {
+            m->deleter(m);
+        }
+    }
+    PyErr_Restore(etype, evalue, etb);
+}
+
+/* The CUDA stream value of the DLPack spec: None is the legacy default stream (1; 0 means it too), 2 the
+ * per-thread default stream, -1 "do not order", anything else a CUstream of the consumer's. */
+static int
+dlpack_stream_arg(PyObject *arg, int64_t *out)
+{
+    if (arg == NULL || arg == Py_None) {
+        *out = 1;
+        return 0;
+    }
+    if (door_int(arg, "__dlpack__", "stream", out) < 0) {
+        return -1;
+    }
+    if (*out == 0) {
+        *out = 1;
+    }
+    return 0;
+}
+
+static PyObject *
+buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
+    PyObject *stream_arg = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kwlist, &stream_arg, &max_version,
+                                     &dl_device, &copy)) {
+        return NULL;
+    }
+    if (door_check_fork("__dlpack__") < 0) {
+        return NULL;
+    }
+    if (self->closed || self->freeing) {
+        return door_closed("Buffer", "cudacore.dlpack");
+    }
+    if (copy != Py_None) {
+        int want = PyObject_IsTrue(copy);
+        if (want < 0) {
+            return NULL;
+        }
+        if (want) {
+            PyErr_SetString(PyExc_BufferError, "__dlpack__(copy=True): a cudacore Buffer exports its own memory "
+                                               "only; copy it first (cudacore.device_to_device) and export the copy");
+            return NULL;
+        }
+    }
+    if (dl_device != Py_None) {
+        long long dtype = -1, did = -1;
+        if (!PyTuple_Check(dl_device) || PyTuple_GET_SIZE(dl_device) != 2) {
+            PyErr_SetString(PyExc_TypeError, "__dlpack__: dl_device must be a (device_type, device_id) tuple");
+            return NULL;
+        }
+        int64_t t64, d64;
+        if (door_int(PyTuple_GET_ITEM(dl_device, 0), "__dlpack__", "dl_device[0]", &t64) < 0 ||
+            door_int(PyTuple_GET_ITEM(dl_device, 1), "__dlpack__", "dl_device[1]", &d64) < 0) {
+            return NULL;
+        }
+        dtype = t64;
+        did = d64;
+        if (dtype != kDLCUDA || did != self->device) {
+            PyErr_Format(PyExc_BufferError,
+                         "__dlpack__: the buffer is on (%d, %lld) (kDLCUDA, device); cannot export to (%lld, %lld)",
+                         kDLCUDA, (long long)self->device, dtype, did);
+            return NULL;
+        }
+    }
+    int versioned = 0;
+    if (max_version != Py_None) {
+        if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) < 1) {
+            PyErr_SetString(PyExc_TypeError, "__dlpack__: max_version must be a (major, minor) tuple or None");
+            return NULL;
+        }
+        int64_t major;
+        if (door_int(PyTuple_GET_ITEM(max_version, 0), "__dlpack__", "max_version[0]", &major) < 0) {
+            return NULL;
+        }
+        versioned = major >= 1;
+    }
+    int64_t consumer;
+    if (dlpack_stream_arg(stream_arg, &consumer) < 0) {
+        return NULL;
+    }
+    /* Stream order: the consumer will use the memory on its stream. Go records an event on the buffer's
+     * stream and makes the consumer's stream wait on it, under the stream-lifetime and capture rules: the
+     * host never waits, and a destroyed stream's handle never reaches the driver. A borrowed buffer's
+     * order is its owner's business. */
+    if (!no_pending_graph_memory()) {
+        /* Graph memory of a graph never launched has no memory behind it: Go refuses its export. */
+        int64_t ret;
+        char *err = cudacore_door_CheckDLPackExport(self->device, (int64_t)self->ptr, (int64_t)self->size, &ret);
+        if (err != NULL) {
+            return door_raise(err);
+        }
+    }
+    if (!self->borrowed) {
+        int64_t ret;
+        char *err = cudacore_door_DLPackOrder(self->device, (int64_t)self->stream, consumer, &ret);
+        if (err != NULL) {
+            return door_raise(err);
+        }
+    }
+    DLTensor *t;
+    void *block;
+    const char *name;
+    if (versioned) {
+        VersionedExport *e = calloc(1, sizeof(VersionedExport));
+        if (e == NULL) {
+            return PyErr_NoMemory();
+        }
+        e->m.version.major = 1;
+        e->m.version.minor = 0;
+        e->m.manager_ctx = self;
+        e->m.deleter = dlpack_versioned_deleter;
+        e->m.flags = 0;
+        e->shape[0] = (int64_t)self->size;
+        e->strides[0] = 1;
+        t = &e->m.dl_tensor;
+        t->shape = e->shape;
+        t->strides = e->strides;
+        block = e;
+        name = "dltensor_versioned";
+    } else {
+        LegacyExport *e = calloc(1, sizeof(LegacyExport));
+        if (e == NULL) {
+            return PyErr_NoMemory();
+        }
+        e->m.manager_ctx = self;
+        e->m.deleter = dlpack_legacy_deleter;
+        e->shape[0] = (int64_t)self->size;
+        e->strides[0] = 1;
+        t = &e->m.dl_tensor;
+        t->shape = e->shape;
+        t->strides = e->strides;
+        block = e;
+        name = "dltensor";
+    }
+    t->data = (void *)(uintptr_t)self->ptr;
+    t->device.device_type = kDLCUDA;
+    t->device.device_id = (int32_t)self->device;
+    t->ndim = 1;
+    t->dtype.code = kDLUInt;
+    t->dtype.bits = 8;
+    t->dtype.lanes = 1;
+    t->byte_offset = 0;
+    PyObject *capsule = PyCapsule_New(block, name, dlpack_capsule_destructor);
+    if (capsule == NULL) {
+        free(block);
+        return NULL;
+    }
+    /* Only now does the capsule own the block: take the reference its deleter drops. */
+    Py_INCREF(self);
+    self->dlpack_exports++;
+    return capsule;
+}
+
+static PyObject *
+buffer_dlpack_device(BufferObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("(iL)", kDLCUDA, (long long)self->device);
+}
+
+/* The hot case of Buffer.copy_from / copy_to: a PinnedBuffer, all of it, on a cudacore Stream of the
+ * buffer's device. The copy takes the direct path when it may (direct_stream), and otherwise, up to
+ * CC_HELD_COPY_MAX bytes (tables_gen.h), the generated door of CopyToDeviceHeld/CopyToHostHeld, with the pinned memory itself
+ * (cudacore's own allocation: no buffer export needed). 1 done, 0 not the hot case (nothing done), -1
+ * error set. */
+static int
+copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
+{
+    if (stream_type == NULL || Py_TYPE(stream) != stream_type || !PyObject_TypeCheck(host, &PinnedType) ||
+        self->closed || self->freeing) {
+        return 0;
+    }
+    PinnedObject *h = (PinnedObject *)host;
+    if (h->closed || h->freeing || h->size > self->size) {
+        return 0;
+    }
+    if (door_check_fork(to_device ? "copy_from" : "copy_to") < 0) {
+        return -1;
+    }
+    /* Direct, any size: the driver only enqueues a copy from pinned memory, with the GIL held throughout. */
+    uint64_t direct = no_pending_graph_memory() ? direct_stream(stream, self->device) : 0;
+    if (direct != 0 &&
+        (to_device ? direct_copy_to_device(self->device, self->ptr, (const void *)(uintptr_t)h->ptr, (size_t)h->size, direct)
+                   : direct_copy_to_host(self->device, (void *)(uintptr_t)h->ptr, self->ptr, (size_t)h->size, direct))) {
+        return 1;
+    }
+    /* Through Go with the GIL held up to CC_HELD_COPY_MAX bytes; a larger copy goes to the general path, which
+     * releases the GIL with the memory held by its buffer export. */
+    if (h->size > CC_HELD_COPY_MAX) {
+        return 0;
+    }
+    int64_t sh = stream_handle_on(stream, self->device);
+    if (sh < 0) {
+        return 0;
+    }
+    int64_t ret;
+    char *err = to_device ? cudacore_door_CopyToDeviceHeld(self->device, (int64_t)self->ptr, (const void *)(uintptr_t)h->ptr,
+                                                           (int64_t)h->size, (int64_t)h->size, sh, &ret)
+                          : cudacore_door_CopyToHostHeld(self->device, (void *)(uintptr_t)h->ptr, (int64_t)h->size,
+                                                         (int64_t)self->ptr, (int64_t)h->size, sh, &ret);
+    if (err != NULL) {
+        door_raise(err);
+        return -1;
+    }
+    return 1;
+}
+
+/* The hot case of copy_from / copy_to with host memory of the buffer protocol (a PinnedBuffer too, not a
+ * device Buffer), as the general path sizes it, through the CopyToDevice / CopyToHost door as the general
+ * path would call it: on stream, whose handle is sh, or synchronously for stream NULL and sh -1. A
+ * synchronous copy releases the GIL; one on a stream keeps it up to CC_HELD_COPY_MAX bytes (the Held doors, or the
+ * direct path for a host-to-device copy the driver stages), as the general path does. The host memory is
+ * held through its buffer export for the call, so a PinnedBuffer cannot be closed by another thread
+ * meanwhile (its close refuses while exports live). 1 done, 0 not this case (nothing done, no exception),
+ * -1 error set. */
+static int
+copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh, int to_device)
+{
+    if (self->closed || self->freeing || PyObject_TypeCheck(host, &BufferType) || !PyObject_CheckBuffer(host)) {
+        return 0;
+    }
+    Py_buffer view;
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (to_device ? 0 : PyBUF_WRITABLE);
+    if (PyObject_GetBuffer(host, &view, flags) < 0) {
+        PyErr_Clear(); /* the general path says what is wrong */
+        return 0;
+    }
+    /* copy_from copies all of host into the buffer's start; copy_to all of the buffer into host's start. */
+    uint64_t want = to_device ? (uint64_t)view.len : self->size;
+    if ((view.format != NULL && strchr(view.format, 'O') != NULL) ||
+        (to_device ? want > self->size : (uint64_t)view.len < want)) {
+        PyBuffer_Release(&view);
+        return 0;
+    }
+    if (door_check_fork(to_device ? "copy_from" : "copy_to") < 0) {
+        PyBuffer_Release(&view);
+        return -1;
+    }
+    int64_t ret;
+    char *err;
+    int64_t device = self->device, ptr = (int64_t)self->ptr, n = (int64_t)want;
+    if (sh >= 0 && n <= CC_HELD_COPY_MAX) {
+        /* Direct when the stream manager would hand this copy to the driver's own pageable copy (which
+         * stages it and returns once it has read the host memory; memory the driver knows as pinned is
+         * read when the stream gets there, as documented for pinned memory). */
+        uint64_t direct;
+        if (to_device && direct_pageable(device, (size_t)n) && no_pending_graph_memory() &&
+            (direct = direct_stream(stream, device)) != 0 &&
+            direct_copy_to_device(device, (uint64_t)ptr, view.buf, (size_t)n, direct)) {
+            PyBuffer_Release(&view);
+            return 1;
+        }
+        err = to_device ? cudacore_door_CopyToDeviceHeld(device, ptr, view.buf, (int64_t)view.len, n, sh, &ret)
+                        : cudacore_door_CopyToHostHeld(device, view.buf, (int64_t)view.len, ptr, n, sh, &ret);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        err = to_device ? cudacore_door_CopyToDevice(device, ptr, view.buf, (int64_t)view.len, n, sh, &ret)
+                        : cudacore_door_CopyToHost(device, view.buf, (int64_t)view.len, ptr, n, sh, &ret);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&view);
+    if (err != NULL) {
+        door_raise(err);
+        return -1;
+    }
+    return 1;
+}
+
+/* The synchronous hot case: stream=None while no `with stream:` block is open (see copy_export_hot). */
+static int
+copy_sync_hot(BufferObject *self, PyObject *host, int to_device)
+{
+    return no_stream_blocks() ? copy_export_hot(self, host, NULL, -1, to_device) : 0;
+}
+
+/* The asynchronous hot case past copy_hot: a cudacore Stream of the buffer's device and host memory of the
+ * buffer protocol, pageable or pinned (see copy_export_hot). */
+static int
+copy_stream_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
+{
+    int64_t sh = stream_handle_on(stream, self->device);
+    return sh < 0 ? 0 : copy_export_hot(self, host, stream, sh, to_device);
+}
+
+/* copy_from(host, stream=None) / copy_to(host, stream=None): the hot case in C, anything else through the
+ * subclass's _copy_from / _copy_to (python/cudacore/_memory.py), whose checks and errors are the
+ * general ones. */
+static PyObject *
+buffer_copy(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int to_device)
+{
+    const char *general = to_device ? "_copy_from" : "_copy_to";
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *host = NULL, *stream = Py_None;
+    if (nargs >= 1 && nargs <= 2 && nkw == 0) {
+        host = args[0];
+        stream = nargs == 2 ? args[1] : Py_None;
+    } else if (nargs == 1 && nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "stream") == 0) {
+        host = args[0];
+        stream = args[1];
+    }
+    if (host != NULL) {
+        int r = stream == Py_None ? copy_sync_hot(self, host, to_device) : copy_hot(self, host, stream, to_device);
+        if (r == 0 && stream != Py_None) {
+            r = copy_stream_hot(self, host, stream, to_device);
+        }
+        if (r < 0) {
+            return NULL;
+        }
+        if (r > 0) {
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *name = PyUnicode_FromString(general);
+    if (name == NULL) {
+        return NULL;
+    }
+    /* Forward the call as it came: self first, then the caller's arguments and keywords. */
+    PyObject *stack[4];
+    Py_ssize_t total = nargs + nkw;
+    if (total > 3) {
+        Py_DECREF(name);
+        PyErr_Format(PyExc_TypeError, "%s() takes at most 2 arguments (%zd given)", to_device ? "copy_from" : "copy_to", total);
+        return NULL;
+    }
+    stack[0] = (PyObject *)self;
+    for (Py_ssize_t i = 0; i < total; i++) {
+        stack[i + 1] = args[i];
+    }
+    PyObject *r = PyObject_VectorcallMethod(name, stack, (size_t)(nargs + 1), kwnames);
+    Py_DECREF(name);
+    return r;
+}
+
+static PyObject *
+buffer_copy_from(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return buffer_copy(self, args, nargs, kwnames, 1);
+}
+
+static PyObject *
+buffer_copy_to(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return buffer_copy(self, args, nargs, kwnames, 0);
+}
+
+/* Buffer._void(): mark the buffer closed without freeing anything: its memory was never allocated by the
+ * driver (graph memory of a capture that was aborted, or of a graph destroyed before its first launch),
+ * and the address may belong to a later allocation. */
+static PyObject *
+buffer_void(BufferObject *self, PyObject *Py_UNUSED(ignored))
+{
+    wait_for_free(&self->freeing);
+    self->closed = 1;
+    Py_CLEAR(self->keep);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef buffer_methods[] = {
+    {"_void", (PyCFunction)buffer_void, METH_NOARGS,
+     "_void()\n\nMark closed without freeing: the driver never allocated this graph memory (cudacore internal)."},
+    {"copy_from", (PyCFunction)(void (*)(void))buffer_copy_from, METH_FASTCALL | METH_KEYWORDS,
+     "copy_from(host, stream=None)\n\nCopy host memory (bytes-like, numpy, PinnedBuffer) into this buffer; "
+     "with a stream, ordered on it."},
+    {"copy_to", (PyCFunction)(void (*)(void))buffer_copy_to, METH_FASTCALL | METH_KEYWORDS,
+     "copy_to(host, stream=None)\n\nCopy this buffer into writable host memory; with a stream, ordered on it."},
+    {"__dlpack__", (PyCFunction)(void (*)(void))buffer_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n\n"
+     "A DLPack capsule of this buffer as a 1-D uint8 tensor (versioned, DLPack 1.0, when max_version >= "
+     "(1, 0)). It keeps the buffer alive until the consumer deletes it; close() is refused meanwhile. When "
+     "the consumer's stream is not the buffer's, the consumer's stream is made to wait for the buffer's work "
+     "with an event (stream=-1: no ordering); the host does not wait."},
+    {"__dlpack_device__", (PyCFunction)buffer_dlpack_device, METH_NOARGS,
+     "__dlpack_device__() -> (2, device_id): kDLCUDA and the device ordinal."},
+    {"close", (PyCFunction)buffer_close, METH_NOARGS,
+     "close()\n\nFree the memory, in stream order on the buffer's stream. Idempotent."},
+    {"__enter__", (PyCFunction)buffer_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))buffer_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+/* Plain fields are members; only what computes or checks (ptr raises once closed) is a getter. */
+static PyMemberDef buffer_members[] = {
+    {"size", T_ULONGLONG, offsetof(BufferObject, size), READONLY, "The size in bytes."},
+    {"device_id", T_LONGLONG, offsetof(BufferObject, device), READONLY, "The ordinal of the device it lives on."},
+    {"stream_handle", T_ULONGLONG, offsetof(BufferObject, stream), READONLY,
+     "The driver handle of the stream it is ordered on (1: the legacy default stream)."},
+    {"closed", T_BOOL, offsetof(BufferObject, closed), READONLY, "Whether close() has freed it."},
+    {"_graph_token", T_LONGLONG, offsetof(BufferObject, graph_token), 0,
+     "Go's owner token of an allocation made during a capture, 0 otherwise (cudacore internal)."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef buffer_getset[] = {
+    {"ptr", (getter)buffer_get_ptr, NULL, "The device address (raises once the buffer is closed).", NULL},
+    {"owner", (getter)buffer_get_owner, NULL,
+     "For a borrowed buffer (an ExternalBuffer), the object owning the memory; None otherwise.", NULL},
+    {"borrowed", (getter)buffer_get_borrowed, NULL,
+     "Whether this buffer views memory another library owns (close() then frees nothing).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject BufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cudacore._fast.Buffer",
+    .tp_basicsize = sizeof(BufferObject),
+    .tp_dealloc = (destructor)buffer_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Device memory owned by this object; made by Device.allocate.",
+    .tp_weaklistoffset = offsetof(BufferObject, weakreflist),
+    .tp_methods = buffer_methods,
+    .tp_members = buffer_members,
+    .tp_getset = buffer_getset,
+};
+

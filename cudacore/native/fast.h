@@ -1,0 +1,198 @@
+/*
+ * The internal header of cudacore._fast (cudacore/native): what its files share. Each file holds one kind
+ * of object or one group of module functions:
+ *
+ *   fast.c         the module: configure(), the snapshot's queries, fork state, init
+ *   buffer.c       Buffer: device memory, its DLPack export and its copies' hot cases
+ *   pinned.c       PinnedBuffer: page-locked host memory with the buffer protocol
+ *   alloc.c        allocation into new Buffers and PinnedBuffers, the recycle log's C side, wrap and borrow
+ *   streams.c      stream arguments resolved in C, and the __slots__ layouts the direct path reads
+ *   launch.c       kernel arguments packed in C, kernel and graph launches (direct and through Go)
+ *   hot_methods.c  the C method descriptors installed on Stream, Event, Graph and Kernel
+ *   stacks.c       Python stacks recorded for allocations
+ *   call.c         the cold door: gopy's functions called with errors through the funnel
+ *
+ * The facts these decide on that Go owns are in the snapshot (snapshot.h), never copied here; what the
+ * Python layer owns is read in place (streams.c). Everything declared here is hidden: it is shared by the
+ * files of this module, not exported from the extension library.
+ */
+#ifndef CUDACORE_FAST_H
+#define CUDACORE_FAST_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "direct.h"
+#include "door.h"
+#include "door_gen.h"
+#include "recycle.h"
+#include "snapshot.h"
+#include "tables_gen.h"
+
+#pragma GCC visibility push(hidden)
+
+/* Whether the direct path may make a call that names device memory: no graph memory allocation is
+ * pending (the snapshot's count, which Go publishes). While one is, copies and kernel launches go through
+ * Go, whose checks refuse such memory named outside its capture: the direct path cannot tell which
+ * addresses it covers. */
+static inline int
+no_pending_graph_memory(void)
+{
+    return !cc_snapshot_graph_memory_pending();
+}
+
+extern PyTypeObject *buffer_type;   /* the registered subclass of Buffer; NULL until configure() */
+extern PyTypeObject *pinned_type;   /* likewise for PinnedBuffer */
+extern PyTypeObject *stream_type;   /* cudacore.Stream, for the copies' hot case; NULL until configure() */
+
+
+extern PyTypeObject PinnedType; /* pinned.c */
+extern PyTypeObject BufferType; /* buffer.c */
+
+/* PinnedBuffer's object (pinned.c). */
+typedef struct {
+    PyObject_HEAD
+    uint64_t ptr;
+    uint64_t size;
+    int64_t device;
+    char closed; /* a char: exposed read-only as a bool through PyMemberDef (T_BOOL) */
+    char freeing; /* a free is in flight with the GIL released */
+    Py_ssize_t exports; /* live memoryviews: while any exist, close() must refuse */
+    PyObject *weakreflist;
+} PinnedObject;
+
+/* Buffer's object (buffer.c). */
+typedef struct {
+    PyObject_HEAD
+    uint64_t ptr;
+    uint64_t size;
+    uint64_t stream;
+    int64_t device;
+    char closed; /* a char: exposed read-only as a bool through PyMemberDef (T_BOOL) */
+    char freeing; /* a free is in flight with the GIL released: another close() must not free again */
+    PyObject *weakreflist;
+    /* A borrowed Buffer (cudacore.interop.ExternalBuffer) views memory another library owns: close() drops
+     * the reference to owner and frees nothing. */
+    int borrowed;
+    PyObject *owner;
+    /* DLPack capsules handed out and not yet deleted by their consumer: while any exist, close() refuses
+     * (the consumer is still using the memory). Each holds a reference to this object. */
+    Py_ssize_t dlpack_exports;
+    /* Allocated by Device.allocate on the legacy stream: its free may go to the recycle log (recycle_ok). */
+    char recyclable;
+    /* Allocated during a capture: Go's owner token for it (from the Allocate door; 0 otherwise), which its free
+     * passes back (the GraphFree door), so that a free after its memory went void, when the driver may have
+     * handed the address to another owner, frees nothing. Set by the Python layer when it notes the buffer. */
+    int64_t graph_token;
+    /* The stream object of another library the buffer was allocated on (a CuPy stream, say), held until the
+     * buffer is freed: such a stream is destroyed when its object goes, and the free must find it alive. */
+    PyObject *keep;
+} BufferObject;
+
+/* The stream arguments of the Python layer's hot methods, resolved here rather than in Python frames. Set
+ * by configure_streams(); until then every stream object takes the Python path. */
+extern PyObject *handles_dict;     /* cudacore._handles' module dict: its open_stream_blocks count */
+extern PyObject *stream_resolver;  /* cudacore._handles.stream_handle(stream, device) -> int */
+extern PyObject *capture_noter;    /* cudacore._stream.note_capture_buffers(buffers) */
+extern PyObject *str_open_blocks;
+extern PyObject *str_current;      /* "_current": cudacore._handles' thread-local current state */
+extern PyObject *str_streams;      /* "streams": its per-device current streams */
+
+/* Direct reads of the __slots__ the direct path checks. A __slots__ attribute of a Python class is a
+ * member at a fixed offset of its instances; reading it there costs a load where PyObject_GetAttr costs a
+ * lookup through the type, a noticeable share of a launch. configure_slots() records each offset from the
+ * class's member descriptor, and a read is made only on an instance of that exact class (Py_TYPE checked),
+ * so the offset is the instance's. An unset slot reads NULL. */
+typedef struct {
+    PyTypeObject *type; /* the exact class; NULL until configure_slots() */
+    Py_ssize_t offsets[4];
+} slot_layout;
+extern slot_layout stream_slots;  /* _owned, _closed, _handle, _device */
+extern slot_layout device_slots;  /* _ordinal */
+extern slot_layout graph_slots;   /* _exec, _device */
+extern slot_layout kernel_slots;  /* _direct, _module, _spec */
+extern slot_layout module_slots;  /* _loaded, _device */
+extern slot_layout kernel_arg_slots; /* KernelArg: _code, _raw */
+enum { S_OWNED = 0, S_CLOSED = 1, S_HANDLE = 2, S_DEVICE = 3 };
+
+/* Slot i of o (borrowed, may be NULL), or NULL when o is not an instance of the layout's exact class. */
+static inline PyObject *
+slot_of(const slot_layout *l, PyObject *o, int i)
+{
+    if (l->type == NULL || Py_TYPE(o) != l->type) {
+        return NULL;
+    }
+    return *(PyObject **)((char *)o + l->offsets[i]);
+}
+
+/* An exact int's value, or -1 (never an exception: the values read here are handles and ordinals). */
+static inline int64_t
+int_of(PyObject *v)
+{
+    if (v == NULL || !PyLong_CheckExact(v)) {
+        return -1;
+    }
+    int overflow = 0;
+    long long r = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow != 0 || (r == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -1;
+    }
+    return r;
+}
+
+/* The ordinal of the Device in slot i of o, or -1. */
+static inline int64_t
+ordinal_in(const slot_layout *l, PyObject *o, int i)
+{
+    PyObject *dev = slot_of(l, o, i);
+    return dev != NULL ? int_of(slot_of(&device_slots, dev, 0)) : -1;
+}
+
+
+/* buffer.c */
+void wait_for_free(volatile char *freeing);
+int buffer_free(BufferObject *self, int dealloc);
+void dealloc_owner(PyObject *self, int (*free_fn)(PyObject *), PyObject *weakreflist);
+PyObject *buffer_enter(PyObject *self, PyObject *ignored);
+
+/* alloc.c */
+int recycle_ok(void);
+int note_if_capturing(PyObject *buf);
+
+/* streams.c */
+int layout_of(slot_layout *l, PyObject *type, const char *const *names, int n);
+uint64_t direct_stream(PyObject *stream, int64_t device);
+int64_t stream_handle_on(PyObject *stream, int64_t device);
+int no_stream_blocks(void);
+int resolve_stream(PyObject *stream, int64_t device, const char *fn, int64_t *out, int *owned);
+PyObject *current_stream_object(int64_t device);
+PyObject *current_for_direct(int64_t device);
+
+/* launch.c */
+int graph_direct(PyObject *graph, PyObject *stream);
+int kernel_direct(PyObject *kernel, const int64_t v[7], PyObject *stream, PyObject *args);
+
+/* stacks.c */
+extern int stack_frames;
+void label_allocation(int64_t device, int64_t ptr);
+
+/* Each file's module functions, added to the module at init (fast.c). */
+extern PyMethodDef cc_alloc_functions[];
+extern PyMethodDef cc_call_functions[];
+extern PyMethodDef cc_launch_functions[];
+extern PyMethodDef cc_hot_functions[];
+extern PyMethodDef cc_stacks_functions[];
+extern PyMethodDef cc_streams_functions[];
+
+#pragma GCC visibility pop
+
+#endif
