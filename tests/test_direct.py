@@ -261,6 +261,24 @@ except cc.CUDAError:
 
 
 @pytest.mark.sim
+@pytest.mark.parametrize("name", ["CUDACORE_RECYCLE", "CUDACORE_DIRECT"])
+def test_an_on_off_setting_that_is_neither_is_refused_by_name(name):
+    r = run_python(
+        """
+import cudacore as cc
+try:
+    cc.Device(0)
+    print("accepted")
+except cc.InvalidValueError as e:
+    print(e)
+""",
+        env={"CUDACORE_BACKEND": "sim", name: "maybe"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().startswith(f'{name}="maybe": must be 0 (off) or 1 (on, the default)')
+
+
+@pytest.mark.sim
 @pytest.mark.parametrize(("value", "want"), [("0", "off"), ("1", "on"), ("", "on"), ("maybe", "InvalidValueError")])
 def test_the_direct_setting_is_read_by_go_when_the_device_opens(value, want):
     # Go publishes the device's facts in the snapshot that C reads (docs/design.md, "The snapshot"):

@@ -31,9 +31,13 @@ func getenv(name string) string {
 // rule it out) or leaves it on ("1", or unset), for the devices opened after it is set.
 const envDirect = "CUDACORE_DIRECT"
 
-// directOn parses the value of envDirect. Anything but "0", "1" or nothing is an InvalidValue error naming
-// the variable.
-func directOn(v string) (bool, error) {
+// envRecycle turns the recycle log off ("0": every free and allocation goes through Go) or leaves it on
+// ("1", or unset); it is read once, when the first device opens.
+const envRecycle = "CUDACORE_RECYCLE"
+
+// switchOn parses the value v of name, an on/off setting that is on by default. Anything but "0", "1" or
+// nothing is an InvalidValue error naming the variable, so that a typo does not pass for the default.
+func switchOn(name, v string) (bool, error) {
 	switch strings.TrimSpace(v) {
 	case "", "1":
 		return true, nil
@@ -41,7 +45,7 @@ func directOn(v string) (bool, error) {
 		return false, nil
 	}
 	return false, cuda.NewError("cudacore.device", cuda.ErrorInvalidValue, fmt.Sprintf(
-		"%s=%q: must be 0 (every hot call through Go) or 1 (the direct path, the default)", envDirect, v))
+		"%s=%q: must be 0 (off) or 1 (on, the default)", name, v))
 }
 
 // envPageableDirectMax overrides stream.Options.PageableDirectMax for the devices opened after it is set:

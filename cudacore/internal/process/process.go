@@ -199,8 +199,11 @@ func GetDevice(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	directPath, err := directOn(getenv(envDirect))
+	directPath, err := switchOn(envDirect, getenv(envDirect))
 	if err != nil {
+		return nil, err
+	}
+	if _, err := switchOn(envRecycle, getenv(envRecycle)); err != nil {
 		return nil, err
 	}
 	dd, err := device.Open(drv, ordinal, getenv("CUDACORE_ALLOCATOR"))

@@ -234,14 +234,14 @@ func TestTheSnapshotFollowsGo(t *testing.T) {
 	require.NoError(t, g.Destroy())
 }
 
-func TestDirectFromTheEnvironment(t *testing.T) {
+func TestOnOffSettingsFromTheEnvironment(t *testing.T) {
 	cases := []struct {
 		v    string
 		on   bool
 		fail bool
 	}{{"", true, false}, {"1", true, false}, {" 0 ", false, false}, {"0", false, false}, {"maybe", false, true}, {"2", false, true}}
 	for _, c := range cases {
-		on, err := directOn(c.v)
+		on, err := switchOn(envDirect, c.v)
 		if c.fail {
 			require.Error(t, err, c.v)
 			assert.ErrorIs(t, err, cuda.ErrInvalidValue)

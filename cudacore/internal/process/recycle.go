@@ -35,7 +35,12 @@ var (
 	// publishing counts the callers that hold it or wait for it.
 	publishMu  sync.Mutex
 	publishing atomic.Int32
-	disabled   = sync.OnceValue(func() bool { return getenv("CUDACORE_RECYCLE") == "0" })
+	// disabled is CUDACORE_RECYCLE=0; a value that is neither 0 nor 1 fails every device's opening
+	// (GetDevice), so no call reaches here with it, and it counts as off.
+	disabled = sync.OnceValue(func() bool {
+		on, err := switchOn(envRecycle, getenv(envRecycle))
+		return err != nil || !on
+	})
 )
 
 // retryEvery spaces the retries of failed replayed frees: a driver that refuses a free usually goes on
