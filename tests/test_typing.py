@@ -8,9 +8,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import typing
 import warnings
 from pathlib import Path
 
@@ -170,3 +172,195 @@ def test_unsupported_limit_raises_and_is_none_in_as_dict() -> None:
     with pytest.raises(cc.NotSupportedError, match="dev_runtime_sync_depth"):
         d.limits.dev_runtime_sync_depth  # noqa: B018 - reading is the test
     assert d.limits.as_dict()["dev_runtime_sync_depth"] is None
+
+
+# -- mistakes the types catch ------------------------------------------------------------------------
+#
+# Each line of _MISTAKES must fail to type-check under both checkers, and _RIGHT (the same calls written
+# correctly, with the types users rely on) must pass: the annotations do the work, not luck.
+
+_PRELUDE = """\
+from __future__ import annotations
+
+import cudacore as cc
+
+d = cc.Device(0)
+s = d.create_stream()
+buf = d.allocate(16)
+"""
+
+_MISTAKES = {
+    "capture mode": 's.capture(mode="globl")',
+    "begin_capture mode": 's.begin_capture("globl")',
+    "memory_stats key": 'd.memory_stats()["no_such_key"]',
+    "memory_stats value type": 'name: str = d.memory_stats()["in_use"]',
+    "allocate stream": 'd.allocate(1, stream="x")',
+    "allocate_tiles stream": 'd.allocate_tiles(2, 8, stream=1.5)',
+    "copy_from stream": 'buf.copy_from(b"x" * 16, stream="x")',
+    "copy_to nbytes": 'buf.copy_to(bytearray(16), nbytes="16")',
+    "copy_from offset keyword": "buf.copy_from(bytes(16), offst=0)",
+    "graph launch stream": 'cc.Graph.launch(s.capture().__enter__(), stream=b"s")',
+    "wait on None": "s.wait(None)",
+    "requested is not optional": "def f(e: cc.OutOfMemoryError) -> None:\n    x: None = e.requested",
+    "cause is a verdict": 'def g(e: cc.OutOfMemoryError) -> bool:\n    return e.cause == 3',
+}
+
+_RIGHT = """
+class Foreign:
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, s.handle)
+
+
+mode: cc.CaptureMode = "relaxed"
+with s.capture(mode=mode) as graph:
+    pass
+in_use: int = d.memory_stats()["in_use"]
+strategy: str = d.memory_stats()["strategy"]
+tracking: bool = d.memory_stats()["tracking"]
+streams: list[cc.StreamLike] = [s, s.handle, None, Foreign()]
+for st in streams:
+    d.allocate(8, stream=st).close()
+buf.copy_from(bytes(16), s, nbytes=8, offset=8, src_offset=0)
+buf.copy_to(bytearray(16), stream=Foreign(), nbytes=16)
+s.synchronize()
+s.wait(Foreign())
+try:
+    d.allocate(1 << 60)
+except cc.OutOfMemoryError as e:
+    half: int = e.requested // 2
+    verdict: cc.OutOfMemoryCause | None = e.cause
+"""
+
+
+def _mistakes_module(tmp_path: Path) -> tuple[Path, dict[str, int], Path]:
+    """The mistakes, one per line range, in one module ({name: its first line}), and the right module."""
+    lines = _PRELUDE.splitlines()
+    where: dict[str, int] = {}
+    for name, code in _MISTAKES.items():
+        where[name] = len(lines) + 1
+        lines.extend(code.splitlines())
+    bad = tmp_path / "mistakes_md.py"
+    bad.write_text("\n".join(lines) + "\n")
+    right = tmp_path / "right_md.py"
+    right.write_text(_PRELUDE + _RIGHT)
+    return bad, where, right
+
+
+def _error_lines(output: str, name: str, pattern: str) -> set[int]:
+    return {int(m) for m in re.findall(rf"{re.escape(name)}:(\d+)" + pattern, output)}
+
+
+def _check_mistakes(where: dict[str, int], lines: set[int], checker: str, output: str) -> None:
+    ends = sorted(where.values()) + [10**9]
+    missed = [
+        name for name, first in where.items() if not any(first <= n < ends[ends.index(first) + 1] for n in lines)
+    ]
+    assert not missed, f"{checker} accepts these mistakes: {missed}\n{output}"
+
+
+def test_mypy_refuses_the_mistakes(tmp_path: Path) -> None:
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("mypy is not installed (make venv installs it)")
+    bad, where, right = _mistakes_module(tmp_path)
+    env = dict(os.environ, MYPYPATH=str(ROOT / "python"))
+    cmd = [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache")]
+    r = subprocess.run([*cmd, str(bad)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 1, r.stdout + r.stderr
+    _check_mistakes(where, _error_lines(r.stdout, bad.name, r": error"), "mypy --strict", r.stdout)
+    ok = subprocess.run([*cmd, str(right)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert ok.returncode == 0, "mypy --strict refuses correct code:\n" + ok.stdout + ok.stderr
+
+
+def test_pyright_refuses_the_mistakes(tmp_path: Path) -> None:
+    pyright = _pyright()
+    if pyright is None:
+        pytest.skip("pyright is not installed (make venv installs it: pip install pyright)")
+    bad, where, right = _mistakes_module(tmp_path)
+    for module, expect_errors in ((bad, True), (right, False)):
+        config = tmp_path / f"pyrightconfig-{module.stem}.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "include": [module.name],
+                    "extraPaths": [str(ROOT / "python")],
+                    "typeCheckingMode": "strict",
+                    "pythonVersion": "3.10",
+                    # The mistakes module's lines are expressions whose value is unused, on purpose.
+                    "reportUnusedExpression": "none",
+                    "reportUnusedCoroutine": "none",
+                }
+            )
+        )
+        r = subprocess.run(
+            [pyright, "-p", str(config), "--pythonpath", sys.executable],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if expect_errors:
+            assert r.returncode == 1, r.stdout + r.stderr
+            _check_mistakes(where, _error_lines(r.stdout, module.name, r":\d+ - error"), "pyright", r.stdout)
+        else:
+            assert r.returncode == 0, "pyright (strict) refuses correct code:\n" + r.stdout + r.stderr
+
+
+# -- the types agree with what runs ----------------------------------------------------------------------
+
+
+def test_memory_stats_keys_and_types_are_the_typed_dicts() -> None:
+    from typing import get_type_hints
+
+    hints = get_type_hints(cc.MemoryStatsFields)
+    stats = cc.Device(0).memory_stats()
+    assert isinstance(stats, cc.MemoryStats) and type(stats).__name__ == "MemoryStats"
+    assert set(stats) == set(hints), "memory_stats() and MemoryStatsFields disagree on the keys"
+    for key, value in stats.items():
+        want = hints[key]
+        if typing.get_origin(want) is typing.Literal:
+            assert value in typing.get_args(want), (key, value)
+        else:
+            assert type(value) is want, (key, value, want)
+
+
+def test_capture_modes_are_the_literal() -> None:
+    assert typing.get_args(cc.CaptureMode) == cc._stream.CAPTURE_MODES == ("thread_local", "global", "relaxed")
+    s = cc.Device(0).create_stream()
+    with pytest.raises(cc.InvalidValueError, match="unknown capture mode 'globl'"):
+        s.capture(mode="globl").__enter__()  # type: ignore[arg-type]
+    s.close()
+
+
+def test_out_of_memory_causes_are_go_s_verdicts() -> None:
+    go = (ROOT / "pkg" / "memory" / "oom.go").read_text()
+    verdicts = set(re.findall(r'^\s*Cause\w+\s*=\s*"(\w+)"', go, re.MULTILINE))
+    assert verdicts and verdicts == set(typing.get_args(cc.OutOfMemoryCause))
+
+
+@pytest.mark.sim
+def test_out_of_memory_requested_is_an_int() -> None:
+    d = cc.Device(0)
+    with pytest.raises(cc.OutOfMemoryError) as info:
+        d.allocate(1 << 50)
+    e = info.value
+    assert type(e.requested) is int and e.requested == 1 << 50
+    assert e.cause in typing.get_args(cc.OutOfMemoryCause)
+    # A driver out-of-memory with no size of its own (no 'requested' field) reads 0, not None.
+    bare = cc.OutOfMemoryError("out of memory", code=2, name="CUDA_ERROR_OUT_OF_MEMORY", op="cuModuleLoadData")
+    assert bare.requested == 0 and bare.cause is None
+
+
+def test_stream_like_takes_the_stream_protocol() -> None:
+    d = cc.Device(0)
+    s = d.create_stream()
+
+    class Foreign:
+        def __cuda_stream__(self) -> tuple[int, int]:
+            return (0, s.handle)
+
+    assert isinstance(s, cc.Stream)
+    with d.allocate(64, stream=Foreign()) as buf:
+        assert buf.stream_handle == s.handle
+    s.synchronize()
+    s.close()

@@ -29,6 +29,7 @@ from ._diagnostics import (
     memory_summary,
     plot_flight_record,
 )
+from ._display import MemoryStatsFields
 from ._errors import (
     CaptureError,
     CUDAError,
@@ -43,6 +44,7 @@ from ._errors import (
     NotInitializedError,
     NotReadyError,
     NotSupportedError,
+    OutOfMemoryCause,
     OutOfMemoryError,
 )
 from ._ipc import ImportedBuffer, IpcHandle, SharedBuffer
@@ -67,7 +69,16 @@ from ._module import (
     uint64,
 )
 from ._notebook import MemoryRecorder, MemoryStats
-from ._stream import Event, EventHandle, Graph, Stream, current_stream
+from ._stream import (
+    CaptureMode,
+    CudaStreamProtocol,
+    Event,
+    EventHandle,
+    Graph,
+    Stream,
+    StreamLike,
+    current_stream,
+)
 from ._version import __version__ as __version__
 from .interop import ExternalBuffer, asbuffer
 
@@ -79,6 +90,8 @@ __all__ = [
     "CUDAError",
     "CaptureDiagnosis",
     "CaptureError",
+    "CaptureMode",
+    "CudaStreamProtocol",
     "Device",
     "DeviceFaultError",
     "DriverNotFoundError",
@@ -102,15 +115,18 @@ __all__ = [
     "ManagedBuffer",
     "MemoryRecorder",
     "MemoryStats",
+    "MemoryStatsFields",
     "Module",
     "NotFoundError",
     "NotInitializedError",
     "NotReadyError",
     "NotSupportedError",
+    "OutOfMemoryCause",
     "OutOfMemoryError",
     "PinnedBuffer",
     "SharedBuffer",
     "Stream",
+    "StreamLike",
     "asbuffer",
     "backend",
     "configure_flight_recorder",

@@ -25,7 +25,7 @@ from ._handles import (
 from ._limits import Limits, limits_for
 from ._module import Kernel, KernelArg, Module, load_module
 from ._native import fast
-from ._stream import WAIT_SLICE_MS, Event, Graph, Stream
+from ._stream import WAIT_SLICE_MS, Event, Graph, Stream, StreamLike
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -351,7 +351,7 @@ class Device:
 
     # -- memory -----------------------------------------------------------------------------------------
 
-    def allocate_shareable(self, nbytes: int, stream: object = None, *, kind: str | None = None) -> _ipc.SharedBuffer:
+    def allocate_shareable(self, nbytes: int, stream: StreamLike = None, *, kind: str | None = None) -> _ipc.SharedBuffer:
         """Allocate ``nbytes`` of device memory that other processes can open (a :class:`SharedBuffer`).
 
         Export it with :meth:`SharedBuffer.export` or pickle it into a ``multiprocessing`` worker: see
@@ -381,7 +381,7 @@ class Device:
         """
         return _ipc.allocate_shareable(self, nbytes, stream, kind)
 
-    def allocate(self, nbytes: int, stream: object = None) -> Buffer:
+    def allocate(self, nbytes: int, stream: StreamLike = None) -> Buffer:
         """Allocate ``nbytes`` of device memory, ordered on ``stream`` (None: this device's current stream).
 
         Returns a :class:`Buffer`; use it in a ``with`` block or call ``close()``.
@@ -421,7 +421,7 @@ class Device:
         return _memory.allocate_pinned(self, nbytes)
 
     def allocate_tiles(
-        self, count: int, tile_size: int, *, stream: object = None, progress: Any = None
+        self, count: int, tile_size: int, *, stream: StreamLike = None, progress: Any = None
     ) -> list[Buffer]:
         """Allocate ``count`` buffers of ``tile_size`` bytes, all or nothing.
 

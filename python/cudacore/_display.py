@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 if TYPE_CHECKING:
     from ._device import Device
     from ._memory import Buffer
 
-__all__ = ["BYTE_KEYS", "MemoryStats", "buffer_html", "device_html", "format_bytes"]
+__all__ = ["BYTE_KEYS", "MemoryStats", "MemoryStatsFields", "buffer_html", "device_html", "format_bytes", "new_memory_stats"]
 
 #: The counters of :meth:`Device.memory_stats` that are byte counts.
 BYTE_KEYS = {"in_use", "peak_in_use", "cached", "reserved", "limit", "pinned_in_use", "pinned_peak_in_use", "pinned_staging", "managed_in_use", "shared_in_use", "orphaned"}
@@ -47,9 +47,39 @@ def _table(rows: Iterable[tuple[str, Any]], title: str | None = None) -> str:
     return f"<table>{caption}{body}</table>"
 
 
-class MemoryStats(dict[str, Any]):
+class MemoryStatsFields(TypedDict):
+    """The counters of :meth:`Device.memory_stats`, each key with its type (a type checker refuses a key
+    that is not here). Byte counts are ints; ``limit`` is 0 when no limit is set."""
+
+    in_use: int
+    peak_in_use: int
+    cached: int
+    reserved: int
+    allocations: int
+    frees: int
+    ooms: int
+    failures: int
+    recycled: int
+    limit: int
+    pinned_in_use: int
+    pinned_peak_in_use: int
+    pinned_staging: int
+    orphaned: int
+    managed_in_use: int
+    managed_allocations: int
+    shared_in_use: int
+    shared_allocations: int
+    strategy: Literal["pool", "sync"]
+    live_tracked: int
+    tracking: bool
+    graph_destroy_failures: int
+    graph_destroys_pending: int
+
+
+class _MemoryStatsDict(dict[str, Any]):
     """The dict :meth:`Device.memory_stats` returns, with an HTML table for notebooks (byte counts made
-    readable). It compares equal to, and can be used as, a plain dict."""
+    readable). It compares equal to, and can be used as, a plain dict; its keys and their types are
+    those of :class:`MemoryStatsFields`."""
 
     def _repr_html_(self) -> str:
         rows = []
@@ -60,6 +90,23 @@ class MemoryStats(dict[str, Any]):
             else:
                 rows.append((k, v))
         return _table(rows, "cudacore memory statistics")
+
+
+if TYPE_CHECKING:
+    # To a type checker MemoryStats is the TypedDict, so that ``stats["in_use"]`` is an int and
+    # ``stats["no_such_key"]`` an error; at run time it is the dict subclass above, with its HTML table.
+    class MemoryStats(MemoryStatsFields):
+        """The dict :meth:`Device.memory_stats` returns (see :class:`MemoryStatsFields`)."""
+
+else:
+    MemoryStats = _MemoryStatsDict
+    MemoryStats.__name__ = MemoryStats.__qualname__ = "MemoryStats"  # as users meet it (repr, pickle)
+
+
+def new_memory_stats(counters: dict[str, Any]) -> MemoryStats:
+    """A :class:`MemoryStats` of Go's counters (cudacore/memory.go's statsJSON, whose keys are
+    :class:`MemoryStatsFields`'; a test checks that they agree)."""
+    return cast("MemoryStats", _MemoryStatsDict(counters))
 
 
 def device_html(dev: Device) -> str:

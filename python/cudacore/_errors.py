@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, TypeAlias, cast, get_args
 
 from ._results import RESULTS
 
@@ -139,6 +139,13 @@ class DeviceFaultError(CUDAError):
     """The device faulted (illegal address, assert, ...); its context is unusable until the process ends."""
 
 
+#: The verdicts of :attr:`OutOfMemoryError.cause` (docs/diagnostics.md).
+OutOfMemoryCause: TypeAlias = Literal[
+    "exhausted", "other_processes", "fragmentation", "limit", "pool_reservation", "too_large", "injected"
+]
+OUT_OF_MEMORY_CAUSES: frozenset[str] = frozenset(get_args(OutOfMemoryCause))
+
+
 class OutOfMemoryError(CUDAError, MemoryError):
     """An allocation failed for lack of memory, or would exceed a configured limit.
 
@@ -146,8 +153,9 @@ class OutOfMemoryError(CUDAError, MemoryError):
 
     Attributes
     ----------
-    requested : int or None
-        Bytes asked for.
+    requested : int
+        Bytes asked for; 0 only when the driver ran out of memory in a call that asks for no size of its
+        own (loading a module, creating a stream or graph): every allocation's failure sets it.
     free, total : int or None
         The device's free and total memory when the allocation failed.
     device : int or None
@@ -156,7 +164,7 @@ class OutOfMemoryError(CUDAError, MemoryError):
         Bytes this process's pool had handed out, and held in reserve, at the time.
     limit : int or None
         The configured byte limit that was hit, if the failure is a limit's.
-    cause : str or None
+    cause : OutOfMemoryCause or None
         The verdict, which the message leads with: ``"exhausted"`` (this process holds the memory),
         ``"other_processes"``, ``"fragmentation"`` (enough free in total, not in one block),
         ``"limit"`` (a cudacore memory limit), ``"pool_reservation"`` (the driver refused the pool's
@@ -174,8 +182,9 @@ class OutOfMemoryError(CUDAError, MemoryError):
         self.flight_record = []
 
     @property
-    def cause(self) -> str | None:
-        return self.fields.get("cause")
+    def cause(self) -> OutOfMemoryCause | None:
+        # Go's verdicts (pkg/memory/oom.go's Cause constants) are the Literal's values; a test checks so.
+        return cast("OutOfMemoryCause | None", self.fields.get("cause"))
 
     @property
     def others(self) -> int | None:
@@ -188,8 +197,8 @@ class OutOfMemoryError(CUDAError, MemoryError):
         return self._int_field("released")
 
     @property
-    def requested(self) -> int | None:
-        return self._int_field("requested")
+    def requested(self) -> int:
+        return self._int_field("requested") or 0
 
     @property
     def free(self) -> int | None:

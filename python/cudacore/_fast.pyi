@@ -8,6 +8,8 @@ from typing import Any, Literal, TypeVar
 from typing_extensions import Buffer as _BufferLike
 from typing_extensions import Self
 
+from cudacore._stream import StreamLike
+
 _B = TypeVar("_B", bound=Buffer)
 
 class Buffer:
@@ -40,8 +42,32 @@ class Buffer:
         copy: bool | None = None,
     ) -> Any: ...
     def __dlpack_device__(self) -> tuple[int, int]: ...
-    def copy_from(self, host: Any, stream: Any = None) -> None: ...
-    def copy_to(self, host: Any, stream: Any = None) -> None: ...
+    def copy_from(
+        self,
+        src: Any,
+        stream: StreamLike = None,
+        *,
+        nbytes: int | None = None,
+        offset: int = 0,
+        src_offset: int = 0,
+    ) -> None:
+        """Copy ``src`` into this buffer at ``offset``: host memory (bytes-like, a numpy array, a
+        PinnedBuffer), a device Buffer, or an array of the CUDA Array Interface or DLPack; ``nbytes`` of it
+        from ``src_offset`` (None: the rest of ``src``, which must be this buffer's size from ``offset``). With ``stream=None`` on the current stream and
+        synchronous, else ordered on ``stream``."""
+    def copy_to(
+        self,
+        dst: Any,
+        stream: StreamLike = None,
+        *,
+        nbytes: int | None = None,
+        offset: int = 0,
+        dst_offset: int = 0,
+    ) -> None:
+        """Copy this buffer from ``offset`` into ``dst`` at ``dst_offset``: writable host memory (a
+        bytearray, a numpy array, a PinnedBuffer), a device Buffer, or an array of the CUDA Array Interface
+        or DLPack; ``nbytes`` of it (None: all of it from ``offset``, which must be ``dst``'s size from ``dst_offset``). With ``stream=None`` on the current stream and
+        synchronous, else ordered on ``stream``."""
 
 class PinnedBuffer:
     """Page-locked host memory with the buffer protocol (subclassed by cudacore.PinnedBuffer)."""

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 from . import _copy, _errors
 from ._api import core
 from ._diagnostics import label_allocations
-from ._display import MemoryStats, buffer_html, format_bytes
+from ._display import MemoryStats, buffer_html, format_bytes, new_memory_stats
 from ._errors import OutOfMemoryError, error
 from ._handles import as_device, stream_handle
 from ._native import fast
 from ._owner import adopt
-from ._stream import Stream, note_capture_buffers
+from ._stream import Stream, StreamLike, note_capture_buffers
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -170,7 +170,7 @@ class ManagedBuffer(Buffer):
 
     __slots__ = ()
 
-    def prefetch(self, to: object, stream: object = None) -> None:
+    def prefetch(self, to: object, stream: StreamLike = None) -> None:
         """Migrate the memory to ``to`` (a :class:`Device`, an ordinal, or ``"cpu"``), ordered on ``stream``
         (None: the legacy default stream). It does not wait.
 
@@ -267,7 +267,7 @@ def allocate_tiles(
     count: int,
     tile_size: int,
     *,
-    stream: object = None,
+    stream: StreamLike = None,
     progress: Callable[[int, int], object] | bool | None = None,
 ) -> list[Buffer]:
     """All-or-nothing allocation of ``count`` tiles; see :meth:`Device.allocate_tiles`."""
@@ -376,4 +376,4 @@ def would_fit(device: Device, count: int, tile_size: int) -> dict[str, Any]:
 
 
 def memory_stats(device: Device) -> MemoryStats:
-    return MemoryStats(json.loads(core.MemoryStats(device.device_id)))
+    return new_memory_stats(json.loads(core.MemoryStats(device.device_id)))

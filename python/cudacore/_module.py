@@ -30,6 +30,7 @@ from ._errors import CUDAError, error
 from ._handles import stream_handle
 from ._native import fast
 from ._stream import Stream as _Stream
+from ._stream import StreamLike
 from ._tables import ARG_KINDS
 
 if TYPE_CHECKING:
@@ -418,7 +419,7 @@ class Kernel:
         block: int | Sequence[int] = 1,
         args: Sequence[Any] = (),
         shared_mem: int = 0,
-        stream: Any = None,
+        stream: StreamLike = None,
     ) -> None:
         """Launch the kernel asynchronously on ``stream`` (None: the current stream of the kernel's device).
 
@@ -474,7 +475,7 @@ class Kernel:
                 return
         self._direct = fast.function_launch(self._handle, *g, *b, shm, h, self.encode_args(args))
 
-    def __call__(self, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: Any = None) -> None:
+    def __call__(self, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: StreamLike = None) -> None:
         """``k(grid, block, *args)``: the same as :meth:`launch`."""
         self.launch(grid=grid, block=block, args=args, shared_mem=shared_mem, stream=stream)
 

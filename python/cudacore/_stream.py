@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Iterable
 from contextlib import suppress
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, get_args
 
 from . import _handles
 from ._api import core
@@ -38,7 +38,17 @@ if TYPE_CHECKING:
 
     from ._device import Device
 
-__all__ = ["CAPTURE_MODES", "Event", "EventHandle", "Graph", "Stream", "current_stream"]
+__all__ = [
+    "CAPTURE_MODES",
+    "CaptureMode",
+    "CudaStreamProtocol",
+    "Event",
+    "EventHandle",
+    "Graph",
+    "Stream",
+    "StreamLike",
+    "current_stream",
+]
 
 # Graph memory and its Buffers. A Buffer allocated on a capturing stream is an allocation node of the
 # graph; the driver makes it real only at the graph's first launch. If the capture is aborted, or the graph
@@ -100,8 +110,20 @@ def void_buffers(device_id: int) -> None:
             core.GraphForgetVoid(device_id, ",".join(closed))
 
 
+#: A capture mode (see :meth:`Stream.capture`): a type checker refuses any other string, as
+#: :meth:`Stream.begin_capture` does at run time.
+CaptureMode: TypeAlias = Literal["thread_local", "global", "relaxed"]
+
 #: The capture modes: see :meth:`Stream.capture`.
-CAPTURE_MODES = ("thread_local", "global", "relaxed")
+CAPTURE_MODES: tuple[CaptureMode, ...] = get_args(CaptureMode)
+
+
+class CudaStreamProtocol(Protocol):
+    """A stream of any library that speaks the CUDA stream protocol: ``__cuda_stream__()`` returns
+    ``(version, handle)``. cudacore's :class:`Stream` is one, as are cuda.core's and, where their versions
+    export it, CuPy's and PyTorch's streams; every ``stream=`` argument of cudacore takes one."""
+
+    def __cuda_stream__(self) -> tuple[int, int]: ...
 
 #: How long one GIL-released wait slice lasts at most, in milliseconds: Ctrl-C is seen within it.
 WAIT_SLICE_MS = 50
@@ -261,7 +283,7 @@ class Stream:
         return bool(self._info()["capturing"])
 
     @property
-    def capture_mode(self) -> str | None:
+    def capture_mode(self) -> CaptureMode | None:
         """The mode of the capture in progress, or None."""
         return self._info()["mode"]
 
@@ -293,7 +315,7 @@ class Stream:
         event.record(self)
         return event
 
-    def wait(self, event: Event | Stream | Any) -> None:
+    def wait(self, event: Event | Stream | CudaStreamProtocol) -> None:
         """Make later work on this stream wait for ``event`` (the host does not wait), or for the work
         queued so far on another Stream of cudacore's (through an event recorded on it now).
 
@@ -321,7 +343,7 @@ class Stream:
 
     wait_event = wait
 
-    def begin_capture(self, mode: str = "thread_local") -> None:
+    def begin_capture(self, mode: CaptureMode = "thread_local") -> None:
         """Start capturing the work issued on this stream into a graph (see :meth:`capture`)."""
         if mode not in CAPTURE_MODES:
             raise error("CUDA_ERROR_INVALID_VALUE", f"unknown capture mode {mode!r}: use one of {', '.join(CAPTURE_MODES)}", op="cudacore.begin_capture")
@@ -384,7 +406,7 @@ class Stream:
             raise
         self._capture_over()
 
-    def capture(self, mode: str = "thread_local") -> _Capture:
+    def capture(self, mode: CaptureMode = "thread_local") -> _Capture:
         """Capture the work issued on this stream inside the ``with`` block into a graph.
 
         >>> with s.capture() as graph:
@@ -531,7 +553,7 @@ class _Capture:
 
     __slots__ = ("_graph", "_held", "_mode", "_stream")
 
-    def __init__(self, stream: Stream, mode: str) -> None:
+    def __init__(self, stream: Stream, mode: CaptureMode) -> None:
         self._stream = stream
         self._mode = mode
         self._graph = Graph._pending(stream._device)
@@ -576,6 +598,14 @@ class _Capture:
 
 
 _EDGES = frozenset({_Capture.__enter__.__code__, _Capture.__exit__.__code__})
+
+
+#: What every ``stream=`` argument takes: a cudacore :class:`Stream`, any object with ``__cuda_stream__``
+#: (:class:`CudaStreamProtocol`: cuda.core, CuPy and PyTorch streams), a driver handle as an int, or None
+#: for this thread's current stream (:func:`current_stream`). CuPy and PyTorch streams without the
+#: protocol are taken at run time too (by their ``ptr`` and ``cuda_stream``); their libraries' types are
+#: not known to cudacore's annotations.
+StreamLike: TypeAlias = Stream | CudaStreamProtocol | int | None
 
 
 class Event:
@@ -659,7 +689,7 @@ class Event:
             raise closed_error("Event", "cudacore.event")
         return self._handle
 
-    def record(self, stream: Stream | int | None = None) -> Event:
+    def record(self, stream: StreamLike = None) -> Event:
         """Record the event on ``stream`` (None: the current stream of the event's device); returns self."""
         fast.event_record(self._live(), self._device.device_id, stream_handle(stream, self._device.device_id))
         return self
@@ -846,12 +876,12 @@ class Graph:
             raise error("CUDA_ERROR_INVALID_VALUE", f"path {name!r} is not valid UTF-8: give a path that is", op="cudacore.graph_debug_dot") from None
         core.GraphDebugDot(self._live("debug_dot"), os.path.abspath(name) if name else name, verbose)
 
-    def _stream_args(self, stream: Stream | int | None) -> tuple[int, int]:
+    def _stream_args(self, stream: StreamLike) -> tuple[int, int]:
         if isinstance(stream, Stream) and stream.device != self._device:
             raise error("CUDA_ERROR_INVALID_VALUE", f"the graph belongs to device {self._device.device_id} but the stream to device {stream.device.device_id}", op="cudacore.graph_launch")
         return self._device.device_id, stream_handle(stream, self._device.device_id)
 
-    def launch(self, stream: Stream | int | None = None) -> None:
+    def launch(self, stream: StreamLike = None) -> None:
         """Launch the graph on ``stream`` (None: the current stream of the graph's device). It does not wait."""
         # A hot method (fast.install_methods, called with the other classes' in _device): once Go has launched the graph and
         # handed out its executable graph, C launches it on an open Stream this process owns, while nothing
@@ -864,7 +894,7 @@ class Graph:
             return
         self._exec = _graph_launch(self._live("launch"), *self._stream_args(stream))
 
-    def upload(self, stream: Stream | int | None = None) -> None:
+    def upload(self, stream: StreamLike = None) -> None:
         """Upload the graph to the device on ``stream``, so that the first launch is as fast as the others."""
         fast.graph_upload(self._live("upload"), *self._stream_args(stream))
 

@@ -49,6 +49,7 @@ import pytest
 from . import testing
 from ._device import Device, backend, device_count, unavailable_reason
 from ._errors import CUDAError
+from ._stream import StreamLike
 
 __all__ = ["FaultInjector"]
 
@@ -246,7 +247,7 @@ class _LeakWatch:
                        "allocate_managed": allocate_managed, "allocate_shareable": allocate_shareable}
         watch = self
 
-        def tracked_allocate(self: Device, nbytes: int, stream: object = None) -> Any:
+        def tracked_allocate(self: Device, nbytes: int, stream: StreamLike = None) -> Any:
             buf = allocate(self, nbytes, stream)
             watch._record(buf, "Buffer")
             return buf
