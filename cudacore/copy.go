@@ -160,3 +160,30 @@ func CopyDevice(ordinal, dst, src, n, stream int) (int, error) {
 func CopyDeviceHeld(ordinal, dst, src, n, stream int) (int, error) {
 	return guard("cudacore.copy", func() (int, error) { return copyDtoD(ordinal, dst, src, n, stream) })
 }
+
+// Fill sets n bytes at device address dst of the device at ordinal to value (0..255), on a stream (-1:
+// synchronously, waited for). It returns n.
+//
+//cudacore:gil release
+func Fill(ordinal, dst, value, n, stream int) (int, error) {
+	return guard("cudacore.fill", func() (int, error) { return fill(ordinal, dst, value, n, stream) })
+}
+
+func fill(ordinal, dst, value, n, streamHandle int) (int, error) {
+	const op = "cudacore.fill"
+	if value < 0 || value > 255 {
+		return 0, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf("the fill value must be a byte, 0..255, got %d", value))
+	}
+	if n < 0 {
+		return 0, cuda.NewError(op, cuda.ErrorInvalidValue, fmt.Sprintf("the fill size must be >= 0 bytes, got %d", n))
+	}
+	m, s, err := copyStream(op, ordinal, streamHandle)
+	if err != nil {
+		return 0, err
+	}
+	p, err := devPtr(op, dst)
+	if err != nil {
+		return 0, err
+	}
+	return n, m.Fill(p, uint8(value), uint64(n), s)
+}

@@ -236,11 +236,13 @@ def test_synchronous_copies_with_pinned_memory(dev: cc.Device) -> None:
     src, out = dev.allocate_pinned(4096), dev.allocate_pinned(4096)
     memoryview(src)[:] = bytes(range(256)) * 16
     with dev.allocate(8192) as b:
-        b.copy_from(src)  # the first 4 KiB of b
+        b.copy_from(src, nbytes=4096)  # the first 4 KiB of b (another size needs nbytes=)
         b.copy_to(bytearray(8192))
         small = dev.allocate_pinned(1024)
         with pytest.raises(cc.InvalidValueError):
             b.copy_to(small)  # 8 KiB do not fit in 1 KiB
+        with pytest.raises(cc.InvalidValueError, match="the source holds 4096 bytes and the buffer 8192"):
+            b.copy_from(src)  # a size mismatch is refused, never a partial copy
         with dev.allocate(4096) as c:
             c.copy_from(src)
             c.copy_to(out)

@@ -9,6 +9,21 @@
  */
 #include "fast.h"
 
+/* What buffer.c adds to fast.h's BufferObject for views (buf[a:b]): BufferType's instances are this size,
+ * and only this file reads the fields past the shared struct. A view is a borrowed Buffer (it frees nothing)
+ * whose owner is its parent Buffer: the owner reference keeps the parent object alive, and the parent's
+ * views count keeps its memory: close() refuses while any view of it is open, as while a DLPack export
+ * lives. The view gives its count back when it is closed or deallocated. */
+typedef struct {
+    BufferObject b;
+    Py_ssize_t views; /* open views of this buffer */
+    char is_view;     /* this buffer is a view: b.owner is the parent Buffer whose views count it holds */
+    char ordered;     /* a view of cudacore's own memory (not of a borrowed buffer's): its DLPack export is
+                       * ordered on the parent's stream, which it carries, as the parent's is */
+} BufferFull;
+
+#define FULL(o) ((BufferFull *)(o))
+
 /* ---------------------------------------------------------------------------------------------------- */
 /* Buffer: device memory                                                                                */
 
@@ -44,8 +59,21 @@ buffer_free(BufferObject *self, int dealloc)
                      self->dlpack_exports == 1 ? "is" : "are", self->dlpack_exports == 1 ? "it" : "them");
         return -1;
     }
+    if (FULL(self)->views > 0) {
+        Py_ssize_t n = FULL(self)->views;
+        PyErr_Format(PyExc_BufferError,
+                     "cannot close a Buffer while %zd view%s of it (buf[start:stop]) %s open: the view%s share%s its "
+                     "memory; close %s first (or let %s be collected)",
+                     n, n == 1 ? "" : "s", n == 1 ? "is" : "are", n == 1 ? "" : "s", n == 1 ? "s" : "",
+                     n == 1 ? "it" : "them", n == 1 ? "it" : "them");
+        return -1;
+    }
     if (self->borrowed) {
         self->closed = 1;
+        if (FULL(self)->is_view && self->owner != NULL) {
+            FULL(self->owner)->views--; /* the parent's memory is no longer held by this view */
+            FULL(self)->is_view = 0;
+        }
         Py_CLEAR(self->owner);
         return 0;
     }
@@ -147,7 +175,9 @@ buffer_exit(BufferObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 buffer_get_ptr(BufferObject *self, void *Py_UNUSED(closure))
 {
-    if (self->closed || self->freeing) {
+    if (self->closed || self->freeing ||
+        (FULL(self)->is_view && self->owner != NULL && ((BufferObject *)self->owner)->closed)) {
+        /* a view's parent is closed only when its memory went void (Buffer._void: graph memory) */
         return door_closed("Buffer", "cudacore.buffer");
     }
     return PyLong_FromUnsignedLongLong(self->ptr);
@@ -366,7 +396,7 @@ buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kwargs)
             return door_raise(err);
         }
     }
-    if (!self->borrowed) {
+    if (!self->borrowed || FULL(self)->ordered) { /* a view is ordered on its parent's stream, which it carries */
         int64_t ret;
         char *err = cudacore_door_DLPackOrder(self->device, (int64_t)self->stream, consumer, &ret);
         if (err != NULL) {
@@ -446,7 +476,7 @@ copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
         return 0;
     }
     PinnedObject *h = (PinnedObject *)host;
-    if (h->closed || h->freeing || h->size > self->size) {
+    if (h->closed || h->freeing || h->size != self->size) { /* another size: the general path explains */
         return 0;
     }
     if (door_check_fork(to_device ? "copy_from" : "copy_to") < 0) {
@@ -500,10 +530,10 @@ copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh
         PyErr_Clear(); /* the general path says what is wrong */
         return 0;
     }
-    /* copy_from copies all of host into the buffer's start; copy_to all of the buffer into host's start. */
-    uint64_t want = to_device ? (uint64_t)view.len : self->size;
-    if ((view.format != NULL && strchr(view.format, 'O') != NULL) ||
-        (to_device ? want > self->size : (uint64_t)view.len < want)) {
+    /* The hot case copies all of host into all of the buffer: the sizes must be equal (another size is
+     * refused by the general path, which says what to pass: nbytes=, offsets or a view). */
+    uint64_t want = self->size;
+    if ((view.format != NULL && strchr(view.format, 'O') != NULL) || (uint64_t)view.len != want) {
         PyBuffer_Release(&view);
         return 0;
     }
@@ -590,11 +620,11 @@ buffer_copy(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObjec
         return NULL;
     }
     /* Forward the call as it came: self first, then the caller's arguments and keywords. */
-    PyObject *stack[4];
+    PyObject *stack[8];
     Py_ssize_t total = nargs + nkw;
-    if (total > 3) {
+    if (total > 7) { /* more than the general path's (other, stream, nbytes, offset, other_offset) */
         Py_DECREF(name);
-        PyErr_Format(PyExc_TypeError, "%s() takes at most 2 arguments (%zd given)", to_device ? "copy_from" : "copy_to", total);
+        PyErr_Format(PyExc_TypeError, "%s() takes at most 5 arguments (%zd given)", to_device ? "copy_from" : "copy_to", total);
         return NULL;
     }
     stack[0] = (PyObject *)self;
@@ -630,14 +660,65 @@ buffer_void(BufferObject *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* Buffer._view(offset, size, type): a view of size bytes at offset, of the Buffer subclass type (the
+ * Python layer's __getitem__ checks the slice and says what is wrong; this checks the range again). The
+ * view is borrowed (its close frees nothing) and owns a reference to this buffer, whose views count it
+ * holds until it is closed or deallocated: this buffer's close() refuses meanwhile. */
+static PyObject *
+buffer_view(BufferObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t offset, size;
+    if (door_enter("view", nargs, 3) < 0 || door_int(args[0], "view", "offset", &offset) < 0 ||
+        door_int(args[1], "view", "size", &size) < 0) {
+        return NULL;
+    }
+    if (!PyType_Check(args[2]) || !PyType_IsSubtype((PyTypeObject *)args[2], &BufferType)) {
+        PyErr_SetString(PyExc_TypeError, "_view() needs a subclass of Buffer");
+        return NULL;
+    }
+    if (self->closed || self->freeing) {
+        return door_closed("Buffer", "cudacore.view");
+    }
+    if (offset < 0 || size < 0 || (uint64_t)offset + (uint64_t)size > self->size) {
+        door_invalid("view", "offset", "and size must lie inside the buffer", args[0]);
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)args[2];
+    BufferObject *b = (BufferObject *)type->tp_alloc(type, 0);
+    if (b == NULL) {
+        return NULL;
+    }
+    b->ptr = self->ptr + (uint64_t)offset;
+    b->size = (uint64_t)size;
+    b->stream = self->stream;
+    b->device = self->device;
+    b->borrowed = 1;
+    b->owner = Py_NewRef((PyObject *)self);
+    b->closed = 0;
+    FULL(b)->is_view = 1;
+    FULL(b)->ordered = (char)(!self->borrowed || FULL(self)->ordered);
+    FULL(self)->views++;
+    return (PyObject *)b;
+}
+
+static PyObject *
+buffer_get_views(BufferObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(FULL(self)->views);
+}
+
 static PyMethodDef buffer_methods[] = {
+    {"_view", (PyCFunction)(void (*)(void))buffer_view, METH_FASTCALL,
+     "_view(offset, size, type)\n\nA view of size bytes at offset, of Buffer subclass type (cudacore internal: "
+     "use buf[start:stop])."},
     {"_void", (PyCFunction)buffer_void, METH_NOARGS,
      "_void()\n\nMark closed without freeing: the driver never allocated this graph memory (cudacore internal)."},
     {"copy_from", (PyCFunction)(void (*)(void))buffer_copy_from, METH_FASTCALL | METH_KEYWORDS,
-     "copy_from(host, stream=None)\n\nCopy host memory (bytes-like, numpy, PinnedBuffer) into this buffer; "
-     "with a stream, ordered on it."},
+     "copy_from(src, stream=None, *, nbytes=None, offset=0, src_offset=0)\n\nCopy src (host memory, a device "
+     "Buffer, or an array of the CUDA Array Interface or DLPack) into this buffer; with a stream, ordered on it."},
     {"copy_to", (PyCFunction)(void (*)(void))buffer_copy_to, METH_FASTCALL | METH_KEYWORDS,
-     "copy_to(host, stream=None)\n\nCopy this buffer into writable host memory; with a stream, ordered on it."},
+     "copy_to(dst, stream=None, *, nbytes=None, offset=0, dst_offset=0)\n\nCopy this buffer into dst (writable "
+     "host memory, a device Buffer, or an array of the CUDA Array Interface or DLPack); with a stream, ordered on it."},
     {"__dlpack__", (PyCFunction)(void (*)(void))buffer_dlpack, METH_VARARGS | METH_KEYWORDS,
      "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n\n"
      "A DLPack capsule of this buffer as a 1-D uint8 tensor (versioned, DLPack 1.0, when max_version >= "
@@ -669,6 +750,7 @@ static PyGetSetDef buffer_getset[] = {
     {"ptr", (getter)buffer_get_ptr, NULL, "The device address (raises once the buffer is closed).", NULL},
     {"owner", (getter)buffer_get_owner, NULL,
      "For a borrowed buffer (an ExternalBuffer), the object owning the memory; None otherwise.", NULL},
+    {"_views", (getter)buffer_get_views, NULL, "The open views (buf[start:stop]) of this buffer.", NULL},
     {"borrowed", (getter)buffer_get_borrowed, NULL,
      "Whether this buffer views memory another library owns (close() then frees nothing).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -677,7 +759,7 @@ static PyGetSetDef buffer_getset[] = {
 PyTypeObject BufferType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "cudacore._fast.Buffer",
-    .tp_basicsize = sizeof(BufferObject),
+    .tp_basicsize = sizeof(BufferFull), /* fast.h's BufferObject and this file's view fields */
     .tp_dealloc = (destructor)buffer_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = "Device memory owned by this object; made by Device.allocate.",

@@ -16,8 +16,10 @@ stream:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._api import core
 from ._errors import CUDAError, error
 from ._handles import current_stream_of, stream_handle
 from ._native import fast
@@ -32,7 +34,15 @@ if TYPE_CHECKING:
 else:
     Buffer, PinnedBuffer = fast.Buffer, fast.PinnedBuffer
 
-__all__ = ["device_to_device", "device_to_host", "host_to_device", "readonly_error"]
+__all__ = [
+    "device_to_device",
+    "device_to_host",
+    "fill",
+    "host_to_device",
+    "readonly_error",
+    "register_protocols",
+    "transfer",
+]
 
 #: Asynchronous copies up to this size keep the GIL (they only enqueue work); larger ones release it. Go
 #: owns the bound (pkg/stream.HeldCopyMax), as does C, through the generated tables.
@@ -134,41 +144,44 @@ def _size(nbytes: int | None, default: int, op: str) -> int:
     return nbytes
 
 
-def host_to_device(buf: Buffer, host: Any, stream: object = None, nbytes: int | None = None) -> None:
-    """Copy ``host`` (all of it, or its first ``nbytes``) into the start of device buffer ``buf``."""
+def host_to_device(buf: Buffer, host: Any, stream: object = None, nbytes: int | None = None, offset: int = 0) -> None:
+    """Copy ``host`` (all of it, or its first ``nbytes``) into device buffer ``buf`` at byte ``offset``."""
     op = "cudacore.copy_from"
     _check_buffer(buf, "destination", op)
     _check_writable(buf, op)
     handle = _stream_arg(buf, stream, op)
     n = _size(nbytes, _host_nbytes(host, op), op)
-    if n > buf.size:
-        raise _invalid(f"{op}: the copy is {n} bytes but the device buffer holds only {buf.size}", op)
+    if n > buf.size - offset:
+        raise _invalid(f"{op}: the copy is {n} bytes but the device buffer holds only {buf.size - offset} from offset {offset}", op)
     # The door exports host through the buffer protocol for the call: the pointer is the exporter's, and
     # arrays of Python objects are refused before Go is entered.
     if handle != SYNC and n <= HELD_MAX:
-        fast.copy_to_device_held(buf.device_id, buf.ptr, host, n, handle)
+        fast.copy_to_device_held(buf.device_id, buf.ptr + offset, host, n, handle)
     else:
-        fast.copy_to_device(buf.device_id, buf.ptr, host, n, handle)
+        fast.copy_to_device(buf.device_id, buf.ptr + offset, host, n, handle)
     _finish(buf, stream)
 
 
-def device_to_host(host: Any, buf: Buffer, stream: object = None, nbytes: int | None = None) -> None:
-    """Copy device buffer ``buf`` (all of it, or its first ``nbytes``) into writable host memory ``host``."""
+def device_to_host(host: Any, buf: Buffer, stream: object = None, nbytes: int | None = None, offset: int = 0) -> None:
+    """Copy device buffer ``buf`` from byte ``offset`` (all the rest, or ``nbytes``) into the start of
+    writable host memory ``host``."""
     op = "cudacore.copy_to"
     _check_buffer(buf, "source", op)
     handle = _stream_arg(buf, stream, op)
     _host_nbytes(host, op)  # a clear TypeError for a device Buffer or a non-buffer host
-    n = _size(nbytes, buf.size, op)
-    if n > buf.size:
-        raise _invalid(f"{op}: the copy is {n} bytes but the device buffer holds only {buf.size}", op)
+    n = _size(nbytes, buf.size - offset, op)
+    if n > buf.size - offset:
+        raise _invalid(f"{op}: the copy is {n} bytes but the device buffer holds only {buf.size - offset} from offset {offset}", op)
     if handle != SYNC and n <= HELD_MAX:
-        fast.copy_to_host_held(buf.device_id, host, buf.ptr, n, handle)
+        fast.copy_to_host_held(buf.device_id, host, buf.ptr + offset, n, handle)
     else:
-        fast.copy_to_host(buf.device_id, host, buf.ptr, n, handle)
+        fast.copy_to_host(buf.device_id, host, buf.ptr + offset, n, handle)
     _finish(buf, stream)
 
 
-def device_to_device(dst: Buffer, src: Buffer, stream: object = None, nbytes: int | None = None) -> None:
+def device_to_device(
+    dst: Buffer, src: Buffer, stream: object = None, nbytes: int | None = None, *, dst_offset: int = 0, src_offset: int = 0
+) -> None:
     """Copy device buffer ``src`` (all of it, or its first ``nbytes``) into ``dst``.
 
     The two may be on different devices (a peer copy, cuMemcpyPeerAsync): then ``stream`` is a
@@ -181,26 +194,29 @@ def device_to_device(dst: Buffer, src: Buffer, stream: object = None, nbytes: in
     _check_buffer(src, "source", op)
     _check_writable(dst, op)
     if dst.device_id != src.device_id:
-        _peer_copy(dst, src, stream, nbytes)
+        _peer_copy(dst, src, stream, nbytes, dst_offset, src_offset)
         return
     handle = _stream_arg(dst, stream, op)
-    n = _size(nbytes, src.size, op)
-    if n > src.size or n > dst.size:
-        raise _invalid(f"{op}: the copy is {n} bytes but the source holds {src.size} and the destination {dst.size}", op)
+    dst_n, src_n = dst.size - dst_offset, src.size - src_offset
+    n = _size(nbytes, src_n, op)
+    if n > src_n or n > dst_n:
+        raise _invalid(f"{op}: the copy is {n} bytes but the source holds {src_n} and the destination {dst_n}", op)
     if handle != SYNC:
-        fast.copy_device_held(dst.device_id, dst.ptr, src.ptr, n, handle)
+        fast.copy_device_held(dst.device_id, dst.ptr + dst_offset, src.ptr + src_offset, n, handle)
     else:
-        fast.copy_device(dst.device_id, dst.ptr, src.ptr, n, handle)
+        fast.copy_device(dst.device_id, dst.ptr + dst_offset, src.ptr + src_offset, n, handle)
     _finish(dst, stream)
 
 
-def _peer_copy(dst: Buffer, src: Buffer, stream: object, nbytes: int | None) -> None:
+def _peer_copy(dst: Buffer, src: Buffer, stream: object, nbytes: int | None, dst_offset: int = 0, src_offset: int = 0) -> None:
     op = "cudacore.copy_peer"
-    n = _size(nbytes, src.size, op)
-    if n > src.size or n > dst.size:
-        raise _invalid(f"{op}: the copy is {n} bytes but the source holds {src.size} and the destination {dst.size}", op)
+    dst_n, src_n = dst.size - dst_offset, src.size - src_offset
+    n = _size(nbytes, src_n, op)
+    if n > src_n or n > dst_n:
+        raise _invalid(f"{op}: the copy is {n} bytes but the source holds {src_n} and the destination {dst_n}", op)
+    dst_ptr, src_ptr = dst.ptr + dst_offset, src.ptr + src_offset
     if stream is None:
-        fast.copy_peer(dst.device_id, dst.device_id, dst.ptr, src.device_id, src.ptr, n, SYNC)
+        fast.copy_peer(dst.device_id, dst.device_id, dst_ptr, src.device_id, src_ptr, n, SYNC)
         return
     if not isinstance(stream, _Stream):
         raise TypeError(
@@ -214,4 +230,209 @@ def _peer_copy(dst: Buffer, src: Buffer, stream: object, nbytes: int | None) -> 
             "use a stream of either",
             op,
         )
-    fast.copy_peer_held(ordinal, dst.device_id, dst.ptr, src.device_id, src.ptr, n, stream_handle(stream))
+    fast.copy_peer_held(ordinal, dst.device_id, dst_ptr, src.device_id, src_ptr, n, stream_handle(stream))
+
+
+# -- the general copy: Buffer.copy_from / copy_to with any memory ---------------------------------------
+
+#: Makes a cudacore Buffer of another library's device array, or host memory of a host DLPack tensor, for
+#: one copy: ``convert(obj, device_ordinal, stream, op, writable)`` returns ``(kind, memory, release)``,
+#: ``kind`` "device" (memory a Buffer) or "host" (memory with the buffer protocol), and ``release()`` to
+#: call after the copy; None when ``obj`` offers neither interface. Registered by cudacore._external, which
+#: owns those protocols and sits above this module.
+_convert: Callable[[Any, int, object, str, bool], tuple[str, Any, Callable[[], None]] | None] | None = None
+
+
+def register_protocols(convert: Callable[[Any, int, object, str, bool], tuple[str, Any, Callable[[], None]] | None]) -> None:
+    """Install the converter of the CUDA Array Interface and DLPack (see :data:`_convert`)."""
+    global _convert
+    _convert = convert
+
+
+def _nothing() -> None:
+    return None
+
+
+def _offset_arg(value: object, name: str, op: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{op}: {name} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise _invalid(f"{op}: {name} must be >= 0, got {value}", op)
+    return value
+
+
+def _is_host(obj: object) -> bool:
+    """Whether ``obj`` is host memory of the buffer protocol (checked without exporting it twice)."""
+    if isinstance(obj, (bytes, bytearray, memoryview, PinnedBuffer)):
+        return True
+    try:
+        memoryview(obj).release()
+    except TypeError:
+        return False
+    except (ValueError, BufferError):
+        return True  # an exporter that cannot export this array (numpy datetime64): _host_nbytes says why
+    return True
+
+
+def _classify(other: Any, ordinal: int, stream: object, op: str, writable: bool) -> tuple[str, Any, Callable[[], None]]:
+    """What ``other`` is to a copy: ("device", Buffer, release) or ("host", buffer-protocol memory, release)."""
+    if isinstance(other, Buffer):
+        return "device", other, _nothing
+    if isinstance(other, PinnedBuffer):
+        return "host", other, _nothing
+    device_array = hasattr(other, "__cuda_array_interface__") or (
+        hasattr(other, "__dlpack__") and hasattr(other, "__dlpack_device__") and other.__dlpack_device__()[0] in (2, 13)
+    )
+    if not device_array and _is_host(other):
+        return "host", other, _nothing
+    converted = _convert(other, ordinal, stream, op, writable) if _convert is not None else None
+    if converted is None:
+        raise TypeError(
+            f"{op}: {type(other).__name__} is neither host memory (the buffer protocol: bytes, bytearray, memoryview, "
+            "numpy; a PinnedBuffer; a host DLPack tensor) nor device memory (a cudacore Buffer, an array with "
+            "__cuda_array_interface__ or a CUDA DLPack tensor)"
+        )
+    return converted
+
+
+def _host_slice(host: Any, start: int, n: int, op: str, writable: bool) -> Any:
+    """Bytes ``start:start+n`` of host memory, as a memoryview of bytes (released by the caller)."""
+    try:
+        mv = memoryview(host)
+    except TypeError:
+        raise TypeError(f"{op}: host memory must support the buffer protocol, not {type(host).__name__}") from None
+    if not mv.c_contiguous:
+        mv.release()
+        raise _invalid(f"{op}: the host memory must be C-contiguous to copy part of it (host_offset or nbytes)", op)
+    if writable and mv.readonly:
+        mv.release()
+        raise _invalid(f"{op}: the destination host memory ({type(host).__name__}) is read-only", op)
+    flat = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+    return flat[start : start + n]
+
+
+def transfer(
+    buf: Buffer,
+    other: Any,
+    stream: object,
+    nbytes: int | None,
+    offset: int,
+    other_offset: int,
+    *,
+    into: bool,
+) -> None:
+    """The general case of ``Buffer.copy_from`` (``into=True``: ``other`` into ``buf``) and ``copy_to``
+    (``into=False``: ``buf`` into ``other``).
+
+    ``other`` is host memory (the buffer protocol, a PinnedBuffer, a host DLPack tensor) or device memory (a
+    cudacore Buffer, an array with ``__cuda_array_interface__`` or a CUDA DLPack tensor: a device-to-device
+    copy, between devices a peer copy). ``offset`` is the byte offset into ``buf``, ``other_offset`` into
+    ``other``. Without ``nbytes`` the copy moves all of both sides from their offsets, which must then hold
+    the same number of bytes: a size mismatch is an InvalidValueError, never a partial copy. With ``nbytes``
+    both sides must hold at least that many bytes from their offsets.
+    """
+    op = "cudacore.copy_from" if into else "cudacore.copy_to"
+    _check_buffer(buf, "destination" if into else "source", op)
+    offset = _offset_arg(offset, "offset", op)
+    other_offset = _offset_arg(other_offset, "src_offset" if into else "dst_offset", op)
+    if nbytes is not None:
+        nbytes = _size(nbytes, 0, op)
+    if offset > buf.size:
+        raise _invalid(f"{op}: offset {offset} is past the end of the buffer ({buf.size} bytes)", op)
+    kind, mem, release = _classify(other, buf.device_id, stream, op, not into)
+    try:
+        if kind == "device":
+            _check_buffer(mem, "source" if into else "destination", op)
+            other_size = mem.size
+        else:
+            other_size = _host_nbytes(mem, op)
+        name = "source" if into else "destination"
+        mine, theirs = buf.size - offset, other_size - other_offset
+        if theirs < 0:
+            raise _invalid(f"{op}: the {name} offset {other_offset} is past the end of the {name} ({other_size} bytes)", op)
+        if nbytes is None:
+            if mine != theirs:
+                where = f" from offset {offset}" if offset else ""
+                their_where = f" from offset {other_offset}" if other_offset else ""
+                raise _invalid(
+                    f"{op}: the {name} holds {theirs} bytes{their_where} and the buffer {mine}{where}: a copy moves all of "
+                    f"both unless nbytes= says how many; pass nbytes={min(mine, theirs)}, offsets, or a view "
+                    f"(buf[start:stop]) of the right size",
+                    op,
+                )
+            n = mine
+        else:
+            n = nbytes
+            if n > mine or n > theirs:
+                short = f"the buffer holds {mine}" + (f" from offset {offset}" if offset else "")
+                if n > theirs:
+                    short = f"the {name} holds {theirs}" + (f" from offset {other_offset}" if other_offset else "")
+                raise _invalid(f"{op}: nbytes={n} but {short}", op)
+        if kind == "device":
+            if into:
+                device_to_device(buf, mem, stream, n, dst_offset=offset, src_offset=other_offset)
+            else:
+                device_to_device(mem, buf, stream, n, dst_offset=other_offset, src_offset=offset)
+            return
+        if other_offset == 0 and n == other_size:
+            host, part = mem, None
+        else:
+            part = host = _host_slice(mem, other_offset, n, op, not into)
+        try:
+            if into:
+                host_to_device(buf, host, stream, n, offset)
+            else:
+                device_to_host(host, buf, stream, n, offset)
+        finally:
+            if part is not None:
+                part.release()
+    finally:
+        release()
+
+
+def fill(buf: Buffer, value: int, stream: object = None) -> None:
+    """Set every byte of ``buf`` to ``value`` (0..255); see :meth:`cudacore.Buffer.fill`."""
+    op = "cudacore.fill"
+    _check_buffer(buf, "destination", op)
+    _check_writable(buf, op)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{op}: the value must be an int (a byte, 0..255), not {type(value).__name__}")
+    if not 0 <= value <= 255:
+        raise _invalid(f"{op}: the value must be a byte, 0..255, got {value}; fill sets each byte (cuMemsetD8)", op)
+    handle = _stream_arg(buf, stream, op)
+    core.Fill(buf.device_id, buf.ptr, value, buf.size, handle)
+    _finish(buf, stream)
+
+
+def is_host_memory(obj: object) -> bool:
+    """Whether ``obj`` is host memory a copy takes (a PinnedBuffer, the buffer protocol, a host DLPack
+    tensor) and not device memory (a Buffer, the CUDA Array Interface, a CUDA DLPack tensor)."""
+    if isinstance(obj, Buffer) or hasattr(obj, "__cuda_array_interface__"):
+        return False
+    if isinstance(obj, PinnedBuffer) or _is_host(obj):
+        return True
+    dlpack_device = getattr(obj, "__dlpack_device__", None)
+    return callable(dlpack_device) and int(dlpack_device()[0]) in (1, 3)  # kDLCPU, kDLCUDAHost
+
+
+def host_memory(obj: Any, ordinal: int, stream: object, op: str) -> tuple[Any, int, Callable[[], None]]:
+    """``obj``'s host memory for an upload: (memory with the buffer protocol, its size, release to call
+    after the copy).
+
+    Raises
+    ------
+    TypeError
+        If ``obj`` is device memory (naming the copy-free view) or not memory at all.
+    """
+    kind, mem, release = _classify(obj, ordinal, stream, op, False)
+    if kind != "host":
+        release()
+        raise TypeError(
+            f"{op}: {type(obj).__name__} is device memory already: view it without a copy with "
+            "Device.from_array(x), or copy it into a Buffer with buf.copy_from(x)"
+        )
+    try:
+        return mem, _host_nbytes(mem, op), release
+    except BaseException:
+        release()
+        raise

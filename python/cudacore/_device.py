@@ -10,7 +10,7 @@ import threading
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from . import _diagnostics, _ipc, _memory
+from . import _copy, _diagnostics, _ipc, _memory
 from ._api import core
 from ._display import device_html
 from ._errors import CUDAError, DriverNotFoundError, error
@@ -400,8 +400,49 @@ class Device:
 
     def from_array(self, array: Any) -> Buffer:
         """A CuPy/PyTorch/Numba array (``__cuda_array_interface__`` or ``__dlpack__``) on this device as a
-        :class:`cudacore.Buffer` without a copy: see :func:`cudacore.asbuffer`."""
+        :class:`cudacore.Buffer` without a copy: see :func:`cudacore.asbuffer`.
+
+        It never copies, so it takes device memory only: host data (numpy, bytes, a CPU tensor) is uploaded
+        by :meth:`to_device`.
+
+        Raises
+        ------
+        TypeError
+            If ``array`` is host memory (the message names :meth:`to_device`), or not an array.
+        """
+        if _copy.is_host_memory(array):
+            raise TypeError(
+                f"Device.from_array views device memory without a copy, and {type(array).__name__} is host memory: "
+                "upload it with Device.to_device(array) (a new Buffer holding a copy)"
+            )
         return asbuffer(array, device=self)
+
+    def to_device(self, host: Any, stream: StreamLike = None) -> Buffer:
+        """Upload host data into a new :class:`Buffer` of its size on this device: a numpy array, anything
+        with the buffer protocol (bytes, bytearray, memoryview, array.array), a :class:`PinnedBuffer`, or a
+        host DLPack tensor (a CPU torch tensor, say). The buffer is allocated on ``stream`` and the copy
+        ordered there (None: the current stream, and the copy is synchronous), as
+        ``allocate(n, stream).copy_from(host, stream)``.
+
+        Raises
+        ------
+        TypeError
+            If ``host`` is device memory (use :meth:`from_array` to view it without a copy), or not memory.
+        InvalidValueError
+            If ``host`` is empty (a Buffer holds at least one byte).
+        """
+        op = "cudacore.to_device"
+        memory, nbytes, release = _copy.host_memory(host, self._ordinal, stream, op)
+        try:
+            buf = self.allocate(nbytes, stream)
+            try:
+                _copy.host_to_device(buf, memory, stream, nbytes)
+            except BaseException:
+                buf.close()
+                raise
+        finally:
+            release()
+        return buf
 
     def allocate_managed(self, nbytes: int) -> ManagedBuffer:
         """Allocate ``nbytes`` of managed (unified) memory: a :class:`ManagedBuffer`, valid on the host and

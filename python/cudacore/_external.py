@@ -9,7 +9,8 @@ import ctypes
 import operator
 from typing import TYPE_CHECKING, Any
 
-from ._copy import readonly_error
+from ._copy import readonly_error, register_protocols
+from ._errors import error
 from ._handles import stream_handle
 from ._memory import Buffer
 from ._native import fast
@@ -49,8 +50,9 @@ class ExternalBuffer(Buffer):
         """Whether the owner declared the memory read-only (see the class notes)."""
         return bool(getattr(self, "_readonly", False))
 
-    def copy_from(self, host: Any, stream: Any = None) -> None:
-        """Copy host memory into this buffer, as :meth:`cudacore.Buffer.copy_from`.
+    def copy_from(self, host: Any, stream: Any = None, **kwargs: Any) -> None:
+        """Copy into this buffer, as :meth:`cudacore.Buffer.copy_from` (``nbytes=``, ``offset=``,
+        ``src_offset=`` too).
 
         Raises
         ------
@@ -59,7 +61,7 @@ class ExternalBuffer(Buffer):
         """
         if self.readonly:
             raise readonly_error(self, "cudacore.copy_from")
-        super().copy_from(host, stream)
+        super().copy_from(host, stream, **kwargs)
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
@@ -216,10 +218,14 @@ class _DLPackOwner:
         self._deleter = deleter
         self.producer = producer
 
-    def __del__(self) -> None:
+    def release(self) -> None:
+        """Call the tensor's deleter now (once): the producer may free the memory afterwards."""
         if self._deleter:
             _DELETER(self._deleter)(self._addr)
             self._deleter = 0
+
+    def __del__(self) -> None:
+        self.release()
 
 
 #: DLPack 1.x's flag of a tensor its producer does not allow to be written (DLPACK_FLAG_BITMASK_READ_ONLY).
@@ -257,7 +263,10 @@ def from_dlpack(obj: Any, *, stream: int | None = None) -> ExternalBuffer:
         if hasattr(obj, "__dlpack_device__"):
             kind, ordinal = obj.__dlpack_device__()
             if int(kind) not in (kDLCUDA, kDLCUDAManaged):
-                raise ValueError(f"from_dlpack: the tensor is on DLPack device type {int(kind)}, not CUDA (2)")
+                raise ValueError(
+                    f"from_dlpack: the tensor is on DLPack device type {int(kind)}, not CUDA (2)"
+                    + (": it is host memory; upload it with Device.to_device(array) or Buffer.copy_from(array)" if int(kind) in (kDLCPU, kDLCUDAHost) else "")
+                )
         if stream is None:
             # DLPack names the legacy default stream 1 (its 0 is ambiguous).
             stream = stream_handle(None, None if ordinal is None else int(ordinal)) or 1
@@ -282,6 +291,63 @@ def from_dlpack(obj: Any, *, stream: int | None = None) -> ExternalBuffer:
     buf = fast.borrow(ExternalBuffer, ordinal, ptr, nbytes, 0, owner)
     buf._readonly = readonly
     return buf
+
+
+def _host_dlpack(obj: Any, op: str, writable: bool) -> tuple[str, Any, Any]:
+    """A host DLPack tensor (kDLCPU, kDLCUDAHost) as bytes with the buffer protocol, for one copy: the
+    tensor is held (its deleter not yet called) until the returned release runs."""
+    try:
+        capsule = obj.__dlpack__(stream=None, max_version=(1, 0))
+    except TypeError:  # a producer older than the max_version keyword
+        capsule = obj.__dlpack__(stream=None)
+    t, addr, deleter, versioned, readonly = _parse_capsule(capsule)
+    _api.PyCapsule_SetName(capsule, _USED_VERSIONED if versioned else _USED)
+    owner = _DLPackOwner(addr, deleter, obj)
+    try:
+        if t.device.device_type not in (kDLCPU, kDLCUDAHost):
+            raise ValueError(f"{op}: the tensor is on DLPack device type {t.device.device_type}, not the host (1) or pinned host (3)")
+        if writable and readonly:
+            raise error(
+                "CUDA_ERROR_INVALID_VALUE",
+                f"{op}: the destination is read-only: its producer ({type(obj).__name__}) set DLPack's read-only flag; "
+                "copy into a writable array instead",
+                op=op,
+            )
+        shape = tuple(t.shape[i] for i in range(t.ndim))
+        itemsize = (t.dtype.bits * t.dtype.lanes + 7) // 8
+        strides = None if not t.strides else tuple(t.strides[i] * itemsize for i in range(t.ndim))
+        nbytes = _contiguous_nbytes(shape, strides, itemsize, op)
+    except BaseException:
+        owner.release()
+        raise
+    ptr = (t.data or 0) + t.byte_offset
+    # The exporter vouches for these bytes while its tensor is held (owner, released after the copy).
+    memory: Any = (ctypes.c_char * nbytes).from_address(ptr) if nbytes else bytearray()
+    return "host", memory, owner
+
+
+def _convert_for_copy(obj: Any, ordinal: int, stream: object, op: str, writable: bool) -> tuple[str, Any, Any] | None:
+    """The other side of a Buffer.copy_from / copy_to that is neither a Buffer nor buffer-protocol memory
+    (cudacore._copy.transfer): a CUDA DLPack tensor (ordered on the copy's stream by its producer, as the
+    protocol asks), an array of the CUDA Array Interface, or a host DLPack tensor; None for anything else."""
+    kind = None
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        kind = int(obj.__dlpack_device__()[0])
+    if kind in (kDLCUDA, kDLCUDAManaged):
+        handle = stream_handle(stream, ordinal) if stream is not None else None
+        buf: ExternalBuffer = from_dlpack(obj, stream=handle or None)
+        return "device", buf, buf.close
+    if hasattr(obj, "__cuda_array_interface__"):
+        buf = asbuffer(obj)  # type: ignore[assignment]
+        return "device", buf, buf.close
+    if kind in (kDLCPU, kDLCUDAHost):
+        what, memory, owner = _host_dlpack(obj, op, writable)
+        # The tensor's deleter runs when owner goes: after the copy, once release drops the last reference.
+        return what, memory, owner.release
+    return None
+
+
+register_protocols(_convert_for_copy)
 
 
 def asbuffer(obj: Any, *, device: Device | int | None = None) -> Buffer:

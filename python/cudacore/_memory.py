@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 else:
     _CBuffer, _CPinnedBuffer = fast.Buffer, fast.PinnedBuffer
 
-__all__ = ["ADVICE", "LEGACY_STREAM", "Buffer", "ManagedBuffer", "PinnedBuffer"]
+__all__ = ["ADVICE", "LEGACY_STREAM", "Buffer", "BufferView", "ManagedBuffer", "PinnedBuffer"]
 
 #: The driver's handle for the legacy default stream.
 LEGACY_STREAM = 1
@@ -98,19 +98,111 @@ class Buffer(_CBuffer):
             "stream": LEGACY_STREAM if stream == 0 else stream,
         }
 
-    # copy_from and copy_to are methods of the C type: a small PinnedBuffer copy on a Stream of this
-    # device runs there without Python code; every other call comes to _copy_from / _copy_to.
+    # copy_from and copy_to are methods of the C type: a copy of all of host memory of the buffer's size
+    # (a PinnedBuffer, or the buffer protocol) with at most a stream runs there without Python code; every
+    # other call (device memory, nbytes=, offsets, another size, which is refused) comes to _copy_from /
+    # _copy_to, whose signatures are the methods' own.
 
-    def _copy_from(self, host: Any, stream: object = None) -> None:
-        """The general case of :meth:`copy_from`: ``host`` (bytes-like, numpy array or
-        :class:`PinnedBuffer`) into this buffer; with ``stream=None`` on the current stream and synchronous,
-        else ordered on ``stream``."""
-        _copy.host_to_device(self, host, stream)
+    def _copy_from(
+        self, src: Any, stream: object = None, *, nbytes: int | None = None, offset: int = 0, src_offset: int = 0
+    ) -> None:
+        """``copy_from(src, stream=None, *, nbytes=None, offset=0, src_offset=0)``: copy ``src`` into this
+        buffer.
 
-    def _copy_to(self, host: Any, stream: object = None) -> None:
-        """The general case of :meth:`copy_to`: this buffer into ``host`` (writable bytes-like, numpy
-        array or PinnedBuffer)."""
-        _copy.device_to_host(host, self, stream)
+        ``src`` is host memory (bytes-like, numpy and anything with the buffer protocol, a
+        :class:`PinnedBuffer`, a host DLPack tensor) or device memory (a :class:`Buffer` or a view of one,
+        an array with ``__cuda_array_interface__``, a CUDA DLPack tensor: a device-to-device copy, a peer
+        copy between devices). With ``stream=None`` the copy runs on the current stream and is synchronous;
+        with a stream it is ordered on it (keep ``src`` alive and unchanged until the stream has passed the
+        copy, except pageable host memory, which is staged before the call returns).
+
+        Parameters
+        ----------
+        nbytes : int, optional
+            How many bytes to copy. Without it the copy moves all of ``src`` (from ``src_offset``) into all
+            of this buffer (from ``offset``), and the two must be the same size.
+        offset : int
+            The byte offset in this buffer where the copy lands.
+        src_offset : int
+            The byte offset in ``src`` where the copy starts.
+
+        Raises
+        ------
+        InvalidValueError
+            If the sizes differ and ``nbytes`` is not given, or either side holds fewer than ``nbytes``
+            bytes from its offset (never a partial copy), or this buffer is read-only.
+        TypeError
+            If ``src`` is neither host nor device memory.
+        """
+        _copy.transfer(self, src, stream, nbytes, offset, src_offset, into=True)
+
+    def _copy_to(
+        self, dst: Any, stream: object = None, *, nbytes: int | None = None, offset: int = 0, dst_offset: int = 0
+    ) -> None:
+        """``copy_to(dst, stream=None, *, nbytes=None, offset=0, dst_offset=0)``: copy this buffer into
+        ``dst``: writable host memory or device memory, as :meth:`copy_from` takes. ``offset`` is where the
+        copy starts in this buffer, ``dst_offset`` where it lands in ``dst``; without ``nbytes`` both sides
+        must hold the same number of bytes from their offsets (``buf.copy_to(bytearray(10), nbytes=10)``
+        reads the first 10 bytes).
+        """
+        _copy.transfer(self, dst, stream, nbytes, offset, dst_offset, into=False)
+
+    def fill(self, value: int, stream: object = None) -> None:
+        """Set every byte of this buffer to ``value`` (0..255: a byte memset, cuMemsetD8). With
+        ``stream=None`` it runs on the current stream and is synchronous; with a stream it is ordered on it
+        (inside a capture of that stream it is a memset node of the graph). Fill part of a buffer through a
+        view: ``buf[start:stop].fill(0)``.
+
+        Raises
+        ------
+        InvalidValueError
+            If ``value`` is not in 0..255, or the buffer is read-only.
+        """
+        _copy.fill(self, value, stream)
+
+    def __getitem__(self, key: slice) -> BufferView:
+        """``buf[start:stop]``: a :class:`BufferView` of those bytes, sharing this buffer's memory.
+
+        Negative bounds count from the end, as in Python; a bound past the end is refused, not clamped
+        (a view is memory, and a shorter one than asked for would copy less than asked for).
+
+        Raises
+        ------
+        TypeError
+            If ``key`` is not a slice (read one value with ``copy_to(host, offset=i, nbytes=n)``).
+        ValueError
+            If the slice has a step other than 1, or a bound lies outside the buffer.
+        """
+        if not isinstance(key, slice):
+            raise TypeError(
+                f"a Buffer is sliced by bytes (buf[start:stop], a view), not indexed by {type(key).__name__}: "
+                "read values with buf.copy_to(host, offset=start, nbytes=n)"
+            )
+        if key.step is not None and key.step != 1:
+            raise ValueError(
+                f"a Buffer view is one contiguous range of bytes: buf[start:stop] has no step (got step {key.step}); "
+                "copy strided data with a kernel or another library's array"
+            )
+        size = self.size
+        bounds = []
+        for name, value, default in (("start", key.start, 0), ("stop", key.stop, size)):
+            if value is None:
+                bounds.append(default)
+                continue
+            if isinstance(value, bool) or not hasattr(value, "__index__"):
+                raise TypeError(f"a Buffer view's {name} must be an int, not {type(value).__name__}")
+            v = value.__index__()
+            v = v + size if v < 0 else v
+            if not 0 <= v <= size:
+                raise ValueError(f"buf[{key.start}:{key.stop}]: the {name} {value} lies outside the buffer ({size} bytes)")
+            bounds.append(v)
+        start, stop = bounds
+        if stop < start:
+            raise ValueError(f"buf[{key.start}:{key.stop}]: the stop {key.stop} is before the start {key.start}")
+        view: BufferView = self._view(start, stop - start, BufferView)
+        view._offset = start
+        view._readonly = bool(getattr(self, "_readonly", False))
+        return view
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Memory of the device's allocator may be cached and handed out again while another process maps
@@ -131,6 +223,58 @@ class Buffer(_CBuffer):
         if self.closed:
             return f"<cudacore.Buffer closed, {self.size} bytes, device {self.device_id}>"
         return f"<cudacore.Buffer 0x{self.ptr:x}, {self.size} bytes, device {self.device_id}>"
+
+
+class BufferView(Buffer):
+    """Bytes ``start:stop`` of another :class:`Buffer` (``buf[start:stop]``), sharing its memory.
+
+    A view is a Buffer everywhere (copies, :meth:`fill`, kernel arguments, DLPack and the CUDA Array
+    Interface, further slicing) and frees nothing: its :meth:`close` only lets go of the parent. It keeps
+    the parent object alive, and the parent's memory too: the parent's ``close()`` raises ``BufferError``
+    while a view of it is open. A view is ordered on its parent's stream, and is read-only when its parent
+    is.
+
+    Attributes
+    ----------
+    parent : Buffer
+        The buffer viewed (None once the view is closed).
+    offset : int
+        Where the view starts in the parent, in bytes.
+    """
+
+    __slots__ = ("_offset", "_readonly")
+
+    @property
+    def parent(self) -> Buffer | None:
+        """The buffer viewed (None once the view is closed)."""
+        return self.owner  # type: ignore[no-any-return]
+
+    @property
+    def offset(self) -> int:
+        """Where the view starts in the parent, in bytes."""
+        return int(getattr(self, "_offset", 0))
+
+    @property
+    def readonly(self) -> bool:
+        """Whether the parent's memory is read-only (a view of a read-only ExternalBuffer)."""
+        return bool(getattr(self, "_readonly", False))
+
+    def copy_from(self, src: Any, stream: Any = None, **kwargs: Any) -> None:
+        """As :meth:`Buffer.copy_from`, refused into a read-only view."""
+        if self.readonly:
+            raise _copy.readonly_error(self, "cudacore.copy_from")
+        super().copy_from(src, stream, **kwargs)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """As :attr:`Buffer.__cuda_array_interface__`, with the parent's read-only flag."""
+        cai = super().__cuda_array_interface__
+        cai["data"] = (cai["data"][0], self.readonly)
+        return cai
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"0x{self.ptr:x}"
+        return f"<cudacore.BufferView {state}, {self.size} bytes at offset {self.offset} of {self.owner!r}>"
 
 
 #: The hints :meth:`ManagedBuffer.advise` takes, and the driver's CUmem_advise values.
