@@ -1068,3 +1068,81 @@ def test_rehearse_and_graphed_refuse_what_is_not_a_stream(bad):
         cc.graphed(lambda: None, stream=bad)
     with pytest.raises(TypeError, match="cudacore.graphed: stream must be"):
         cc.graphed(stream=bad)
+
+
+def test_graphed_copies_later_inputs_into_the_captured_ones_and_refuses_other_shapes(dev):
+    """Issue 31 item 3: a later call's Buffers are copied into the captured call's (static inputs) before
+    the replay, instead of the replay silently working on the first call's; a Buffer of another size, another
+    baked-in value or another call shape is refused."""
+    s = dev.create_stream()
+    a, b, out = dev.allocate(64, stream=s), dev.allocate(64, stream=s), dev.allocate(64, stream=s)
+    a.fill(1)
+    b.fill(2)
+    calls = []
+
+    @cc.graphed(stream=s)
+    def step(x: cc.Buffer, k: int = 0) -> cc.Buffer:
+        calls.append(k)
+        cc.device_to_device(out, x, stream=s)
+        return out
+
+    def result() -> bytes:
+        host = bytearray(64)
+        out.copy_to(host)
+        return bytes(host)
+
+    assert step(a, 0) is out and result() == b"\x01" * 64
+    step(b, 0)  # used to return a's result again
+    s.synchronize()
+    assert result() == b"\x02" * 64, "b was copied into the captured input"
+    b.fill(3)
+    step(b, 0)
+    s.synchronize()
+    assert result() == b"\x03" * 64
+    assert len(calls) == 1 and not step.eager
+    with dev.allocate(32) as small, pytest.raises(cc.InvalidValueError, match="static input of 64 bytes .* passes 32 bytes"):
+        step(small, 0)
+    with pytest.raises(cc.InvalidValueError, match="was 0 when captured and is 5 now"):
+        step(a, 5)
+    with pytest.raises(cc.InvalidValueError, match="captured with 2 positional argument"):
+        step(a)
+    s.synchronize()
+    step.reset()
+    for x in (a, b, out):
+        x.close()
+
+
+def test_graphed_warms_up_and_records_every_fallback(dev):
+    """Issue 31 item 3: warmup=N runs N eager calls before the capture; every fallback to eager is kept,
+    with its reason, in .fallbacks."""
+    s = dev.create_stream()
+    buf = dev.allocate(64, stream=s)
+    pinned = dev.allocate_pinned(64)
+    calls = []
+
+    def body() -> None:
+        calls.append(s.capturing)
+        buf.copy_from(pinned, stream=s)
+
+    g = cc.graphed(body, stream=s, warmup=2)
+    for _ in range(4):
+        g()
+    assert calls == [False, False, True], "two eager warm-up calls, then the capture; the fourth call replays"
+    assert g.graph is not None and g.fallbacks == []
+    with pytest.raises(TypeError, match="warmup must be an int >= 0"):
+        cc.graphed(body, stream=s, warmup=-1)
+
+    blocking = dev.create_stream(non_blocking=False)
+
+    def bad() -> None:
+        buf.copy_to(bytearray(64))  # synchronous: illegal in the capture
+
+    g2 = cc.graphed(bad, stream=blocking)
+    g2()
+    g2.reset()
+    g2()
+    assert len(g2.fallbacks) == 2 and all(r.startswith("capture failed at ") for r in g2.fallbacks)
+    s.synchronize()
+    g.reset()
+    buf.close()
+    pinned.close()

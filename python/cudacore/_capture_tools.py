@@ -19,9 +19,9 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from . import _errors
+from . import _copy, _errors
 from . import _stream as _streams
 from ._errors import CaptureError, CUDAError, error
 from ._native import fast
@@ -235,15 +235,28 @@ class Graphed(Generic[P, R]):
     fallback_reason : str or None
         Why the function runs eagerly: the capture failed, or could not be replayed (None while it is
         graphed or not yet called).
+    fallbacks : list of str
+        Every fallback to eager execution, in order, each with its reason (a :meth:`reset` keeps them).
     error : BaseException or None
         The exception the capture failed with.
+    warmup : int
+        How many calls run eagerly before the capture.
     """
 
-    def __init__(self, fn: Callable[P, R], stream: Any, mode: str) -> None:
+    def __init__(self, fn: Callable[P, R], stream: Any, mode: str, warmup: int = 0) -> None:
         _check_stream(stream, "cudacore.graphed", none=False)
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise TypeError(f"cudacore.graphed: warmup must be an int >= 0 (the eager calls before the capture), not {warmup!r}")
         self._fn = fn
         self._stream = stream
         self._mode = mode
+        self.warmup = warmup
+        self._warmed = 0
+        self.fallbacks: list[str] = []
+        # The captured call's arguments: each device Buffer among them is a static input, which later
+        # calls' Buffers are copied into before the replay; every other argument is baked into the graph.
+        self._args: tuple[Any, ...] = ()
+        self._kwargs: dict[str, Any] = {}
         self._lock = threading.Lock()
         # The thread inside a call, while it holds the lock: a call from inside fn on that thread (fn
         # calling itself) is part of the outer call and must not wait for the lock it holds.
@@ -273,12 +286,62 @@ class Graphed(Generic[P, R]):
                 if self.fallback_reason is not None:
                     return self._fn(*args, **kwargs)
                 if self.graph is None:
+                    if self._warmed < self.warmup:
+                        self._warmed += 1  # a warm-up call: eager, before the capture (lazy setup, autotuning)
+                        return self._fn(*args, **kwargs)
                     return self._capture(*args, **kwargs)
                 graph = self.graph
+                self._load_inputs(args, kwargs)
             finally:
                 self._owner = None
         graph.launch(self._stream)
         return self._result  # type: ignore[no-any-return]
+
+    def _load_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Copy a later call's Buffers into the captured call's (the graph's static inputs), on the
+        graph's stream before its launch; refuse a call the graph cannot stand for."""
+        op = "cudacore.graphed"
+        if len(args) != len(self._args) or kwargs.keys() != self._kwargs.keys():
+            raise error(
+                "CUDA_ERROR_INVALID_VALUE",
+                f"{op}: {self.__name__} was captured with {len(self._args)} positional argument(s) and keywords "
+                f"{sorted(self._kwargs)}, and is called with {len(args)} and {sorted(kwargs)}: a graph replays one "
+                "call's shape; call it as it was captured, or reset() it to capture again",
+                op=op,
+            )
+        pairs = [(f"argument {i}", new, old) for i, (new, old) in enumerate(zip(args, self._args, strict=True))]
+        pairs += [(f"argument {k}=", kwargs[k], self._kwargs[k]) for k in kwargs]
+        copies = []
+        for name, new, old in pairs:
+            if new is old:
+                continue
+            if isinstance(old, fast.Buffer):
+                if not isinstance(new, fast.Buffer) or new.size != old.size:
+                    got = f"{new.size} bytes" if isinstance(new, fast.Buffer) else type(new).__name__
+                    raise error(
+                        "CUDA_ERROR_INVALID_VALUE",
+                        f"{op}: {name} of {self.__name__} is a static input of {old.size} bytes (the captured call's "
+                        f"Buffer, which later calls' Buffers are copied into) and this call passes {got}; pass a "
+                        "Buffer of the same size, or reset() to capture again",
+                        op=op,
+                    )
+                copies.append((old, new))
+                continue
+            same = False
+            try:
+                same = bool(new == old)
+            except Exception:  # noqa: BLE001 - an array's ambiguous ==: not the same value
+                same = False
+            if not same:
+                raise error(
+                    "CUDA_ERROR_INVALID_VALUE",
+                    f"{op}: {name} of {self.__name__} was {old!r} when captured and is {new!r} now: the graph baked in "
+                    "the captured value (only Buffers are inputs a replay copies); pass the value in a Buffer, or "
+                    "reset() to capture again",
+                    op=op,
+                )
+        for old, new in copies:
+            _copy.device_to_device(old, new, self._stream)
 
     def _capture(self, *args: P.args, **kwargs: P.kwargs) -> R:
         diag_seen: list[dict[str, Any]] = []
@@ -292,7 +355,7 @@ class Graphed(Generic[P, R]):
             first = diag_seen[0] if diag_seen else None
             where = f" at {first['where']}" if first else ""
             self.error = exc
-            self.fallback_reason = f"capture failed{where}: {first['message'] if first else exc}"
+            self._fall_back(f"capture failed{where}: {first['message'] if first else exc}")
             return self._fn(*args, **kwargs)
         finally:
             _watch.seen = prev
@@ -304,11 +367,11 @@ class Graphed(Generic[P, R]):
             graph.destroy()
             if diag_seen:
                 first = diag_seen[0]
-                self.fallback_reason = f"an illegal operation was left out of the capture at {first['where']}: {first['message']}"
+                self._fall_back(f"an illegal operation was left out of the capture at {first['where']}: {first['message']}")
             elif escapes:
-                self.fallback_reason = f"{len(escapes)} operation(s) escaped the capture and would not be replayed: {'; '.join(escapes)}"
+                self._fall_back(f"{len(escapes)} operation(s) escaped the capture and would not be replayed: {'; '.join(escapes)}")
             else:
-                self.fallback_reason = (
+                self._fall_back(
                     f"{self.__name__} keeps memory it allocated inside the capture ({len(kept)} Buffer(s) of graph memory "
                     "still open when it returned, in its result or elsewhere): a graph cannot be launched again while "
                     "its last launch's memory is in use, so each call runs eagerly and returns its own Buffers. To keep "
@@ -318,8 +381,14 @@ class Graphed(Generic[P, R]):
             # fn's work of this call ran as far as it was not captured; run it whole, eagerly.
             return self._fn(*args, **kwargs)
         self.graph, self._result = graph, result
+        self._args, self._kwargs = args, dict(kwargs)
         graph.launch(self._stream)
         return result
+
+    def _fall_back(self, reason: str) -> None:
+        """Run eagerly from now on, for ``reason``, kept in :attr:`fallback_reason` and :attr:`fallbacks`."""
+        self.fallback_reason = reason
+        self.fallbacks.append(reason)
 
     def _kept_memory(self, graph: Any, result: object, before: weakref.WeakSet[Any]) -> list[Any]:
         """The Buffers of graph memory that this capture allocated and fn left open: in its result, or
@@ -359,21 +428,36 @@ class Graphed(Generic[P, R]):
             if self.graph is not None:
                 self.graph.destroy()
             self.graph, self.fallback_reason, self.error, self._result = None, None, None, None
+            self._args, self._kwargs, self._warmed = (), {}, 0
 
     def __repr__(self) -> str:
         state = "eager: " + self.fallback_reason if self.fallback_reason else "graphed" if self.graph else "not yet captured"
         return f"<cudacore.graphed {self.__name__} ({state})>"
 
 
-def graphed(fn: Callable[P, R] | None = None, *, stream: Any, mode: str = "thread_local") -> Any:
-    """Capture ``fn`` into a graph on its first call and replay the graph on later calls.
+@overload
+def graphed(fn: Callable[P, R], *, stream: Stream, mode: str = "thread_local", warmup: int = 0) -> Graphed[P, R]: ...
+@overload
+def graphed(
+    fn: None = None, *, stream: Stream, mode: str = "thread_local", warmup: int = 0
+) -> Callable[[Callable[P, R]], Graphed[P, R]]: ...
+def graphed(
+    fn: Callable[P, R] | None = None, *, stream: Stream, mode: str = "thread_local", warmup: int = 0
+) -> Graphed[P, R] | Callable[[Callable[P, R]], Graphed[P, R]]:
+    """Capture ``fn`` into a graph on its first call (after ``warmup`` eager calls) and replay the graph on
+    later calls.
 
-    ``fn`` must issue its GPU work on ``stream``. The first call captures that work, launches the graph
-    once and returns ``fn``'s result; each later call launches the graph on ``stream`` again (it does not
-    wait) and returns the first call's result: the arguments of later calls are not looked at, so the
-    graph works on the buffers of the first call (refill them to change the input), as with every CUDA
-    graph. If the capture fails, ``fn`` runs eagerly on that call and every later one; the wrapper keeps
-    working and records why (``.fallback_reason``, ``.error``). A capture that ends but cannot be replayed
+    ``fn`` must issue its GPU work on ``stream``. The first ``warmup`` calls run ``fn`` eagerly (lazy
+    set-up, autotuning: work that must not be captured). The next call captures its work, launches the
+    graph once and returns ``fn``'s result; each later call launches the graph on ``stream`` again (it does
+    not wait) and returns the captured call's result, which the graph overwrites at each replay (copy out
+    what you keep). The captured call's device Buffers are the graph's static inputs: a later call's
+    Buffer in the same place is copied into the captured one on ``stream`` before the replay (the same
+    object needs no copy), and one of another size is refused; any other argument is baked into the graph
+    and must be equal to the captured one, or the call is refused (``InvalidValueError``), as is a call of
+    another shape (argument count, keywords). If the capture fails, ``fn`` runs eagerly on that call and
+    every later one; the wrapper keeps working and records why (``.fallback_reason``, ``.error``, and
+    every fallback in ``.fallbacks``). A capture that ends but cannot be replayed
     faithfully counts as failed: when ``fn`` swallowed a capture error, when work escaped the capture (it
     ran once, on another stream or synchronously, and a replay would not repeat it), and when ``fn`` keeps
     memory it allocated inside the capture (returns it, or leaves it open elsewhere): a graph's next launch
@@ -391,5 +475,9 @@ def graphed(fn: Callable[P, R] | None = None, *, stream: Any, mode: str = "threa
     """
     _check_stream(stream, "cudacore.graphed", none=False)
     if fn is None:
-        return lambda f: Graphed(f, stream, mode)
-    return Graphed(fn, stream, mode)
+
+        def decorate(f: Callable[P, R]) -> Graphed[P, R]:
+            return Graphed(f, stream, mode, warmup)
+
+        return decorate
+    return Graphed(fn, stream, mode, warmup)
