@@ -25,7 +25,7 @@ from . import _copy, _errors
 from . import _stream as _streams
 from ._errors import CaptureError, CUDAError, error
 from ._native import fast
-from ._stream import Stream
+from ._stream import CaptureMode, Stream
 
 __all__ = ["CaptureDiagnosis", "Graphed", "graphed", "rehearse"]
 
@@ -122,7 +122,7 @@ def _note(exc: CUDAError) -> None:
 _errors.HOOKS.append(_note)
 
 
-def rehearse(body: Callable[[Any], object], stream: Any = None, *, mode: str = "thread_local") -> CaptureDiagnosis:
+def rehearse(body: Callable[[Any], object], stream: Any = None, *, mode: CaptureMode = "thread_local") -> CaptureDiagnosis:
     """Run ``body(stream)`` inside a capture on ``stream``, discard the capture, and report what went wrong.
 
     Every :class:`CaptureError` made while the body runs, on this thread, is noted with the Python line
@@ -243,7 +243,7 @@ class Graphed(Generic[P, R]):
         How many calls run eagerly before the capture.
     """
 
-    def __init__(self, fn: Callable[P, R], stream: Any, mode: str, warmup: int = 0) -> None:
+    def __init__(self, fn: Callable[P, R], stream: Any, mode: CaptureMode, warmup: int = 0) -> None:
         _check_stream(stream, "cudacore.graphed", none=False)
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise TypeError(f"cudacore.graphed: warmup must be an int >= 0 (the eager calls before the capture), not {warmup!r}")
@@ -436,13 +436,13 @@ class Graphed(Generic[P, R]):
 
 
 @overload
-def graphed(fn: Callable[P, R], *, stream: Stream, mode: str = "thread_local", warmup: int = 0) -> Graphed[P, R]: ...
+def graphed(fn: Callable[P, R], *, stream: Stream, mode: CaptureMode = "thread_local", warmup: int = 0) -> Graphed[P, R]: ...
 @overload
 def graphed(
-    fn: None = None, *, stream: Stream, mode: str = "thread_local", warmup: int = 0
+    fn: None = None, *, stream: Stream, mode: CaptureMode = "thread_local", warmup: int = 0
 ) -> Callable[[Callable[P, R]], Graphed[P, R]]: ...
 def graphed(
-    fn: Callable[P, R] | None = None, *, stream: Stream, mode: str = "thread_local", warmup: int = 0
+    fn: Callable[P, R] | None = None, *, stream: Stream, mode: CaptureMode = "thread_local", warmup: int = 0
 ) -> Graphed[P, R] | Callable[[Callable[P, R]], Graphed[P, R]]:
     """Capture ``fn`` into a graph on its first call (after ``warmup`` eager calls) and replay the graph on
     later calls.

@@ -261,7 +261,7 @@ def _offset_arg(value: object, name: str, op: str) -> int:
     return value
 
 
-def _is_host(obj: object) -> bool:
+def _is_host(obj: Any) -> bool:
     """Whether ``obj`` is host memory of the buffer protocol (checked without exporting it twice)."""
     if isinstance(obj, (bytes, bytearray, memoryview, PinnedBuffer)):
         return True

@@ -14,6 +14,7 @@ from ._errors import error
 from ._handles import stream_handle
 from ._memory import Buffer
 from ._native import fast
+from ._stream import StreamLike
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -50,7 +51,9 @@ class ExternalBuffer(Buffer):
         """Whether the owner declared the memory read-only (see the class notes)."""
         return bool(getattr(self, "_readonly", False))
 
-    def copy_from(self, host: Any, stream: Any = None, **kwargs: Any) -> None:
+    def copy_from(
+        self, src: Any, stream: StreamLike = None, *, nbytes: int | None = None, offset: int = 0, src_offset: int = 0
+    ) -> None:
         """Copy into this buffer, as :meth:`cudacore.Buffer.copy_from` (``nbytes=``, ``offset=``,
         ``src_offset=`` too).
 
@@ -61,7 +64,7 @@ class ExternalBuffer(Buffer):
         """
         if self.readonly:
             raise readonly_error(self, "cudacore.copy_from")
-        super().copy_from(host, stream, **kwargs)
+        super().copy_from(src, stream, nbytes=nbytes, offset=offset, src_offset=src_offset)
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:

@@ -243,6 +243,8 @@ class BufferView(Buffer):
     """
 
     __slots__ = ("_offset", "_readonly")
+    _offset: int
+    _readonly: bool
 
     @property
     def parent(self) -> Buffer | None:
@@ -259,11 +261,13 @@ class BufferView(Buffer):
         """Whether the parent's memory is read-only (a view of a read-only ExternalBuffer)."""
         return bool(getattr(self, "_readonly", False))
 
-    def copy_from(self, src: Any, stream: Any = None, **kwargs: Any) -> None:
+    def copy_from(
+        self, src: Any, stream: StreamLike = None, *, nbytes: int | None = None, offset: int = 0, src_offset: int = 0
+    ) -> None:
         """As :meth:`Buffer.copy_from`, refused into a read-only view."""
         if self.readonly:
             raise _copy.readonly_error(self, "cudacore.copy_from")
-        super().copy_from(src, stream, **kwargs)
+        super().copy_from(src, stream, nbytes=nbytes, offset=offset, src_offset=src_offset)
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
