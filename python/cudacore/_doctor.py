@@ -40,9 +40,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--verify",
         action="store_true",
-        help="run tiny real probes of what each device supports (pools, pinned and managed memory, the heap, "
-        "stack and printf reservations) instead of reading attributes; each is claimed, verified or fallback",
+        help="also run tiny real probes of what each device supports (pools, pinned and managed memory, the "
+        "heap, stack and printf reservations), after the report; each is claimed, verified or fallback",
     )
+
+
+#: The version of the ``--json`` report's layout (its ``schema_version`` key, in the error object too):
+#: raised when a key is removed or changes meaning; keys may be added within a version.
+SCHEMA_VERSION = 1
 
 
 def versions() -> dict[str, Any]:
@@ -56,10 +61,15 @@ def versions() -> dict[str, Any]:
     }
 
 
-def collect() -> dict[str, Any]:
-    """Everything the report shows, as plain data (what ``--json`` prints)."""
+def collect(verify: bool = False) -> dict[str, Any]:
+    """Everything the report shows, as plain data (what ``--json`` prints); with ``verify``, each device
+    entry also has its ``probes`` (:func:`cudacore._verify.verify`)."""
     major, minor = driver_version()
+    # The probes run first: each must be the first use of what it exercises in this process, before the
+    # report's own calls (the sharing checks allocate from pools).
+    probes = _verify.verify()["devices"] if verify else []
     report: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
         "versions": versions(),
         "backend": backend(),
         "driver_version": f"{major}.{minor}",
@@ -78,6 +88,8 @@ def collect() -> dict[str, Any]:
             entry["limits"] = {"error": str(exc)}
         report["devices"].append(entry)
     report["topology"] = topology()
+    for entry, checked in zip(report["devices"], probes):
+        entry["probes"] = checked["probes"]
     return report
 
 
@@ -149,14 +161,14 @@ def error_object(exc: CUDAError) -> dict[str, Any]:
     }
     if isinstance(exc, DriverNotFoundError):
         entry["hint"] = NO_DRIVER_HINT
-    return {"error": entry, "versions": versions()}
+    return {"schema_version": SCHEMA_VERSION, "error": entry, "versions": versions()}
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Run ``cudacore doctor`` with the parsed ``args``; returns the exit status."""
     verify = bool(getattr(args, "verify", False))
     try:
-        report = _verify.verify() if verify else collect()
+        report = collect(verify)
     except CUDAError as exc:
         if args.json:
             json.dump(error_object(exc), out, indent=2)
@@ -176,9 +188,10 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.json:
         json.dump(report, out, indent=2)
         out.write("\n")
-    elif verify:
-        out.write(_verify.format_verify(report) + "\n")
     else:
         render(report, out)
+        if verify:
+            out.write("\nverification (--verify): each capability exercised, not only read\n")
+            out.write(_verify.format_verify({"backend": report["backend"], "devices": report["devices"]}) + "\n")
     return 0
 
