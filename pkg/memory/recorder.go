@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	_ "unsafe" // go:linkname of runtime.nanotime
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 )
@@ -86,21 +87,20 @@ func (s *slot) events() uint64 {
 // Recorder is a bounded ring of allocator events: the newest Capacity events are kept, older ones are
 // overwritten. It is meant to stay on (bench/recorder.py measures it against the alloc+free pair), so an
 // event costs one uncontended mutex (two atomic instructions), a store of one pointer-free cache line,
-// no allocation and no clock read while events come often. The mutex stays because it is the cheaper
+// no allocation and one read of the runtime's monotonic clock. The mutex stays because it is the cheaper
 // way to publish a slot race-free: Go's atomic stores are locked instructions on amd64, so a lock-free
 // ring of atomic fields (a sequence claim, then a version and every field stored atomically) measured
-// about five times the lock's cost. Reading the clock costs 30 to 50 ns on a virtualized host, more than
-// the recorder's whole budget; instead a ticker goroutine refreshes a coarse clock every ClockTick while
-// events keep coming and stops after one tick without any, and the first event after a pause reads the
-// clock itself. So every event's Time is exact to ClockTick, times never go back in Seq order, and
+// about five times the lock's cost. The clock read (the vDSO's CLOCK_MONOTONIC, 20 to 40 ns) is what
+// makes a burst plottable: events microseconds apart get their own times, where a coarse clock put a
+// whole burst at one millisecond. Events the recycle log served carry their own fine times from C
+// (cudacore/internal/recycle), read there without a system call. Times never go back in Seq order (a
+// time equal to the previous event's is moved one nanosecond past it, so times are distinct too), and
 // events are ordered exactly by Seq. A nil *Recorder records nothing, so callers need no check. Safe for
 // concurrent use.
 type Recorder struct {
-	start time.Time
+	start     time.Time
+	startNano int64 // nanotime() at start: Time is nanotime() - startNano
 
-	coarse  atomic.Int64 // nanoseconds since start, refreshed by the ticker
-	ticking atomic.Bool  // the ticker runs: coarse is at most ClockTick old
-	tickSeq atomic.Uint64
 	enabled atomic.Bool // read before the lock: a disabled recorder costs one load
 
 	mu    sync.Mutex
@@ -118,7 +118,7 @@ func NewRecorder(capacity int) *Recorder {
 	if capacity <= 0 {
 		capacity = DefaultRecorderCapacity
 	}
-	r := &Recorder{start: time.Now()}
+	r := &Recorder{start: time.Now(), startNano: nanotime()}
 	r.setRing(pow2(capacity))
 	r.enabled.Store(true)
 	return r
@@ -129,45 +129,25 @@ func (r *Recorder) setRing(n int) {
 	r.ring, r.notes, r.mask = make([]slot, n), make([]string, n), uint64(n-1)
 }
 
-// ClockTick is the resolution of the recorder's timestamps while events come often.
-const ClockTick = time.Millisecond
+// nanotime is the runtime's monotonic clock, the one time.Time's monotonic readings come from, without
+// the wall-clock read time.Now adds.
+//
+//go:linkname nanotime runtime.nanotime
+func nanotime() int64
 
-// now returns the time for an event: the coarse clock while the ticker runs, else a clock read that
-// starts the ticker. Called with r.mu held (the ticker stops under it).
+// now returns the time for an event, since the recorder was made.
 func (r *Recorder) now() time.Duration {
-	if r.ticking.Load() {
-		return time.Duration(r.coarse.Load())
-	}
-	return r.readClock()
+	return time.Duration(nanotime() - r.startNano)
 }
 
-// readClock is now when the ticker is stopped, kept out of now so that now inlines.
-func (r *Recorder) readClock() time.Duration {
-	t := time.Since(r.start)
-	r.coarse.Store(int64(t))
-	if r.ticking.CompareAndSwap(false, true) {
-		go r.tick()
+// after is t, or one nanosecond past the newest event's time if t is not after it: times are distinct
+// and follow Seq. Called with r.mu held.
+func (r *Recorder) after(t time.Duration) time.Duration {
+	if t <= r.last && r.seq > 0 {
+		t = r.last + 1
 	}
+	r.last = t
 	return t
-}
-
-// tick refreshes the coarse clock every ClockTick until a tick passes with no event recorded.
-func (r *Recorder) tick() {
-	for {
-		seen := r.tickSeq.Load()
-		time.Sleep(ClockTick)
-		r.coarse.Store(int64(time.Since(r.start)))
-		r.mu.Lock()
-		idle := r.seq == seen
-		r.tickSeq.Store(r.seq)
-		if idle {
-			// Stopped under the lock: an event recorded after this sees ticking false and reads the clock.
-			r.ticking.Store(false)
-			r.mu.Unlock()
-			return
-		}
-		r.mu.Unlock()
-	}
 }
 
 // Record appends e (its Seq and Time are set here) and returns its Seq; 0 when r is nil or disabled.
@@ -188,9 +168,8 @@ func (r *Recorder) on() bool {
 // Event: the allocator's hot path (alloc and free) calls it directly, after on.
 func (r *Recorder) record(kind EventKind, device int, ptr cuda.DevicePtr, size uint64, stream cuda.Stream, inUse uint64, note string) uint64 {
 	r.mu.Lock()
-	// Read under the lock, and never before the previous event's time: times follow Seq.
-	t := max(r.now(), r.last)
-	r.last = t
+	// Read under the lock, and after the previous event's time: times follow Seq.
+	t := r.after(r.now())
 	r.seq++
 	seq := r.seq
 	r.put(seq, t, kind, device, ptr, size, stream, inUse)
@@ -202,16 +181,13 @@ func (r *Recorder) record(kind EventKind, device int, ptr cuda.DevicePtr, size u
 	return seq
 }
 
-// stamp is the time of an event that happened at (zero: now), never before the previous event's (times
-// follow Seq), and makes it the newest. Called with r.mu held.
+// stamp is the time of an event that happened at (zero: now), after the previous event's (times follow
+// Seq), and makes it the newest. Called with r.mu held.
 func (r *Recorder) stamp(at time.Time) time.Duration {
-	t := r.now()
-	if !at.IsZero() {
-		t = at.Sub(r.start)
+	if at.IsZero() {
+		return r.after(r.now())
 	}
-	t = max(t, r.last)
-	r.last = t
-	return t
+	return r.after(at.Sub(r.start))
 }
 
 // recordRecycled records ops (Stack.Recycled) of device under one lock, in order, the bytes in use

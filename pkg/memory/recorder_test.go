@@ -147,7 +147,7 @@ func TestStackRecordsEvents(t *testing.T) {
 }
 
 // BenchmarkRecorderRecord is the cost of one event through Record: an uncontended lock, a store of one
-// cache line, and no clock read (the ticker keeps the coarse clock while events come this often).
+// cache line, and one read of the runtime's monotonic clock.
 func BenchmarkRecorderRecord(b *testing.B) {
 	r := NewRecorder(0)
 	e := Event{Kind: EventAlloc, Ptr: 0x100, Size: 256}
@@ -156,7 +156,7 @@ func BenchmarkRecorderRecord(b *testing.B) {
 	}
 }
 
-// Times are exact after a pause (the first event reads the clock) and within ClockTick while busy.
+// Times are the clock's, after a pause as while busy.
 func TestRecorderClock(t *testing.T) {
 	r := NewRecorder(8)
 	r.Record(Event{Kind: EventAlloc})
@@ -167,8 +167,29 @@ func TestRecorderClock(t *testing.T) {
 	evs, _ := r.Since(0, 0)
 	require.Len(t, evs, 2)
 	assert.GreaterOrEqual(t, evs[1].Time-evs[0].Time, 30*time.Millisecond)
-	assert.GreaterOrEqual(t, evs[1].Time, before-ClockTick)
-	assert.LessOrEqual(t, evs[1].Time, after)
+	assert.GreaterOrEqual(t, evs[1].Time, before-time.Microsecond)
+	assert.LessOrEqual(t, evs[1].Time, after+time.Microsecond)
+}
+
+// A burst of events, each well under a microsecond after the last, gets distinct, increasing times within
+// the burst's span: fine enough to plot (a millisecond clock put the whole burst at one time).
+func TestRecorderBurstTimesAreDistinct(t *testing.T) {
+	r := NewRecorder(1024)
+	before := time.Since(r.start)
+	for i := range 200 {
+		r.Record(Event{Kind: EventAlloc, Ptr: cuda.DevicePtr(0x1000 * (i + 1)), Size: 256})
+	}
+	after := time.Since(r.start)
+	evs, _ := r.Since(0, 0)
+	require.Len(t, evs, 200)
+	for i := 1; i < len(evs); i++ {
+		require.Greater(t, evs[i].Time, evs[i-1].Time, "event %d", i)
+	}
+	// time.Since(r.start) and the recorder's clock read the same monotonic clock from starts a few
+	// nanoseconds apart.
+	assert.GreaterOrEqual(t, evs[0].Time, before-time.Microsecond)
+	assert.LessOrEqual(t, evs[len(evs)-1].Time, after+time.Microsecond)
+	assert.Less(t, evs[len(evs)-1].Time-evs[0].Time, 100*time.Millisecond)
 }
 
 // While a stream captures, the verdict makes no probe allocation: cuMemAlloc would invalidate the capture.
@@ -241,8 +262,9 @@ func TestRecorderPairSlots(t *testing.T) {
 	assert.Equal(t, []uint64{6, 7, 8}, []uint64{evs[0].Seq, evs[1].Seq, evs[2].Seq})
 }
 
-// Events recorded late (a batch of what C served) keep the time they happened, never before the
-// previous event's; a free and an allocation at different times take a slot each.
+// Events recorded late (a batch of what C served) keep the time they happened, but never at or before
+// the previous event's (then one nanosecond after it); a free and an allocation at different times take
+// a slot each.
 func TestRecorderRunTimes(t *testing.T) {
 	r := NewRecorder(16)
 	r.Record(Event{Kind: EventAlloc, Ptr: 0x10, Size: 16})
@@ -255,7 +277,7 @@ func TestRecorderRunTimes(t *testing.T) {
 	})
 	evs, _ := r.Since(1, 0)
 	require.Len(t, evs, 2)
-	assert.Equal(t, first[0].Time, evs[0].Time, "not before the previous event")
+	assert.Equal(t, first[0].Time+1, evs[0].Time, "just after the previous event")
 	assert.Equal(t, first[0].Time+500*time.Millisecond, evs[1].Time)
 	assert.Equal(t, uint64(3), r.slots, "different times: no pair")
 }

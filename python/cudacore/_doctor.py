@@ -88,8 +88,9 @@ def collect(verify: bool = False) -> dict[str, Any]:
             entry["limits"] = {"error": str(exc)}
         report["devices"].append(entry)
     report["topology"] = topology()
-    for entry, checked in zip(report["devices"], probes):
-        entry["probes"] = checked["probes"]
+    if verify:  # the same devices, in the same order
+        for entry, checked in zip(report["devices"], probes, strict=True):
+            entry["probes"] = checked["probes"]
     return report
 
 

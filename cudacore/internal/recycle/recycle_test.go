@@ -27,7 +27,7 @@ func fresh(t testing.TB, max uint64) {
 }
 
 // drained drains the log and returns its ops with Time zeroed, after checking that each op's time is
-// now, to the coarse clock's tick.
+// now.
 func drained(t testing.TB) []Op {
 	t.Helper()
 	var o Ops
@@ -246,7 +246,7 @@ func TestConcurrentUseLosesNothing(t *testing.T) {
 	assert.Equal(t, kinds[Consumed], kinds[Take], "a take consumes a free of its own batch")
 }
 
-// An op's time is when C served it, on Go's clock, to the coarse clock's tick.
+// An op's time is when C served it, on Go's clock.
 func TestOpTimes(t *testing.T) {
 	fresh(t, 1<<20)
 	start := time.Now()
@@ -257,7 +257,7 @@ func TestOpTimes(t *testing.T) {
 	Drain(&o)
 	require.Equal(t, 2, o.Len())
 	free, take := o.When(o.At(0)), o.When(o.At(1))
-	// The coarse clock is exact to the kernel's tick (up to 4 ms), and a loaded machine may sleep longer.
+	// A loaded machine may sleep longer.
 	gap := take.Sub(free)
 	assert.GreaterOrEqual(t, gap, 190*time.Millisecond)
 	assert.Less(t, gap, 5*time.Second)
@@ -307,4 +307,31 @@ func TestGuardedRangesAreNeverLogged(t *testing.T) {
 	assert.False(t, Guard(0, []uint64{1}, nil), "lo and hi differ in length")
 	assert.False(t, LogFree(1, 0x5800, 0x100, s))
 	drained(t)
+}
+
+// The ops of a burst, served microseconds or less apart, get distinct, increasing times on Go's clock,
+// within the burst's span (the op clock is a CPU counter, not the kernel's millisecond tick).
+func TestBurstTimesAreDistinctAndIncreasing(t *testing.T) {
+	fresh(t, 1<<20)
+	start := time.Now()
+	const n = 32
+	for i := range n {
+		require.True(t, LogFree(0, cuda.DevicePtr(0x10000+i*0x1000), 256, 0))
+	}
+	end := time.Now()
+	var o Ops
+	Drain(&o)
+	require.Equal(t, n, o.Len())
+	prev := time.Time{}
+	for i := range n {
+		at := o.When(o.At(i))
+		if i > 0 {
+			assert.True(t, at.After(prev), "op %d at %v is not after op %d at %v", i, at, i-1, prev)
+		}
+		// The conversion is exact to well under a microsecond; allow for a loaded machine.
+		assert.False(t, at.Before(start.Add(-50*time.Microsecond)), "op %d before the burst began", i)
+		assert.False(t, at.After(end.Add(50*time.Microsecond)), "op %d after the burst ended", i)
+		prev = at
+	}
+	assert.Less(t, o.When(o.At(n-1)).Sub(o.When(o.At(0))), time.Millisecond, "a burst of %d ops spans well under a millisecond", n)
 }
