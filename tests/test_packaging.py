@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from conftest import ROOT
 
 BUILDING = ROOT / "docs" / "building.md"
@@ -57,3 +59,18 @@ def test_wheel_tag_in_docs_is_the_one_make_wheels_builds() -> None:
         tags = set(re.findall(r"manylinux_\d+_\d+_x86_64", doc.read_text()))
         assert tags == {tag}, f"{doc.name} names {sorted(tags)}, make wheels builds {tag}"
     assert "scripts/wheels.sh" in makefile
+
+
+def test_metadata_is_complete() -> None:
+    """What ``pip show`` and package indexes display: project URLs, an SPDX license expression, and an
+    extra for each library cudacore bridges to (issue 31)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert {"Homepage", "Source", "Documentation", "Issues"} <= set(project["urls"])
+    assert all(u.startswith("https://") for u in project["urls"].values())
+    extras = project["optional-dependencies"]
+    assert {"torch", "cupy", "numba", "matplotlib"} <= set(extras)
+    assert extras["torch"][0].startswith("torch") and extras["cupy"][0].startswith("cupy")
+    assert extras["numba"][0].startswith("numba") and extras["matplotlib"][0].startswith("matplotlib")
