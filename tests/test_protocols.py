@@ -204,3 +204,29 @@ def test_to_device_uploads_and_from_array_refuses_host(dev: cc.Device) -> None:
         dev.to_device(buf)
     for x in (buf, b2):
         x.close()
+
+
+def test_a_view_of_voided_graph_memory_is_gone_with_it(dev: cc.Device) -> None:
+    # A Buffer allocated in a capture that ends without a graph is void (closed for its owner): a view of it
+    # must not reach its address either. The C hot cases (a pinned copy on a Stream, a DLPack export, a
+    # kernel argument) read the view's own pointer, so they check its parent too.
+    s = dev.create_stream()
+    pinned = dev.allocate_pinned(256)
+    try:
+        s.begin_capture("relaxed")
+        parent = dev.allocate(1024, stream=s)
+        view = parent[256:512]
+        s.abort_capture()
+        assert parent.closed, "void: closed for its owner"
+        with pytest.raises(cc.CUDAError, match="closed"):
+            view.copy_from(pinned, stream=s)
+        with pytest.raises(cc.CUDAError, match="closed"):
+            view.copy_to(pinned, stream=s)
+        with pytest.raises(cc.CUDAError, match="closed"):
+            view.__dlpack__()
+        with pytest.raises(cc.CUDAError, match="closed"):
+            _ = view.ptr
+        view.close()
+    finally:
+        pinned.close()
+        s.close()

@@ -9,20 +9,6 @@
  */
 #include "fast.h"
 
-/* What buffer.c adds to fast.h's BufferObject for views (buf[a:b]): BufferType's instances are this size,
- * and only this file reads the fields past the shared struct. A view is a borrowed Buffer (it frees nothing)
- * whose owner is its parent Buffer: the owner reference keeps the parent object alive, and the parent's
- * views count keeps its memory: close() refuses while any view of it is open, as while a DLPack export
- * lives. The view gives its count back when it is closed or deallocated. */
-typedef struct {
-    BufferObject b;
-    Py_ssize_t views; /* open views of this buffer */
-    char is_view;     /* this buffer is a view: b.owner is the parent Buffer whose views count it holds */
-    char ordered;     /* a view of cudacore's own memory (not of a borrowed buffer's): its DLPack export is
-                       * ordered on the parent's stream, which it carries, as the parent's is */
-} BufferFull;
-
-#define FULL(o) ((BufferFull *)(o))
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Buffer: device memory                                                                                */
@@ -59,8 +45,8 @@ buffer_free(BufferObject *self, int dealloc)
                      self->dlpack_exports == 1 ? "is" : "are", self->dlpack_exports == 1 ? "it" : "them");
         return -1;
     }
-    if (FULL(self)->views > 0) {
-        Py_ssize_t n = FULL(self)->views;
+    if (self->views > 0) {
+        Py_ssize_t n = self->views;
         PyErr_Format(PyExc_BufferError,
                      "cannot close a Buffer while %zd view%s of it (buf[start:stop]) %s open: the view%s share%s its "
                      "memory; close %s first (or let %s be collected)",
@@ -70,9 +56,9 @@ buffer_free(BufferObject *self, int dealloc)
     }
     if (self->borrowed) {
         self->closed = 1;
-        if (FULL(self)->is_view && self->owner != NULL) {
-            FULL(self->owner)->views--; /* the parent's memory is no longer held by this view */
-            FULL(self)->is_view = 0;
+        if (self->is_view && self->owner != NULL) {
+            ((BufferObject *)self->owner)->views--; /* the parent's memory is no longer held by this view */
+            self->is_view = 0;
         }
         Py_CLEAR(self->owner);
         return 0;
@@ -175,8 +161,7 @@ buffer_exit(BufferObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 buffer_get_ptr(BufferObject *self, void *Py_UNUSED(closure))
 {
-    if (self->closed || self->freeing ||
-        (FULL(self)->is_view && self->owner != NULL && ((BufferObject *)self->owner)->closed)) {
+    if (buffer_gone(self)) {
         /* a view's parent is closed only when its memory went void (Buffer._void: graph memory) */
         return door_closed("Buffer", "cudacore.buffer");
     }
@@ -334,7 +319,7 @@ buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kwargs)
     if (door_check_fork("__dlpack__") < 0) {
         return NULL;
     }
-    if (self->closed || self->freeing) {
+    if (buffer_gone(self)) {
         return door_closed("Buffer", "cudacore.dlpack");
     }
     if (copy != Py_None) {
@@ -396,7 +381,7 @@ buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kwargs)
             return door_raise(err);
         }
     }
-    if (!self->borrowed || FULL(self)->ordered) { /* a view is ordered on its parent's stream, which it carries */
+    if (!self->borrowed || self->ordered) { /* a view is ordered on its parent's stream, which it carries */
         int64_t ret;
         char *err = cudacore_door_DLPackOrder(self->device, (int64_t)self->stream, consumer, &ret);
         if (err != NULL) {
@@ -472,7 +457,7 @@ static int
 copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
 {
     if (stream_type == NULL || Py_TYPE(stream) != stream_type || !PyObject_TypeCheck(host, &PinnedType) ||
-        self->closed || self->freeing) {
+        buffer_gone(self)) {
         return 0;
     }
     PinnedObject *h = (PinnedObject *)host;
@@ -521,7 +506,7 @@ copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
 static int
 copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh, int to_device)
 {
-    if (self->closed || self->freeing || PyObject_TypeCheck(host, &BufferType) || !PyObject_CheckBuffer(host)) {
+    if (buffer_gone(self) || PyObject_TypeCheck(host, &BufferType) || !PyObject_CheckBuffer(host)) {
         return 0;
     }
     Py_buffer view;
@@ -676,7 +661,7 @@ buffer_view(BufferObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "_view() needs a subclass of Buffer");
         return NULL;
     }
-    if (self->closed || self->freeing) {
+    if (buffer_gone(self)) {
         return door_closed("Buffer", "cudacore.view");
     }
     if (offset < 0 || size < 0 || (uint64_t)offset + (uint64_t)size > self->size) {
@@ -695,16 +680,16 @@ buffer_view(BufferObject *self, PyObject *const *args, Py_ssize_t nargs)
     b->borrowed = 1;
     b->owner = Py_NewRef((PyObject *)self);
     b->closed = 0;
-    FULL(b)->is_view = 1;
-    FULL(b)->ordered = (char)(!self->borrowed || FULL(self)->ordered);
-    FULL(self)->views++;
+    b->is_view = 1;
+    b->ordered = (char)(!self->borrowed || self->ordered);
+    self->views++;
     return (PyObject *)b;
 }
 
 static PyObject *
 buffer_get_views(BufferObject *self, void *Py_UNUSED(closure))
 {
-    return PyLong_FromSsize_t(FULL(self)->views);
+    return PyLong_FromSsize_t(self->views);
 }
 
 static PyMethodDef buffer_methods[] = {
@@ -759,7 +744,7 @@ static PyGetSetDef buffer_getset[] = {
 PyTypeObject BufferType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "cudacore._fast.Buffer",
-    .tp_basicsize = sizeof(BufferFull), /* fast.h's BufferObject and this file's view fields */
+    .tp_basicsize = sizeof(BufferObject),
     .tp_dealloc = (destructor)buffer_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = "Device memory owned by this object; made by Device.allocate.",

@@ -95,7 +95,24 @@ typedef struct {
     /* The stream object of another library the buffer was allocated on (a CuPy stream, say), held until the
      * buffer is freed: such a stream is destroyed when its object goes, and the free must find it alive. */
     PyObject *keep;
+    /* Views (buf[a:b]): a view is a borrowed Buffer whose owner is its parent Buffer. The owner reference
+     * keeps the parent object alive, and the parent's views count keeps its memory: its close() refuses
+     * while any view of it is open, as while a DLPack export lives. A view gives its count back when it is
+     * closed or deallocated. */
+    Py_ssize_t views; /* open views of this buffer */
+    char is_view;     /* this buffer is a view: owner is the parent Buffer whose views count it holds */
+    char ordered;     /* a view of cudacore's own memory (not of a borrowed buffer's): its DLPack export is
+                       * ordered on the parent's stream, which it carries, as the parent's is */
 } BufferObject;
+
+/* Whether b's memory is gone for a call that would name it: b closed or being freed, or b a view whose
+ * parent is (graph memory voided when its capture ended without a graph takes its views' memory too). */
+static inline int
+buffer_gone(const BufferObject *b)
+{
+    const BufferObject *parent = b->is_view && b->owner != NULL ? (const BufferObject *)b->owner : NULL;
+    return b->closed || b->freeing || (parent != NULL && (parent->closed || parent->freeing));
+}
 
 /* The stream arguments of the Python layer's hot methods, resolved here rather than in Python frames. Set
  * by configure_streams(); until then every stream object takes the Python path. */

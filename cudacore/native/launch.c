@@ -196,7 +196,7 @@ launch_pack_one(PyObject *a, int code, int size, int flags, unsigned char *out)
         if (size != 8) {
             return 0;
         }
-        if (b->closed || b->freeing) {
+        if (buffer_gone(b)) {
             door_closed("Buffer", "cudacore.launch");
             return -1;
         }
