@@ -3,9 +3,6 @@
 #include <sched.h>
 #include <string.h>
 #include <time.h>
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
 
 volatile uint64_t cc_recycle_max[CC_RECYCLE_DEVICES];
 volatile uint32_t cc_recycle_len;
@@ -37,50 +34,22 @@ unlock(void)
     __atomic_store_n(&log_lock, 0, __ATOMIC_RELEASE);
 }
 
-/* The time of an op, in the op clock's ticks: the CPU's constant-rate counter where one is read without
- * a system call or a clock-source conversion (x86-64's time-stamp counter, arm64's virtual counter), as
- * cheap as a read of the kernel's coarse tick and exact to nanoseconds rather than milliseconds, so a
- * burst of ops gets distinct, increasing times; CLOCK_MONOTONIC nanoseconds elsewhere. Go converts ticks
- * to its clock (Ops.When) from readings of both clocks at one instant (cc_recycle_now). */
-static inline int64_t
+/* The time of an op: CLOCK_MONOTONIC (read through the vDSO, tens of nanoseconds), exact enough that the
+ * ops of a burst get distinct, increasing times for a plot of the flight record. */
+static int64_t
 op_time(void)
 {
-#if defined(__x86_64__)
-    return (int64_t)__rdtsc();
-#elif defined(__aarch64__)
-    uint64_t v;
-    __asm__ __volatile__("isb; mrs %0, cntvct_el0" : "=r"(v)::"memory");
-    return (int64_t)v;
-#else
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-#endif
-}
-
-int64_t
-cc_recycle_now(int64_t *ticks)
-{
-    struct timespec ts;
-    int64_t before = op_time();
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    int64_t after = op_time();
-    *ticks = before + (after - before) / 2;
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 int64_t
-cc_recycle_tick_hz(void)
+cc_recycle_now(void)
 {
-#if defined(__x86_64__)
-    return 0; /* the time-stamp counter's rate is not published: Go measures it */
-#elif defined(__aarch64__)
-    uint64_t hz;
-    __asm__ __volatile__("mrs %0, cntfrq_el0" : "=r"(hz));
-    return (int64_t)hz;
-#else
-    return 1000000000;
-#endif
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 /* Whether a block of size may be logged for device now (checked again under the lock). */

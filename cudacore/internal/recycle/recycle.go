@@ -12,7 +12,6 @@ package recycle
 import "C"
 
 import (
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -44,18 +43,16 @@ type Op struct {
 	Size   uint64
 	Stream cuda.Stream
 	Kind   Kind
-	Time   int64 // when C served it, in the op clock's ticks (Ops.When converts it)
+	Time   int64 // when C served it: CLOCK_MONOTONIC nanoseconds (Ops.When converts it)
 }
 
 // Ops is a drained log.
 type Ops struct {
 	raw [Capacity]C.cc_recycle_op
 	n   int
-	// now and ticks are the same instant on Go's clock and on the op clock, read by Drain; nsPerTick
-	// converts the op clock's ticks (clock's rate then).
-	now       time.Time
-	ticks     int64
-	nsPerTick float64
+	// now and mono are the same instant on Go's clock and on CLOCK_MONOTONIC, read by Drain.
+	now  time.Time
+	mono int64
 }
 
 // Len is how many ops Drain moved.
@@ -67,59 +64,11 @@ func (o *Ops) At(i int) Op {
 	return Op{Device: int(r.device), Ptr: cuda.DevicePtr(r.ptr), Size: uint64(r.size), Stream: cuda.Stream(uint64(r.stream)), Kind: Kind(r.kind), Time: int64(r.time)}
 }
 
-// When is op's time on Go's clock (with a monotonic reading), exact to tens of nanoseconds: ops of a
+// When is op's time on Go's clock (with a monotonic reading), exact to tens of nanoseconds: the ops of a
 // burst get distinct, increasing times. An op logged by LogFree or LogTake in tests carries the same
 // clock.
 func (o *Ops) When(op Op) time.Time {
-	return o.now.Add(time.Duration(float64(op.Time-o.ticks) * o.nsPerTick))
-}
-
-// clock converts the op clock (recycle.c's op_time: a CPU counter where one is cheap) to nanoseconds.
-// Where the hardware does not publish the counter's rate (x86-64), it is measured: first over a short
-// spin when the first log is drained, then over the whole time since, which only grows more exact. The
-// ops of one drain are at most a few calls old, so a rate off by a part in a thousand moves them by
-// nanoseconds.
-var clock struct {
-	mu        sync.Mutex
-	ready     bool
-	hz        int64 // the published rate, 0 when measured
-	ticks0    int64 // the first reading of both clocks, the measurement's start
-	mono0     int64
-	nsPerTick float64
-}
-
-// minBaseline is the span of CLOCK_MONOTONIC the first measurement of the counter's rate spins for.
-const minBaseline = 200 * time.Microsecond
-
-// read returns the op clock's reading and CLOCK_MONOTONIC's at one instant.
-func read() (ticks, mono int64) {
-	var t C.int64_t
-	mono = int64(C.cc_recycle_now(&t))
-	return int64(t), mono
-}
-
-// rate is the nanoseconds per op-clock tick, given a reading of both clocks taken now.
-func rate(ticks, mono int64) float64 {
-	clock.mu.Lock()
-	defer clock.mu.Unlock()
-	if !clock.ready {
-		clock.ready = true
-		clock.hz = int64(C.cc_recycle_tick_hz())
-		if clock.hz > 0 {
-			clock.nsPerTick = 1e9 / float64(clock.hz)
-		} else {
-			clock.ticks0, clock.mono0 = read()
-			t, m := clock.ticks0, clock.mono0
-			for m-clock.mono0 < int64(minBaseline) {
-				t, m = read()
-			}
-			clock.nsPerTick = float64(m-clock.mono0) / float64(t-clock.ticks0)
-		}
-	}
-	if clock.hz == 0 && mono-clock.mono0 > int64(10*minBaseline) && ticks > clock.ticks0 {
-		clock.nsPerTick = float64(mono-clock.mono0) / float64(ticks-clock.ticks0)
-	}
-	return clock.nsPerTick
+	return o.now.Add(time.Duration(op.Time - o.mono))
 }
 
 // length points at the C log's op count, read without the lock: a load, not a cgo call.
@@ -132,10 +81,7 @@ func Pending() bool { return atomic.LoadUint32(length) != 0 }
 func Drain(o *Ops) {
 	o.n = int(C.cc_recycle_drain(&o.raw[0]))
 	if o.n > 0 {
-		o.now = time.Now()
-		var mono int64
-		o.ticks, mono = read()
-		o.nsPerTick = rate(o.ticks, mono)
+		o.now, o.mono = time.Now(), int64(C.cc_recycle_now())
 	}
 }
 

@@ -38,7 +38,7 @@ typedef struct {
     uint64_t ptr;
     uint64_t size;
     uint64_t stream;
-    int64_t time; /* when C served it, in the op clock's ticks (recycle.c's op_time; Go converts them) */
+    int64_t time; /* when C served it: CLOCK_MONOTONIC, in nanoseconds */
     uint32_t kind;
     uint32_t reserved;
 } cc_recycle_op;
@@ -60,13 +60,8 @@ uint64_t cc_recycle_take(int64_t device, uint64_t size, uint64_t stream);
  * how many. For Go's replay. */
 int cc_recycle_drain(cc_recycle_op *out);
 
-/* CLOCK_MONOTONIC now, in nanoseconds, and in *ticks the op clock at the same instant: what Go converts
- * the ops' times with. */
-int64_t cc_recycle_now(int64_t *ticks);
-
-/* The op clock's ticks per second where the hardware says (arm64's counter frequency; 1e9 where the op
- * clock is CLOCK_MONOTONIC), 0 where Go must measure it (x86-64's time-stamp counter). */
-int64_t cc_recycle_tick_hz(void);
+/* CLOCK_MONOTONIC now, in nanoseconds: what Go converts the ops' times with. */
+int64_t cc_recycle_now(void);
 
 /* Allow logging for a device, of blocks up to max bytes, or stop it (max 0); out of range: ignored. For
  * Go. */
