@@ -4,7 +4,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	_ "unsafe" // go:linkname of runtime.nanotime
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 )
@@ -98,8 +97,7 @@ func (s *slot) events() uint64 {
 // events are ordered exactly by Seq. A nil *Recorder records nothing, so callers need no check. Safe for
 // concurrent use.
 type Recorder struct {
-	start     time.Time
-	startNano int64 // nanotime() at start: Time is nanotime() - startNano
+	start time.Time // with a monotonic reading: Time is time.Since(start)
 
 	enabled atomic.Bool // read before the lock: a disabled recorder costs one load
 
@@ -118,7 +116,7 @@ func NewRecorder(capacity int) *Recorder {
 	if capacity <= 0 {
 		capacity = DefaultRecorderCapacity
 	}
-	r := &Recorder{start: time.Now(), startNano: nanotime()}
+	r := &Recorder{start: time.Now()}
 	r.setRing(pow2(capacity))
 	r.enabled.Store(true)
 	return r
@@ -129,15 +127,9 @@ func (r *Recorder) setRing(n int) {
 	r.ring, r.notes, r.mask = make([]slot, n), make([]string, n), uint64(n-1)
 }
 
-// nanotime is the runtime's monotonic clock, the one time.Time's monotonic readings come from, without
-// the wall-clock read time.Now adds.
-//
-//go:linkname nanotime runtime.nanotime
-func nanotime() int64
-
 // now returns the time for an event, since the recorder was made.
 func (r *Recorder) now() time.Duration {
-	return time.Duration(nanotime() - r.startNano)
+	return time.Since(r.start)
 }
 
 // after is t, or one nanosecond past the newest event's time if t is not after it: times are distinct
