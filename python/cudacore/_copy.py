@@ -343,9 +343,9 @@ def transfer(
     try:
         if kind == "device":
             _check_buffer(mem, "source" if into else "destination", op)
-            other_size = mem.size
-        else:
-            other_size = _host_nbytes(mem, op)
+        elif isinstance(mem, PinnedBuffer) and mem.closed:  # said before any size
+            raise error("CUDACORE_ERROR_CLOSED", f"{op}: the {'source' if into else 'destination'} PinnedBuffer was closed", op=op)
+        other_size = mem.size if kind == "device" else _host_nbytes(mem, op)
         name = "source" if into else "destination"
         mine, theirs = buf.size - offset, other_size - other_offset
         if theirs < 0:

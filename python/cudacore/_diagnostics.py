@@ -19,6 +19,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from . import _errors
@@ -147,7 +148,7 @@ def label_allocations(device_id: int, ptrs: list[int]) -> None:
     if frames <= 0 or not ptrs:
         return
     lines: list[str] = []
-    f = sys._getframe(1)
+    f: FrameType | None = sys._getframe(1)
     while f is not None and len(lines) < frames:
         code = f.f_code
         if not code.co_filename.startswith(_PACKAGE_DIR):
@@ -295,7 +296,7 @@ def memory_summary(device: Any = None, *, events: int = 10, largest: int = 10) -
     dev = as_device(device)
     stats = dev.memory_stats()
     free, total = dev.memory_info()
-    s = dict(stats)
+    s: dict[str, Any] = dict(stats)
     w = 26
     rows = [
         ("in use", format_bytes(s["in_use"])),

@@ -151,6 +151,7 @@ def stream_handle(stream: object, device: int | None = None) -> int:
                 op="cudacore.current_stream",
             )
         return current.handle
+    handle: object
     if isinstance(stream, int) and not isinstance(stream, bool):
         handle = stream
     else:
@@ -200,11 +201,12 @@ def _foreign_handle(stream: object) -> int | None:
             raise TypeError(
                 f"{type(stream).__name__}.__cuda_stream__() must return (version, handle) with an int handle, got {pair!r}"
             )
-        handle = pair[1]
+        handle: int = pair[1]
     else:
-        handle = getattr(stream, "ptr", None) if _is_cupy_stream(stream) else getattr(stream, "cuda_stream", None)
-        if not isinstance(handle, int):
+        found = getattr(stream, "ptr", None) if _is_cupy_stream(stream) else getattr(stream, "cuda_stream", None)
+        if not isinstance(found, int):
             return None
+        handle = found
     if handle > 2:  # 0, 1 and 2 are the default streams, which live for good
         _watch(stream, handle)
     return handle

@@ -439,7 +439,10 @@ def allocate_tiles(
         while len(tiles) < count:
             n = min(batch, count - len(tiles))
             try:
-                batch_tiles = adopt(lambda owner, n=n: _wrap_tiles(ordinal, core.AllocateTiles(ordinal, n, tile_size, handle, owner), tile_size, handle))
+                def take(owner: int, n: int = n) -> list[Buffer]:
+                    return _wrap_tiles(ordinal, core.AllocateTiles(ordinal, n, tile_size, handle, owner), tile_size, handle)
+
+                batch_tiles = adopt(take)
                 tiles.extend(batch_tiles)
                 label_allocations(ordinal, [t.ptr for t in batch_tiles])
             except OutOfMemoryError as exc:
