@@ -49,7 +49,7 @@ from ._errors import (
 )
 from ._ipc import ImportedBuffer, IpcHandle, SharedBuffer
 from ._limits import LimitClampedWarning, Limits
-from ._memory import Buffer, ManagedBuffer, PinnedBuffer
+from ._memory import Buffer, BufferView, ManagedBuffer, PinnedBuffer
 from ._module import (
     Kernel,
     KernelArg,
@@ -87,6 +87,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Buffer",
+    "BufferView",
     "CUDAError",
     "CaptureDiagnosis",
     "CaptureError",
