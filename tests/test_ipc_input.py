@@ -168,3 +168,27 @@ def test_pickling_a_view_opened_in_the_exporter_names_the_shared_buffer() -> Non
 def test_pickling_a_plain_buffer_still_advises_allocate_shareable() -> None:
     with cc.Device(0).allocate(64) as b, pytest.raises(TypeError, match="allocate_shareable"):
         pickle.dumps(b)
+
+
+def test_an_open_refused_gives_the_lease_slot_back_at_once() -> None:
+    """Found by the fuzzer's new mix: an import refused by Go (here during a capture) kept its slot in the
+    exporter's lease while the caller kept the exception (its traceback holds the owner), so the
+    SharedBuffer's close was refused, naming this process, and the memory was lost to the program."""
+    d = cc.Device(0)
+    sb = d.allocate_shareable(4096, kind="pool")
+    h = sb.export()
+    s = d.create_stream()
+    other = _handle_with(h, lease_fd=os.dup(h.lease_fd))
+    s.begin_capture("relaxed")
+    try:
+        with pytest.raises(cc.CaptureError) as info:
+            other.open()
+    finally:
+        s.abort_capture()
+    kept = info.value  # the caller still holds the error
+    other.close()
+    h.close()
+    sb.close()  # not refused: no process holds the memory
+    assert sb.closed and d.memory_stats()["shared_in_use"] == 0
+    del kept
+    s.close()

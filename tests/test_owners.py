@@ -433,3 +433,22 @@ def test_memory_cached_for_one_path_goes_back_for_another() -> None:
         CUDACORE_ALLOCATOR="pool",
     )
     assert out == ["allocate", "shareable pool", "shareable ipc", "managed"]
+
+
+def test_an_owner_cut_short_in_its_init_is_collected_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the signal sweep (tests/signal_sweep.py): a KeyboardInterrupt inside an owner's __init__,
+    before it had `closed`, made its collection raise AttributeError ("Exception ignored in __del__"), and
+    the descriptors a Descriptors was given were never closed."""
+    seen: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_value))
+    bare = _owner.Owner.__new__(_owner.Owner)  # nothing set: as if interrupted at once
+    del bare
+    r, w = os.pipe()
+    cut = _owner.Descriptors.__new__(_owner.Descriptors)
+    cut.fds = [r]  # what Descriptors.__init__ sets first
+    del cut
+    gc.collect()
+    assert seen == []
+    with pytest.raises(OSError):
+        os.fstat(r)  # closed by the collected owner
+    os.close(w)

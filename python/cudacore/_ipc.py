@@ -599,7 +599,14 @@ class IpcHandle:
         # interrupt, it unmaps and gives the slot back.
         mapping = _Mapping(lease, self.exporter)
         pool_fd = -1 if self.pool_fd is None else self.pool_fd
-        ptr = core.ShareImport(dev.device_id, self.kind, self.handle, pool_fd, self.pool_id, self.size, mapping.token)
+        try:
+            ptr = core.ShareImport(dev.device_id, self.kind, self.handle, pool_fd, self.pool_id, self.size, mapping.token)
+        except BaseException:
+            # Refused (during a capture, say) or interrupted: the slot goes back now, not when the owner is
+            # collected, which the raised exception's traceback delays while the caller keeps it (the
+            # exporter's close would be refused meanwhile). Whatever Go mapped under the token is unmapped.
+            mapping.close()
+            raise
         buf = fast.borrow(ImportedBuffer, dev.device_id, ptr, self.size, 0, mapping)
         buf._own = mapping
         return buf

@@ -81,7 +81,9 @@ class Owner:
         self._release()
 
     def __del__(self) -> None:
-        if self.closed or _api.forked():  # a forked child's memory belongs to its parent
+        # An owner whose __init__ a KeyboardInterrupt cut short has no `closed` yet: nothing was allocated
+        # under its token then, but a Descriptors may hold descriptors already (they come first).
+        if getattr(self, "closed", False) or _api.forked():  # a forked child's memory belongs to its parent
             return
         with contextlib.suppress(Exception):
             self._collect()
@@ -95,8 +97,8 @@ class Descriptors(Owner):
     __slots__ = ("fds",)
 
     def __init__(self, fds: list[int]) -> None:
+        self.fds = list(fds)  # first: interrupted in what follows, the collected owner still closes them
         super().__init__()
-        self.fds = list(fds)
 
     def _release(self) -> None:
         while self.fds:
