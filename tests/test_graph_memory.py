@@ -705,3 +705,32 @@ def test_an_allocation_made_after_a_captured_one_was_freed_has_no_owner_token(de
     assert in_use(dev) == 0
     s.close()
     other.close()
+
+
+def test_tiles_voided_before_they_are_noted_are_closed(dev: cc.Device) -> None:
+    # allocate_tiles releases the GIL and calls its progress callback between batches: a capture that ends
+    # meanwhile (here in the callback) voids the graph memory its first batch got before those Buffers
+    # reach the capture bookkeeping. They are closed when they do; the tiles allocated after the capture
+    # ended are ordinary memory and stay open.
+    s = dev.create_stream()
+    try:
+        s.begin_capture()
+
+        def abort(done: int, total: int) -> bool:
+            if s.capturing:
+                s.abort_capture()
+            return True
+
+        tiles = dev.allocate_tiles(20, 256, stream=s, progress=abort)
+        voided = [t for t in tiles if t.closed]
+        assert voided and len(voided) < len(tiles), "the first batch was graph memory, the rest is not"
+        with pytest.raises(cc.CUDAError, match="closed"):
+            voided[0].fill(0)
+        for t in tiles:
+            if not t.closed:
+                t.fill(1)
+            t.close()
+        s.synchronize()
+        assert in_use(dev) == 0
+    finally:
+        s.close()

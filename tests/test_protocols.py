@@ -216,8 +216,16 @@ def test_a_view_of_voided_graph_memory_is_gone_with_it(dev: cc.Device) -> None:
         s.begin_capture("relaxed")
         parent = dev.allocate(1024, stream=s)
         view = parent[256:512]
+        grandchild = parent[0:768][128:640]
         s.abort_capture()
         assert parent.closed, "void: closed for its owner"
+        assert view.closed and grandchild.closed, "a view, at any depth, is gone with the memory it views"
+        for gone in (view, grandchild):
+            with pytest.raises(cc.CUDAError, match="closed"):
+                gone.fill(7)
+            with pytest.raises(cc.CUDAError, match="closed"):
+                _ = gone.__cuda_array_interface__
+        grandchild.close()
         with pytest.raises(cc.CUDAError, match="closed"):
             view.copy_from(pinned, stream=s)
         with pytest.raises(cc.CUDAError, match="closed"):

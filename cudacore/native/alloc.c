@@ -5,12 +5,14 @@
  */
 #include "fast.h"
 
-/* Hand new device buffers to the capture bookkeeping of the Python layer while any stream captures (a
- * buffer allocated on a capturing stream is graph memory, which the graph's end may void). 0, or -1. */
+/* Hand a new device buffer to the capture bookkeeping of the Python layer when Go allocated it as graph
+ * memory (it gave the allocation an owner token), which the graph's end may void. Decided by the
+ * allocation's own fact, not by whether a capture runs when the call returns: a capture may end while an
+ * allocation that released the GIL is in flight. 0, or -1. */
 int
 note_if_capturing(PyObject *buf)
 {
-    if (!cc_snapshot_capturing() || capture_noter == NULL) {
+    if (((BufferObject *)buf)->graph_token == 0 || capture_noter == NULL) {
         return 0;
     }
     PyObject *tuple = PyTuple_Pack(1, buf);

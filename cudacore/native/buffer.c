@@ -725,13 +725,22 @@ static PyMemberDef buffer_members[] = {
     {"device_id", T_LONGLONG, offsetof(BufferObject, device), READONLY, "The ordinal of the device it lives on."},
     {"stream_handle", T_ULONGLONG, offsetof(BufferObject, stream), READONLY,
      "The driver handle of the stream it is ordered on (1: the legacy default stream)."},
-    {"closed", T_BOOL, offsetof(BufferObject, closed), READONLY, "Whether close() has freed it."},
     {"_graph_token", T_LONGLONG, offsetof(BufferObject, graph_token), 0,
      "Go's owner token of an allocation made during a capture, 0 otherwise (cudacore internal)."},
     {NULL, 0, 0, 0, NULL},
 };
 
+/* closed: the buffer's own close, or, for a view, its memory gone with a buffer it views (buffer_gone). */
+static PyObject *
+buffer_get_closed(BufferObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->closed || (self->is_view && self->owner != NULL &&
+                                            buffer_gone((const BufferObject *)self->owner)));
+}
+
 static PyGetSetDef buffer_getset[] = {
+    {"closed", (getter)buffer_get_closed, NULL,
+     "Whether close() has freed it (for a view: closed, or the buffer it views is gone).", NULL},
     {"ptr", (getter)buffer_get_ptr, NULL, "The device address (raises once the buffer is closed).", NULL},
     {"owner", (getter)buffer_get_owner, NULL,
      "For a borrowed buffer (an ExternalBuffer), the object owning the memory; None otherwise.", NULL},

@@ -105,13 +105,21 @@ typedef struct {
                        * ordered on the parent's stream, which it carries, as the parent's is */
 } BufferObject;
 
-/* Whether b's memory is gone for a call that would name it: b closed or being freed, or b a view whose
- * parent is (graph memory voided when its capture ended without a graph takes its views' memory too). */
+/* Whether b's memory is gone for a call that would name it: b closed or being freed, or b a view of a
+ * buffer that is, at any depth (graph memory voided when its capture ended without a graph takes the
+ * memory of its views, and of their views, with it). */
 static inline int
 buffer_gone(const BufferObject *b)
 {
-    const BufferObject *parent = b->is_view && b->owner != NULL ? (const BufferObject *)b->owner : NULL;
-    return b->closed || b->freeing || (parent != NULL && (parent->closed || parent->freeing));
+    for (;;) {
+        if (b->closed || b->freeing) {
+            return 1;
+        }
+        if (!b->is_view || b->owner == NULL) {
+            return 0;
+        }
+        b = (const BufferObject *)b->owner;
+    }
 }
 
 /* The stream arguments of the Python layer's hot methods, resolved here rather than in Python frames. Set

@@ -428,8 +428,7 @@ def allocate_tiles(
         # Through adopt (cudacore._owner): a KeyboardInterrupt between the allocation and the Buffers loses nothing.
         out = adopt(lambda owner: _wrap_tiles(ordinal, core.AllocateTiles(ordinal, count, tile_size, handle, owner), tile_size, handle))
         label_allocations(ordinal, [t.ptr for t in out])
-        if fast.capturing():
-            note_capture_buffers(out)
+        note_capture_buffers([t for t in out if t._graph_token])  # graph memory: Go gave it an owner token
         return out
     # With a progress callback the tiles come in batches (about 1% each), so that it is called while the
     # allocation proceeds; a failing batch releases every earlier tile, keeping it all or nothing.
@@ -459,8 +458,7 @@ def allocate_tiles(
     finally:
         if bar is not None:
             bar.close()
-    if fast.capturing():
-        note_capture_buffers(tiles)
+    note_capture_buffers([t for t in tiles if t._graph_token])
     return tiles
 
 

@@ -9,6 +9,7 @@ invalidated anyway is ended by cudacore, so the stream always works again.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -64,10 +65,17 @@ _capture_buffers: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.We
 # addresses at once, and a lookup and its change must see the same entry. Reentrant: a Graph collected
 # while it is held voids its memory on the same thread.
 _capture_lock = threading.RLock()
+# Void reports (device, address) -> token that found no Buffer yet: an allocation that released the GIL
+# (allocate_tiles, the synchronous strategy) can be voided by a capture that ends on another thread, or
+# in its progress callback, before its Buffers are noted. Such a Buffer is voided when it is noted. Bounded:
+# a report whose Buffer never comes (closed, or collected, before the report) goes with the oldest.
+_unclaimed_voids: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()
+_UNCLAIMED_MAX = 4096
 
 
 def note_capture_buffers(buffers: Iterable[Any]) -> None:
-    """Remember Buffers allocated while a capture may be in progress (see above)."""
+    """Remember Buffers of graph memory (Go gave each an owner token: see above)."""
+    forget: dict[int, list[str]] = {}
     with _capture_lock:
         for b in buffers:
             key = (b.device_id, b.ptr)
@@ -75,8 +83,15 @@ def note_capture_buffers(buffers: Iterable[Any]) -> None:
             if old is not None and old is not b and not old.closed:
                 old._void()  # the driver handed out its address again: its memory was void
                 if old._graph_token:  # no free of it will come: Go forgets its stale token
-                    core.GraphForgetVoid(b.device_id, f"{b.ptr}:{old._graph_token}")
+                    forget.setdefault(b.device_id, []).append(f"{b.ptr}:{old._graph_token}")
+            if _unclaimed_voids.get(key) == b._graph_token:
+                del _unclaimed_voids[key]
+                forget.setdefault(key[0], []).append(f"{key[1]}:{b._graph_token}")
+                b._void()  # its capture ended, and Go voided it, before it got here
+                continue
             _capture_buffers[key] = b
+    for device_id, items in forget.items():
+        core.GraphForgetVoid(device_id, ",".join(items))
 
 
 # Device.allocate resolves its stream argument and notes capture buffers in C, with these.
@@ -98,7 +113,12 @@ def void_buffers(device_id: int) -> None:
                 p, _, token = item.partition(":")
                 key = (device_id, int(p))
                 b = _capture_buffers.get(key)
-                if b is None or getattr(b, "_graph_token", 0) != int(token):
+                if b is None:
+                    _unclaimed_voids[key] = int(token)  # its Buffer may not be noted yet
+                    while len(_unclaimed_voids) > _UNCLAIMED_MAX:
+                        _unclaimed_voids.popitem(last=False)
+                    continue
+                if getattr(b, "_graph_token", 0) != int(token):
                     continue
                 del _capture_buffers[key]
                 if not b.closed:

@@ -363,10 +363,13 @@ func (t *tileResource) Deallocate(p cuda.DevicePtr, size uint64, h cuda.Stream) 
 	}
 	return d.free(p, size, h, func(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 		return steadyOrDefer(func(later bool) error {
+			// Asked again while no capture can begin or end: the memory may have gone void since the
+			// first check (its capture aborted, or its stream destroyed, on another thread), or while
+			// the free waited for the captures to end.
+			if token != 0 && d.Streams().TokenStale(p, token) {
+				return nil
+			}
 			if later {
-				if token != 0 && d.Streams().TokenStale(p, token) {
-					return nil // went void while the free waited for the captures to end
-				}
 				h = stream.Later(h)
 			}
 			err := d.freeNow(p, size, h)
