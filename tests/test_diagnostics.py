@@ -9,6 +9,7 @@ verdicts on the H100 are in test_diagnostics_gpu.py.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import logging
 import pickle
@@ -22,6 +23,7 @@ import pytest
 
 import cudacore as cc
 from cudacore import interop, testing
+from cudacore._native import fast
 
 from conftest import ROOT, run_cli, run_python
 
@@ -241,7 +243,7 @@ def test_recorder_ring_is_bounded_and_can_be_turned_off(dev):
             dev.allocate(256).close()
         evs = cc.flight_record()
         assert 8 <= len(evs) <= 128
-        assert all(a["t_ns"] < b["t_ns"] for a, b in zip(evs, evs[1:])), "distinct, increasing times"
+        assert all(a["t_ns"] < b["t_ns"] for a, b in itertools.pairwise(evs)), "distinct, increasing times"
         assert [x["seq"] for x in evs] == list(range(evs[0]["seq"], evs[0]["seq"] + len(evs)))
         last = evs[-1]["seq"]
     finally:
@@ -1150,3 +1152,13 @@ def test_graphed_warms_up_and_records_every_fallback(dev):
     g.reset()
     buf.close()
     pinned.close()
+
+
+def test_rehearse_of_a_body_that_closes_its_stream_reports_it(dev):
+    # The body's close discarded the capture: rehearse reports what the body raised instead of failing in
+    # its own cleanup on the closed stream.
+    for given in (None, dev.create_stream()):
+        r = cc.rehearse(lambda s: s.close(), given)
+        assert not r.ok
+        assert isinstance(r.raised, cc.CUDAError)
+    assert not fast.capturing()

@@ -340,3 +340,31 @@ def test_asbuffer_refuses_a_malformed_data_entry(dev: cc.Device, data: object) -
         arr.__cuda_array_interface__["data"] = data
         with pytest.raises(ValueError, match=r"__cuda_array_interface__\['data'\]"):
             cc.asbuffer(arr)
+
+
+def test_read_only_memory_is_exported_read_only(dev: cc.Device) -> None:
+    """Memory declared read-only, and views of it, leave through DLPack read-only (1.x carries the flag; a
+    legacy export, which cannot, is refused): a consumer never gets a writable handle on it."""
+    with dev.allocate(64) as backing:
+        backing.copy_from(bytes(64))
+        arr = _CAI(backing, (64,))
+        arr.__cuda_array_interface__["data"] = (backing.ptr, True)
+        ro = cc.asbuffer(arr)
+        for src in (ro, ro[0:64], ro[0:64][0:32]):
+            assert src.readonly
+            cap = src.__dlpack__(max_version=(1, 0))
+            assert _capsule_struct(cap, b"dltensor_versioned", _DLManagedTensorVersioned).flags & 1
+            got = interop.from_dlpack(cap)
+            assert got.readonly
+            with pytest.raises(cc.InvalidValueError, match="read-only"):
+                got.copy_from(b"\x07" * got.size)
+            got.close()
+            del cap
+            with pytest.raises(BufferError, match="read-only"):
+                src.__dlpack__()
+        del src
+        gc.collect()  # the views go, and with them their hold on ro
+        out = bytearray(64)
+        backing.copy_to(out)
+        assert bytes(out) == bytes(64), "nothing wrote into the read-only memory"
+        ro.close()

@@ -186,6 +186,8 @@ buffer_get_borrowed(BufferObject *self, void *Py_UNUSED(closure))
  * deleter that the consumer calls when it is done (or by the capsule's destructor if nobody consumed it). */
 
 enum { kDLCUDA = 2, kDLUInt = 1 };
+/* DLPack 1.x: the tensor must not be written (DLManagedTensorVersioned.flags). */
+#define DLPACK_FLAG_BITMASK_READ_ONLY (1UL << 0)
 
 typedef struct {
     int32_t device_type;
@@ -369,6 +371,26 @@ buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kwargs)
     if (dlpack_stream_arg(stream_arg, &consumer) < 0) {
         return NULL;
     }
+    /* Memory its owner declared read-only (an ExternalBuffer of a read-only CUDA Array Interface or DLPack
+     * tensor, and views of one: their Python classes say so) is exported read-only: DLPack 1.x carries the
+     * flag, and a legacy export, which cannot, is refused rather than handed out writable. Borrowed buffers
+     * only: cudacore's own memory is never read-only. */
+    int readonly = 0;
+    if (self->borrowed) {
+        PyObject *ro = PyObject_GetAttrString((PyObject *)self, "readonly");
+        if (ro == NULL) {
+            PyErr_Clear();
+        } else {
+            readonly = PyObject_IsTrue(ro) == 1;
+            Py_DECREF(ro);
+        }
+        if (readonly && !versioned) {
+            PyErr_SetString(PyExc_BufferError,
+                            "__dlpack__: this memory is read-only and a DLPack export before version 1.0 cannot say "
+                            "so: ask for max_version=(1, 0) or newer (from_dlpack of numpy, CuPy and PyTorch does)");
+            return NULL;
+        }
+    }
     /* Stream order: the consumer will use the memory on its stream. Go records an event on the buffer's
      * stream and makes the consumer's stream wait on it, under the stream-lifetime and capture rules: the
      * host never waits, and a destroyed stream's handle never reaches the driver. A borrowed buffer's
@@ -400,7 +422,7 @@ buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kwargs)
         e->m.version.minor = 0;
         e->m.manager_ctx = self;
         e->m.deleter = dlpack_versioned_deleter;
-        e->m.flags = 0;
+        e->m.flags = readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
         e->shape[0] = (int64_t)self->size;
         e->strides[0] = 1;
         t = &e->m.dl_tensor;

@@ -189,7 +189,7 @@ def rehearse(body: Callable[[Any], object], stream: Any = None, *, mode: Capture
             graph.destroy()
     finally:
         _watch.seen = prev
-        if began and s.capturing:
+        if began and not s.closed and s.capturing:  # a body that closed the stream discarded its capture
             s.abort_capture()
         if own:
             s.close()
