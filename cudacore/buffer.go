@@ -162,3 +162,23 @@ func CheckDLPackExport(ordinal, ptr, size int) (int, error) {
 		return 0, d.Streams().CheckGraphMemoryExport("dlpack", cuda.DevicePtr(uint64(ptr)), uint64(max(size, 0)))
 	})
 }
+
+// BufferExportStream returns the stream that a consumer of the Buffer at ptr, allocated on the stream
+// handle given, may order its use after (the CUDA Array Interface's "stream"), or -1 when none is needed:
+// the stream is destroyed, or another library's that nobody vouches for any more (the device is then
+// synchronized first). See process.Device.ExportStream.
+//
+//cudacore:gil release
+func BufferExportStream(ordinal, ptr, handle int) (int, error) {
+	return guard("cudacore.cuda_array_interface", func() (int, error) {
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		s, ok, err := d.ExportStream(cuda.DevicePtr(uint64(ptr)), cuda.Stream(uint64(handle)))
+		if err != nil || !ok {
+			return -1, err
+		}
+		return int(uint64(s)), nil
+	})
+}

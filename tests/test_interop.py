@@ -368,3 +368,20 @@ def test_read_only_memory_is_exported_read_only(dev: cc.Device) -> None:
         backing.copy_to(out)
         assert bytes(out) == bytes(64), "nothing wrote into the read-only memory"
         ro.close()
+
+
+def test_the_cuda_array_interface_never_names_a_destroyed_stream(dev: cc.Device) -> None:
+    """CAI v3's "stream" is the buffer's stream while its handle names it; after the stream was closed it is
+    None (its work was waited for), never the dead handle a consumer would hand to the driver."""
+    s = dev.create_stream()
+    b, legacy = dev.allocate(64, stream=s), dev.allocate(64)
+    v = b[0:8]
+    assert b.__cuda_array_interface__["stream"] == s.handle
+    assert v.__cuda_array_interface__["stream"] == s.handle
+    assert legacy.__cuda_array_interface__["stream"] == 1
+    s.close()
+    assert b.__cuda_array_interface__["stream"] is None
+    assert v.__cuda_array_interface__["stream"] is None
+    v.close()
+    b.close()
+    legacy.close()

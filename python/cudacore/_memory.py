@@ -87,15 +87,21 @@ class Buffer(_CBuffer):
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """Version 3 of the CUDA Array Interface: a 1-D array of bytes, ordered on the buffer's stream."""
-        stream = self.stream_handle
+        """Version 3 of the CUDA Array Interface: a 1-D array of bytes, ordered on the buffer's stream.
+
+        ``stream`` is the buffer's stream while its handle names it; once that stream is destroyed (or is
+        another library's that nobody vouches for any more, after a device synchronize) it is None: no
+        work of it is left to wait for, and a destroyed stream's handle must never reach a consumer.
+        """
+        ptr = self.ptr
+        stream = core.BufferExportStream(self.device_id, ptr, self.stream_handle)
         return {
             "shape": (self.size,),
             "typestr": "|u1",
-            "data": (self.ptr, False),
+            "data": (ptr, False),
             "strides": None,
             "version": 3,
-            "stream": LEGACY_STREAM if stream == 0 else stream,
+            "stream": None if stream < 0 else LEGACY_STREAM if stream == 0 else stream,
         }
 
     # copy_from and copy_to are methods of the C type: a copy of all of host memory of the buffer's size

@@ -269,3 +269,38 @@ func (d *Device) flushOrphans() error {
 		return nil
 	})
 }
+
+// ExportStream is the stream that a consumer of block p (allocated on h) may be told to order its use
+// after, as the CUDA Array Interface's "stream" says it: h while h is alive and its handle names it (a
+// default stream, a live stream of cudacore's, or another library's stream whose watcher still vouches
+// for the generation p was allocated under). ok is false when no stream is needed: h is a stream of
+// cudacore's that is destroyed (its destruction waited for its work), or a stream nobody vouches for any
+// more, whose handle must not reach the driver; then the device is synchronized first, so that work
+// still queued on h has finished. That wait is refused while a capture runs (it would invalidate it).
+func (d *Device) ExportStream(p cuda.DevicePtr, h cuda.Stream) (s cuda.Stream, ok bool, err error) {
+	m := d.Streams()
+	if stream.IsDefault(h) || m.OwnsLive(h) {
+		return h, true, nil
+	}
+	if m.Owns(h) {
+		return 0, false, nil
+	}
+	if g, found := foreign.blocks.Load(p); found && g.(uint64) != 0 {
+		foreign.mu.RLock()
+		cur, watched := foreign.watched[h]
+		foreign.mu.RUnlock()
+		if watched && cur == g.(uint64) {
+			return h, true, nil
+		}
+	}
+	err = captures.Steady(func() error {
+		if Capturing() {
+			return cuda.NewError("cudacore.cuda_array_interface", cuda.ErrorStreamCaptureUnsupported,
+				"the buffer's stream belongs to another library and nobody vouches for it any more, so the "+
+					"device must be synchronized before its memory is handed out, which a capture in progress "+
+					"forbids: hand it out after the capture ends")
+		}
+		return d.Driver().CtxSynchronize(d.Context())
+	})
+	return 0, false, err
+}
