@@ -235,6 +235,7 @@ class Workload:
             step("destroy_graph", graphs[-1].destroy)
         self.shared(d, s)
         self.peers(d, s, a)
+        self.capture_tools(d, s, a, b)
         # Interop views, limits, the module loader, the allocator's settings.
         if a is not None:
             from cudacore import interop
@@ -279,6 +280,9 @@ class Workload:
                 v = keep(step(f"open_here_{kind}", h.open))
                 if v is not None:
                     step(f"copy_from_view_{kind}", lambda v=v: v.copy_to(bytearray(4096)))
+                    step(f"close_view_{kind}", v.close)
+                if kind == "pool":
+                    self.more_shared(d, s, sb, h)
         ev = keep(step("event_interprocess", lambda: cc.Event(d, interprocess=True)))
         if ev is not None and s is not None:
             step("record_interprocess", lambda: ev.record(s))
@@ -286,6 +290,59 @@ class Workload:
             if eh is not None:
                 opened = keep(step("open_own_event_handle", eh.open, expect=(cc.InvalidHandleError,)))
                 del opened
+
+    def more_shared(self, d: Any, s: Any, sb: Any, h: Any) -> None:
+        """The rest of a pool SharedBuffer's public calls: opened through the import path here (the handle
+        names another live process, the parent, as its exporter), read and closed; a pickling round trip;
+        a handle sent and received over a socket."""
+        import pickle
+        import socket
+
+        cc, step, keep = self.cc, self.step, self.keep
+        imported = keep(step("open_imported", lambda: _open_foreign(cc, h)))
+        if imported is not None:
+            step("copy_from_imported", lambda: imported.copy_to(bytearray(imported.size)))
+            step("close_imported", imported.close)
+        view = keep(step("pickle_shared", lambda: pickle.loads(pickle.dumps(sb))))
+        if view is not None:
+            step("close_pickled_view", view.close)
+        a, b = socket.socketpair(socket.AF_UNIX)
+        with a, b:
+            step("send_handle", lambda: h.send(a))
+            keep(step("receive_handle", lambda: cc.IpcHandle.receive(b)))
+
+    def capture_tools(self, d: Any, s: Any, a: Any, b: Any) -> None:
+        """graphed (its capture, a replay, a reset), rehearse, tiles with a progress callback, managed
+        memory's prefetch and advice."""
+        cc, step, keep = self.cc, self.step, self.keep
+        if s is not None and a is not None and b is not None:
+
+            def fn() -> None:
+                with d.allocate(4096, stream=s) as tmp:
+                    cc.device_to_device(tmp, a, stream=s, nbytes=4096)
+                    cc.device_to_device(b, tmp, stream=s, nbytes=4096)
+
+            g = step("graphed", lambda: cc.graphed(fn, stream=s))
+            if g is not None:
+                step("graphed_capture", g)
+                step("graphed_replay", g)
+                step("graphed_info", lambda: (repr(g), g.eager))
+                step("graphed_reset", g.reset)
+
+            def body(stream: Any) -> None:
+                cc.device_to_device(b, a, stream=stream, nbytes=4096)
+                with d.allocate(64, stream=stream):
+                    pass
+
+            step("rehearse", lambda: str(cc.rehearse(body, s)))
+        tiles = step("allocate_tiles_progress", lambda: d.allocate_tiles(3, 4096, progress=lambda done, total: True)) or []
+        for t in tiles:
+            keep(t)
+        mb = keep(step("allocate_managed_hinted", lambda: d.allocate_managed(8192)))
+        if mb is not None:
+            step("managed_advise", lambda: mb.advise("read_mostly", d))
+            step("managed_prefetch", lambda: mb.prefetch(d, stream=s))
+            step("managed_prefetch_cpu", lambda: mb.prefetch("cpu"))
 
     def import_in_child(self, h: Any) -> None:
         """Open ``h`` in a child process whose simulator has the fault ``self.importer`` (importing is what
@@ -327,7 +384,15 @@ class Workload:
         sb1 = keep(step("allocate_shareable_peer", lambda: d1.allocate_shareable(4096, kind="pool")))
         if sb1 is not None:
             h1 = keep(step("export_peer", sb1.export))
-            del h1
+            if h1 is not None:
+                imported = keep(step("open_imported_peer", lambda: _open_foreign(cc, h1)))
+                if imported is not None and a is not None:
+                    step("peer_copy_to_imported", lambda: cc.device_to_device(imported, a, nbytes=4096))
+            # Refused while the import is open (closed, in order, at the end).
+            step("close_shareable_peer", sb1.close, expect=(cc.IllegalStateError,))
+        m1 = keep(step("allocate_managed_peer", lambda: d1.allocate_managed(4096)))
+        if m1 is not None and a is not None and s is not None:
+            step("peer_copy_managed", lambda: cc.device_to_device(m1, a, stream=s, nbytes=4096))
         step("peer_release_cached_memory", d1.release_cached_memory)
 
     def close(self) -> None:
@@ -409,13 +474,31 @@ def _known(errors: list[str], violations: list[str]) -> list[str]:
     return []
 
 
-def _baseline(cc: Any) -> dict[str, Any]:
-    from cudacore import _ipc
+def _open_foreign(cc: Any, h: Any) -> Any:
+    """Open pool handle ``h`` through the import path, as another process would (see fuzz_mix._foreign)."""
+    import fuzz_mix
 
+    with fuzz_mix._foreign(cc, h) as other:
+        return other.open()
+
+
+_warm = [False]
+
+
+def _baseline(cc: Any) -> dict[str, Any]:
+
+    import fuzz_mix
+
+    if not _warm[0]:
+        # What cudacore and multiprocessing keep for the process once a feature is first used (each
+        # exportable pool's descriptor, the pool the import path imports, the event an export waits with,
+        # the resource sharer): made before the first baseline, so that no case is charged with it.
+        fuzz_mix.warm_up(cc)
+        _warm[0] = True
     out = fuzz.snapshot(cc)
-    # Exporting pool memory waits on the buffer's stream with an event cudacore makes once per device and
-    # keeps (_ipc._sync_events): its own, made by whichever case exports first, not one the case leaked.
-    out["objects"]["events"] -= len(_ipc._sync_events)
+    # Shared and managed memory of both devices and the open descriptors (less the exportable pools'),
+    # as the fuzzer's new mix checks them; the events cudacore keeps for exports are not the case's.
+    fuzz_mix.snapshot(cc, out)
     if cc.device_count() > 1:  # the peer (see _env): its memory comes back too
         d1 = cc.Device(1)
         try:

@@ -94,10 +94,16 @@ def _pick(rng: random.Random, table: dict[str, int]) -> str:
     return rng.choices(names, weights=[table[k] for k in names])[0]
 
 
+#: Operations with a body of their own that a mix adds (tests/fuzz_mix.py): name -> the body's generator.
+NESTED: dict[str, Callable[[random.Random, int], list[Any]]] = {}
+
+
 def _op(rng: random.Random, name: str, depth: int) -> list[Any]:
     """One operation: its name and the random numbers it uses (objects are chosen by index, modulo)."""
     args: list[Any] = [rng.randrange(1 << 30) for _ in range(6)]
-    if name == "capture":
+    if name in NESTED:
+        args.append(NESTED[name](rng, depth))
+    elif name == "capture":
         args.append([_op(rng, _pick(rng, CAPTURE_OPS), depth + 1) for _ in range(rng.randrange(0, 7))])
     elif name == "fork_on":
         args.append([_op(rng, _pick(rng, FORK_OPS), depth + 1) for _ in range(rng.randrange(0, 4))])
@@ -1145,6 +1151,8 @@ def snapshot(cc: Any) -> dict[str, Any]:
         "objects": json.loads(_api.call(_api.core.StreamObjects)),
         "free": dev.memory_info()[0],
     })  # fmt: skip
+    if MIX is not None:
+        MIX.snapshot(cc, out)
     return out
 
 
@@ -1168,6 +1176,8 @@ def cleanup(st: State) -> list[str]:
         attempt("abort capture", cap.stream.abort_capture)
     st.caps.clear()
     attempt("synchronize", st.dev.synchronize)
+    if MIX is not None:
+        MIX.cleanup(st, attempt)
     # Buffers before graphs: a buffer allocated in a capture is the graph's memory, freed while the graph
     # is alive (closing it after the graph's destroy is the known bug #8, which the programs meet anyway).
     for b in list(st.bufs):
@@ -1231,6 +1241,10 @@ def run_program(cc: Any, seed: int, program: list[list[Any]] | None = None, verb
         from cudacore import testing
 
         testing.set_memory_conditions(0, {"reuse_addresses": True, "reuse_handles": True})
+    if MIX is not None and not _warm[0]:
+        MIX.warm_up(cc)
+        _warm[0] = True
+    counts = dict(MIX.COUNTS) if MIX is not None else {}
     before = snapshot(cc)
     st = State(cc, gpu)
     st.verbose = verbose
@@ -1268,6 +1282,8 @@ def run_program(cc: Any, seed: int, program: list[list[Any]] | None = None, verb
     unexplained = [v for v in violations if not set(_explains(v)) & st.known]
     rec = {"seed": seed, "ops": st.ops, "errors": st.errors, "violations": violations, "known": known,
            "unexplained": len(unexplained)}  # fmt: skip
+    if MIX is not None:  # what the mix did in this program: signals delivered, children spawned...
+        rec["mix"] = {k: v - counts[k] for k, v in MIX.COUNTS.items()}
     if violations:
         # How this run went, which a rerun of the seed may not repeat: the threads' order of operations
         # (the last TRACE_KEEP lines) and the interpreter's thread switch interval.
@@ -1279,6 +1295,27 @@ def run_program(cc: Any, seed: int, program: list[list[Any]] | None = None, verb
 
 #: How many lines of a failing program's trace its record keeps (the last ones).
 TRACE_KEEP = 2000
+
+#: Whether this process made what the mix keeps for the whole process (fuzz_mix.warm_up).
+_warm = [False]
+
+#: The mix of operations (``--mix``): None for the core API alone, the fuzz_mix module for ``all``.
+MIX: Any = None
+
+
+def use_mix(name: str) -> None:
+    """Draw from ``name`` (``core`` or ``all``, see tests/fuzz_mix.py); for ``all`` the environment of this
+    process and its workers gets the mix and its two devices (before cudacore is first used)."""
+    global MIX
+    if name == "core" or MIX is not None:
+        return
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import fuzz_mix
+
+    os.environ.update(fuzz_mix.environment())
+    fuzz_mix.install(sys.modules[__name__])
+    MIX = fuzz_mix
 
 
 # -- workers and the driver ------------------------------------------------------------------------------
@@ -1402,6 +1439,11 @@ def run_many(seeds: list[int], *, jobs: int = 1, batch: int = 100, program_timeo
             if info["current"] is not None and now - info["since"] > limit:
                 p.kill()  # the loop above sees its end of output and records the hang
     summary: dict[str, Any] = {"programs": len(results), "ops": sum(r["ops"] for r in results), "errors": {}}
+    if any("mix" in r for r in results):
+        summary["mix"] = {}
+        for r in results:
+            for k, v in r.get("mix", {}).items():
+                summary["mix"][k] = summary["mix"].get(k, 0) + v
     for r in results:
         for k, v in r["errors"].items():
             summary["errors"][k] = summary["errors"].get(k, 0) + v
@@ -1505,6 +1547,10 @@ def hunt(cc: Any, seed: int, first: int, rounds: int) -> dict[str, Any] | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--programs", type=int, default=200, help="how many programs (default 200)")
+    ap.add_argument("--mix", choices=("core", "all"), default=os.environ.get("CUDACORE_FUZZ_MIX", "core"),
+                    help="core: the API of issue 11 on one device; all: also two devices, peer copies, shared memory "
+                         "and IPC (spawned children too), managed memory, graphed, rehearse, the flight recorder, "
+                         "Ctrl-C at random points (tests/fuzz_mix.py)")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0, help="the first seed (programs use seed, seed+1, ...)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes at once")
     ap.add_argument("--batch", type=int, default=100, help="programs per worker process")
@@ -1536,6 +1582,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-per-thread", action="store_true",
                     help="never pass the per-thread default stream (the programs then differ from those of the same seeds without it)")  # fmt: skip
     args = ap.parse_args(argv)
+    use_mix(args.mix)
     if args.no_per_thread:
         os.environ["CUDACORE_FUZZ_NO_PER_THREAD"] = "1"
         global NO_PER_THREAD
@@ -1575,11 +1622,14 @@ def main(argv: list[str] | None = None) -> int:
 
         t0, failed, known, total_ops = time.monotonic(), [], 0, 0
         ran: list[int] = []
+        mixed: dict[str, int] = {}
         for seed in range(args.seed, args.seed + args.programs):
             if args.verbose:
                 print(f"== program {seed}", file=sys.stderr, flush=True)
             rec = run_program(cc, seed, verbose=args.verbose)
             total_ops += rec["ops"]
+            for k, v in rec.get("mix", {}).items():
+                mixed[k] = mixed.get(k, 0) + v
             if rec["violations"] and rec["unexplained"]:
                 failed.append(seed)
                 rec["after"] = list(ran)
@@ -1587,7 +1637,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"seed {seed}: {rec['violations'][0][:2000]}{where}", file=sys.stderr, flush=True)
             known += bool(rec["violations"]) and not rec["unexplained"]
             ran.append(seed)
-        print(json.dumps({"programs": args.programs, "ops": total_ops, "known_bug_programs": known,
+        print(json.dumps({"programs": args.programs, "ops": total_ops, "known_bug_programs": known, "mix": mixed,
                           "failed_seeds": failed, "seconds": round(time.monotonic() - t0, 1)}))  # fmt: skip
         return 1 if failed else 0
     if args.hunt is not None:
@@ -1632,6 +1682,9 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary))
     return 1 if summary["failed_seeds"] else 0
 
+
+if os.environ.get("CUDACORE_FUZZ_MIX") == "all":  # a worker of --mix all, or a caller that set it
+    use_mix("all")
 
 if __name__ == "__main__":
     sys.exit(main())

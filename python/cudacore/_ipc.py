@@ -118,10 +118,18 @@ class _Lease(Descriptors):
     def fd(self) -> int:
         return self._fd
 
+    def usable(self) -> bool:
+        """Whether the lease can be read: not closed, nor its mapping (a close that an interrupt cut short
+        after unmapping it leaves ``closed`` unset; its next close finishes it)."""
+        mm = getattr(self, "_mm", None)
+        return not self.closed and mm is not None and not mm.closed
+
     @contextlib.contextmanager
     def _locked(self) -> Any:
         with self._lock:  # the owner's: the lease is not closed meanwhile
             if self.closed:
+                raise error("CUDACORE_ERROR_CLOSED", "the lease was closed", op="cudacore.open_shared")
+            if not self.usable():
                 raise error("CUDACORE_ERROR_CLOSED", "the lease was closed", op="cudacore.open_shared")
             with self._thread_lock:
                 fcntl.lockf(self._fd, fcntl.LOCK_EX)
@@ -227,7 +235,7 @@ class _Share(Owner):
                 f"view{'' if views > 1 else 's'} this memory; close {'them' if views > 1 else 'it'} first",
                 op="cudacore.free_shareable",
             )
-        holders = self.lease.holders() if self.lease is not None else []
+        holders = self.lease.holders() if self.lease is not None and self.lease.usable() else []
         if holders:
             raise error(
                 "CUDA_ERROR_ILLEGAL_STATE",
@@ -240,7 +248,7 @@ class _Share(Owner):
         """Free the memory; held by importers that opened it since the refusals were checked, it is freed
         once they let go (as when collected)."""
         lease = self.lease
-        if lease is not None and not lease.closed and lease.close_if_free():
+        if lease is not None and lease.usable() and lease.close_if_free():
             _hold(self)
             return
         core.OwnedFree(self.token)
@@ -590,14 +598,14 @@ class IpcHandle:
                 "CUDA_ERROR_INVALID_VALUE", f"the handle's lease descriptor {self.lease_fd} is not open: {exc}", op="cudacore.open_shared"
             ) from exc
         lease = _Lease(lease_fd)
+        # The owner exists before the slot is taken and the memory mapped (Go records the mapping under
+        # its token): collected after an interrupt anywhere from here, it unmaps and gives the slot back.
+        mapping = _Mapping(lease, self.exporter)
         try:
             lease.take(os.getpid())
         except BaseException:
-            lease.close()
+            mapping.close()
             raise
-        # The owner exists before the mapping, which Go records under its token: collected after an
-        # interrupt, it unmaps and gives the slot back.
-        mapping = _Mapping(lease, self.exporter)
         pool_fd = -1 if self.pool_fd is None else self.pool_fd
         try:
             ptr = core.ShareImport(dev.device_id, self.kind, self.handle, pool_fd, self.pool_id, self.size, mapping.token)
