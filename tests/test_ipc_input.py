@@ -192,3 +192,21 @@ def test_an_open_refused_gives_the_lease_slot_back_at_once() -> None:
     assert sb.closed and d.memory_stats()["shared_in_use"] == 0
     del kept
     s.close()
+
+
+def test_a_shared_buffer_dropped_while_imported_here_is_freed_when_the_import_closes() -> None:
+    """Found by the fuzzer's new mix: a SharedBuffer collected while an import in this same process held
+    it stayed allocated after that import closed, until some later shareable call (shared_in_use and the
+    device's free memory did not come back at the end of the program)."""
+    import gc
+
+    d = cc.Device(0)
+    sb = d.allocate_shareable(65536, kind="pool")
+    h = sb.export()
+    imported = _handle_with(h, lease_fd=os.dup(h.lease_fd)).open()
+    h.close()
+    del sb
+    gc.collect()
+    assert d.memory_stats()["shared_in_use"] == 65536  # held by the import
+    imported.close()
+    assert d.memory_stats()["shared_in_use"] == 0

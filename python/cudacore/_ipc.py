@@ -495,6 +495,11 @@ class _Mapping(Owner):
             with contextlib.suppress(CUDAError):
                 lease.give_back(os.getpid())
             lease.close()
+        if _pending:
+            # The exporter is this process (an import opened here): a SharedBuffer it closed or dropped
+            # while this import held it is freed now, not at its next shareable call.
+            with contextlib.suppress(CUDAError):
+                _reap()
 
 
 class ImportedBuffer(Buffer):
