@@ -212,7 +212,7 @@ KNOWN: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # IpcHandle.receive, multiprocessing's DupFd registering a duplicate while a SharedBuffer pickles) and
     # the statement that gives it to its owner: a Ctrl-C at the end of that call leaks it. Closing the
     # window needs SIGINT held back around those lines, as the capture block's edges hold it.
-    "descriptor before its owner": (("export_pool", "receive_handle", "pickle_shared"), ("open descriptors is",)),
+    "descriptor before its owner": (("export_pool", "export_ipc", "receive_handle", "pickle_shared"), ("open descriptors is",)),
     # rehearse interrupted around the end of its capture: the captured graph (and the memory its uses
     # hold) is not destroyed.
     "rehearse's graph": (("rehearse", "rehearse_own_stream"), ("objects is", "in_use is", "free is")),
