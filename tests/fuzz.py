@@ -497,20 +497,27 @@ class Ops:
             p, pins = None, []
             data = st.host(n, f)
             src = data if kind == 0 else __import__("numpy").frombuffer(data, dtype="uint8")
-        if cap is not None:
-            if p is None and data is not None:
-                src = data  # pageable: staged at capture time, so the replay writes these bytes again
-            buf.obj.copy_from(src, stream=s)
-            with st.lock:
-                cap.bufs += [buf, *pins]
-            return
-        certain = st.touch(s, [buf], pins)
+        # n bytes into the start of the buffer: a copy of another size than the buffer's says so (nbytes=).
+        # A memoryview of a PinnedBuffer made here is released after the call, also when it raises: a
+        # traceback that kept it would keep the PinnedBuffer from closing.
         try:
-            buf.obj.copy_from(src, stream=s)
-        except BaseException:
-            with st.lock:
-                buf.shadow = None
-            raise
+            if cap is not None:
+                if p is None and data is not None:
+                    src = data  # pageable: staged at capture time, so the replay writes these bytes again
+                buf.obj.copy_from(src, stream=s, nbytes=n)
+                with st.lock:
+                    cap.bufs += [buf, *pins]
+                return
+            certain = st.touch(s, [buf], pins)
+            try:
+                buf.obj.copy_from(src, stream=s, nbytes=n)
+            except BaseException:
+                with st.lock:
+                    buf.shadow = None
+                raise
+        finally:
+            if isinstance(src, memoryview):
+                src.release()
         with st.lock:
             if data is None:
                 buf.shadow = None
