@@ -8,6 +8,7 @@ there by scripts/gpu/build_ptx.sh.
 
 from __future__ import annotations
 
+import array
 import json
 import textwrap
 
@@ -309,9 +310,16 @@ def test_arrays_of_other_libraries_pack_in_c(mod):
         def __cuda_array_interface__(self):
             raise RuntimeError("no")
 
+    class WithBufferSlot(array.array):
+        # CuPy's ndarray has a buffer slot too (one that refuses): the interface decides, not the slot.
+        @property
+        def __cuda_array_interface__(self):
+            return {"shape": (4,), "typestr": "<u4", "data": (0x2000, False), "version": 3}
+
     k = mod.function("fill")
-    with pytest.raises(cc.NotSupportedError):
-        fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (FakeArray(0x2000), 7, 16), k._spec)
+    for arr in (FakeArray(0x2000), WithBufferSlot("I", [0, 0, 0, 0])):
+        with pytest.raises(cc.NotSupportedError):
+            fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (arr, 7, 16), k._spec)
     assert fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (Broken(), 7, 16), k._spec) is NotImplemented
     assert fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (FakeArray(0x2000), FakeArray(0x3000), 16), k._spec) is NotImplemented
     assert _readable(k.encode_args((FakeArray(0x2000), 7, 16))).startswith("ptr:0020000000000000")

@@ -226,8 +226,11 @@ resolve_array_args(PyObject *args, PyObject *spec)
     PyObject *out = NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = items[i];
+        /* Not a test of the buffer protocol: a CuPy array has a buffer slot (that refuses), and an array is
+         * known by its interface, not by what else it offers. bytes and friends are structs by value. */
         if (!(sp[3 * i + 2] & LAUNCH_BUFFER) || PyLong_CheckExact(a) || PyObject_TypeCheck(a, &BufferType) ||
-            slot_of(&kernel_arg_slots, a, 0) != NULL || PyObject_CheckBuffer(a)) {
+            slot_of(&kernel_arg_slots, a, 0) != NULL || PyBytes_CheckExact(a) || PyByteArray_CheckExact(a) ||
+            PyMemoryView_Check(a)) {
             continue; /* packed as it is, or left to the general path */
         }
         PyObject *cai = PyObject_GetAttrString(a, "__cuda_array_interface__");

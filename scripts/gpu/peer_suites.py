@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
+import json
 import os
 import shutil
 import subprocess
@@ -214,36 +216,37 @@ def test_sites(suite: str, out: Path) -> list[str]:
     return sites
 
 
-def run_file(suite: str, target: str, allocator: str, out: Path, timeout: float) -> dict[str, str]:
-    """Run one file (or package) under one allocator, then its failures again in fresh processes; return
-    nodeid -> outcome, crashes included.
+def run_file(suite: str, target: str, allocator: str, out: Path, timeout: float, jobs: int) -> dict[str, str]:
+    """Run one file (or package) under one allocator, then each of its failures alone in a fresh process;
+    return nodeid -> outcome, crashes included.
 
     A test that leaves the process's CUDA state broken (a capture left open, a sticky error) fails every
     test after it, under either allocator; PyTorch's own CI reruns failures in new processes for that
-    reason. Here the failures are rerun, in their order, in a fresh process: the first one that fails
-    again keeps its failure, and those after it that failed are rerun again without it, until none is
-    left. A failure's outcome is its last run's."""
+    reason. Here each failure runs again alone, ``jobs`` processes at a time, and keeps the outcome of
+    that run: a test fails only when it fails on its own. ``jobs`` 0 skips the reruns."""
     outcomes = run_once(suite, target, allocator, out, timeout, [])
     pending = [n for n, o in outcomes.items() if o in ("failed", "error") and "::" in n]
-    if suite == "numba" or len(pending) == len(outcomes):  # unittest ids, or nothing ran at all
-        return outcomes
-    for attempt in range(1, 41):
-        if not pending:
-            break
-        print(f"  rerun {attempt}: {len(pending)} failures in a fresh process", flush=True)
-        again = run_once(suite, target, allocator, out, timeout, [f"{target}::{n.split('::', 1)[1]}" for n in pending], attempt)
-        outcomes.update({n: o for n, o in again.items() if n in outcomes})
-        first = next((i for i, n in enumerate(pending) if again.get(n) in ("failed", "error")), None)
-        if first is None:
-            break
-        pending = [n for n in pending[first + 1 :] if again.get(n) in ("failed", "error")]
+    if suite == "numba" or not jobs or not pending or len(pending) == len(outcomes):
+        return outcomes  # unittest ids, no reruns asked, or nothing ran at all
+    print(f"  rerunning {len(pending)} failures, each alone, {jobs} at a time", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        runs = {n: pool.submit(run_once, suite, target, allocator, out, timeout, [f"{target}::{n.split('::', 1)[1]}"], i, True)
+                for i, n in enumerate(pending, 1)}
+        for n, fut in runs.items():
+            got = fut.result().get(n)
+            if got is not None:
+                outcomes[n] = got
+    counts = collections.Counter(outcomes[n] for n in pending)
+    print(f"  alone: {dict(counts)}", flush=True)
     return outcomes
 
 
 def run_once(
-    suite: str, target: str, allocator: str, out: Path, timeout: float, nodeids: list[str], rerun: int = 0
+    suite: str, target: str, allocator: str, out: Path, timeout: float, nodeids: list[str], rerun: int = 0,
+    quiet: bool = False,
 ) -> dict[str, str]:
-    """One process (one more per crash) running ``target``, or only ``nodeids`` of it when given."""
+    """One process (one more per crash) running ``target``, or only ``nodeids`` of it when given; ``quiet``
+    prints only crashes (the reruns, which run side by side)."""
     root = suite_root(suite)
     name = target.replace("/", "_").replace(".", "_") + (f"-rerun{rerun}" if rerun else "")
     log = out / f"{suite}-{allocator}-{name}.log"
@@ -302,6 +305,8 @@ def run_once(
         died = rc < 0 or rc >= 128 or (rc not in (0, 1, 5) and pending is not None)
         if not died:
             counts = collections.Counter(outcomes.values())
+            if quiet:
+                return outcomes
             print(f"  rc {rc}, {time.monotonic() - started:.0f}s: {dict(counts)}", flush=True)
             if rc not in (0, 1) or not outcomes or all(v == "error" for v in outcomes.values()):
                 print(tail, flush=True)
@@ -326,6 +331,7 @@ def main() -> int:
     ap.add_argument("--allocator", action="append", choices=["own", "cudacore"], help="default both")
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
     ap.add_argument("--timeout", type=float, default=600, help="seconds for one file's process")
+    ap.add_argument("--jobs", type=int, default=8, help="failures rerun alone side by side (0: no reruns)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -340,13 +346,15 @@ def main() -> int:
             got = {}
             for allocator in allocators:  # interleaved per file
                 print(f"{suite} {allocator} {target}", flush=True)
-                got[allocator] = run_file(suite, target, allocator, out, args.timeout)
+                got[allocator] = run_file(suite, target, allocator, out, args.timeout, args.jobs)
                 results[allocator].update(got[allocator])
             if len(allocators) == 2:  # each file's differences as it ends: a run cut short still tells
                 a, b = (got[x] for x in allocators)
                 for n in sorted(n for n in set(a) | set(b) if a.get(n, "absent") != b.get(n, "absent")):
                     print(f"  DIFF {n}: {a.get(n, 'absent')} -> {b.get(n, 'absent')}", flush=True)
         for allocator in allocators:
+            # Every test's outcome, for comparing runs made apart (each allocator on a machine of its own).
+            (out / f"outcomes-{suite}-{allocator}.json").write_text(json.dumps(results[allocator], indent=1, sort_keys=True))
             counts = collections.Counter(results[allocator].values())
             rows.append((suite, allocator, len(results[allocator]), counts))
             if counts["crashed"] or counts["timeout"]:
