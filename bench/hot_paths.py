@@ -107,11 +107,11 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
             rows["graph launch, with s:"].insert(0, ("CuPy Graph.launch()", lambda: _under(cg_stream, cgraph.launch), lambda: _leave(cg_stream)))
             rows["4 KiB pinned H2D async"].insert(0, ("CuPy memcpyAsync", lambda: cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.ptr, 4 << 10, 1, cg_stream.ptr), cg_stream.synchronize))
             big = cupy.empty(64 << 10, dtype=cupy.uint8)
-            # ndarray.set with no stream is an asynchronous copy on CuPy's current stream (the legacy one
-            # here): it returns once the driver has staged the data, not once it has arrived, so it is the
+            # ndarray.set(stream=) is an asynchronous copy on that stream (a non-blocking one, as cudacore's
+            # s is): it returns once the driver has staged the data, not once it has arrived, so it is the
             # peer of the asynchronous row; runtime.memcpy is CuPy's synchronous copy.
             rows["64 KiB pageable H2D sync"].insert(0, ("CuPy runtime.memcpy", lambda: cupy.cuda.runtime.memcpy(big.data.ptr, pageable.ctypes.data, 64 << 10, 1), lambda: None))
-            rows["64 KiB pageable H2D async"].insert(0, ("CuPy ndarray.set", lambda: big.set(pageable), cupy.cuda.Stream.null.synchronize))
+            rows["64 KiB pageable H2D async"].insert(0, ("CuPy ndarray.set(stream=)", lambda: big.set(pageable, stream=cg_stream), cg_stream.synchronize))
             rows["stream query, idle"].insert(0, ("CuPy Stream.done", lambda: cg_stream.done, lambda: None))
             rows["stream synchronize, idle"].insert(0, ("CuPy Stream.synchronize", cg_stream.synchronize, lambda: None))
         except Exception as exc:  # noqa: BLE001 - an optional peer

@@ -238,3 +238,70 @@ def test_a_view_of_voided_graph_memory_is_gone_with_it(dev: cc.Device) -> None:
     finally:
         pinned.close()
         s.close()
+
+
+# The common forms of a partial host copy (nbytes=, offset=, src_offset= / dst_offset=, on a stream or not,
+# from pageable or pinned memory) are made in C, as the whole-buffer copy is; the general path, which
+# checks and explains, sees only what C leaves it. Both must move the same bytes.
+_PARTS = [
+    {"nbytes": 8},
+    {"nbytes": 8, "offset": 1000},
+    {"nbytes": 8, "offset": 1000, "other_offset": 40},
+    {"offset": 4096 - 100, "other_offset": 0},  # without nbytes: both sides hold 100 bytes from their offsets
+]
+
+
+@pytest.mark.parametrize("part", _PARTS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+@pytest.mark.parametrize("on_stream", [False, True], ids=["sync", "stream"])
+@pytest.mark.parametrize("kind", ["bytearray", "numpy", "pinned"])
+def test_partial_host_copies_are_made_in_c(dev: cc.Device, monkeypatch: pytest.MonkeyPatch, part: dict[str, int],
+                                           on_stream: bool, kind: str) -> None:
+    general: list[str] = []
+    for name in ("_copy_from", "_copy_to"):
+        orig = getattr(cc.Buffer, name)
+
+        def spy(self: cc.Buffer, *a: Any, _orig: Any = orig, _name: str = name, **kw: Any) -> None:
+            general.append(_name)
+            _orig(self, *a, **kw)
+
+        monkeypatch.setattr(cc.Buffer, name, spy)
+    s = dev.create_stream() if on_stream else None
+    src_len = 100 if "nbytes" not in part else 128
+    pinned = [dev.allocate_pinned(src_len), dev.allocate_pinned(src_len)] if kind == "pinned" else []
+
+    def host(fill: bytes) -> Any:
+        if kind == "pinned":
+            p = pinned.pop()
+            memoryview(p)[:] = fill
+            return p
+        return bytearray(fill) if kind == "bytearray" else np.frombuffer(fill, np.uint8).copy()
+
+    src = host(bytes((i * 7 + 3) % 256 for i in range(src_len)))
+    dst = host(bytes(src_len))
+    kw = {k: v for k, v in part.items() if k != "other_offset"}
+    with dev.allocate(4096) as buf:
+        buf.fill(0)
+        buf.copy_from(src, s, src_offset=part.get("other_offset", 0), **kw)
+        buf.copy_to(dst, s, dst_offset=part.get("other_offset", 0), **kw)
+        if s is not None:
+            s.synchronize()
+        n = part.get("nbytes", 100)
+        lo, o = part.get("offset", 0), part.get("other_offset", 0)
+        whole = _read(buf)
+        assert whole[lo : lo + n] == bytes(memoryview(src))[o : o + n]
+        assert whole[:lo] == bytes(lo) and whole[lo + n :] == bytes(4096 - lo - n)
+        assert bytes(memoryview(dst))[o : o + n] == bytes(memoryview(src))[o : o + n]
+        assert general == []  # all of it in C
+        # What C does not take reaches the general path, which refuses as before.
+        with pytest.raises(cc.InvalidValueError, match=r"nbytes=\d+ but the source holds"):
+            buf.copy_from(src, s, nbytes=src_len + 1)
+        with pytest.raises(TypeError, match="nbytes must be an int"):
+            buf.copy_from(src, s, nbytes=1.5)
+        with pytest.raises(cc.InvalidValueError, match="must be >= 0"):
+            buf.copy_to(dst, s, offset=-1, nbytes=1)
+        assert general == ["_copy_from", "_copy_from", "_copy_to"]
+    for h in (src, dst):
+        if isinstance(h, cc.PinnedBuffer):
+            h.close()
+    if s is not None:
+        s.close()

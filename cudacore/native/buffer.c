@@ -470,35 +470,68 @@ buffer_dlpack_device(BufferObject *self, PyObject *Py_UNUSED(ignored))
     return Py_BuildValue("(iL)", kDLCUDA, (long long)self->device);
 }
 
-/* The hot case of Buffer.copy_from / copy_to: a PinnedBuffer, all of it, on a cudacore Stream of the
+/* What part of a copy's two sides moves: nbytes (-1: all of both, which must then be the same size), the
+ * byte offset into the Buffer and into the host memory. Every field was checked to be an int >= 0 (or
+ * nbytes absent); whether they fit the two sides is copy_span's question. */
+typedef struct {
+    int64_t nbytes, offset, host_offset;
+} copy_part;
+
+/* The bytes to move for part, with the buffer holding size bytes and the host memory host_len: 1 and *n
+ * set when the copy fits both sides as the general path (python/cudacore/_copy.py, transfer) would make
+ * it, 0 when it does not or moves nothing (the general path explains or handles it). */
+static int
+copy_span(const copy_part *part, uint64_t size, uint64_t host_len, int64_t *n)
+{
+    if ((uint64_t)part->offset > size || (uint64_t)part->host_offset > host_len) {
+        return 0;
+    }
+    uint64_t mine = size - (uint64_t)part->offset, theirs = host_len - (uint64_t)part->host_offset;
+    if (part->nbytes < 0) {
+        if (mine != theirs) {
+            return 0;
+        }
+        *n = (int64_t)mine;
+    } else {
+        if ((uint64_t)part->nbytes > mine || (uint64_t)part->nbytes > theirs) {
+            return 0;
+        }
+        *n = part->nbytes;
+    }
+    return *n > 0;
+}
+
+/* The hot case of Buffer.copy_from / copy_to: a PinnedBuffer (all of it, or the part that nbytes= and the offsets name) on a cudacore Stream of the
  * buffer's device. The copy takes the direct path when it may (direct_stream), and otherwise, up to
  * CC_HELD_COPY_MAX bytes (tables_gen.h), the generated door of CopyToDeviceHeld/CopyToHostHeld, with the pinned memory itself
  * (cudacore's own allocation: no buffer export needed). 1 done, 0 not the hot case (nothing done), -1
  * error set. */
 static int
-copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
+copy_hot(BufferObject *self, PyObject *host, PyObject *stream, const copy_part *part, int to_device)
 {
     if (stream_type == NULL || Py_TYPE(stream) != stream_type || !PyObject_TypeCheck(host, &PinnedType) ||
         buffer_gone(self)) {
         return 0;
     }
     PinnedObject *h = (PinnedObject *)host;
-    if (h->closed || h->freeing || h->size != self->size) { /* another size: the general path explains */
+    int64_t n;
+    if (h->closed || h->freeing || !copy_span(part, self->size, h->size, &n)) { /* the general path explains */
         return 0;
     }
     if (door_check_fork(to_device ? "copy_from" : "copy_to") < 0) {
         return -1;
     }
+    uint64_t dptr = self->ptr + (uint64_t)part->offset, hptr = h->ptr + (uint64_t)part->host_offset;
     /* Direct, any size: the driver only enqueues a copy from pinned memory, with the GIL held throughout. */
     uint64_t direct = no_pending_graph_memory() ? direct_stream(stream, self->device) : 0;
     if (direct != 0 &&
-        (to_device ? direct_copy_to_device(self->device, self->ptr, (const void *)(uintptr_t)h->ptr, (size_t)h->size, direct)
-                   : direct_copy_to_host(self->device, (void *)(uintptr_t)h->ptr, self->ptr, (size_t)h->size, direct))) {
+        (to_device ? direct_copy_to_device(self->device, dptr, (const void *)(uintptr_t)hptr, (size_t)n, direct)
+                   : direct_copy_to_host(self->device, (void *)(uintptr_t)hptr, dptr, (size_t)n, direct))) {
         return 1;
     }
     /* Through Go with the GIL held up to CC_HELD_COPY_MAX bytes; a larger copy goes to the general path, which
      * releases the GIL with the memory held by its buffer export. */
-    if (h->size > CC_HELD_COPY_MAX) {
+    if (n > CC_HELD_COPY_MAX) {
         return 0;
     }
     int64_t sh = stream_handle_on(stream, self->device);
@@ -506,10 +539,8 @@ copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
         return 0;
     }
     int64_t ret;
-    char *err = to_device ? cudacore_door_CopyToDeviceHeld(self->device, (int64_t)self->ptr, (const void *)(uintptr_t)h->ptr,
-                                                           (int64_t)h->size, (int64_t)h->size, sh, &ret)
-                          : cudacore_door_CopyToHostHeld(self->device, (void *)(uintptr_t)h->ptr, (int64_t)h->size,
-                                                         (int64_t)self->ptr, (int64_t)h->size, sh, &ret);
+    char *err = to_device ? cudacore_door_CopyToDeviceHeld(self->device, (int64_t)dptr, (const void *)(uintptr_t)hptr, n, n, sh, &ret)
+                          : cudacore_door_CopyToHostHeld(self->device, (void *)(uintptr_t)hptr, n, (int64_t)dptr, n, sh, &ret);
     if (err != NULL) {
         door_raise(err);
         return -1;
@@ -526,7 +557,7 @@ copy_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
  * meanwhile (its close refuses while exports live). 1 done, 0 not this case (nothing done, no exception),
  * -1 error set. */
 static int
-copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh, int to_device)
+copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh, const copy_part *part, int to_device)
 {
     if (buffer_gone(self) || PyObject_TypeCheck(host, &BufferType) || !PyObject_CheckBuffer(host)) {
         return 0;
@@ -537,10 +568,11 @@ copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh
         PyErr_Clear(); /* the general path says what is wrong */
         return 0;
     }
-    /* The hot case copies all of host into all of the buffer: the sizes must be equal (another size is
-     * refused by the general path, which says what to pass: nbytes=, offsets or a view). */
-    uint64_t want = self->size;
-    if ((view.format != NULL && strchr(view.format, 'O') != NULL) || (uint64_t)view.len != want) {
+    /* The part that moves must fit both sides as the general path sizes them (without nbytes= both sides
+     * from their offsets hold the same number of bytes; anything else is the general path's to refuse,
+     * saying what to pass). */
+    int64_t n;
+    if ((view.format != NULL && strchr(view.format, 'O') != NULL) || !copy_span(part, self->size, (uint64_t)view.len, &n)) {
         PyBuffer_Release(&view);
         return 0;
     }
@@ -550,7 +582,9 @@ copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh
     }
     int64_t ret;
     char *err;
-    int64_t device = self->device, ptr = (int64_t)self->ptr, n = (int64_t)want;
+    int64_t device = self->device, ptr = (int64_t)(self->ptr + (uint64_t)part->offset);
+    char *hbuf = (char *)view.buf + part->host_offset;
+    int64_t hlen = (int64_t)view.len - part->host_offset;
     if (sh >= 0 && n <= CC_HELD_COPY_MAX) {
         /* Direct when the stream manager would hand this copy to the driver's own pageable copy (which
          * stages it and returns once it has read the host memory; memory the driver knows as pinned is
@@ -558,16 +592,16 @@ copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh
         uint64_t direct;
         if (to_device && direct_pageable(device, (size_t)n) && no_pending_graph_memory() &&
             (direct = direct_stream(stream, device)) != 0 &&
-            direct_copy_to_device(device, (uint64_t)ptr, view.buf, (size_t)n, direct)) {
+            direct_copy_to_device(device, (uint64_t)ptr, hbuf, (size_t)n, direct)) {
             PyBuffer_Release(&view);
             return 1;
         }
-        err = to_device ? cudacore_door_CopyToDeviceHeld(device, ptr, view.buf, (int64_t)view.len, n, sh, &ret)
-                        : cudacore_door_CopyToHostHeld(device, view.buf, (int64_t)view.len, ptr, n, sh, &ret);
+        err = to_device ? cudacore_door_CopyToDeviceHeld(device, ptr, hbuf, hlen, n, sh, &ret)
+                        : cudacore_door_CopyToHostHeld(device, hbuf, hlen, ptr, n, sh, &ret);
     } else {
         Py_BEGIN_ALLOW_THREADS
-        err = to_device ? cudacore_door_CopyToDevice(device, ptr, view.buf, (int64_t)view.len, n, sh, &ret)
-                        : cudacore_door_CopyToHost(device, view.buf, (int64_t)view.len, ptr, n, sh, &ret);
+        err = to_device ? cudacore_door_CopyToDevice(device, ptr, hbuf, hlen, n, sh, &ret)
+                        : cudacore_door_CopyToHost(device, hbuf, hlen, ptr, n, sh, &ret);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&view);
@@ -580,18 +614,81 @@ copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh
 
 /* The synchronous hot case: stream=None while no `with stream:` block is open (see copy_export_hot). */
 static int
-copy_sync_hot(BufferObject *self, PyObject *host, int to_device)
+copy_sync_hot(BufferObject *self, PyObject *host, const copy_part *part, int to_device)
 {
-    return no_stream_blocks() ? copy_export_hot(self, host, NULL, -1, to_device) : 0;
+    return no_stream_blocks() ? copy_export_hot(self, host, NULL, -1, part, to_device) : 0;
 }
 
 /* The asynchronous hot case past copy_hot: a cudacore Stream of the buffer's device and host memory of the
  * buffer protocol, pageable or pinned (see copy_export_hot). */
 static int
-copy_stream_hot(BufferObject *self, PyObject *host, PyObject *stream, int to_device)
+copy_stream_hot(BufferObject *self, PyObject *host, PyObject *stream, const copy_part *part, int to_device)
 {
     int64_t sh = stream_handle_on(stream, self->device);
-    return sh < 0 ? 0 : copy_export_hot(self, host, stream, sh, to_device);
+    return sh < 0 ? 0 : copy_export_hot(self, host, stream, sh, part, to_device);
+}
+
+/* A keyword argument of the hot case: an exact int >= 0 into *out (nbytes may be None: -1). 0 when it is
+ * anything else, for the general path to check and explain. */
+static int
+copy_int_arg(PyObject *v, int none_ok, int64_t *out)
+{
+    if (none_ok && v == Py_None) {
+        *out = -1;
+        return 1;
+    }
+    if (!PyLong_CheckExact(v)) {
+        return 0;
+    }
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow != 0 || x < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+/* The arguments of copy_from / copy_to as the hot case takes them: (host, stream=None) by position or
+ * keyword, and nbytes=, offset=, src_offset= (copy_from) or dst_offset= (copy_to) as keywords of exact
+ * ints. 1 with *host, *stream and *part set; 0 for anything else (the general path parses it). */
+static int
+copy_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int to_device, PyObject **host, PyObject **stream,
+          copy_part *part)
+{
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    *host = NULL;
+    *stream = Py_None;
+    *part = (copy_part){-1, 0, 0};
+    if (nargs < 1 || nargs > 2) {
+        return 0;
+    }
+    *host = args[0];
+    if (nargs == 2) {
+        *stream = args[1];
+    }
+    const char *other_offset = to_device ? "src_offset" : "dst_offset";
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, i), *v = args[nargs + i];
+        int ok;
+        if (PyUnicode_CompareWithASCIIString(key, "stream") == 0 && nargs == 1) {
+            *stream = v;
+            ok = 1;
+        } else if (PyUnicode_CompareWithASCIIString(key, "nbytes") == 0) {
+            ok = copy_int_arg(v, 1, &part->nbytes);
+        } else if (PyUnicode_CompareWithASCIIString(key, "offset") == 0) {
+            ok = copy_int_arg(v, 0, &part->offset);
+        } else if (PyUnicode_CompareWithASCIIString(key, other_offset) == 0) {
+            ok = copy_int_arg(v, 0, &part->host_offset);
+        } else {
+            ok = 0;
+        }
+        if (!ok) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 /* copy_from(host, stream=None) / copy_to(host, stream=None): the hot case in C, anything else through the
@@ -602,18 +699,12 @@ buffer_copy(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObjec
 {
     const char *general = to_device ? "_copy_from" : "_copy_to";
     Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
-    PyObject *host = NULL, *stream = Py_None;
-    if (nargs >= 1 && nargs <= 2 && nkw == 0) {
-        host = args[0];
-        stream = nargs == 2 ? args[1] : Py_None;
-    } else if (nargs == 1 && nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "stream") == 0) {
-        host = args[0];
-        stream = args[1];
-    }
-    if (host != NULL) {
-        int r = stream == Py_None ? copy_sync_hot(self, host, to_device) : copy_hot(self, host, stream, to_device);
+    PyObject *host, *stream;
+    copy_part part;
+    if (copy_args(args, nargs, kwnames, to_device, &host, &stream, &part)) {
+        int r = stream == Py_None ? copy_sync_hot(self, host, &part, to_device) : copy_hot(self, host, stream, &part, to_device);
         if (r == 0 && stream != Py_None) {
-            r = copy_stream_hot(self, host, stream, to_device);
+            r = copy_stream_hot(self, host, stream, &part, to_device);
         }
         if (r < 0) {
             return NULL;
