@@ -326,6 +326,39 @@ def test_arrays_of_other_libraries_pack_in_c(mod):
 
 
 @pytest.mark.sim
+def test_cupy_arrays_pack_without_their_interface(mod):
+    # CuPy's ndarray (class "ndarray" of module "cupy") is read by its data.ptr, as its interface gives it,
+    # without building the interface's dictionary; an empty one, or a look-alike of another module, goes
+    # by its interface.
+    from cudacore._native import fast
+
+    class _Mem:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    def array_class(module):
+        class ndarray:  # CuPy's class name
+            def __init__(self, ptr, size):
+                self.data, self.size = _Mem(ptr), size
+
+            @property
+            def __cuda_array_interface__(self):
+                if self.size:
+                    raise RuntimeError("the interface is not read for a non-empty CuPy array")
+                return {"shape": (0,), "typestr": "<u4", "data": (0, False), "version": 3}
+
+        ndarray.__module__ = module
+        return ndarray
+
+    k = mod.function("fill")
+    cupy_ndarray, other = array_class("cupy"), array_class("notcupy")
+    for arr in (cupy_ndarray(0x2000, 4), cupy_ndarray(0x2000, 0)):
+        with pytest.raises(cc.NotSupportedError):  # packed in C and handed to the launch door
+            fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (arr, 7, 16), k._spec)
+    assert fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (other(0x2000, 4), 7, 16), k._spec) is NotImplemented
+
+
+@pytest.mark.sim
 @pytest.mark.parametrize(("name", "value"), _GENERAL, ids=repr)
 def test_other_arguments_take_the_general_path(mod, name, value):
     from cudacore._native import fast
@@ -401,7 +434,7 @@ def test_gpu_heap_default_runs_out_and_is_then_fixed():
         f"\nheap_malloc, default heap {out['heap']:,} bytes: {out['nulls']:,} NULLs of 262,144 mallocs of 1 KiB"
     )
     assert out["heap"] == 8_388_608
-    assert out["nulls"] > 0  # docs/driver-facts.md: 258,366
+    assert out["nulls"] > 0  # docs/contributing/driver-facts.md: 258,366
     # After a kernel that used malloc has run, the heap is fixed: the error states the rule.
     assert out["rule"] is not None, "setting the heap after a malloc kernel must fail"
     assert "fixed once a kernel that uses device malloc has been launched" in out["rule"]
@@ -442,7 +475,7 @@ def test_gpu_limits_defaults_and_clamp():
     assert out["defaults"]["stack_size"] == 1024
     assert out["defaults"]["printf_fifo_size"] == 8_650_752
     assert len(out["clamp"]) == 1 and "asked 70,368,744,177,664 bytes (64.0 TiB)" in out["clamp"][0]
-    assert out["applied"] < 64 << 40  # docs/driver-facts.md: 17,681,179,680 on the H100
+    assert out["applied"] < 64 << 40  # docs/contributing/driver-facts.md: 17,681,179,680 on the H100
     assert out["strict"] is not None and "restored" in out["strict"]
 
 
@@ -480,6 +513,30 @@ def test_gpu_numpy_scalars_and_typed_values_reach_the_kernel():
            for how in ("go", "direct", "with")},
         "f32 np.float32": 1.5, "f32 np.float64": 2.5, "f32 cc.float32": 3.5,
     }  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_gpu_cupy_views_reach_the_kernel():
+    # A CuPy array passed for a pointer goes as the address its interface gives: a view's own start, on the
+    # direct path and through Go alike.
+    pytest.importorskip("cupy")
+    out = _gpu(
+        f"""
+        import json, cupy
+        fill = d.load_module({str(FILL_PTX)!r}).function("fill")
+        s = d.create_stream()
+        got = {{}}
+        for how in ("go", "direct"):
+            a = cupy.zeros(64, cupy.uint32)
+            fill.launch(grid=1, block=32, args=(a[16:], 5, 16), stream=s if how == "direct" else None)
+            fill.launch(grid=1, block=32, args=(a[40:48], 6, 8), stream=s if how == "direct" else None)
+            s.synchronize()
+            got[how] = a.get().tolist()
+        print(json.dumps(got))
+        """
+    )
+    want = [0] * 16 + [5] * 16 + [0] * 8 + [6] * 8 + [0] * 16
+    assert out == {"go": want, "direct": want}
 
 
 @pytest.mark.gpu

@@ -207,6 +207,53 @@ launch_pack_one(PyObject *a, int code, int size, int flags, unsigned char *out)
     return 0;
 }
 
+/* Whether type is CuPy's ndarray (the class users make arrays of: named "ndarray", from module "cupy").
+ * Decided once per type: the answer for the last type asked is kept, the type held. */
+static int
+is_cupy_ndarray(PyTypeObject *type)
+{
+    static PyTypeObject *last = NULL;
+    static int last_answer = 0;
+    if (type == last) {
+        return last_answer;
+    }
+    if (strcmp(type->tp_name, "ndarray") != 0) {
+        return 0; /* numpy's is "numpy.ndarray": not asked about, not kept */
+    }
+    PyObject *mod = PyObject_GetAttrString((PyObject *)type, "__module__");
+    int answer = mod != NULL && PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, "cupy") == 0;
+    Py_XDECREF(mod);
+    PyErr_Clear();
+    Py_INCREF(type);
+    Py_XSETREF(last, type);
+    last_answer = answer;
+    return answer;
+}
+
+/* The device address of a CuPy array, as its __cuda_array_interface__ gives it (the "data" entry is
+ * a.data.ptr, the start of the array, view or not), read without building that dictionary: a new
+ * reference to an exact int, or NULL (no exception set) when a is not CuPy's ndarray, is empty (its
+ * interface says 0) or the attributes are not as expected. */
+static PyObject *
+cupy_array_ptr(PyObject *a)
+{
+    if (!is_cupy_ndarray(Py_TYPE(a))) {
+        return NULL;
+    }
+    PyObject *size = PyObject_GetAttrString(a, "size");
+    int empty = size == NULL || !PyLong_CheckExact(size) || PyLong_AsLongLong(size) <= 0;
+    Py_XDECREF(size);
+    PyObject *mem = empty ? NULL : PyObject_GetAttrString(a, "data");
+    PyObject *ptr = mem != NULL ? PyObject_GetAttrString(mem, "ptr") : NULL;
+    Py_XDECREF(mem);
+    if (ptr == NULL || !PyLong_CheckExact(ptr)) {
+        Py_XDECREF(ptr);
+        PyErr_Clear();
+        return NULL;
+    }
+    return ptr;
+}
+
 /* args with each array of another library passed for a pointer parameter (an object with
  * __cuda_array_interface__: a CuPy array, a Numba device array, a PyTorch tensor) replaced by its device
  * address, as the general path reads it (the "data" entry's address): a new reference, to args itself when
@@ -233,13 +280,17 @@ resolve_array_args(PyObject *args, PyObject *spec)
             PyMemoryView_Check(a)) {
             continue; /* packed as it is, or left to the general path */
         }
-        PyObject *cai = PyObject_GetAttrString(a, "__cuda_array_interface__");
-        PyObject *data = cai != NULL && PyDict_Check(cai) ? PyDict_GetItemString(cai, "data") : NULL; /* borrowed */
-        PyObject *ptr = data != NULL && PyTuple_Check(data) && PyTuple_GET_SIZE(data) >= 1 ? PyTuple_GET_ITEM(data, 0) : NULL;
-        if (ptr == NULL || !PyLong_CheckExact(ptr)) {
-            PyErr_Clear();
-            Py_XDECREF(cai);
-            continue;
+        PyObject *cai = NULL, *ptr = cupy_array_ptr(a); /* a CuPy array's address costs no dictionary */
+        if (ptr == NULL) {
+            cai = PyObject_GetAttrString(a, "__cuda_array_interface__");
+            PyObject *data = cai != NULL && PyDict_Check(cai) ? PyDict_GetItemString(cai, "data") : NULL; /* borrowed */
+            ptr = data != NULL && PyTuple_Check(data) && PyTuple_GET_SIZE(data) >= 1 ? PyTuple_GET_ITEM(data, 0) : NULL;
+            if (ptr == NULL || !PyLong_CheckExact(ptr)) {
+                PyErr_Clear();
+                Py_XDECREF(cai);
+                continue;
+            }
+            Py_INCREF(ptr); /* owned, as cupy_array_ptr's is */
         }
         if (out == NULL && (out = PyList_New(n)) != NULL) {
             for (Py_ssize_t j = 0; j < n; j++) {
@@ -247,11 +298,12 @@ resolve_array_args(PyObject *args, PyObject *spec)
             }
         }
         if (out == NULL) {
-            Py_DECREF(cai);
+            Py_DECREF(ptr);
+            Py_XDECREF(cai);
             return NULL;
         }
-        Py_SETREF(PyList_GET_ITEM(out, i), Py_NewRef(ptr));
-        Py_DECREF(cai);
+        Py_SETREF(PyList_GET_ITEM(out, i), ptr);
+        Py_XDECREF(cai);
     }
     return out != NULL ? out : Py_NewRef(args);
 }
