@@ -1,0 +1,85 @@
+"""scripts/gpu/peer_suites.py's bookkeeping, on a stand-in suite (no GPU, no peer library): a test that
+breaks every later test of its process does not count their failures, a real failure stays one, a test
+that kills its process is recorded as crashed and the file goes on without it, and the expected
+differences match only what they name."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from conftest import ROOT
+
+STAND_IN = textwrap.dedent(
+    """
+    import os
+
+    state = {"poisoned": False}
+
+
+    def test_1_poisoner():
+        state["poisoned"] = True  # passes, and breaks every later test of this process
+
+
+    def test_2_victim():
+        assert not state["poisoned"]
+
+
+    def test_3_real_failure():
+        assert 1 == 2
+
+
+    def test_4_crash():
+        os._exit(139)  # dies as a segfault would, mid-test
+
+
+    def test_5_fine():
+        pass
+    """
+)
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("peer_suites", ROOT / "scripts" / "gpu" / "peer_suites.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.sim
+def test_failures_count_only_when_a_test_fails_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ps = _load()
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_stand_in.py").write_text(STAND_IN)
+    monkeypatch.setattr(ps, "suite_root", lambda name: suite)
+    monkeypatch.setattr(ps, "SUITES_DIR", tmp_path / "no-wheels")
+    got = ps.run_file("cupy", "test_stand_in.py", "own", tmp_path / "out", 120, 2)
+    by_name = {n.rsplit("::", 1)[-1]: o for n, o in got.items()}
+    assert by_name == {
+        "test_1_poisoner": "passed",
+        "test_2_victim": "passed",  # failed after the poisoner, passed alone
+        "test_3_real_failure": "failed",
+        "test_4_crash": "crashed",
+        "test_5_fine": "passed",  # run in the process started after the crash
+    }
+    # Every run left its transcript, for reading failures later.
+    assert any(p.suffix == ".out" and "rerun" in p.name for p in (tmp_path / "out").iterdir())
+
+
+@pytest.mark.sim
+def test_expected_differences_match_only_what_they_name() -> None:
+    ps = _load()
+    node = "peer-suites/torch/test_cuda.py::TestCuda::test_get_per_process_memory_fraction"
+    assert ps.expected("torch", node, "passed", "failed") is not None
+    assert ps.expected("torch", node, "failed", "passed") is None  # cudacore passing where PyTorch fails is news
+    assert ps.expected("torch", node.replace("fraction", "fraction_x"), "passed", "crashed") is None
+    assert ps.expected("numba", "numba.cuda.tests.cudapy.test_ipc.TestIpcMemory.test_ipc_handle", "failed", "error")
+    for suite, rows in ps.LEFT_OUT.items():
+        for pattern, reason in rows:
+            assert pattern and len(reason) > 20, (suite, pattern)
