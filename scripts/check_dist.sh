@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The release check (make dist-check; CI runs it), from the repository root (docs/building.md):
+# The release check (make dist-check; CI runs it), from the repository root (docs/contributing/building.md):
 #
 #  1. build the sdist and check that it has every tracked file but CI's own;
 #  2. unpack it and build a manylinux wheel from it with no network: GOPROXY=off, GOFLAGS=-mod=vendor, an
@@ -11,7 +11,7 @@
 #     shim's C++ exception reaches a program built with the system's libstdc++ (scripts/shim_probe.cc);
 #  5. run SDIST_TESTS from the unpacked sdist against the installed wheel (pytest and numpy are installed
 #     into that environment from the package index first). Not the whole suite: the pytest plugin's and
-#     the notebook's tests run the source tree's python/ (docs/building.md says how to run it all).
+#     the notebook's tests run the source tree's python/ (docs/contributing/building.md says how to run it all).
 #
 # PKG_PYTHON is the packaging environment's Python (make pkg-venv); the wheel is for its base interpreter.
 set -euo pipefail

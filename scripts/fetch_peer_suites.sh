@@ -5,7 +5,7 @@
 #   scripts/fetch_peer_suites.sh [CUPY_VERSION]
 #
 # - CuPy: the tests/ folder of the CuPy source release from PyPI, checked against its sha256. The version
-#   must match the CuPy installed on the GPU machine (docs/gpu-testing.md names it).
+#   must match the CuPy installed on the GPU machine (docs/contributing/gpu-testing.md names it).
 # - PyTorch: test/test_cuda.py is not on PyPI (PyTorch publishes no sdist). Put the file of the pinned
 #   commit below at peer-suites/torch/test_cuda.py by hand. The pin is a snapshot of PyTorch's main
 #   between the 2.10 and 2.11 branch cuts (every API the file uses exists in torch 2.11.0, the GPU

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds manylinux wheels of cudacore into dist/, one per Python interpreter given (docs/building.md):
+# Builds manylinux wheels of cudacore into dist/, one per Python interpreter given (docs/contributing/building.md):
 #
 #   scripts/wheels.sh /path/to/python3.11 /path/to/python3.12 ...      (make wheels runs this)
 #

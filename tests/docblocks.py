@@ -1,4 +1,4 @@
-"""The fenced code blocks of README.md and docs/*.md, with their markers (used by test_docs and test_typing).
+"""The fenced code blocks of README.md and docs/**/*.md, with their markers (used by test_docs and test_typing).
 
 Every fenced block names its language. ``python`` blocks run and type-check; ``sh`` and ``bash`` blocks run
 in bash from the repository root; ``text`` blocks are not code. The python blocks of one file run in order
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 LANGUAGES = {"python", "sh", "bash", "text"}
 

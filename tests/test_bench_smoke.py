@@ -1,5 +1,5 @@
 """The benchmarks run end to end on the simulator, so that a change of an API they call breaks CI, not the
-GPU run where their tables are made (docs/gpu-testing.md). Their figures mean nothing here; each row of
+GPU run where their tables are made (docs/contributing/gpu-testing.md). Their figures mean nothing here; each row of
 the table must be there."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Stream-ordered allocation and free outside a capture (docs/capture.md, "Memory outside the capture").
+"""Stream-ordered allocation and free outside a capture (docs/guide/capture.md, "Memory outside the capture").
 
 The driver treats cuMemAllocAsync, cuMemAllocFromPoolAsync and cuMemFreeAsync on a stream that is not part
 of a capture as unsafe calls: while a GLOBAL capture runs anywhere, or a THREAD_LOCAL one on the calling
-thread, it refuses them (900) and invalidates the capture (docs/driver-facts.md). So cudacore refuses such
+thread, it refuses them (900) and invalidates the capture (docs/contributing/driver-facts.md). So cudacore refuses such
 an allocation before the driver, whether or not its cache could serve it, and keeps every free, cache
 release and stream destruction that would make one until the captures have ended. Each test checks that
 the capture goes on and, with the `base` fixture, that nothing is left behind. They run on the simulator

@@ -754,15 +754,15 @@ def test_live_allocations_name_pytorch(dev):
 
 
 def test_docs_diagnostics_code_runs(capsys):
-    """Every Python block of docs/diagnostics.md runs, in order, in one namespace, on this backend."""
-    text = (ROOT / "docs" / "diagnostics.md").read_text()
+    """Every Python block of docs/guide/diagnostics.md runs, in order, in one namespace, on this backend."""
+    text = (ROOT / "docs" / "guide" / "diagnostics.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
     assert len(blocks) == 4
     ns: dict = {}
     for block in blocks:
         if "set_memory_conditions" in block and cc.backend() != "sim":
             continue
-        exec(compile(block, "docs/diagnostics.md", "exec"), ns)  # noqa: S102 - the documentation's own code
+        exec(compile(block, "docs/guide/diagnostics.md", "exec"), ns)  # noqa: S102 - the documentation's own code
     out = capsys.readouterr().out
     assert "['alloc', 'free']" in out
     assert "cudacore.copy_to" in out and "capture rehearsal: FAILED" in out

@@ -281,7 +281,7 @@ except cc.InvalidValueError as e:
 @pytest.mark.sim
 @pytest.mark.parametrize(("value", "want"), [("0", "off"), ("1", "on"), ("", "on"), ("maybe", "InvalidValueError")])
 def test_the_direct_setting_is_read_by_go_when_the_device_opens(value, want):
-    # Go publishes the device's facts in the snapshot that C reads (docs/design.md, "The snapshot"):
+    # Go publishes the device's facts in the snapshot that C reads (docs/contributing/design.md, "The snapshot"):
     # CUDACORE_DIRECT decides one of them, and a value that is neither 0 nor 1 is refused by name.
     r = run_python(
         """

@@ -1,4 +1,4 @@
-"""Every code block of README.md and docs/*.md runs (markers and rules: tests/docblocks.py).
+"""Every code block of README.md and docs/**/*.md runs (markers and rules: tests/docblocks.py).
 
 Python blocks run per file, in order, as one script (so ``if __name__ == "__main__":`` works as for a
 reader's script); shell blocks run one by one in bash from the repository root, with ``python`` and
@@ -78,7 +78,7 @@ def test_every_block_is_declared() -> None:
 
 def test_blocks_are_found_with_markers() -> None:
     """The extraction itself: a fixture file with every kind of block and marker."""
-    doc = ROOT / "docs" / "design.md"
+    doc = ROOT / "docs" / "contributing" / "design.md"
     assert any(b.language == "text" for b in blocks(doc))
     readme = blocks(ROOT / "README.md")
     python = [b for b in readme if b.language == "python"]
@@ -150,7 +150,7 @@ except cc.OutOfMemoryError:
 
 
 def test_docs_say_kernels_do_not_run_on_the_simulator() -> None:
-    text = (ROOT / "docs" / "testing-without-a-gpu.md").read_text()
+    text = (ROOT / "docs" / "guide" / "testing-without-a-gpu.md").read_text()
     assert "Kernels do not run on the simulator" in text
     readme = (ROOT / "README.md").read_text()
     assert "kernels do not run on it" in readme
@@ -158,7 +158,7 @@ def test_docs_say_kernels_do_not_run_on_the_simulator() -> None:
 
 def test_pytest_plugin_example_passes(tmp_path: Path) -> None:
     """The plugin example of testing-without-a-gpu.md is a test file: run it with pytest on the simulator."""
-    [block] = [b for b in blocks(ROOT / "docs" / "testing-without-a-gpu.md") if "cudacore_faults" in b.code]
+    [block] = [b for b in blocks(ROOT / "docs" / "guide" / "testing-without-a-gpu.md") if "cudacore_faults" in b.code]
     (tmp_path / "test_example.py").write_text(block.code)
     env = {k: v for k, v in _env(tmp_path).items() if not k.startswith("CUDACORE_")}
     env["CUDACORE_BACKEND"] = "sim"

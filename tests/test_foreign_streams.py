@@ -1,4 +1,4 @@
-"""Streams cudacore did not create (docs/memory.md, "Streams of other libraries"): their owner may destroy
+"""Streams cudacore did not create (docs/guide/memory.md, "Streams of other libraries"): their owner may destroy
 them at any time after the call that named them, and no handle of such a stream reaches the driver
 afterwards unless a watcher vouches for it.
 

@@ -1,4 +1,4 @@
-"""Graph memory and the memory graphs use (issue 11, items 6 and 8; docs/capture.md, "Memory during capture").
+"""Graph memory and the memory graphs use (issue 11, items 6 and 8; docs/guide/capture.md, "Memory during capture").
 
 An allocation made on a capturing stream is real only once its graph is launched. These tests follow its
 Buffer through each fate (aborted capture, graph destroyed before or after a launch, closed before the
@@ -101,7 +101,7 @@ def test_a_launched_allocation_outlives_its_graph_until_closed(dev: cc.Device) -
     assert in_use(dev) == before
     if cc.backend() == "sim":
         # On the H100 (driver 580) 2 MiB of such an allocation stay with the driver even after a trim
-        # (docs/driver-facts.md, "Graph memory"); cudacore's own accounting above is exact on both.
+        # (docs/contributing/driver-facts.md, "Graph memory"); cudacore's own accounting above is exact on both.
         assert settled_free(dev) == free_before
     src.close()
     s.close()

@@ -1,6 +1,6 @@
 """Device limits (issue 5): defaults, read-back, clamping, strict mode, override, bad input.
 
-The simulator models the limits as measured on the H100 (docs/driver-facts.md); the heap proof on a real
+The simulator models the limits as measured on the H100 (docs/contributing/driver-facts.md); the heap proof on a real
 GPU is in test_kernels.py.
 """
 
@@ -16,7 +16,7 @@ from conftest import run_cli, run_python
 
 pytestmark = pytest.mark.sim
 
-H100_HEAP_CLAMP = 17_681_179_680  # 64 TiB asked, applied on the H100 of docs/driver-facts.md
+H100_HEAP_CLAMP = 17_681_179_680  # 64 TiB asked, applied on the H100 of docs/contributing/driver-facts.md
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ spawned processes, its lifetime rules, and events shared between processes.
 
 The simulator's devices are fixed per process, so the multi-device cases run in fresh interpreters with
 ``CUDACORE_SIM_DEVICES`` (three devices: 0 and 1 are peers, 2 is in another peer group). Memory crosses
-processes for real: the simulator keeps shareable memory in shared memory (see docs/multi-gpu.md).
+processes for real: the simulator keeps shareable memory in shared memory (see docs/guide/multi-gpu.md).
 """
 
 from __future__ import annotations
@@ -852,7 +852,7 @@ def test_an_import_whose_unmapping_failed_stays_open_until_closed_again(kind: st
 
 
 def test_a_stream_of_another_device_cannot_join_a_capture() -> None:
-    """docs/capture.md: streams of another device cannot join a capture; refused before the driver, and
+    """docs/guide/capture.md: streams of another device cannot join a capture; refused before the driver, and
     the capture goes on."""
     out = _run(
         """
@@ -873,7 +873,7 @@ def test_a_stream_of_another_device_cannot_join_a_capture() -> None:
 
 
 def test_a_synchronous_peer_copy_is_refused_where_a_capture_forbids_unsafe_calls() -> None:
-    """docs/capture.md: a peer copy without a stream waits for the legacy stream, an unsafe call, so a
+    """docs/guide/capture.md: a peer copy without a stream waits for the legacy stream, an unsafe call, so a
     GLOBAL or THREAD_LOCAL capture refuses it before the driver (which would answer 900 and end the
     capture), in either direction; the capture goes on. A RELAXED capture allows it."""
     out = _run(

@@ -46,7 +46,7 @@ def two_gpus() -> tuple[cc.Device, cc.Device]:
 
 def _machine_kind(kind: str) -> str:
     """The kind allocate_shareable gives here where ``kind`` is expected: "ipc" instead of "pool" on a
-    driver that refuses to export pool blocks (the H100 test machine does; docs/multi-gpu.md)."""
+    driver that refuses to export pool blocks (the H100 test machine does; docs/guide/multi-gpu.md)."""
     if kind == "pool" and cc.Device(0).allocation_strategy == "pool":
         return str(cc._api.call(cc._api.core.ShareKind, 0))
     return kind

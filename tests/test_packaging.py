@@ -1,4 +1,4 @@
-"""What the README and docs/building.md promise about building agrees with the files that decide it.
+"""What the README and docs/contributing/building.md promise about building agrees with the files that decide it.
 
 The wheels themselves are checked by ``make dist-check`` (CI runs it): built offline from the sdist,
 installed where there is no Go, imported and run.
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT
 
-BUILDING = ROOT / "docs" / "building.md"
+BUILDING = ROOT / "docs" / "contributing" / "building.md"
 
 
 def _go_mod_minor() -> str:
@@ -55,7 +55,7 @@ def test_wheel_tag_in_docs_is_the_one_make_wheels_builds() -> None:
     m = re.search(r"^GLIBC=\$\{MANYLINUX_GLIBC:-(\d+)\.(\d+)\}$", script, re.MULTILINE)
     assert m is not None, "scripts/wheels.sh sets its default glibc"
     tag = f"manylinux_{m.group(1)}_{m.group(2)}_x86_64"
-    for doc in (ROOT / "README.md", BUILDING, ROOT / "docs" / "gpu-testing.md"):
+    for doc in (ROOT / "README.md", ROOT / "docs" / "guide" / "installing.md", BUILDING, ROOT / "docs" / "contributing" / "gpu-testing.md"):
         tags = set(re.findall(r"manylinux_\d+_\d+_x86_64", doc.read_text()))
         assert tags == {tag}, f"{doc.name} names {sorted(tags)}, make wheels builds {tag}"
     assert "scripts/wheels.sh" in makefile

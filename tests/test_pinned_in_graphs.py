@@ -1,4 +1,4 @@
-"""Pinned host memory that a graph copies to or from lives as long as the graph (docs/capture.md).
+"""Pinned host memory that a graph copies to or from lives as long as the graph (docs/guide/capture.md).
 
 A captured copy between device memory and a PinnedBuffer keeps the host address in the graph, and each
 launch reads or writes it again. On the real driver a launch after that memory was freed faults the device

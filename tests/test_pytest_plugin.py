@@ -222,7 +222,7 @@ def test_leak_check_finds_a_leaked_pinned_buffer(runner, pytester: pytest.Pytest
 
 def test_leak_check_does_not_count_orphans(runner, pytester: pytest.Pytester) -> None:
     # A Buffer of another library's stream, closed after its owner destroyed the stream, waits for a
-    # device synchronize before its memory goes back (docs/memory.md): it was freed, so no leak.
+    # device synchronize before its memory goes back (docs/guide/memory.md): it was freed, so no leak.
     pytester.makepyfile(
         test_orphan="""
         import pytest

@@ -1,4 +1,4 @@
-"""The recycle log (docs/design.md, "The recycle log"): a Buffer closed on the legacy stream hands its block to
+"""The recycle log (docs/contributing/design.md, "The recycle log"): a Buffer closed on the legacy stream hands its block to
 the next allocation of its size there without entering Go, and Go accounts for both before anything else.
 
 These run on the simulator and on the GPU: the log is the same C and Go on both.

@@ -136,7 +136,7 @@ def test_pageable_async_copy_is_staged(dev):
 
 @pytest.mark.parametrize("n", [4096, 9 * (1 << 20) + 5], ids=["4KiB", "9MiB"])
 def test_pageable_async_copy_to_host_has_arrived_when_it_returns(dev, n):
-    """docs/memory.md: an asynchronous copy into pageable memory returns once the data has arrived in it,
+    """docs/guide/memory.md: an asynchronous copy into pageable memory returns once the data has arrived in it,
     whatever its size (it goes through the staging buffers)."""
     s = dev.create_stream()
     data = rand(n, 3)

@@ -1,4 +1,4 @@
-"""Every documented line type-checks: the python blocks of README.md and docs/*.md under ``mypy --strict``
+"""Every documented line type-checks: the python blocks of README.md and docs/**/*.md under ``mypy --strict``
 and pyright (strict), against this checkout's package. Each checker's test skips only when that checker is
 not installed (``make venv`` installs both). Also the typing fixes these checks rely on (Limits setters).
 """

@@ -2,7 +2,7 @@
 // applies that decision to gopy's generated Go code.
 //
 // gopy v0.4.8 releases the GIL around every call (PyEval_SaveThread / PyEval_RestoreThread). That doubles
-// the cost of a short call and makes threads convoy on the GIL (docs/design.md, "The GIL"). Each exported facade
+// the cost of a short call and makes threads convoy on the GIL (docs/contributing/design.md, "The GIL"). Each exported facade
 // function therefore carries a directive in its doc comment:
 //
 //	//cudacore:gil hold      keep the GIL: short calls that cannot block

@@ -13,14 +13,14 @@ import (
 	"github.com/cudacore/cudacore/pkg/cuda"
 )
 
-// EnvDevices is the variable FromEnv reads the device list from (see docs/testing-without-a-gpu.md).
+// EnvDevices is the variable FromEnv reads the device list from (see docs/guide/testing-without-a-gpu.md).
 const EnvDevices = "CUDACORE_SIM_DEVICES"
 
 // EnvFaults is the variable FromEnv reads injected faults from: a comma list of entry:nth:code, such as
 // "cuMemAllocFromPoolAsync:3:2" (the third cuMemAllocFromPoolAsync from start, the pool allocator's call,
 // fails with CUDA_ERROR_OUT_OF_MEMORY). The code may also be a name,
 // "cuMemAllocFromPoolAsync:3:CUDA_ERROR_OUT_OF_MEMORY". Each fault is one call: cudacore's allocator retries
-// a failed allocation once, so failing an allocation takes two (docs/testing-without-a-gpu.md).
+// a failed allocation once, so failing an allocation takes two (docs/guide/testing-without-a-gpu.md).
 const EnvFaults = "CUDACORE_SIM_FAULTS"
 
 // MaxDevices is the most devices one simulator offers; the driver API's own ordinals go no further in
@@ -55,7 +55,7 @@ type DeviceConfig struct {
 	PeerGroup int `json:"peer_group"`
 }
 
-// H100 returns the device measured in docs/driver-facts.md: NVIDIA H100 80GB HBM3, compute capability 9.0.
+// H100 returns the device measured in docs/contributing/driver-facts.md: NVIDIA H100 80GB HBM3, compute capability 9.0.
 func H100() DeviceConfig {
 	return DeviceConfig{
 		Name:                 "NVIDIA H100 80GB HBM3",

@@ -1,5 +1,5 @@
 // Package cudasim is a simulated CUDA driver: a cuda.Driver over host memory that reproduces the
-// behaviour recorded on a real GPU in docs/driver-facts.md, so that cudacore and its users can run
+// behaviour recorded on a real GPU in docs/contributing/driver-facts.md, so that cudacore and its users can run
 // their code and tests on a machine with no GPU (CUDACORE_BACKEND=sim).
 //
 // It models behaviour, not calls: device memory is accounted against each device's total and backed by

@@ -242,7 +242,7 @@ func (d *Driver) GraphExecDestroy(c cuda.Context, eh cuda.GraphExec) error {
 	}
 	defer v.mu.Unlock()
 	// Destroying an executable graph is an unsafe call during capture, as a synchronous allocation is;
-	// destroying a graph is not (docs/driver-facts.md, "Stream capture").
+	// destroying a graph is not (docs/contributing/driver-facts.md, "Stream capture").
 	if err := d.unsafeCall(op, v); err != nil {
 		return err
 	}

@@ -1,7 +1,7 @@
 // Package limits gets and sets a device context's limits (cuCtxGetLimit / cuCtxSetLimit) by name, and
 // tells the truth about what the driver did.
 //
-// The driver clamps some requests silently: on the H100 of docs/driver-facts.md, a 64 TiB malloc heap returns
+// The driver clamps some requests silently: on the H100 of docs/contributing/driver-facts.md, a 64 TiB malloc heap returns
 // CUDA_SUCCESS and reads back 17,681,179,680 bytes. So Set validates before it calls the driver, reads the
 // value back after, and reports any difference: as Applied.Clamped, or as an error in strict mode.
 package limits

@@ -13,7 +13,7 @@ import (
 	"github.com/cudacore/cudacore/pkg/limits"
 )
 
-// h100 is the device of docs/driver-facts.md as validation sees it.
+// h100 is the device of docs/contributing/driver-facts.md as validation sees it.
 var h100 = limits.DeviceInfo{Ordinal: 0, Name: "NVIDIA H100 80GB HBM3", TotalMemory: 85017493504,
 	L2CacheSize: 52428800, MaxPersistingL2CacheSize: 51904512}
 
@@ -35,7 +35,7 @@ func cudaErr(t *testing.T, err error) *cuda.Error {
 	return e
 }
 
-// The defaults the H100 reported (docs/driver-facts.md, Limits), read through the simulator.
+// The defaults the H100 reported (docs/contributing/driver-facts.md, Limits), read through the simulator.
 func TestDefaultsMatchDriverFacts(t *testing.T) {
 	drv, ctx := open(t)
 	for name, want := range map[string]uint64{
@@ -66,7 +66,7 @@ func TestSetReadsBack(t *testing.T) {
 	assert.Equal(t, uint64(268435456), got)
 }
 
-// docs/driver-facts.md: 64 TiB returns CUDA_SUCCESS and reads back 17,681,179,680.
+// docs/contributing/driver-facts.md: 64 TiB returns CUDA_SUCCESS and reads back 17,681,179,680.
 func TestClampIsReported(t *testing.T) {
 	drv, ctx := open(t)
 	a, err := limits.Set(drv, ctx, h100, "malloc_heap_size", 64<<40, false)
@@ -137,7 +137,7 @@ func TestCheckSigned(t *testing.T) {
 	assert.Equal(t, uint64(4096), v)
 }
 
-// docs/driver-facts.md: after a kernel that called malloc has run, setting the heap returns 1 and the old value
+// docs/contributing/driver-facts.md: after a kernel that called malloc has run, setting the heap returns 1 and the old value
 // stays. The simulator runs no kernels, so the driver's answer is injected.
 func TestHeapFixedAfterMallocKernelStatesTheRule(t *testing.T) {
 	drv, ctx := open(t)

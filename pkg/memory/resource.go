@@ -13,7 +13,7 @@ import (
 // and is reused in stream order; the release threshold says how much the pool keeps across a
 // synchronize.
 //
-// NewPool sets the pool's release threshold to the maximum by default: docs/driver-facts.md measured
+// NewPool sets the pool's release threshold to the maximum by default: docs/contributing/driver-facts.md measured
 // cuMemAllocAsync at 0.78 µs a pair that way, while a threshold of 0 gives all memory back to the device at
 // every synchronize and makes the next allocation pay for it again. Reserved memory is given back by Trim,
 // Release, and by the driver itself before it reports out of memory.
@@ -40,7 +40,7 @@ type poolConfig struct {
 }
 
 // WithQuiet makes the pool answer Reserved and Used from the last values it read while quiet() is true:
-// cuMemPoolGetAttribute of the pool's usage invalidates a stream capture (docs/driver-facts.md), so a
+// cuMemPoolGetAttribute of the pool's usage invalidates a stream capture (docs/contributing/driver-facts.md), so a
 // caller that may be capturing passes a test for it.
 func WithQuiet(quiet func() bool) PoolOption { return func(c *poolConfig) { c.quiet = quiet } }
 

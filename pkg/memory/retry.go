@@ -64,7 +64,7 @@ func (r *Retry) Allocate(size uint64, s cuda.Stream) (cuda.DevicePtr, error) {
 // capturedElsewhere says whether s, the stream an allocation names, is being captured: by another library
 // (cudacore's own captures make the pool Quiet). Making room would then invalidate that capture: the
 // release synchronizes the context, and a query of the pool's usage is an unsafe call during a capture
-// (docs/driver-facts.md). Only the out-of-memory path asks, so the query costs nothing on success. The
+// (docs/contributing/driver-facts.md). Only the out-of-memory path asks, so the query costs nothing on success. The
 // legacy and per-thread streams are not asked: a query of the legacy stream while another stream captures
 // is itself refused. A failed query counts as capturing, the safe side.
 func capturedElsewhere(drv cuda.Driver, ctx cuda.Context, s cuda.Stream) bool {

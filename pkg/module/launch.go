@@ -76,7 +76,7 @@ func launchFields(c Config) []cuda.Field {
 
 // Validate checks a launch configuration against the device and the kernel without calling the driver.
 // A block, grid or shared memory size out of range is an InvalidValue error (what the driver returns for
-// them, docs/driver-facts.md); a block that needs more registers than the device has is
+// them, docs/contributing/driver-facts.md); a block that needs more registers than the device has is
 // LAUNCH_OUT_OF_RESOURCES. Each message says what to change and carries the whole configuration.
 func (f *Function) Validate(c Config) error {
 	a, d := f.attrs, f.mod.dev

@@ -131,7 +131,7 @@ func (m *Manager) stagedHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 		n := min(len(buf), len(src)-off)
 		hostCopy(buf[:n], src[off:off+n])
 		// One DMA per chunk: enqueueing a chunk in smaller pieces as they are staged was measured slower
-		// (docs/driver-facts.md, "Pageable copies").
+		// (docs/contributing/driver-facts.md, "Pageable copies").
 		if err := m.drv.MemcpyHtoDAsync(m.ctx, dst+cuda.DevicePtr(off), buf[:n], s.h); err != nil {
 			m.staging.recycle(buf, 0) // nothing reads it
 			return err

@@ -53,7 +53,7 @@ func (d *enqueueHooks) StreamWaitEvent(c cuda.Context, s cuda.Stream, e cuda.Eve
 }
 
 // A stream destroyed on another thread while work is on its way to the driver on it is destroyed only
-// once the driver has that work: a destroyed stream's handle crashes the real driver (docs/driver-facts.md,
+// once the driver has that work: a destroyed stream's handle crashes the real driver (docs/contributing/driver-facts.md,
 // "Graph memory"), and the simulator ends the process there just as loudly. The H100 fuzzer met it as a
 // segfault in cuGraphLaunch. Each case destroys the stream from the driver hook, and the work must
 // still reach a live stream; the destroy then completes.

@@ -12,7 +12,7 @@ import (
 // Graph memory and the memory a graph uses.
 //
 // An allocation made on a capturing stream is an allocation node of the graph (graph memory), and the
-// driver gives it a lifetime of its own (docs/driver-facts.md, "Graph memory"):
+// driver gives it a lifetime of its own (docs/contributing/driver-facts.md, "Graph memory"):
 //   - until the graph's first launch it is no allocation at all: freeing it fails, and if the capture is
 //     aborted or the graph destroyed first, there is nothing to free;
 //   - each launch allocates it anew, and a launch while the last launch's allocation is still live fails;

@@ -1,7 +1,7 @@
 // Package stream owns cudacore's streams, events, copies and CUDA graph capture for one device, built so
 // that a mistake during capture cannot wedge a stream.
 //
-// The driver's capture rules (docs/driver-facts.md, measured on an H100) are strict: a synchronous copy
+// The driver's capture rules (docs/contributing/driver-facts.md, measured on an H100) are strict: a synchronous copy
 // while a blocking stream captures fails with 906 and invalidates the capture; a synchronous allocation or
 // a synchronize in GLOBAL or THREAD_LOCAL mode fails with 900; once invalidated, a capture can only be
 // ended (901, no graph). So this package
@@ -46,7 +46,7 @@ const (
 	// instead of the staging pool: asynchronous host-to-device copies, and synchronous ones both ways.
 	// Below about 2 MiB the driver's copy, which pipelines its staging with the DMA, is as fast or faster;
 	// from 2 MiB, staging wins, its host copy spread over threads (hostCopy) and its chunks pipelined
-	// (docs/driver-facts.md, "Pageable copies"). Asynchronous device-to-host copies of pageable memory are
+	// (docs/contributing/driver-facts.md, "Pageable copies"). Asynchronous device-to-host copies of pageable memory are
 	// always staged.
 	DefaultPageableDirectMax = 1 << 20
 )

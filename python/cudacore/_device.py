@@ -355,7 +355,7 @@ class Device:
         """Allocate ``nbytes`` of device memory that other processes can open (a :class:`SharedBuffer`).
 
         Export it with :meth:`SharedBuffer.export` or pickle it into a ``multiprocessing`` worker: see
-        docs/multi-gpu.md. By default, with the pool strategy the memory comes from an exportable pool,
+        docs/guide/multi-gpu.md. By default, with the pool strategy the memory comes from an exportable pool,
         ordered on ``stream``, and with the synchronous one from cuMemAlloc (see ``kind``). It is not drawn from this device's allocator
         (no cache: its memory must not be reused while another process maps it).
 
@@ -491,11 +491,11 @@ class Device:
     def memory_stats(self) -> MemoryStats:
         """The allocator's counters: ``in_use``, ``peak_in_use``, ``cached``, ``reserved``,
         ``allocations``, ``frees``, ``ooms``, ``failures``, ``recycled`` (of the allocations, those served
-        with a block closed just before, without entering the allocator: docs/memory.md), ``limit``,
+        with a block closed just before, without entering the allocator: docs/guide/memory.md), ``limit``,
         ``pinned_in_use``, ``pinned_staging`` (the pinned staging buffers of pageable copies, at most four
-        of 8 MiB: docs/memory.md), ``orphaned`` (freed blocks of other libraries' streams that were destroyed
-        meanwhile, waiting for a device synchronize: docs/memory.md), ``strategy``, ``graph_destroy_failures`` and ``graph_destroys_pending``
-        (graph destroys the driver refused, and graphs kept to destroy again: docs/capture.md), ..."""
+        of 8 MiB: docs/guide/memory.md), ``orphaned`` (freed blocks of other libraries' streams that were destroyed
+        meanwhile, waiting for a device synchronize: docs/guide/memory.md), ``strategy``, ``graph_destroy_failures`` and ``graph_destroys_pending``
+        (graph destroys the driver refused, and graphs kept to destroy again: docs/guide/capture.md), ..."""
         return _memory.memory_stats(self)
 
     def reset_peak_memory_stats(self) -> int:

@@ -139,7 +139,7 @@ class DeviceFaultError(CUDAError):
     """The device faulted (illegal address, assert, ...); its context is unusable until the process ends."""
 
 
-#: The verdicts of :attr:`OutOfMemoryError.cause` (docs/diagnostics.md).
+#: The verdicts of :attr:`OutOfMemoryError.cause` (docs/guide/diagnostics.md).
 OutOfMemoryCause: TypeAlias = Literal[
     "exhausted", "other_processes", "fragmentation", "limit", "pool_reservation", "too_large", "injected"
 ]
@@ -169,7 +169,7 @@ class OutOfMemoryError(CUDAError, MemoryError):
         ``"other_processes"``, ``"fragmentation"`` (enough free in total, not in one block),
         ``"limit"`` (a cudacore memory limit), ``"pool_reservation"`` (the driver refused the pool's
         reservation) or ``"too_large"`` (more than the device has); on the simulator, ``"injected"`` when
-        a fault injected for a test caused it. See docs/diagnostics.md.
+        a fault injected for a test caused it. See docs/guide/diagnostics.md.
     flight_record : list of dict
         The allocator events that led here (see :func:`cudacore.flight_record`), oldest first, ending
         with this failure; empty when the recorder is off.

@@ -179,7 +179,7 @@ def stream_handle(stream: object, device: int | None = None) -> int:
 # watch ends (StreamGone) when the object goes; PyTorch's streams come from a pool PyTorch never destroys,
 # so theirs never ends. Other objects (cuda.core's Stream, which close() destroys while the object lives,
 # CuPy's and PyTorch's ExternalStream, any __cuda_stream__ object, a bare int) are not watched: a block
-# allocated on one and freed after the call waits for a device synchronize instead (docs/memory.md). A
+# allocated on one and freed after the call waits for a device synchronize instead (docs/guide/memory.md). A
 # Buffer allocated on a stream object holds the object until it is freed (cudacore/native/buffer.c), so a
 # CuPy stream is destroyed only after the last of its blocks was freed in its order.
 

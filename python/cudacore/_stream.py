@@ -2,7 +2,7 @@
 
 Waits (:meth:`Stream.synchronize`, :meth:`Event.synchronize`, :meth:`Device.synchronize`) release the GIL
 in short slices and come back to Python between them, so other threads run meanwhile and Ctrl-C stops
-them. Capture follows the driver's rules (``docs/driver-facts.md``); what would invalidate a capture
+them. Capture follows the driver's rules (``docs/contributing/driver-facts.md``); what would invalidate a capture
 is refused with a :class:`CaptureError` that names the operation and the fix, and a capture the driver
 invalidated anyway is ended by cudacore, so the stream always works again.
 """

@@ -85,7 +85,7 @@ def cupy_allocator(device: Device | int | None = None) -> Callable[[int], Any]:
     ``cupy.cuda.MemoryPointer`` over a ``cupy.cuda.UnownedMemory`` whose owner is that Buffer: the memory
     is freed (in stream order) when CuPy drops its last reference. The Buffer holds CuPy's stream object
     until then (CuPy destroys a stream when the object is collected), so the free always finds its stream
-    alive (docs/memory.md, "Streams of other libraries"). ``device`` (default: CuPy's current
+    alive (docs/guide/memory.md, "Streams of other libraries"). ``device`` (default: CuPy's current
     device at each call) picks the cudacore device.
 
     Out of memory raises :class:`cudacore.OutOfMemoryError` (a ``MemoryError``), not
@@ -101,7 +101,7 @@ def cupy_allocator(device: Device | int | None = None) -> Callable[[int], Any]:
         if size == 0:
             return memory.MemoryPointer(memory.UnownedMemory(0, 0, None, dev.device_id), 0)
         # CuPy's current stream, as the object: the Buffer holds it until freed, and cudacore watches it, so
-        # that its handle never reaches the driver after CuPy destroyed it (docs/memory.md).
+        # that its handle never reaches the driver after CuPy destroyed it (docs/guide/memory.md).
         buf = dev.allocate(size, stream=cupy.cuda.get_current_stream())
         return memory.MemoryPointer(memory.UnownedMemory(buf.ptr, size, buf, dev.device_id), 0)
 

@@ -9,9 +9,9 @@ Markers
 -------
 ``@pytest.mark.cudacore_gpu``
     Skip the test unless a real GPU is there (the CUDA backend, with at least one device).
-``@pytest.mark.cudacore_leak_check`` (or ``--cudacore-leak-check`` / ini ``cudacore_leak_check = true``
-for every test; ``@pytest.mark.cudacore_leak_check(False)`` opts one out)
-    Fail the test (an error at teardown) if device memory allocated during it is still allocated after
+``@pytest.mark.cudacore_leak_check``
+    (or ``--cudacore-leak-check`` / ini ``cudacore_leak_check = true`` for every test;
+    ``@pytest.mark.cudacore_leak_check(False)`` opts one out.) Fail the test (an error at teardown) if device memory allocated during it is still allocated after
     its fixtures are torn down and garbage is collected, listing each live Buffer with its size and the
     Python call site that allocated it.
 ``@pytest.mark.cudacore_memory_budget(nbytes, device=0)``
@@ -231,7 +231,7 @@ class _LeakWatch:
         for ordinal, dev in list(Device._cache.items()):
             stats = dev.memory_stats()
             # Orphans (blocks of another library's stream, closed and waiting for a device synchronize to go
-            # back: docs/memory.md) were freed by their owner: no leak.
+            # back: docs/guide/memory.md) were freed by their owner: no leak.
             out[(ordinal, "Buffer")] = stats["in_use"] - stats["orphaned"]
             out[(ordinal, "PinnedBuffer")] = stats["pinned_in_use"]
             out[(ordinal, "ManagedBuffer")] = stats["managed_in_use"]

@@ -1,6 +1,6 @@
 """A program that closes everything it allocated: under
 ``compute-sanitizer --tool memcheck --leak-check full python3 scripts/gpu/clean_exit.py`` it must show 0
-bytes leaked (docs/gpu-testing.md, "compute-sanitizer"). It allocates on a stream, copies, captures a
+bytes leaked (docs/contributing/gpu-testing.md, "compute-sanitizer"). It allocates on a stream, copies, captures a
 copy, launches the graph and closes everything, and with ``--cupy`` does the same through CuPy on
 cudacore's allocator, a CuPy stream destroyed before an array allocated on it is freed included.
 """

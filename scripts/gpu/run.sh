@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU run, as one command on the GPU machine (docs/gpu-testing.md), from the repository root
+# The whole GPU run, as one command on the GPU machine (docs/contributing/gpu-testing.md), from the repository root
 # with dist/ carried over:
 #
 #   scripts/gpu/run.sh [pytest args...]
@@ -13,7 +13,7 @@ OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 CUDACORE_BACKEND=cuda
-# NVLink multicast stays off on the shared multi-GPU machine (docs/gpu-testing.md): every process started
+# NVLink multicast stays off on the shared multi-GPU machine (docs/contributing/gpu-testing.md): every process started
 # here inherits these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 

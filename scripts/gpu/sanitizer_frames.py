@@ -1,4 +1,4 @@
-"""Whether compute-sanitizer keeps the Python frame of a driver call alive (docs/driver-facts.md, "Tools on
+"""Whether compute-sanitizer keeps the Python frame of a driver call alive (docs/contributing/driver-facts.md, "Tools on
 the GPU machine"). Run it plain, under the sanitizer, and under the sanitizer with device backtraces only:
 
     CUDACORE_BACKEND=cuda python3 scripts/gpu/sanitizer_frames.py

@@ -9,7 +9,7 @@ graph memory), and the last lines of its trace. On the GPU machine, from the rep
 
 (With the sanitizer's default host backtraces, a Buffer that a function allocated and then dropped stays
 alive: the sanitizer keeps the Python frame of each driver call, and with it the frame's locals;
-docs/driver-facts.md, "Tools on the GPU machine".)
+docs/contributing/driver-facts.md, "Tools on the GPU machine".)
 
 On the simulator it also turns on the memory condition reuse_addresses (released addresses handed out
 again, as the driver does).

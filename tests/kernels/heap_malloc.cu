@@ -1,7 +1,7 @@
 // heap_malloc: proves the device malloc heap limit (issue 5, item 3).
 //
 // Every thread mallocs nbytes from the device heap and keeps the block (it is never freed, so the heap
-// fills up); a thread whose malloc returns NULL adds one to *nulls. docs/driver-facts.md, 1024 x 256 threads of
+// fills up); a thread whose malloc returns NULL adds one to *nulls. docs/contributing/driver-facts.md, 1024 x 256 threads of
 // 1 KiB each: 258,366 NULLs under the default 8 MiB heap, 0 after raising the heap to 1 GiB before the first
 // launch.
 //

@@ -231,7 +231,7 @@ func run(python, out, work string) error {
 	// library loads; nothing here needs it, so -O2.
 	ext := "_" + name + py.ExtSuffix
 	// Flags already in CGO_CFLAGS and CGO_LDFLAGS come last, so that a cross toolchain (make wheels: zig
-	// cc for an old glibc, docs/building.md) can add its own. No -g: -ldflags=-s strips the symbol table
+	// cc for an old glibc, docs/contributing/building.md) can add its own. No -g: -ldflags=-s strips the symbol table
 	// and -w the DWARF, so the shipped library carries no debug information; -trimpath keeps the build
 	// machine's paths out of it.
 	buildEnv := append(env[:len(env):len(env)],

@@ -1,6 +1,6 @@
 // Package conformance is the one behaviour suite that every cuda.Driver must pass: the real driver
 // (package libcuda) and the simulator (package cudasim) alike. It asserts what was measured on a real
-// H100 (docs/driver-facts.md) and what the driver documents, so that a difference between the
+// H100 (docs/contributing/driver-facts.md) and what the driver documents, so that a difference between the
 // backends shows up as a failure here: on the simulator it is a simulator bug.
 //
 // The suite owns nothing beyond a test: each subtest takes a fresh Driver from the caller, retains the
@@ -23,7 +23,7 @@ import (
 	"github.com/cudacore/cudacore/pkg/cuda"
 )
 
-// H100 figures from docs/driver-facts.md, asserted exactly only on that device.
+// H100 figures from docs/contributing/driver-facts.md, asserted exactly only on that device.
 const (
 	h100Total       = 85017493504
 	h100ClampedHeap = 17681179680
@@ -369,7 +369,7 @@ func testPoolTrim(t *testing.T, e *env) {
 	assert.Zero(t, reserved, "after a synchronize the trim gives everything back")
 }
 
-// testCaptureTable runs the capture sequence of docs/driver-facts.md step by step, on a blocking stream.
+// testCaptureTable runs the capture sequence of docs/contributing/driver-facts.md step by step, on a blocking stream.
 func testCaptureTable(t *testing.T, e *env, mode cuda.CaptureMode) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()

@@ -218,7 +218,7 @@ func TestRealDriver(t *testing.T) {
 			assert.Equal(t, uint32(0xC0DA), binary.LittleEndian.Uint32(out[4*i:]), "word %d", i)
 		}
 		err = d.LaunchKernel(ctx, f, cuda.Dim3{1, 1, 1}, cuda.Dim3{2048, 1, 1}, 0, s, args)
-		assert.ErrorIs(t, err, cuda.ErrInvalidValue, "docs/driver-facts.md: a 2,048-thread block is INVALID_VALUE")
+		assert.ErrorIs(t, err, cuda.ErrInvalidValue, "docs/contributing/driver-facts.md: a 2,048-thread block is INVALID_VALUE")
 		require.NoError(t, d.StreamWaitEvent(ctx, cuda.StreamPerThread, end))
 		require.NoError(t, d.StreamSynchronize(ctx, cuda.StreamPerThread))
 		assert.NoError(t, d.StreamQuery(ctx, s))
@@ -234,7 +234,7 @@ func TestRealDriver(t *testing.T) {
 		p, err := d.MemAlloc(ctx, n)
 		require.NoError(t, err)
 		defer func() { assert.NoError(t, d.MemFree(ctx, p)) }()
-		// Flags 0, as in docs/driver-facts.md: a blocking stream's capture conflicts with the legacy stream that
+		// Flags 0, as in docs/contributing/driver-facts.md: a blocking stream's capture conflicts with the legacy stream that
 		// synchronous copies use (a non-blocking one does not, and the copy below would succeed).
 		s, err := d.StreamCreate(ctx, cuda.StreamDefault, 0)
 		require.NoError(t, err)
@@ -246,7 +246,7 @@ func TestRealDriver(t *testing.T) {
 		require.NoError(t, d.MemsetD8Async(ctx, p, 0x5A, n, s))
 		out := make([]byte, n)
 		err = d.MemcpyDtoH(ctx, out, p)
-		assert.ErrorIs(t, err, cuda.ErrCapture, "docs/driver-facts.md: a synchronous copy during capture is 906")
+		assert.ErrorIs(t, err, cuda.ErrCapture, "docs/contributing/driver-facts.md: a synchronous copy during capture is 906")
 		assert.Equal(t, cuda.Result(906), cuda.ResultOf(err))
 		g, err := d.StreamEndCapture(ctx, s)
 		assert.ErrorIs(t, err, cuda.ErrCapture, "the capture was invalidated")
@@ -324,7 +324,7 @@ func TestRealHotPathDoesNotAllocate(t *testing.T) {
 }
 
 // BenchmarkRealAllocFree is one cuMemAllocAsync + cuMemFreeAsync pair on the default pool, 4 KiB, through
-// this package; compare with the pair measured from C in docs/driver-facts.md.
+// this package; compare with the pair measured from C in docs/contributing/driver-facts.md.
 func BenchmarkRealAllocFree(b *testing.B) {
 	d, _, ctx := openReal(b)
 	pool, err := d.DeviceDefaultMemPool(0)

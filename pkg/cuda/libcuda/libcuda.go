@@ -16,7 +16,7 @@
 // stream, cuda.StreamPerThread (0x2) the per-thread default stream; they pass through unchanged.
 //
 // Cost: each method is one cgo call. BenchmarkRealAllocFree measures a MemAllocAsync + MemFreeAsync pair,
-// to compare with the same pair called from C in docs/driver-facts.md.
+// to compare with the same pair called from C in docs/contributing/driver-facts.md.
 package libcuda
 
 // The noescape and nocallback directives below cover every wrapper that calls the driver: none keeps a
