@@ -30,6 +30,16 @@ def test_dlpack_device(dev: cc.Device) -> None:
         assert buf.__dlpack_device__() == (2, 0)
 
 
+def test_dlpack_structs_have_dlpacks_layout() -> None:
+    # dlpack.h's layout on a 64-bit platform; the C producer's structs come from the same description
+    # (cudacore/internal/tablegen), and the capsule tests below read its output through these.
+    from cudacore._tables import DLTensor
+
+    assert ctypes.sizeof(DLTensor) == 48 and DLTensor.byte_offset.offset == 40
+    assert ctypes.sizeof(_DLManagedTensor) == 64
+    assert ctypes.sizeof(_DLManagedTensorVersioned) == 80 and _DLManagedTensorVersioned.dl_tensor.offset == 32
+
+
 def test_legacy_capsule_describes_the_buffer(dev: cc.Device) -> None:
     buf = dev.allocate(4096)
     refs = sys.getrefcount(buf)

@@ -185,49 +185,7 @@ buffer_get_borrowed(BufferObject *self, void *Py_UNUSED(closure))
  * as a 1-D uint8 tensor; the capsule's DLManagedTensor holds a reference to the Buffer, dropped by the
  * deleter that the consumer calls when it is done (or by the capsule's destructor if nobody consumed it). */
 
-enum { kDLCUDA = 2, kDLUInt = 1 };
-/* DLPack 1.x: the tensor must not be written (DLManagedTensorVersioned.flags). */
-#define DLPACK_FLAG_BITMASK_READ_ONLY (1UL << 0)
-
-typedef struct {
-    int32_t device_type;
-    int32_t device_id;
-} DLDevice;
-
-typedef struct {
-    uint8_t code;
-    uint8_t bits;
-    uint16_t lanes;
-} DLDataType;
-
-typedef struct {
-    void *data;
-    DLDevice device;
-    int32_t ndim;
-    DLDataType dtype;
-    int64_t *shape;
-    int64_t *strides;
-    uint64_t byte_offset;
-} DLTensor;
-
-typedef struct DLManagedTensor {
-    DLTensor dl_tensor;
-    void *manager_ctx;
-    void (*deleter)(struct DLManagedTensor *self);
-} DLManagedTensor;
-
-typedef struct {
-    uint32_t major;
-    uint32_t minor;
-} DLPackVersion;
-
-typedef struct DLManagedTensorVersioned {
-    DLPackVersion version;
-    void *manager_ctx;
-    void (*deleter)(struct DLManagedTensorVersioned *self);
-    uint64_t flags;
-    DLTensor dl_tensor;
-} DLManagedTensorVersioned;
+/* The DLPack structs and constants are generated (tables_gen.h, from cudacore/internal/tablegen). */
 
 /* One malloc'd block per export: the managed tensor, then shape and strides. */
 typedef struct {

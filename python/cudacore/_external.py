@@ -9,22 +9,26 @@ import ctypes
 import operator
 from typing import TYPE_CHECKING, Any
 
+from . import _tables
 from ._copy import readonly_error, register_protocols
 from ._errors import error
 from ._handles import stream_handle
 from ._memory import Buffer
 from ._native import fast
 from ._stream import StreamLike
+from ._tables import DLManagedTensor as _DLManagedTensor
+from ._tables import DLManagedTensorVersioned as _DLManagedTensorVersioned
+from ._tables import DLTensor as _DLTensor
 
 if TYPE_CHECKING:
     from ._device import Device
 
 __all__ = ["ExternalBuffer", "asbuffer", "from_dlpack", "kDLCPU", "kDLCUDA", "kDLCUDAHost", "kDLCUDAManaged"]
 
-kDLCPU = 1
-kDLCUDA = 2
-kDLCUDAHost = 3
-kDLCUDAManaged = 13
+kDLCPU = _tables.kDLCPU
+kDLCUDA = _tables.kDLCUDA
+kDLCUDAHost = _tables.kDLCUDAHost
+kDLCUDAManaged = _tables.kDLCUDAManaged
 
 
 class ExternalBuffer(Buffer):
@@ -160,42 +164,8 @@ def _array_device(obj: Any) -> int:
 # DLPack consumer (ctypes): parse a capsule, keep it, call its deleter when the ExternalBuffer goes.
 
 
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("device", _DLDevice),
-        ("ndim", ctypes.c_int32),
-        ("dtype", _DLDataType),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("strides", ctypes.POINTER(ctypes.c_int64)),
-        ("byte_offset", ctypes.c_uint64),
-    ]
-
-
-class _DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
-
-
-class _DLPackVersion(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
-
-
-class _DLManagedTensorVersioned(ctypes.Structure):
-    _fields_ = [
-        ("version", _DLPackVersion),
-        ("manager_ctx", ctypes.c_void_p),
-        ("deleter", ctypes.c_void_p),
-        ("flags", ctypes.c_uint64),
-        ("dl_tensor", _DLTensor),
-    ]
+# The structs (_DLTensor, ...) are generated with the C producer's (_tables.py, from
+# cudacore/internal/tablegen): imported at the top of this module.
 
 
 _DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -231,8 +201,8 @@ class _DLPackOwner:
         self.release()
 
 
-#: DLPack 1.x's flag of a tensor its producer does not allow to be written (DLPACK_FLAG_BITMASK_READ_ONLY).
-_DLPACK_READ_ONLY = 1
+#: DLPack 1.x's flag of a tensor its producer does not allow to be written.
+_DLPACK_READ_ONLY = _tables.DLPACK_FLAG_BITMASK_READ_ONLY
 
 
 def _parse_capsule(capsule: Any) -> tuple[_DLTensor, int, int, bool, bool]:

@@ -33,19 +33,20 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from . import _external
+from . import _external, _tables
 from ._api import core
 from ._device import Device
 from ._errors import error, typed_error
 from ._external import ExternalBuffer, asbuffer, from_dlpack
 
 # Arrays in (zero-copy) live in _external, a layer below, because Device.from_array uses them too. Its
-# DLPack constants and ABI structures stay reachable here, where they were (tests build capsules with them).
+# DLPack constants and ABI structures (generated: _tables.py) stay reachable here, where they were (tests
+# build capsules with them).
 kDLCPU, kDLCUDA, kDLCUDAHost = _external.kDLCPU, _external.kDLCUDA, _external.kDLCUDAHost
 kDLCUDAManaged = _external.kDLCUDAManaged
-_DLDevice, _DLDataType, _DLTensor = _external._DLDevice, _external._DLDataType, _external._DLTensor
-_DLManagedTensor, _DLPackVersion = _external._DLManagedTensor, _external._DLPackVersion
-_DLManagedTensorVersioned = _external._DLManagedTensorVersioned
+_DLDevice, _DLDataType, _DLTensor = _tables.DLDevice, _tables.DLDataType, _tables.DLTensor
+_DLManagedTensor, _DLPackVersion = _tables.DLManagedTensor, _tables.DLPackVersion
+_DLManagedTensorVersioned = _tables.DLManagedTensorVersioned
 
 __all__ = [
     "ExternalBuffer",

@@ -32,4 +32,9 @@ func TestTheTablesSayWhatGoSays(t *testing.T) {
 	assert.Contains(t, h, "#define CC_ARG_PTR 12\n")
 	assert.Contains(t, h, "#define CC_ARG_I8 1\n")
 	assert.Contains(t, h, "#define CC_HELD_COPY_MAX 65536\n")
+	// The DLPack ABI, rendered for the C producer and the ctypes consumer from the one description.
+	assert.Contains(t, h, "#define kDLCUDA 2 ")
+	assert.Contains(t, h, "    void (*deleter)(struct DLManagedTensorVersioned *self);\n    uint64_t flags;\n    DLTensor dl_tensor;\n")
+	assert.Contains(t, py, "kDLCUDAManaged = 13\n")
+	assert.Contains(t, py, `        ("deleter", ctypes.c_void_p),`+"\n"+`        ("flags", ctypes.c_uint64),`+"\n"+`        ("dl_tensor", DLTensor),`)
 }
