@@ -148,10 +148,11 @@ func (d *Device) AllocateOwned(size uint64, h cuda.Stream) (p cuda.DevicePtr, to
 // capture may begin on another thread at any moment: the capture check and whatever follows from it (a
 // free made at once, or one queued until the captures end) run while none can begin or end (Steady), so
 // that the driver's free cannot meet a capture that began after the check (900 in GLOBAL mode, which
-// would invalidate it). Only a free of graph memory of h's own capture, a free node of it, runs outside
-// Steady, since a failed free node of the capture ends it (which takes the change lock); it is a free on
-// the capturing stream, which no other capture forbids. (Deciding inside Steady and freeing through Free
-// outside it let the capture end and another begin between Free's own check and the driver's free.)
+// would invalidate it). A free of graph memory of h's own capture, a free node of it, is made inside
+// Steady too (freeNode), so that the capture cannot end and void the memory in between; only the handling
+// of a failed free node runs outside, since ending the capture it invalidated takes the change lock.
+// (Deciding inside Steady and freeing through Free outside it let the capture end and another begin
+// between Free's own check and the driver's free.)
 func (d *Device) FreeSteady(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 	return d.FreeOwned(p, size, h, 0)
 }
@@ -178,23 +179,32 @@ func (d *Device) FreeNamed(p cuda.DevicePtr, size uint64, h cuda.Stream) error {
 func (d *Device) freeOwned(p cuda.DevicePtr, size uint64, h cuda.Stream, token uint64, now func(cuda.DevicePtr, uint64, cuda.Stream) error) error {
 	disownAt(d, p) // its owner by address frees it: an owner token of its making must not free it again
 	streams := d.Streams()
-	node, stale := false, false
+	node := false
+	var nodeErr error
 	err := captures.Steady(func() error {
-		if stale = token != 0 && streams.TokenStale(p, token); stale {
+		if token != 0 && streams.TokenStale(p, token) {
 			return nil
 		}
-		if node = Capturing() && streams.GraphMemory(h, p); node {
+		if handled, err := d.freeManaged(p, size); handled {
+			return err
+		}
+		if Capturing() {
+			// A free node of its own capture, or queued until the captures end (freeDuringCapture).
+			if node, nodeErr = d.freeNode(p, size, h); !node {
+				d.freeAfterCaptures(p, size, h, token)
+			}
 			return nil
 		}
-		if token != 0 && !Capturing() {
+		if token != 0 {
 			streams.DropToken(p, token) // freed now: nothing can void it any more
 		}
-		return d.free(p, size, h, now, token) // during a capture: queued until it ends (freeDuringCapture)
+		return d.freeIdle(p, size, h, now)
 	})
 	if node {
-		// A free node of its own capture: a failed free node ends the capture, which takes the change lock.
-		err = d.free(p, size, h, now, token)
-		if err == nil && token != 0 {
+		if nodeErr != nil {
+			return d.freeNodeFailed(p, h, token, nodeErr)
+		}
+		if token != 0 {
 			streams.DropToken(p, token)
 		}
 	}
@@ -210,6 +220,12 @@ func (d *Device) free(p cuda.DevicePtr, size uint64, h cuda.Stream, now func(cud
 	if Capturing() {
 		return d.freeDuringCapture(p, size, h, token)
 	}
+	return d.freeIdle(p, size, h, now)
+}
+
+// freeIdle is free when no capture was found running: graph memory of ended captures and memory live
+// graphs use follow their graphs' rules (FreeGraphAware), anything else is freed with now.
+func (d *Device) freeIdle(p cuda.DevicePtr, size uint64, h cuda.Stream, now func(cuda.DevicePtr, uint64, cuda.Stream) error) error {
 	streams := d.Streams()
 	if !streams.GraphMemoryInUse() {
 		return now(p, size, h) // the common case, without the callbacks' allocation
@@ -224,38 +240,73 @@ func (d *Device) free(p cuda.DevicePtr, size uint64, h cuda.Stream, now func(cud
 }
 
 // freeDuringCapture is Free while a capture runs: graph memory of h's capture is freed as a free node of
-// it; anything else waits for the captures to end (made before the capture, or on another stream), also
-// when h itself captures (the driver refuses it there). A free that waits and holds an owner token frees
-// nothing if the memory went void meanwhile (the capture that allocated it failed, say): by then the
-// driver may have handed the address to another owner.
+// it (freeNode); anything else waits for the captures to end (freeAfterCaptures). The caller does not
+// hold Steady; the decision and the free node are made inside it.
 func (d *Device) freeDuringCapture(p cuda.DevicePtr, size uint64, h cuda.Stream, token uint64) error {
-	streams := d.Streams()
-	if !streams.GraphMemory(h, p) {
-		later := stream.Later(h)
-		DeferUntilNoCapture(func() {
-			if token != 0 {
-				if streams.TokenStale(p, token) {
-					return
-				}
-				streams.DropToken(p, token)
-			}
-			_ = d.Free(p, size, later)
-		})
+	node := false
+	var err error
+	_ = captures.Steady(func() error {
+		node, err = d.freeNode(p, size, h)
+		return nil
+	})
+	if !node {
+		d.freeAfterCaptures(p, size, h, token)
 		return nil
 	}
+	if err != nil {
+		return d.freeNodeFailed(p, h, token, err)
+	}
+	return nil
+}
+
+// freeNode frees p as a free node of h's capture when p is graph memory of that capture (GraphMemory),
+// and says whether it was; the caller holds Steady. The decision, the driver's free and its booking
+// (NoteFree) are one step that no capture's end can come between: an end in between (the stream
+// destroyed, or the capture aborted or ended, on another thread) voids p, taking it off the books, and
+// the free would then take it off a second time (or free an address the driver may have handed out
+// again). A failed free node is left to freeNodeFailed, outside Steady: ending the capture it
+// invalidated takes the change lock.
+func (d *Device) freeNode(p cuda.DevicePtr, size uint64, h cuda.Stream) (node bool, err error) {
+	streams := d.Streams()
+	if !Capturing() || !streams.GraphMemory(h, p) {
+		return false, nil
+	}
 	if err := d.freeNow(p, size, h); err != nil {
-		// The driver had invalidated the capture: ending it (Manager.Failed) discards its graph memory, p
-		// with it, so nothing is left to free.
-		err = streams.Failed("free", h, err)
-		if stream.IsCaptureResult(cuda.ResultOf(err)) {
-			if token != 0 && streams.ForgetVoid(p, token) || token == 0 && streams.ForgetVoidAt(p) {
-				return nil
-			}
-		}
-		return err
+		return true, err
 	}
 	streams.NoteFree(h, p)
-	return nil
+	return true, nil
+}
+
+// freeNodeFailed reports the failure err of the free node of p on h: when the driver had invalidated the
+// capture, ending it (Manager.Failed) discards its graph memory, p with it, so nothing is left to free.
+func (d *Device) freeNodeFailed(p cuda.DevicePtr, h cuda.Stream, token uint64, err error) error {
+	streams := d.Streams()
+	err = streams.Failed("free", h, err)
+	if stream.IsCaptureResult(cuda.ResultOf(err)) {
+		if token != 0 && streams.ForgetVoid(p, token) || token == 0 && streams.ForgetVoidAt(p) {
+			return nil
+		}
+	}
+	return err
+}
+
+// freeAfterCaptures queues the free of p until the captures end (made before the capture, or on another
+// stream), also when h itself captures (the driver refuses it there). A free that waits and holds an
+// owner token frees nothing if the memory went void meanwhile (the capture that allocated it failed,
+// say): by then the driver may have handed the address to another owner.
+func (d *Device) freeAfterCaptures(p cuda.DevicePtr, size uint64, h cuda.Stream, token uint64) {
+	streams := d.Streams()
+	later := stream.Later(h)
+	DeferUntilNoCapture(func() {
+		if token != 0 {
+			if streams.TokenStale(p, token) {
+				return
+			}
+			streams.DropToken(p, token)
+		}
+		_ = d.Free(p, size, later)
+	})
 }
 
 // freeNow frees p at once, ordered on h. A block of the per-thread default stream is freed on the legacy
