@@ -459,6 +459,35 @@ copy_span(const copy_part *part, uint64_t size, uint64_t host_len, int64_t *n)
     return *n > 0;
 }
 
+/* Whether the general path would take host as host memory, as _copy._classify decides: an object with
+ * __cuda_array_interface__ or __dlpack_device__ may be device memory that also offers the buffer protocol
+ * (a numba mapped array), so it is the general path's to classify. The common host types are known
+ * without a lookup. */
+static int
+plainly_host(PyObject *host)
+{
+    if (PyBytes_CheckExact(host) || PyByteArray_CheckExact(host) || PyMemoryView_Check(host) ||
+        PyObject_TypeCheck(host, &PinnedType) || strcmp(Py_TYPE(host)->tp_name, "numpy.ndarray") == 0) {
+        return 1;
+    }
+    return !PyObject_HasAttrString(host, "__cuda_array_interface__") && !PyObject_HasAttrString(host, "__dlpack_device__");
+}
+
+/* Whether copying into self is the general path's to refuse: memory its owner declared read-only (a
+ * borrowed Buffer, or a view of one, whose readonly says so). cudacore's own memory never is. */
+static int
+refuses_writes(BufferObject *self)
+{
+    if (!self->borrowed) {
+        return 0;
+    }
+    PyObject *ro = PyObject_GetAttrString((PyObject *)self, "readonly");
+    int r = ro == NULL || PyObject_IsTrue(ro) != 0; /* unreadable: the general path decides */
+    Py_XDECREF(ro);
+    PyErr_Clear();
+    return r;
+}
+
 /* The hot case of Buffer.copy_from / copy_to: a PinnedBuffer (all of it, or the part that nbytes= and the offsets name) on a cudacore Stream of the
  * buffer's device. The copy takes the direct path when it may (direct_stream), and otherwise, up to
  * CC_HELD_COPY_MAX bytes (tables_gen.h), the generated door of CopyToDeviceHeld/CopyToHostHeld, with the pinned memory itself
@@ -473,8 +502,8 @@ copy_hot(BufferObject *self, PyObject *host, PyObject *stream, const copy_part *
     }
     PinnedObject *h = (PinnedObject *)host;
     int64_t n;
-    if (h->closed || h->freeing || !copy_span(part, self->size, h->size, &n)) { /* the general path explains */
-        return 0;
+    if (h->closed || h->freeing || !copy_span(part, self->size, h->size, &n) || (to_device && refuses_writes(self))) {
+        return 0; /* the general path explains */
     }
     if (door_check_fork(to_device ? "copy_from" : "copy_to") < 0) {
         return -1;
@@ -517,7 +546,8 @@ copy_hot(BufferObject *self, PyObject *host, PyObject *stream, const copy_part *
 static int
 copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh, const copy_part *part, int to_device)
 {
-    if (buffer_gone(self) || PyObject_TypeCheck(host, &BufferType) || !PyObject_CheckBuffer(host)) {
+    if (buffer_gone(self) || PyObject_TypeCheck(host, &BufferType) || !PyObject_CheckBuffer(host) ||
+        !plainly_host(host) || (to_device && refuses_writes(self))) {
         return 0;
     }
     Py_buffer view;

@@ -208,13 +208,16 @@ launch_pack_one(PyObject *a, int code, int size, int flags, unsigned char *out)
 }
 
 /* Whether type is CuPy's ndarray (the class users make arrays of: named "ndarray", from module "cupy").
- * Decided once per type: the answer for the last type asked is kept, the type held. */
+ * The answer for the last type asked is kept (the type held) while the type is unchanged: assigning to a
+ * class's attributes, __module__ included, gives it a new version tag (0 until the interpreter assigns
+ * one, and then the answer is not kept). */
 static int
 is_cupy_ndarray(PyTypeObject *type)
 {
     static PyTypeObject *last = NULL;
+    static unsigned int last_tag = 0;
     static int last_answer = 0;
-    if (type == last) {
+    if (type == last && last_tag != 0 && type->tp_version_tag == last_tag) {
         return last_answer;
     }
     if (strcmp(type->tp_name, "ndarray") != 0) {
@@ -223,17 +226,34 @@ is_cupy_ndarray(PyTypeObject *type)
     PyObject *mod = PyObject_GetAttrString((PyObject *)type, "__module__");
     int answer = mod != NULL && PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, "cupy") == 0;
     Py_XDECREF(mod);
-    PyErr_Clear();
+    PyErr_Clear(); /* a type's __module__ is a plain attribute: nothing to lose */
     Py_INCREF(type);
     Py_XSETREF(last, type);
+    last_tag = type->tp_version_tag;
     last_answer = answer;
     return answer;
 }
 
+/* After a failed read of an argument's attribute: clear an ordinary error (0: the general path reads the
+ * argument again and explains), keep what must not be lost, a KeyboardInterrupt or a MemoryError (-1). */
+static int
+clear_read_error(void)
+{
+    if (PyErr_Occurred() == NULL) {
+        return 0;
+    }
+    if (PyErr_ExceptionMatches(PyExc_Exception) && !PyErr_ExceptionMatches(PyExc_MemoryError)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return -1;
+}
+
 /* The device address of a CuPy array, as its __cuda_array_interface__ gives it (the "data" entry is
  * a.data.ptr, the start of the array, view or not), read without building that dictionary: a new
- * reference to an exact int, or NULL (no exception set) when a is not CuPy's ndarray, is empty (its
- * interface says 0) or the attributes are not as expected. */
+ * reference to an exact int, or NULL when a is not CuPy's ndarray, is empty (its interface says 0) or the
+ * attributes are not as expected (no exception set: the interface decides), or when reading them raised
+ * what clear_read_error keeps (the exception set). */
 static PyObject *
 cupy_array_ptr(PyObject *a)
 {
@@ -248,7 +268,7 @@ cupy_array_ptr(PyObject *a)
     Py_XDECREF(mem);
     if (ptr == NULL || !PyLong_CheckExact(ptr)) {
         Py_XDECREF(ptr);
-        PyErr_Clear();
+        clear_read_error();
         return NULL;
     }
     return ptr;
@@ -259,7 +279,8 @@ cupy_array_ptr(PyObject *a)
  * address, as the general path reads it (the "data" entry's address): a new reference, to args itself when
  * nothing was replaced. Reading the attribute can run Python code (a property), so callers resolve the
  * arguments before any check the direct path relies on. An object whose interface cannot be read is left
- * as it is, for the general path to explain. NULL only when Python is out of memory. */
+ * as it is, for the general path to explain. NULL, with the exception set, when Python is out of memory
+ * or reading an argument raised what must not be lost (a KeyboardInterrupt: clear_read_error). */
 static PyObject *
 resolve_array_args(PyObject *args, PyObject *spec)
 {
@@ -274,20 +295,29 @@ resolve_array_args(PyObject *args, PyObject *spec)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = items[i];
         /* Not a test of the buffer protocol: a CuPy array has a buffer slot (that refuses), and an array is
-         * known by its interface, not by what else it offers. bytes and friends are structs by value. */
+         * known by its interface, not by what else it offers. bytes and friends (subclasses too) are structs
+         * by value, as the general path takes them; numpy scalars are numbers. */
+        number num;
         if (!(sp[3 * i + 2] & LAUNCH_BUFFER) || PyLong_CheckExact(a) || PyObject_TypeCheck(a, &BufferType) ||
-            slot_of(&kernel_arg_slots, a, 0) != NULL || PyBytes_CheckExact(a) || PyByteArray_CheckExact(a) ||
-            PyMemoryView_Check(a)) {
+            slot_of(&kernel_arg_slots, a, 0) != NULL || PyBytes_Check(a) || PyByteArray_Check(a) ||
+            PyMemoryView_Check(a) || PyFloat_CheckExact(a) || numpy_number(a, &num)) {
             continue; /* packed as it is, or left to the general path */
         }
         PyObject *cai = NULL, *ptr = cupy_array_ptr(a); /* a CuPy array's address costs no dictionary */
+        if (ptr == NULL && PyErr_Occurred()) {
+            Py_XDECREF(out);
+            return NULL;
+        }
         if (ptr == NULL) {
             cai = PyObject_GetAttrString(a, "__cuda_array_interface__");
             PyObject *data = cai != NULL && PyDict_Check(cai) ? PyDict_GetItemString(cai, "data") : NULL; /* borrowed */
             ptr = data != NULL && PyTuple_Check(data) && PyTuple_GET_SIZE(data) >= 1 ? PyTuple_GET_ITEM(data, 0) : NULL;
             if (ptr == NULL || !PyLong_CheckExact(ptr)) {
-                PyErr_Clear();
                 Py_XDECREF(cai);
+                if (clear_read_error() < 0) {
+                    Py_XDECREF(out);
+                    return NULL;
+                }
                 continue;
             }
             Py_INCREF(ptr); /* owned, as cupy_array_ptr's is */

@@ -307,6 +307,9 @@ def _host_slice(host: Any, start: int, n: int, op: str, writable: bool) -> Any:
     if writable and mv.readonly:
         mv.release()
         raise _invalid(f"{op}: the destination host memory ({type(host).__name__}) is read-only", op)
+    if "O" in mv.format:  # refused before the cast to bytes below hides it, as a whole copy is refused
+        mv.release()
+        raise _invalid(f"{op}: the host memory holds Python objects (dtype=object), whose bytes are pointers; copy numbers instead", op)
     flat = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
     return flat[start : start + n]
 
