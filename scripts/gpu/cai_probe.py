@@ -59,7 +59,7 @@ pstats.Stats(pr).sort_stats("tottime").print_stats(15)
 
 # Which step of the C path refuses another library's array: the argument as it is, the same interface on a
 # plain Python object, and the pieces the C path reads.
-from cudacore._native import fast  # noqa: E402
+from cudacore._native import fast
 
 
 class Wrapped:
