@@ -208,11 +208,10 @@ def _calls(cc: Any) -> dict[str, tuple[Callable[[Ctx], Any], Callable[[Ctx, Any]
 #: Violations found by the sweep and not fixed yet, by name: the calls they are met in and words of the
 #: violation. One they explain is counted apart (``known``) instead of failing the sweep.
 KNOWN: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    # A descriptor exists between the call that makes it (os.dup in SharedBuffer.export, socket.recv_fds in
-    # IpcHandle.receive, multiprocessing's DupFd registering a duplicate while a SharedBuffer pickles) and
-    # the statement that gives it to its owner: a Ctrl-C at the end of that call leaks it. Closing the
-    # window needs SIGINT held back around those lines, as the capture block's edges hold it.
-    "descriptor before its owner": (("export_pool", "export_ipc", "receive_handle", "pickle_shared"), ("open descriptors is",)),
+    # Pickling a SharedBuffer interrupted inside IpcHandle.__reduce__ (after export() made the handle): the
+    # handle's two descriptors stay open after the program (the __reduce__ frame outlives the run); not
+    # yet understood.
+    "pickled handle": (("pickle_shared",), ("open descriptors is",)),
     # rehearse interrupted around the end of its capture: the captured graph (and the memory its uses
     # hold) is not destroyed.
     "rehearse's graph": (("rehearse", "rehearse_own_stream"), ("objects is", "in_use is", "free is")),

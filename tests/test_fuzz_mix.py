@@ -133,3 +133,27 @@ def test_the_signal_sweep_sees_a_lost_descriptor() -> None:
     assert r.returncode == 0, r.stderr
     bad, signals = map(int, r.stdout.split())
     assert bad >= 1 and signals >= 2
+
+
+def test_no_descriptor_window_and_no_lease_deadlock_under_ctrl_c() -> None:
+    """Every position of the calls that make a descriptor (an export's duplicates and lease, the driver's
+    pool descriptor, a received message's descriptors) loses none to a Ctrl-C, and
+    an interrupted import never leaves the lease's thread lock held (its cleanup waited for good)."""
+    fixed = ("export_pool", "export_ipc", "receive_handle")
+    cmd = [sys.executable, str(HERE / "signal_sweep.py"), *(a for c in fixed for a in ("--call", c))]
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    counts = _last_json(r.stdout)
+    assert counts["violations"] == 0 and counts["known"] == {}, r.stderr[-6000:]
+    assert counts["interrupted"] > 100, counts
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(HERE)!r})
+        import signal_sweep
+        counts = signal_sweep.sweep(["open_imported"])
+        print(counts["runs"])
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr[-6000:]
+    assert int(r.stdout.split()[-1]) > 50

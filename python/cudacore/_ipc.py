@@ -33,12 +33,14 @@ import fcntl
 import json
 import mmap
 import os
+import select
 import socket
 import struct
 import threading
 import weakref
+from collections.abc import Callable
 from multiprocessing import context, reduction
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ._api import core
 from ._errors import CUDAError, error
@@ -46,7 +48,7 @@ from ._handles import as_device, stream_handle
 from ._memory import Buffer
 from ._native import fast
 from ._owner import Descriptors, Owner, close_buffer, owner_of
-from ._stream import Event
+from ._stream import Event, _hold_interrupts, _release_interrupts, interrupt_edge
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -54,6 +56,8 @@ if TYPE_CHECKING:
     from ._device import Device
 
 __all__ = ["ImportedBuffer", "IpcHandle", "SharedBuffer", "allocate_shareable"]
+
+_T = TypeVar("_T")
 
 # -- the lease ------------------------------------------------------------------------------------------
 
@@ -74,8 +78,19 @@ class _Lease(Descriptors):
 
     _thread_lock = threading.Lock()
 
-    def __init__(self, fd: int) -> None:
-        super().__init__([fd])
+    def __init__(self, fd: int, *, dup: bool = False) -> None:
+        """Own ``fd``, or with ``dup`` a duplicate of it, made and owned in one C-level step (extend over
+        map: no interrupt can come between the dup and its owner)."""
+        super().__init__([] if dup else [fd])
+        if dup:
+            try:
+                self.fds.extend(map(os.dup, [fd]))
+            except OSError as exc:  # a number that names no open file (closed behind the handle's back)
+                self.close()
+                raise error(
+                    "CUDA_ERROR_INVALID_VALUE", f"the handle's lease descriptor {fd} is not open: {exc}", op="cudacore.open_shared"
+                ) from exc
+            fd = self.fds[0]
         self._fd = fd
         try:
             self._mm = mmap.mmap(fd, _LEASE_SIZE)
@@ -98,14 +113,7 @@ class _Lease(Descriptors):
 
     @classmethod
     def create(cls) -> _Lease:
-        fd = os.memfd_create("cudacore-lease", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, _LEASE_SIZE)
-            os.pwrite(fd, _HEAD.pack(_LEASE_MAGIC, os.getpid(), 0), 0)
-        except BaseException:
-            os.close(fd)
-            raise
-        return cls(fd)
+        return _new_lease(cls)
 
     def _release(self) -> None:
         mm = getattr(self, "_mm", None)
@@ -124,17 +132,22 @@ class _Lease(Descriptors):
         mm = getattr(self, "_mm", None)
         return not self.closed and mm is not None and not mm.closed
 
-    @contextlib.contextmanager
-    def _locked(self) -> Any:
-        with self._lock:  # the owner's: the lease is not closed meanwhile
-            if self.closed:
-                raise error("CUDACORE_ERROR_CLOSED", "the lease was closed", op="cudacore.open_shared")
-            if not self.usable():
+    def _locked(self, fn: Callable[[], _T]) -> _T:
+        """``fn()`` under the lease's locks: the owner's (the lease is not closed meanwhile), the thread lock
+        and the record lock.
+
+        A plain function, not a context manager: a KeyboardInterrupt can come only at the end of a call, at
+        a loop's back edge or at a function's entry, and here each of those lies inside the ``with`` or
+        ``try`` that gives its lock back. A context manager holds its locks across the return of its
+        ``__enter__`` and the entry of its ``__exit__``, where an interrupt leaves them held (the thread lock
+        is not reentrant: the next lease call of the thread then waits for good)."""
+        with self._lock:
+            if self.closed or not self.usable():
                 raise error("CUDACORE_ERROR_CLOSED", "the lease was closed", op="cudacore.open_shared")
             with self._thread_lock:
-                fcntl.lockf(self._fd, fcntl.LOCK_EX)
                 try:
-                    yield
+                    fcntl.lockf(self._fd, fcntl.LOCK_EX)
+                    return fn()
                 finally:
                     fcntl.lockf(self._fd, fcntl.LOCK_UN)
 
@@ -142,7 +155,7 @@ class _Lease(Descriptors):
         return _ALL_SLOTS.unpack_from(self._mm, _HEAD.size)
 
     def take(self, pid: int) -> None:
-        with self._locked():
+        def take() -> None:
             _, exporter, closed = _HEAD.unpack_from(self._mm, 0)
             if closed or not _alive(exporter):
                 raise error(
@@ -160,15 +173,20 @@ class _Lease(Descriptors):
                 free = dead[0]
             _SLOT.pack_into(self._mm, _HEAD.size + 4 * free, pid)
 
+        self._locked(take)
+
     def give_back(self, pid: int) -> None:
-        with self._locked():
+        def give_back() -> None:
             slots = self._slots()
             if pid in slots:
                 _SLOT.pack_into(self._mm, _HEAD.size + 4 * slots.index(pid), 0)
 
+        self._locked(give_back)
+
     def holders(self) -> list[int]:
         """The live processes holding a slot (exited ones are cleared on the way)."""
-        with self._locked():
+
+        def holders() -> list[int]:
             out = []
             for i, p in enumerate(self._slots()):
                 if p and _alive(p):
@@ -177,17 +195,41 @@ class _Lease(Descriptors):
                     _SLOT.pack_into(self._mm, _HEAD.size + 4 * i, 0)
             return out
 
+        return self._locked(holders)
+
     def close_if_free(self) -> list[int]:
         """Mark the export closed unless live processes hold it; returns those holders."""
-        with self._locked():
+
+        def close_if_free() -> list[int]:
             live = [p for p in self._slots() if p and _alive(p)]
             if not live:
                 magic, exporter, _ = _HEAD.unpack_from(self._mm, 0)
                 _HEAD.pack_into(self._mm, 0, magic, exporter, 1)
             return live
 
+        return self._locked(close_if_free)
+
     def release(self) -> None:
         self.close()
+
+
+@interrupt_edge
+def _new_lease(cls: type[_Lease]) -> _Lease:
+    """A new lease (:meth:`_Lease.create`). Its descriptor exists from memfd_create's return on, before a
+    statement could hand it to its owner: interrupts are held back until the lease owns it."""
+    held = _hold_interrupts()
+    try:
+        fd = os.memfd_create("cudacore-lease", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, _LEASE_SIZE)
+            os.pwrite(fd, _HEAD.pack(_LEASE_MAGIC, os.getpid(), 0), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd)
+    finally:
+        if held:
+            _release_interrupts(raise_held=True)  # raised here, the lease is collected and closes it
 
 
 def _alive(pid: int) -> bool:
@@ -398,19 +440,14 @@ class SharedBuffer(Buffer):
             if share.exported is None:
                 # The handle of an allocation never changes, nor does its pool's descriptor: the driver is
                 # asked once, and later exports duplicate what it gave.
-                info = json.loads(core.ShareExport(self.device_id, share.ptr, share.kind))
-                if info["fd"] >= 0:
-                    with _pending_lock:
-                        if _pool_fds.setdefault(self.device_id, info["fd"]) != info["fd"]:
-                            os.close(info["fd"])
-                share.exported = (info["handle"], info["pool_id"])
+                share.exported = _driver_export(self.device_id, share.ptr, share.kind)
             if share.lease is None:
                 share.lease = _Lease.create()
             handle, pool_id = share.exported
-            fds = Descriptors([])  # owns the duplicates until the IpcHandle does
-            if share.kind == "pool":
-                fds.fds.append(os.dup(_pool_fds[self.device_id]))
-            fds.fds.append(os.dup(share.lease.fd))
+            # The duplicates are made and owned in one C-level step (extend over map: no interrupt can come
+            # between a dup and its append); the owner holds them until the IpcHandle does.
+            fds = Descriptors([])
+            fds.fds.extend(map(os.dup, [_pool_fds[self.device_id], share.lease.fd] if share.kind == "pool" else [share.lease.fd]))
         return IpcHandle(
             kind=share.kind,
             device_id=self.device_id,
@@ -546,10 +583,11 @@ class IpcHandle:
         ptr: int,
         owner: Descriptors | None = None,
     ) -> None:
+        # The descriptors' one owner (cudacore._owner): closed once, by close() or collection. Made first, so
+        # that an interrupt in what follows leaves them owned.
+        self._owner = owner if owner is not None else Descriptors([fd for fd in (pool_fd, lease_fd) if fd is not None])
         self.kind, self.device_id, self.size, self.handle, self.pool_id = kind, device_id, size, handle, pool_id
         self.pool_fd, self.lease_fd, self.exporter, self.ptr = pool_fd, lease_fd, exporter, ptr
-        # The descriptors' one owner (cudacore._owner): closed once, by close() or collection.
-        self._owner = owner if owner is not None else Descriptors([fd for fd in (pool_fd, lease_fd) if fd is not None])
 
     @property
     def _closed(self) -> bool:
@@ -596,13 +634,7 @@ class IpcHandle:
                     raise error("CUDA_ERROR_ILLEGAL_STATE", "the SharedBuffer this handle names was closed", op="cudacore.open_shared")
                 # The view holds the memory as an importer does: SharedBuffer.close() refuses while it lives.
                 return fast.borrow(Buffer, self.device_id, self.ptr, self.size, share.stream, _View(share))
-        try:
-            lease_fd = os.dup(self.lease_fd)
-        except OSError as exc:  # a number that names no open file (closed behind the handle's back)
-            raise error(
-                "CUDA_ERROR_INVALID_VALUE", f"the handle's lease descriptor {self.lease_fd} is not open: {exc}", op="cudacore.open_shared"
-            ) from exc
-        lease = _Lease(lease_fd)
+        lease = _Lease(self.lease_fd, dup=True)
         # The owner exists before the slot is taken and the memory mapped (Go records the mapping under
         # its token): collected after an interrupt anywhere from here, it unmaps and gives the slot back.
         mapping = _Mapping(lease, self.exporter)
@@ -644,12 +676,11 @@ class IpcHandle:
             # starts, after this handle may be gone, so they are duplicated and kept open until it has
             # started (see _close_started).
             kept = Descriptors([])
-            for fd in fds:
-                kept.fds.append(os.dup(fd))
+            kept.fds.extend(map(os.dup, fds))  # made and owned in one C-level step, as in export()
             fds = list(kept.fds)
             with _pending_lock:
                 _started.append((weakref.ref(popen, _popen_gone), kept))
-        return (_rebuild_handle, (self._meta(), [reduction.DupFd(fd) for fd in fds]))
+        return (_rebuild_handle, (self._meta(), _dup_fds(fds)))
 
     def send(self, sock: socket.socket) -> None:
         """Send the handle over a connected Unix socket (``AF_UNIX``), descriptors by ``SCM_RIGHTS``."""
@@ -666,13 +697,16 @@ class IpcHandle:
             If what arrived is not a handle :meth:`send` sent (the other end closed the socket first, or
             sent something else); the descriptors that came with it are closed.
         """
-        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 2)
+        timeout = sock.gettimeout()
+        if timeout != 0.0:  # wait where a Ctrl-C is taken at once (interrupts are held while receiving)
+            ready, _, _ = select.select([sock], [], [], timeout)
+            if not ready:
+                raise TimeoutError("timed out")
+        data, owner = _receive(sock)
         try:
-            return _from_meta(_parse_message(data), fds)
+            return _from_meta(_parse_message(data), list(owner.fds), owner)
         except BaseException:
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            owner.close()
             raise
 
     def __repr__(self) -> str:
@@ -747,7 +781,52 @@ def _parse_message(data: bytes) -> dict[str, Any]:
     return meta
 
 
-def _from_meta(meta: dict[str, Any], fds: list[int]) -> IpcHandle:
+@interrupt_edge
+def _driver_export(device_id: int, ptr: int, kind: str) -> tuple[str, str]:
+    """The driver's handle of the allocation at ``ptr`` and its pool's id. The pool's descriptor that comes
+    with a pool kind's (a new one each call) is kept as the device's, or closed where the device has one:
+    it exists from the Go call's return on, so interrupts are held back until it is kept or closed."""
+    held = _hold_interrupts()
+    try:
+        info = json.loads(core.ShareExport(device_id, ptr, kind))
+        if info["fd"] >= 0:
+            with _pending_lock:
+                if _pool_fds.setdefault(device_id, info["fd"]) != info["fd"]:
+                    os.close(info["fd"])
+        return info["handle"], info["pool_id"]
+    finally:
+        if held:
+            _release_interrupts(raise_held=True)
+
+
+@interrupt_edge
+def _receive(sock: socket.socket) -> tuple[bytes, Descriptors]:
+    """A message of :meth:`IpcHandle.send` and the owner of the descriptors that came with it. The
+    descriptors exist from the return of the receiving call (inside ``socket.recv_fds``) on, before any
+    statement could hand them over: interrupts are held back until their owner holds them."""
+    held = _hold_interrupts()
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 2)
+        return data, Descriptors(fds)
+    finally:
+        if held:
+            _release_interrupts(raise_held=True)  # raised here, the owner is collected and closes them
+
+
+@interrupt_edge
+def _dup_fds(fds: list[int]) -> list[Any]:
+    """``multiprocessing``'s duplicates of ``fds`` for pickling (``reduction.DupFd``): each is made and
+    registered with its resource sharer inside the standard library, with interrupts held back meanwhile,
+    so that none is made and then lost to a Ctrl-C before it is registered."""
+    held = _hold_interrupts()
+    try:
+        return [reduction.DupFd(fd) for fd in fds]
+    finally:
+        if held:
+            _release_interrupts(raise_held=True)
+
+
+def _from_meta(meta: dict[str, Any], fds: list[int], owner: Descriptors | None = None) -> IpcHandle:
     fds = list(fds)
     if len(fds) != 1 + bool(meta["has_pool_fd"]):
         raise _malformed(f"{len(fds)} file descriptors came with the handle, where it needs {1 + bool(meta['has_pool_fd'])}")
@@ -762,6 +841,7 @@ def _from_meta(meta: dict[str, Any], fds: list[int]) -> IpcHandle:
         lease_fd=fds[0],
         exporter=meta["exporter"],
         ptr=meta["ptr"],
+        owner=owner,
     )
 
 

@@ -16,10 +16,10 @@ import signal
 import sys
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
-from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, get_args
+from types import CodeType, FrameType, TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, TypeVar, get_args
 
 from . import _handles
 from ._api import core
@@ -521,6 +521,7 @@ class Stream:
 # Only the main thread holds interrupts (Python runs signal handlers there alone), so this state is the
 # main thread's; the handler never takes a lock, since it runs wherever that thread is.
 _hold: dict[str, Any] = {"depth": 0, "prev": None, "pending": False}
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _held_handler(signum: int, frame: FrameType | None) -> None:
@@ -617,7 +618,21 @@ class _Capture:
                 _release_interrupts(raise_held=True)
 
 
-_EDGES = frozenset({_Capture.__enter__.__code__, _Capture.__exit__.__code__})
+#: The code of the functions in whose frames (and their callees') an interrupt is held back while a hold
+#: is in place: the capture block's edges, and the functions registered with :func:`interrupt_edge`.
+_EDGES: set[CodeType] = {_Capture.__enter__.__code__, _Capture.__exit__.__code__}
+
+
+def interrupt_edge(fn: _F) -> _F:
+    """Register ``fn`` as an edge: a KeyboardInterrupt that comes while a frame of ``fn`` is on the main
+    thread's stack, between its own ``_hold_interrupts()`` and ``_release_interrupts()``, is held back and
+    raised by the release. ``fn`` must call both itself (the release in a ``finally``), its first
+    statement the hold: an interrupt at its entry comes before anything was done, one at the end of the
+    hold's call is held, as the frame is an edge's. For windows that a plain ``try`` cannot close: a
+    descriptor made by a call (``socket.recv_fds``) exists before the statement that hands it to its owner.
+    """
+    _EDGES.add(fn.__code__)
+    return fn
 
 
 #: What every ``stream=`` argument takes: a cudacore :class:`Stream`, any object with ``__cuda_stream__``
