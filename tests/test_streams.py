@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import cudacore as cc
-from cudacore import _api, _stream, testing
+from cudacore import _api, _handles, _stream, testing
 from cudacore._native import fast
 
 from conftest import objects, rand, run_python
@@ -715,3 +715,34 @@ def test_a_stream_waits_for_another_stream(dev) -> None:
         a.wait(b)
     assert objects()["events"] == before["events"], "no marker event is left behind by a refusal either"
     a.close()
+
+
+def test_current_streams_live_in_each_threads_state(dev):
+    # The one copy of a thread's current streams is the dict in its thread state (fast.thread_streams),
+    # which `with stream:` changes and the C hot paths read: per thread, emptied as blocks end.
+    s = dev.create_stream()
+    mine = fast.thread_streams()
+    assert fast.thread_streams() is mine and dev.ordinal not in mine
+    seen: dict[str, object] = {}
+
+    def other() -> None:
+        theirs = fast.thread_streams()
+        seen["distinct"] = theirs is not mine
+        seen["empty while mine is set"] = dev.ordinal not in theirs
+        with s:
+            seen["theirs set"] = theirs.get(dev.ordinal) is s
+            seen["handle"] = _handles.stream_handle(None, dev.ordinal)
+
+    with s:
+        assert mine[dev.ordinal] is s
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        inner = dev.create_stream()
+        with inner:
+            assert mine[dev.ordinal] is inner
+        assert mine[dev.ordinal] is s
+        inner.close()
+    assert dev.ordinal not in mine
+    assert seen == {"distinct": True, "empty while mine is set": True, "theirs set": True, "handle": s.handle}
+    s.close()

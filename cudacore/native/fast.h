@@ -128,8 +128,6 @@ extern PyObject *handles_dict;     /* cudacore._handles' module dict: its open_s
 extern PyObject *stream_resolver;  /* cudacore._handles.stream_handle(stream, device) -> int */
 extern PyObject *capture_noter;    /* cudacore._stream.note_capture_buffers(buffers) */
 extern PyObject *str_open_blocks;
-extern PyObject *str_current;      /* "_current": cudacore._handles' thread-local current state */
-extern PyObject *str_streams;      /* "streams": its per-device current streams */
 
 /* Direct reads of the __slots__ the direct path checks. A __slots__ attribute of a Python class is a
  * member at a fixed offset of its instances; reading it there costs a load where PyObject_GetAttr costs a

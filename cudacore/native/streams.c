@@ -19,8 +19,6 @@ PyObject *handles_dict;
 PyObject *stream_resolver;
 PyObject *capture_noter;
 PyObject *str_open_blocks;
-PyObject *str_current;
-PyObject *str_streams;
 
 /* Record the layout of class type for the names given: 0, or -1 with an exception (a name that is not a
  * __slots__ member of type). */
@@ -161,34 +159,67 @@ resolve_stream(PyObject *stream, int64_t device, const char *fn, int64_t *out, i
     return r;
 }
 
-/* This thread's current stream of device `device` as cudacore._handles keeps it (the `streams` dict of its
- * thread-local `_current`): a new reference to the Stream, Py_None for the legacy default stream, or NULL
- * when it cannot be read here (no exception set) or on an error (exception set). Reading a thread-local
- * may run _Current.__init__ on a thread's first use: callers resolve the stream before the checks that the
- * direct path makes with the GIL held. */
+/* The key of this thread's current streams in its thread-state dict (PyThreadState_GetDict). */
+static PyObject *str_thread_streams;
+
+/* This thread's current streams (device ordinal -> Stream; absent: the legacy default stream), the one
+ * copy there is: cudacore._handles reads and changes it through fast.thread_streams(). It lives in the
+ * thread's state dict, which the interpreter gives each thread and drops when the thread ends, so the
+ * hot paths find it without a thread-local's lookup. A borrowed reference; NULL when the thread has none
+ * yet and create is 0 (no exception), or on an error (exception set). */
+static PyObject *
+thread_streams(int create)
+{
+    PyObject *tsd = PyThreadState_GetDict(); /* borrowed; the GIL is held */
+    if (tsd == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "cudacore: no thread state dict");
+        }
+        return NULL;
+    }
+    if (str_thread_streams == NULL && (str_thread_streams = PyUnicode_InternFromString("cudacore.current_streams")) == NULL) {
+        return NULL;
+    }
+    PyObject *d = PyDict_GetItemWithError(tsd, str_thread_streams); /* borrowed */
+    if (d != NULL || PyErr_Occurred() || !create) {
+        return d;
+    }
+    d = PyDict_New();
+    if (d == NULL || PyDict_SetItem(tsd, str_thread_streams, d) < 0) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    Py_DECREF(d); /* the thread-state dict holds it */
+    return d;
+}
+
+/* This thread's current stream of device `device` (thread_streams): a new reference to the Stream,
+ * Py_None for the legacy default stream, or NULL on an error (exception set). Runs no Python code. */
 PyObject *
 current_stream_object(int64_t device)
 {
-    if (handles_dict == NULL || str_current == NULL) {
-        return NULL;
-    }
-    PyObject *local = PyDict_GetItemWithError(handles_dict, str_current); /* borrowed */
-    if (local == NULL) {
-        return NULL;
-    }
-    PyObject *streams = PyObject_GetAttr(local, str_streams);
+    PyObject *streams = thread_streams(0);
     if (streams == NULL) {
-        return NULL;
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
     }
     PyObject *key = PyLong_FromLongLong(device);
-    PyObject *cur = NULL;
-    if (key != NULL && PyDict_CheckExact(streams)) {
-        cur = PyDict_GetItemWithError(streams, key); /* borrowed */
-        cur = cur != NULL ? Py_NewRef(cur) : PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    if (key == NULL) {
+        return NULL;
     }
-    Py_XDECREF(key);
-    Py_DECREF(streams);
-    return cur;
+    PyObject *cur = PyDict_GetItemWithError(streams, key); /* borrowed */
+    Py_DECREF(key);
+    return cur != NULL ? Py_NewRef(cur) : PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+}
+
+PyDoc_STRVAR(thread_streams_doc, "thread_streams() -> dict\n\n"
+                                 "This thread's current streams, device ordinal -> Stream (absent: the legacy default "
+                                 "stream): the one copy, kept in the thread's state dict, that cudacore._handles changes "
+                                 "and the hot paths read.");
+
+static PyObject *
+fast_thread_streams(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    return Py_XNewRef(thread_streams(1));
 }
 
 /* The stream a call with stream=None works on, for the direct path: this thread's current Stream of the
@@ -250,13 +281,8 @@ fast_configure_streams(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
         PyErr_SetString(PyExc_TypeError, "configure_streams(handles_dict: dict, stream_handle, note)");
         return NULL;
     }
-    if (str_open_blocks == NULL) {
-        str_open_blocks = PyUnicode_InternFromString("open_stream_blocks");
-        str_current = PyUnicode_InternFromString("_current");
-        str_streams = PyUnicode_InternFromString("streams");
-        if (str_open_blocks == NULL || str_current == NULL || str_streams == NULL) {
-            return NULL;
-        }
+    if (str_open_blocks == NULL && (str_open_blocks = PyUnicode_InternFromString("open_stream_blocks")) == NULL) {
+        return NULL;
     }
     Py_XSETREF(handles_dict, Py_NewRef(args[0]));
     Py_XSETREF(stream_resolver, Py_NewRef(args[1]));
@@ -269,5 +295,6 @@ PyMethodDef cc_streams_functions[] = {
     {"configure_slots", (PyCFunction)(void (*)(void))fast_configure_slots, METH_FASTCALL, configure_slots_doc},
     {"configure_streams", (PyCFunction)(void (*)(void))fast_configure_streams, METH_FASTCALL,
      configure_streams_doc},
+    {"thread_streams", (PyCFunction)fast_thread_streams, METH_NOARGS, thread_streams_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _api
 from ._api import core
 from ._errors import error
+from ._native import fast
 
 if TYPE_CHECKING:
     from ._device import Device  # annotations only: _device is the layer above
@@ -46,17 +48,22 @@ __all__ = [
 
 
 class _Current(threading.local):
-    """One thread's current device and streams (a new thread starts with the defaults)."""
+    """One thread's current device and open blocks (a new thread starts with the defaults). Its current
+    streams are :func:`_streams`'s."""
 
     def __init__(self) -> None:
         self.ordinal: int | None = None  # None: device 0
-        self.streams: dict[int, Stream] = {}  # by device ordinal; absent: the legacy default stream
         # What each open `with device:` / `with stream:` block replaced: (the object that entered, the
         # ordinal before, the stream ordinal it changed or -1, the stream before or None).
         self.saved: list[tuple[object, int | None, int, Stream | None]] = []
 
 
 _current = _Current()
+
+#: This thread's current streams, by device ordinal (absent: the legacy default stream). The dict lives in
+#: the thread's state, where the C hot paths read it without a thread-local's lookup; this module is the
+#: only one that changes it.
+_streams: Callable[[], dict[int, Stream]] = fast.thread_streams
 
 # How many `with stream:` blocks are open, on all threads together: while none is, stream=None is the legacy
 # default stream without a look at the thread's state (the hot paths check this one global). A thread's own
@@ -81,7 +88,7 @@ def current_stream_of(ordinal: int) -> Stream | None:
     """This thread's current stream on device ``ordinal``, or None for the legacy default stream."""
     if not open_stream_blocks:
         return None
-    return _current.streams.get(ordinal)
+    return _streams().get(ordinal)
 
 
 def push_current(entered: object, ordinal: int, stream: Stream | None) -> None:
@@ -94,8 +101,9 @@ def push_current(entered: object, ordinal: int, stream: Stream | None) -> None:
     else:
         with _open_lock:
             open_stream_blocks += 1
-        cur.saved.append((entered, cur.ordinal, ordinal, cur.streams.get(ordinal)))
-        cur.streams[ordinal] = stream
+        streams = _streams()
+        cur.saved.append((entered, cur.ordinal, ordinal, streams.get(ordinal)))
+        streams[ordinal] = stream
     cur.ordinal = ordinal
 
 
@@ -119,9 +127,9 @@ def pop_current(entered: object) -> None:
     cur.ordinal = ordinal
     if stream_ordinal >= 0:
         if stream is None:
-            cur.streams.pop(stream_ordinal, None)
+            _streams().pop(stream_ordinal, None)
         else:
-            cur.streams[stream_ordinal] = stream
+            _streams()[stream_ordinal] = stream
         with _open_lock:
             open_stream_blocks -= 1
 
@@ -139,7 +147,7 @@ def stream_handle(stream: object, device: int | None = None) -> int:
         if not open_stream_blocks:  # no `with stream:` block open anywhere: the common case, kept short
             return 0
         ordinal = current_ordinal() if device is None else device
-        current = _current.streams.get(ordinal)
+        current = _streams().get(ordinal)
         if current is None:
             return 0
         if current.closed:
