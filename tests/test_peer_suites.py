@@ -83,3 +83,26 @@ def test_expected_differences_match_only_what_they_name() -> None:
     for suite, rows in ps.LEFT_OUT.items():
         for pattern, reason in rows:
             assert pattern and len(reason) > 20, (suite, pattern)
+
+
+@pytest.mark.sim
+def test_past_the_deadline_nothing_starts_and_the_output_is_still_tarred(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tarfile
+    import time
+
+    ps = _load()
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_stand_in.py").write_text(STAND_IN)
+    monkeypatch.setattr(ps, "suite_root", lambda name: suite)
+    monkeypatch.setattr(ps, "SUITES_DIR", tmp_path / "no-wheels")
+    monkeypatch.setattr(ps, "DEADLINE", time.monotonic() - 1)
+    assert ps.run_file("cupy", "test_stand_in.py", "own", tmp_path / "out", 120, 2) == {}
+    # The whole run: the outcome files and the table are written, and the tarball holds them.
+    out, tgz = tmp_path / "run", tmp_path / "run.tgz"
+    monkeypatch.setattr("sys.argv", ["peer_suites.py", "--suite", "numba", "--only", "no such module", "--out", str(out),
+                                     "--tar", str(tgz), "--deadline", "0"])
+    assert ps.main() == 0
+    with tarfile.open(tgz) as tar:
+        names = tar.getnames()
+    assert "run/outcomes-numba-own.json" in names and "run/outcomes-numba-cudacore.json" in names

@@ -30,6 +30,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -217,6 +218,15 @@ def plugin_dir(out: Path) -> Path:
     return d
 
 
+#: time.monotonic() after which no process starts and a running one is stopped (--deadline); None: none.
+DEADLINE: float | None = None
+
+
+def time_left(timeout: float) -> float:
+    """A process's timeout: ``timeout``, cut to what is left before the deadline (0: start nothing)."""
+    return timeout if DEADLINE is None else max(0.0, min(timeout, DEADLINE - time.monotonic()))
+
+
 def test_sites(suite: str, out: Path) -> list[str]:
     """The folders put first on a suite's PYTHONPATH: peer_plugin.py's, and the suites' test-only
     dependencies from peer-suites/wheels (installed there once, without an index); the Numba runs get the
@@ -306,8 +316,11 @@ def run_once(
             for d in deselect:
                 cmd += ["--deselect", d]
         started = time.monotonic()
+        if time_left(timeout) <= 0:
+            print(f"  {suite}/{allocator} {target}: not started, past the deadline", flush=True)
+            return outcomes
         try:
-            proc = subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, text=True, check=False)
+            proc = subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=time_left(timeout), text=True, check=False)
             rc, text = proc.returncode, proc.stdout
         except subprocess.TimeoutExpired as e:
             rc, text = -9, e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else str(e.stdout or "")
@@ -353,9 +366,25 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
     ap.add_argument("--timeout", type=float, default=600, help="seconds for one file's process")
     ap.add_argument("--jobs", type=int, default=8, help="failures rerun alone side by side (0: no reruns)")
+    ap.add_argument("--deadline", type=float, help="seconds from now after which nothing more starts and a running "
+                    "process is stopped; the table and the outcome files are still written")
+    ap.add_argument("--tar", help="write the output folder into this .tar.gz at the end, however the run ends "
+                    "(the device tool returns only a handful of files)")
     args = ap.parse_args()
+    global DEADLINE
+    DEADLINE = None if args.deadline is None else time.monotonic() + args.deadline
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return run(args, out)
+    finally:
+        if args.tar:
+            with tarfile.open(args.tar, "w:gz") as tar:  # the installed sites and the plugin copy left out
+                tar.add(out, arcname=out.name, filter=lambda m: None if m.name.split("/")[1:2] in (["site"], ["site-numba"], ["plugin"]) else m)
+
+
+def run(args: argparse.Namespace, out: Path) -> int:
+    """The runs, their differences and the table."""
     allocators = args.allocator or ["own", "cudacore"]
     status = 0
     rows = []
