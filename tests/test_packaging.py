@@ -69,6 +69,9 @@ def test_metadata_is_complete() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
     assert {"Homepage", "Source", "Documentation", "Issues"} <= set(project["urls"])
+    # The Documentation link names the docs' index, which is in the repository.
+    doc_url = project["urls"]["Documentation"]
+    assert doc_url.endswith("/blob/main/docs/index.md") and (ROOT / "docs" / "index.md").is_file()
     assert all(u.startswith("https://") for u in project["urls"].values())
     extras = project["optional-dependencies"]
     assert {"torch", "cupy", "numba", "matplotlib"} <= set(extras)
