@@ -1086,7 +1086,7 @@ def test_graphed_copies_later_inputs_into_the_captured_ones_and_refuses_other_sh
     b.fill(2)
     calls = []
 
-    @cc.graphed(stream=s)
+    @cc.graphed(stream=s, outputs="static")  # the graph's own output, to watch it (tests/test_graphed_outputs.py: "copy")
     def step(x: cc.Buffer, k: int = 0) -> cc.Buffer:
         calls.append(k)
         cc.device_to_device(out, x, stream=s)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._capture_tools import CaptureDiagnosis, Graphed, graphed, rehearse
+from ._capture_tools import CaptureDiagnosis, Graphed, GraphedOutputs, graphed, rehearse
 from ._copy import device_to_device
 from ._device import (
     Device,
@@ -101,6 +101,7 @@ __all__ = [
     "ExternalBuffer",
     "Graph",
     "Graphed",
+    "GraphedOutputs",
     "IllegalStateError",
     "ImportedBuffer",
     "InvalidHandleError",

@@ -7,32 +7,46 @@ error of ``end_capture``). It also reports the escape audit (:attr:`Graph.escape
 while the capture ran that did not go into it.
 
 :func:`graphed` wraps a function so that its first call captures it into a graph and later calls replay
-that graph; if the capture fails, the function runs eagerly from then on and the reason is kept.
+that graph; if the capture fails, the function runs eagerly from then on and the reason is kept. By default
+each call returns fresh copies of the Buffers in the function's result (``outputs="copy"``), which the
+caller may keep; ``outputs="static"`` returns the graph's own Buffers, which the next call overwrites.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import traceback
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, Literal, ParamSpec, TypeAlias, TypeVar, get_args, overload
 
 from . import _copy, _errors
 from . import _stream as _streams
 from ._errors import CaptureError, CUDAError, error
 from ._native import fast
-from ._stream import CaptureMode, Stream
+from ._stream import CAPTURE_MODES, CaptureMode, Stream
 
-__all__ = ["CaptureDiagnosis", "Graphed", "graphed", "rehearse"]
+__all__ = ["GRAPHED_OUTPUTS", "CaptureDiagnosis", "Graphed", "GraphedOutputs", "graphed", "rehearse"]
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent) + os.sep
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+#: What a :func:`graphed` function's calls return: ``"copy"``, fresh copies of the Buffers in its result
+#: (the caller's to keep), or ``"static"``, the graph's own Buffers (overwritten by the next call).
+GraphedOutputs: TypeAlias = Literal["copy", "static"]
+
+#: The values of :data:`GraphedOutputs`.
+GRAPHED_OUTPUTS: tuple[GraphedOutputs, ...] = get_args(GraphedOutputs)
+
+#: How deep in a result's tuples, lists, sets and dicts Buffers are looked for.
+_MAX_DEPTH = 8
 
 
 @dataclass
@@ -208,7 +222,7 @@ def _buffers_in(result: object, depth: int = 0) -> list[Any]:
     """The device Buffers in ``result``: itself, or held by its tuples, lists, sets and dict values."""
     if isinstance(result, fast.Buffer):
         return [result]
-    if depth >= 8:
+    if depth >= _MAX_DEPTH:
         return []
     if isinstance(result, (tuple, list, set, frozenset)):
         items: Any = result
@@ -217,6 +231,100 @@ def _buffers_in(result: object, depth: int = 0) -> list[Any]:
     else:
         return []
     return [b for item in items for b in _buffers_in(item, depth + 1)]
+
+
+def _device_arrays_in(result: object, where: str = "result", depth: int = 0) -> list[str]:
+    """Where ``result`` holds memory a graph may write that is not a cudacore Buffer, which
+    ``outputs="copy"`` cannot copy: a :class:`PinnedBuffer`, or another library's device array (an object
+    with ``__cuda_array_interface__``, or with ``__dlpack__`` on a device other than the CPU)."""
+    if isinstance(result, fast.Buffer) or depth > _MAX_DEPTH or isinstance(result, (str, bytes, bytearray, memoryview)):
+        return []
+    if isinstance(result, dict):
+        return [w for k, v in result.items() for w in _device_arrays_in(v, f"{where}[{k!r}]", depth + 1)]
+    if isinstance(result, (tuple, list)):
+        return [w for i, v in enumerate(result) for w in _device_arrays_in(v, f"{where}[{i}]", depth + 1)]
+    if isinstance(result, (set, frozenset)):
+        return [w for v in result for w in _device_arrays_in(v, f"an item of {where}", depth + 1)]
+    try:
+        foreign = (
+            isinstance(result, fast.PinnedBuffer)
+            or hasattr(result, "__cuda_array_interface__")
+            or (hasattr(result, "__dlpack__") and result.__dlpack_device__()[0] != 1)  # type: ignore[attr-defined]
+        )
+    except Exception:  # noqa: BLE001 - a property that raises: not an array we can name
+        foreign = False
+    return [f"{where} ({type(result).__module__}.{type(result).__qualname__})"] if foreign else []
+
+
+def _rebuild(result: Any, items: list[Any]) -> Any:
+    """A new container of ``result``'s type holding ``items`` (its values, for a dict) in their order."""
+    if isinstance(result, tuple):
+        make = getattr(result, "_make", None)
+        if hasattr(result, "_fields") and callable(make):  # a namedtuple
+            return make(items)
+        return tuple(items) if type(result) is tuple else type(result)(items)
+    if isinstance(result, frozenset):
+        return type(result)(items)
+    new = copy.copy(result)  # a list, set or dict (or a subclass, its other state kept)
+    if isinstance(result, dict):
+        new.clear()
+        new.update(zip(result.keys(), items, strict=True))
+    elif isinstance(result, list):
+        new[:] = items
+    else:
+        new.clear()
+        new.update(items)
+    return new
+
+
+class _Copier:
+    """Fresh copies of the Buffers of one result, ordered on ``stream`` after the work that wrote them."""
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+        self.made: list[Any] = []
+        self.done: dict[int, Any] = {}  # id(original) -> its copy: a Buffer found twice is copied once
+
+    def buffer(self, b: Any) -> Any:
+        if b.closed:
+            return b  # nothing to copy (fn returned a Buffer it had closed)
+        got = self.done.get(id(b))
+        if got is not None:
+            return got
+        s = self.stream
+        if b.device_id == s.device.device_id:
+            new = s.device.allocate(b.size, stream=s)
+            self.made.append(new)
+            _copy.device_to_device(new, b, s)
+        else:
+            # A Buffer of another device: its copy is made there, after everything on the stream.
+            new = b.device.allocate(b.size)
+            self.made.append(new)
+            s.synchronize()
+            _copy.device_to_device(new, b, None)
+        self.done[id(b)] = new
+        return new
+
+    def copy(self, result: Any, depth: int = 0) -> Any:
+        """``result`` with each Buffer in it (itself, or in its tuples, lists, sets and dict values) replaced
+        by a fresh copy; containers holding none and every other value are returned as they are."""
+        if isinstance(result, fast.Buffer):
+            return self.buffer(result)
+        if depth >= _MAX_DEPTH or not isinstance(result, (tuple, list, set, frozenset, dict)):
+            return result
+        old = list(result.values()) if isinstance(result, dict) else list(result)
+        new = [self.copy(v, depth + 1) for v in old]
+        if all(a is b for a, b in zip(old, new, strict=True)):
+            return result
+        return _rebuild(result, new)
+
+    def discard(self) -> None:
+        """Close the copies made so far (a copy failed: none of them reaches the caller)."""
+        for b in self.made:
+            try:
+                b.close()
+            except Exception:  # noqa: BLE001, S112 - the copy's own error is the one to raise
+                continue
 
 
 def _graph_buffers() -> weakref.WeakSet[Any]:
@@ -241,16 +349,20 @@ class Graphed(Generic[P, R]):
         The exception the capture failed with.
     warmup : int
         How many calls run eagerly before the capture.
+    outputs : {"copy", "static"}
+        What calls return: fresh copies of the Buffers in the result (``"copy"``), or the graph's own
+        Buffers, which the next call overwrites (``"static"``); see :func:`graphed`.
     """
 
-    def __init__(self, fn: Callable[P, R], stream: Any, mode: CaptureMode, warmup: int = 0) -> None:
-        _check_stream(stream, "cudacore.graphed", none=False)
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise TypeError(f"cudacore.graphed: warmup must be an int >= 0 (the eager calls before the capture), not {warmup!r}")
+    def __init__(
+        self, fn: Callable[P, R], stream: Any, mode: CaptureMode, warmup: int = 0, outputs: GraphedOutputs = "copy"
+    ) -> None:
+        _check_options(stream, mode, warmup, outputs)
         self._fn = fn
         self._stream = stream
         self._mode = mode
         self.warmup = warmup
+        self.outputs: GraphedOutputs = outputs
         self._warmed = 0
         self.fallbacks: list[str] = []
         # The captured call's arguments: each device Buffer among them is a static input, which later
@@ -278,24 +390,37 @@ class Graphed(Generic[P, R]):
         me = threading.get_ident()
         if self._owner == me:
             # fn called itself: the inner call is part of the outer one's work, captured with it (and so
-            # replayed with it) or run eagerly with it.
+            # replayed with it) or run eagerly with it; the outer call's result is the one copied out.
             return self._fn(*args, **kwargs)
         with self._lock:
             self._owner = me
             try:
                 if self.fallback_reason is not None:
-                    return self._fn(*args, **kwargs)
+                    return self._out(self._fn(*args, **kwargs))
                 if self.graph is None:
                     if self._warmed < self.warmup:
                         self._warmed += 1  # a warm-up call: eager, before the capture (lazy setup, autotuning)
-                        return self._fn(*args, **kwargs)
-                    return self._capture(*args, **kwargs)
-                graph = self.graph
+                        return self._out(self._fn(*args, **kwargs))
+                    return self._out(self._capture(*args, **kwargs))
+                # Inputs, launch and copies out in one turn: another thread's call between them would
+                # overwrite this call's inputs, or its outputs, on the stream.
                 self._load_inputs(args, kwargs)
+                self.graph.launch(self._stream)
+                return self._out(self._result)
             finally:
                 self._owner = None
-        graph.launch(self._stream)
-        return self._result  # type: ignore[no-any-return]
+
+    def _out(self, result: R) -> R:
+        """What a call returns: ``result`` itself (``outputs="static"``), or ``result`` with each Buffer in
+        it replaced by a fresh copy, made on the stream after the work that wrote it (``"copy"``)."""
+        if self.outputs == "static":
+            return result
+        copier = _Copier(self._stream)
+        try:
+            return copier.copy(result)  # type: ignore[no-any-return]
+        except BaseException:
+            copier.discard()
+            raise
 
     def _load_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Copy a later call's Buffers into the captured call's (the graph's static inputs), on the
@@ -382,6 +507,18 @@ class Graphed(Generic[P, R]):
             return self._fn(*args, **kwargs)
         self.graph, self._result = graph, result
         self._args, self._kwargs = args, dict(kwargs)
+        if self.outputs == "copy":
+            arrays = _device_arrays_in(result)
+            if arrays:
+                warnings.warn(
+                    f"cudacore.graphed: {self.__name__} returns memory that is not a cudacore Buffer "
+                    f"({'; '.join(arrays[:4])}{'; ...' if len(arrays) > 4 else ''}): outputs='copy' copies only "
+                    "Buffers, so it is returned as it is, and if the graph writes it, each later call overwrites "
+                    "it. Return the device Buffer (and view or copy it to the host after the call), or copy it "
+                    "out yourself",
+                    UserWarning,
+                    stacklevel=3,
+                )
         graph.launch(self._stream)
         return result
 
@@ -432,52 +569,129 @@ class Graphed(Generic[P, R]):
 
     def __repr__(self) -> str:
         state = "eager: " + self.fallback_reason if self.fallback_reason else "graphed" if self.graph else "not yet captured"
-        return f"<cudacore.graphed {self.__name__} ({state})>"
+        return f"<cudacore.graphed {self.__name__} ({state}, outputs={self.outputs!r})>"
 
 
-@overload
-def graphed(fn: Callable[P, R], *, stream: Stream, mode: CaptureMode = "thread_local", warmup: int = 0) -> Graphed[P, R]: ...
+def _check_options(stream: object, mode: object, warmup: object, outputs: object) -> None:
+    """Refuse a bad option of :func:`graphed` when it is given, not at the capture (where a bad mode
+    would only have made the capture fail, and the function run eagerly)."""
+    op = "cudacore.graphed"
+    _check_stream(stream, op, none=False)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise TypeError(f"{op}: warmup must be an int >= 0 (the eager calls before the capture), not {warmup!r}")
+    if not isinstance(mode, str) or mode not in CAPTURE_MODES:
+        raise error("CUDA_ERROR_INVALID_VALUE", f"{op}: unknown capture mode {mode!r}: use one of {', '.join(map(repr, CAPTURE_MODES))}", op=op)
+    if not isinstance(outputs, str) or outputs not in GRAPHED_OUTPUTS:
+        raise error(
+            "CUDA_ERROR_INVALID_VALUE",
+            f"{op}: outputs must be one of {', '.join(map(repr, GRAPHED_OUTPUTS))}, not {outputs!r}: 'copy' returns fresh "
+            "copies of the result's Buffers, which the caller keeps; 'static' returns the graph's own Buffers, which "
+            "the next call overwrites",
+            op=op,
+        )
+
+
 @overload
 def graphed(
-    fn: None = None, *, stream: Stream, mode: CaptureMode = "thread_local", warmup: int = 0
+    fn: Callable[P, R],
+    *,
+    stream: Stream,
+    mode: CaptureMode = "thread_local",
+    warmup: int = 0,
+    outputs: GraphedOutputs = "copy",
+) -> Graphed[P, R]: ...
+@overload
+def graphed(
+    fn: None = None,
+    *,
+    stream: Stream,
+    mode: CaptureMode = "thread_local",
+    warmup: int = 0,
+    outputs: GraphedOutputs = "copy",
 ) -> Callable[[Callable[P, R]], Graphed[P, R]]: ...
 def graphed(
-    fn: Callable[P, R] | None = None, *, stream: Stream, mode: CaptureMode = "thread_local", warmup: int = 0
+    fn: Callable[P, R] | None = None,
+    *,
+    stream: Stream,
+    mode: CaptureMode = "thread_local",
+    warmup: int = 0,
+    outputs: GraphedOutputs = "copy",
 ) -> Graphed[P, R] | Callable[[Callable[P, R]], Graphed[P, R]]:
     """Capture ``fn`` into a graph on its first call (after ``warmup`` eager calls) and replay the graph on
     later calls.
 
     ``fn`` must issue its GPU work on ``stream``. The first ``warmup`` calls run ``fn`` eagerly (lazy
-    set-up, autotuning: work that must not be captured). The next call captures its work, launches the
-    graph once and returns ``fn``'s result; each later call launches the graph on ``stream`` again (it does
-    not wait) and returns the captured call's result, which the graph overwrites at each replay (copy out
-    what you keep). The captured call's device Buffers are the graph's static inputs: a later call's
-    Buffer in the same place is copied into the captured one on ``stream`` before the replay (the same
-    object needs no copy), and one of another size is refused; any other argument is baked into the graph
-    and must be equal to the captured one, or the call is refused (``InvalidValueError``), as is a call of
-    another shape (argument count, keywords). If the capture fails, ``fn`` runs eagerly on that call and
-    every later one; the wrapper keeps working and records why (``.fallback_reason``, ``.error``, and
-    every fallback in ``.fallbacks``). A capture that ends but cannot be replayed
-    faithfully counts as failed: when ``fn`` swallowed a capture error, when work escaped the capture (it
-    ran once, on another stream or synchronously, and a replay would not repeat it), and when ``fn`` keeps
-    memory it allocated inside the capture (returns it, or leaves it open elsewhere): a graph's next launch
-    needs that memory back, so each call runs eagerly and returns Buffers the caller owns.
+    set-up, autotuning: work that must not be captured). The next call captures its work and launches the
+    graph once; each later call launches the graph on ``stream`` again (it does not wait). The captured
+    call's device Buffers are the graph's static inputs: a later call's Buffer in the same place is copied
+    into the captured one on ``stream`` before the replay (the same object needs no copy), and one of
+    another size is refused; any other argument is baked into the graph and must be equal to the captured
+    one, or the call is refused (``InvalidValueError``), as is a call of another shape (argument count,
+    keywords).
+
+    What a call returns depends on ``outputs``. The graph writes its results into the same memory at each
+    replay (the Buffers ``fn`` returned when it was captured, allocated before the capture), so:
+
+    - ``"copy"`` (the default): each call returns ``fn``'s result with every Buffer in it (the result
+      itself, or in its tuples, lists, sets and dict values) replaced by a fresh Buffer of the same size,
+      allocated from cudacore's allocator on ``stream`` and filled by a device-to-device copy ordered on
+      ``stream`` after the launch. The copies are the caller's: later calls never touch them; close them
+      (or let them be collected) when done. Containers holding no Buffer and every other value (None,
+      numbers, host objects) are returned as they are. Eager calls (warm-up, fallback) return copies too,
+      so what a call returns does not depend on whether the capture succeeded. Device memory that is not
+      a cudacore Buffer (a CuPy or PyTorch array viewing the graph's memory) cannot be copied: the capture
+      warns (``UserWarning``) and returns it as it is.
+    - ``"static"``: each call returns ``fn``'s result as it is: the graph's own Buffers, the same objects at
+      every call, which the next call overwrites (on ``stream``, when its launch runs). Read or copy out
+      what you keep before calling again. Nothing detects a stale read: an earlier result and a later one
+      are the same memory. No allocation and no copy are made per call.
+
+    If the capture fails, ``fn`` runs eagerly on that call and every later one; the wrapper keeps working
+    and records why (``.fallback_reason``, ``.error``, and every fallback in ``.fallbacks``). A capture that
+    ends but cannot be replayed faithfully counts as failed: when ``fn`` swallowed a capture error, when
+    work escaped the capture (it ran once, on another stream or synchronously, and a replay would not
+    repeat it), and when ``fn`` keeps memory it allocated inside the capture (returns it, or leaves it open
+    elsewhere): a graph's next launch needs that memory back, so each call runs eagerly and returns
+    Buffers the caller owns.
 
     A call of the wrapper from inside ``fn`` (recursion) runs ``fn`` directly, as part of the outer
-    call: captured with it, or run eagerly with it. Calls from several threads take turns.
+    call: captured with it, or run eagerly with it, and its result is not copied (the outer call's is).
+    Calls from several threads take turns: each call's input copies, launch and output copies are made
+    together.
 
     Use as ``step = cudacore.graphed(fn, stream=s)`` or as a decorator, ``@cudacore.graphed(stream=s)``.
+
+    Parameters
+    ----------
+    fn : callable, optional
+        The function to graph; leave it out to use ``graphed`` as a decorator.
+    stream : Stream
+        The stream ``fn`` issues its work on, and the graph is launched on.
+    mode : {"thread_local", "global", "relaxed"}
+        The capture mode, as in :meth:`Stream.capture`.
+    warmup : int
+        How many calls run ``fn`` eagerly before the capture.
+    outputs : {"copy", "static"}
+        What calls return: fresh copies of the result's Buffers, the caller's to keep (``"copy"``), or the
+        graph's own Buffers, overwritten by the next call (``"static"``).
+
+    Returns
+    -------
+    Graphed
+        The wrapper (or, without ``fn``, a decorator that makes one).
 
     Raises
     ------
     TypeError
-        If ``stream`` is not a :class:`Stream`.
+        If ``stream`` is not a :class:`Stream`, or ``warmup`` is not an int >= 0.
+    InvalidValueError
+        If ``mode`` or ``outputs`` is not one of its choices (the message lists them).
     """
-    _check_stream(stream, "cudacore.graphed", none=False)
+    _check_options(stream, mode, warmup, outputs)
     if fn is None:
 
         def decorate(f: Callable[P, R]) -> Graphed[P, R]:
-            return Graphed(f, stream, mode, warmup)
+            return Graphed(f, stream, mode, warmup, outputs)
 
         return decorate
-    return Graphed(fn, stream, mode, warmup)
+    return Graphed(fn, stream, mode, warmup, outputs)
