@@ -89,7 +89,7 @@ def test_stream_none_means_the_current_stream(dev: cc.Device) -> None:
 
 
 class _MyStream(cc.Stream):
-    """A subclass: not the exact type the C door reads directly, so it takes the Python path."""
+    """A subclass: the C door reads its fields as it reads a Stream's (they are the C base's)."""
 
     __slots__ = ()
 
@@ -345,11 +345,13 @@ def test_launches_and_records_with_stream_none_use_the_current_stream(dev: cc.De
     """Graph.launch, Event.record and Kernel.launch given stream=None pass the current stream's handle."""
     seen: dict[str, int] = {}
 
-    def graph_launch(graph_id: int, ordinal: int, handle: int) -> None:
+    def graph_launch(graph_id: int, ordinal: int, handle: int) -> int:
         seen["graph"] = handle
+        return 0  # no executable graph handed out: the next launch comes here too
 
-    def kernel_launch(fn: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shm: int, handle: int, *rest: object) -> None:
+    def kernel_launch(fn: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shm: int, handle: int, *rest: object) -> int:
         seen["kernel"] = handle
+        return 0
 
     monkeypatch.setattr(_stream, "_graph_launch", graph_launch)
     monkeypatch.setattr(_module, "_launch", kernel_launch)

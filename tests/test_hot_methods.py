@@ -1,13 +1,12 @@
-"""The hot methods (fast.install_methods): Stream/Event synchronize and query, Graph.launch and Kernel.launch
-are C method descriptors that take the direct path when they may and otherwise call the Python definitions
-with the same arguments. Whatever C does, the answer or the error must be the Python method's."""
+"""The hot methods: Stream/Event synchronize and query, Graph.launch and Kernel.launch are methods of the C
+bases (cudacore/native) that take the direct path when they may and otherwise call the general path, the
+Python subclass's _synchronize, _query or _launch, with the same arguments. Whatever C does, the answer or
+the error must be the general path's."""
 
 # ruff: noqa: B023 - each lambda made in a loop is called by same() within the iteration that made it
 from __future__ import annotations
-import __future__
 
 import copy
-import inspect
 import itertools
 import os
 import pickle
@@ -18,23 +17,10 @@ from typing import Any
 import pytest
 
 import cudacore as cc
-from cudacore import _module, _stream
 
 from conftest import run_python
 
 FILL_PTX = Path(__file__).parent / "kernels" / "fill.ptx"
-
-
-def _python_classes() -> dict[str, type]:
-    """The classes as their source defines them, before install_methods replaced the hot methods."""
-    out = {}
-    for mod, names in ((_stream, ("Stream", "Event", "Graph")), (_module, ("Kernel",))):
-        for name in names:
-            ns = dict(vars(mod))
-            src = inspect.getsource(getattr(mod, name))
-            exec(compile(src, mod.__file__, "exec", __future__.annotations.compiler_flag, dont_inherit=True), ns)  # noqa: S102 - the package's own source
-            out[name] = ns[name]
-    return out
 
 
 def _outcome(f: Any) -> tuple[str, str]:
@@ -55,9 +41,8 @@ def _one_copy_graph(d: cc.Device, s: cc.Stream) -> tuple[Any, cc.Buffer, cc.Pinn
 @pytest.mark.sim
 def test_every_argument_shape_answers_as_the_python_method(dev):
     """Positional and keyword arguments, duplicates, unknown keywords, keywords with an embedded NUL,
-    subclasses, default and closed streams, odd grids and shared memory sizes: the C descriptor's result
-    or error (type and message) is the one of the Python definition it replaced."""
-    py = _python_classes()
+    subclasses, default and closed streams, odd grids and shared memory sizes: the C method's result
+    or error (type and message) is the one of its general path."""
     s = dev.create_stream()
     e = s.record(cc.Event(dev, timing=False))
     g, buf, pinned = _one_copy_graph(dev, s)
@@ -89,21 +74,21 @@ def test_every_argument_shape_answers_as_the_python_method(dev):
         for obj in objs:
             for args, kw in (((), {}), ((1,), {}), ((), {"x": 1}), ((), {"self": 1})):
                 same(f"{cls}.{name}{args}{kw} on {obj!r}", lambda: getattr(obj, name)(*args, **kw),
-                     lambda: getattr(py[cls], name)(obj, *args, **kw))  # fmt: skip
+                     lambda: getattr(getattr(cc, cls), "_" + name)(obj, *args, **kw))  # fmt: skip
     for v in (s, closed, legacy, sub, None, 0, s.handle, True, 1.5, "x", 2**70):
         for args, kw in (((v,), {}), ((), {"stream": v}), ((), {"stream\0": v}), ((v,), {"stream": v})):
-            same(f"Graph.launch{args}{kw}", lambda: g.launch(*args, **kw), lambda: py["Graph"].launch(g, *args, **kw))
-    same("Graph.launch(s, s)", lambda: g.launch(s, s), lambda: py["Graph"].launch(g, s, s))
+            same(f"Graph.launch{args}{kw}", lambda: g.launch(*args, **kw), lambda: cc.Graph._launch(g, *args, **kw))
+    same("Graph.launch(s, s)", lambda: g.launch(s, s), lambda: cc.Graph._launch(g, s, s))
     kargs = (buf, 1, 10)
     for grid, block, shared, stream in itertools.product((1, 0, -1, 2**32, True, 1.0, (1, 1)), (1, 0, 2**32, False),
                                                          (0, -1, True, 2**32, None), (s, None, legacy, sub, closed)):  # fmt: skip
         same(f"Kernel.launch({grid}, {block}, {shared}, {stream!r})", lambda: k.launch(grid, block, kargs, shared, stream),
-             lambda: py["Kernel"].launch(k, grid, block, kargs, shared, stream))  # fmt: skip
+             lambda: cc.Kernel._launch(k, grid, block, kargs, shared, stream))  # fmt: skip
     for a in (kargs, (buf, 1), (1.5, 1, 10), (buf, 2**40, 10), [buf, 1, 10], "abc", 5, None):
         for args, kw in (((1, 1, a, 0, s), {}), ((), {"grid": 1, "block": 1, "args": a, "shared_mem": 0, "stream": s}),
                          ((1, 1, a), {"stream": s}), ((1, 1, a, 0, s), {"stream": s}), ((1, 1, a, 0, s, 1), {}),
                          ((1, 1, a), {"stream": s, "foo": 1}), ((1, 1, a), {"stream\0x": s})):  # fmt: skip
-            same(f"Kernel.launch{args}{kw}", lambda: k.launch(*args, **kw), lambda: py["Kernel"].launch(k, *args, **kw))
+            same(f"Kernel.launch{args}{kw}", lambda: k.launch(*args, **kw), lambda: cc.Kernel._launch(k, *args, **kw))
     assert not diffs, "\n".join(f"{label}\n  C:      {a}\n  Python: {b}" for label, a, b in diffs[:10])
     g.destroy(), buf.close(), pinned.close(), e.close(), s.close(), sub.close(), m.unload()
 

@@ -166,7 +166,7 @@ fast_device_allocate(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
     }
     PyObject *b = allocate_buffer(device, size, stream, owned);
     PyObject *sa = args[2];
-    if (b != NULL && sa != Py_None && !PyLong_Check(sa) && slot_of(&stream_slots, sa, S_HANDLE) == NULL) {
+    if (b != NULL && sa != Py_None && !PyLong_Check(sa) && !PyObject_TypeCheck(sa, &StreamType)) {
         ((BufferObject *)b)->keep = Py_NewRef(sa); /* another library's stream object: alive until the free */
     }
     if (b != NULL && note_if_capturing(b) < 0) {

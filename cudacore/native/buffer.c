@@ -496,7 +496,7 @@ refuses_writes(BufferObject *self)
 static int
 copy_hot(BufferObject *self, PyObject *host, PyObject *stream, const copy_part *part, int to_device)
 {
-    if (stream_type == NULL || Py_TYPE(stream) != stream_type || !PyObject_TypeCheck(host, &PinnedType) ||
+    if (!PyObject_TypeCheck(stream, &StreamType) || !PyObject_TypeCheck(host, &PinnedType) ||
         buffer_gone(self)) {
         return 0;
     }

@@ -3,7 +3,8 @@
  *
  * It holds what a generator cannot express: the objects users hold (Buffer and PinnedBuffer, C types
  * with no per-instance dict, so that an allocate+close pair costs about what CuPy's pool does), their
- * DLPack export, and the cold door `call` around gopy's functions. The generated METH_FASTCALL wrappers
+ * DLPack export, the C bases of Device, Stream, Event, Graph, Module, Kernel and KernelArg (the fields
+ * the fast path reads, and the hot methods), and the cold door `call` around gopy's functions. The generated METH_FASTCALL wrappers
  * of the facade's hot entries (door_gen.c, from bindings/door) are added to this module at init. Every
  * function here that enters Go passes the guard of door.h first (the fork check), and every error from
  * Go goes through the one funnel (door_raise).
@@ -22,21 +23,16 @@
 /* What configure() registers (fast.h). */
 PyTypeObject *buffer_type;
 PyTypeObject *pinned_type;
-PyTypeObject *stream_type;
 
-PyDoc_STRVAR(configure_doc, "configure(buffer_type, pinned_type, funnel, stream_type) -> None\n\n"
-                            "Register the Python subclasses to instantiate, the error funnel (the "
-                            "cudacore._errors module) and the Stream class.");
+PyDoc_STRVAR(configure_doc, "configure(buffer_type, pinned_type, funnel) -> None\n\n"
+                            "Register the Python subclasses to instantiate and the error funnel (the "
+                            "cudacore._errors module).");
 
 static PyObject *
 fast_configure(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "configure() takes exactly 4 arguments");
-        return NULL;
-    }
-    if (!PyType_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "configure() needs the Stream class");
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "configure() takes exactly 3 arguments");
         return NULL;
     }
     if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &BufferType) ||
@@ -49,8 +45,54 @@ fast_configure(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     }
     Py_XSETREF(buffer_type, (PyTypeObject *)Py_NewRef(args[0]));
     Py_XSETREF(pinned_type, (PyTypeObject *)Py_NewRef(args[1]));
-    Py_XSETREF(stream_type, (PyTypeObject *)Py_NewRef(args[3]));
     Py_RETURN_NONE;
+}
+
+PyObject *
+call_general(PyObject *self, PyObject *name, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *small[8];
+    PyObject **stack = total < 8 ? small : PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *));
+    if (stack == NULL) {
+        return PyErr_NoMemory();
+    }
+    stack[0] = self;
+    memcpy(stack + 1, args, (size_t)total * sizeof(PyObject *));
+    PyObject *r = PyObject_VectorcallMethod(name, stack, (size_t)(nargs + 1), kwnames);
+    if (stack != small) {
+        PyMem_Free(stack);
+    }
+    return r;
+}
+
+/* The arguments of a hot method, by position or keyword, into out[0..n) (borrowed; NULL where not given):
+ * 0, or -1 when they do not fit names (the general path then says what is wrong). Never sets an exception. */
+int
+hot_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *const *names, int n, PyObject **out)
+{
+    if (nargs > n) {
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        out[i] = i < nargs ? args[i] : NULL;
+    }
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        /* With its length: a keyword with an embedded NUL ("stream\0x") is no parameter's name. */
+        Py_ssize_t len = 0;
+        const char *key = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(kwnames, k), &len);
+        int i = 0;
+        while (i < n && (key == NULL || (size_t)len != strlen(names[i]) || memcmp(key, names[i], (size_t)len) != 0)) {
+            i++;
+        }
+        if (i == n || out[i] != NULL) {
+            PyErr_Clear();
+            return -1;
+        }
+        out[i] = args[nargs + k];
+    }
+    return 0;
 }
 
 PyDoc_STRVAR(capturing_doc, "capturing() -> bool\n\n"
@@ -122,12 +164,26 @@ PyInit__fast(void)
     if (door_init() < 0 || PyType_Ready(&BufferType) < 0 || PyType_Ready(&PinnedType) < 0) {
         return NULL;
     }
+    /* The C bases of the Python layer's classes, by the names they are exported under. Their tp_new is
+     * object's own: an instance starts zeroed, and object.__new__(cls), with which the Python layer makes
+     * its objects, stays valid for their subclasses. */
+    static struct {
+        const char *name;
+        PyTypeObject *type;
+    } bases[] = {{"Device", &DeviceType}, {"Stream", &StreamType}, {"Event", &EventType}, {"Graph", &GraphType},
+                 {"Module", &ModuleType}, {"Kernel", &KernelType}, {"KernelArg", &KernelArgType}};
+    for (size_t i = 0; i < sizeof bases / sizeof bases[0]; i++) {
+        bases[i].type->tp_new = PyBaseObject_Type.tp_new;
+        if (PyType_Ready(bases[i].type) < 0) {
+            return NULL;
+        }
+    }
     PyObject *m = PyModule_Create(&fast_module);
     if (m == NULL) {
         return NULL;
     }
     PyMethodDef *tables[] = {cc_module_functions, cc_alloc_functions, cc_call_functions, cc_launch_functions,
-                             cc_hot_functions, cc_stacks_functions, cc_streams_functions, cudacore_door_methods};
+                             cc_stacks_functions, cc_streams_functions, cudacore_door_methods};
     for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
         if (PyModule_AddFunctions(m, tables[i]) < 0) {
             Py_DECREF(m);
@@ -145,6 +201,12 @@ PyInit__fast(void)
         PyModule_AddObjectRef(m, "PinnedBuffer", (PyObject *)&PinnedType) < 0) {
         Py_DECREF(m);
         return NULL;
+    }
+    for (size_t i = 0; i < sizeof bases / sizeof bases[0]; i++) {
+        if (PyModule_AddObjectRef(m, bases[i].name, (PyObject *)bases[i].type) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     return m;
 }

@@ -6,14 +6,19 @@
  *   buffer.c       Buffer: device memory, its DLPack export and its copies' hot cases
  *   pinned.c       PinnedBuffer: page-locked host memory with the buffer protocol
  *   alloc.c        allocation into new Buffers and PinnedBuffers, the recycle log's C side, wrap and borrow
- *   streams.c      stream arguments resolved in C, and the __slots__ layouts the direct path reads
+ *   device.c       Device's C base: the ordinal
+ *   stream.c       Stream's C base: its checked fields, and the hot methods synchronize and query
+ *   event.c        Event's C base: its handle, and the hot methods synchronize and query
+ *   graph.c        Graph's C base: its executable graph, and the hot method launch
+ *   module.c       Module's C base: whether it is loaded
+ *   kernel.c       Kernel's C base (its function handle and spec, the hot method launch) and KernelArg's
+ *   streams.c      stream arguments resolved in C
  *   launch.c       kernel arguments packed in C, kernel and graph launches (direct and through Go)
- *   hot_methods.c  the C method descriptors installed on Stream, Event, Graph and Kernel
  *   stacks.c       Python stacks recorded for allocations
  *   call.c         the cold door: gopy's functions called with errors through the funnel
  *
  * The facts these decide on that Go owns are in the snapshot (snapshot.h), never copied here; what the
- * Python layer owns is read in place (streams.c). Everything declared here is hidden: it is shared by the
+ * Python layer owns is read in place (streams.c), or is a field of the C bases of its classes. Everything declared here is hidden: it is shared by the
  * files of this module, not exported from the extension library.
  */
 #ifndef CUDACORE_FAST_H
@@ -51,11 +56,79 @@ no_pending_graph_memory(void)
 
 extern PyTypeObject *buffer_type;   /* the registered subclass of Buffer; NULL until configure() */
 extern PyTypeObject *pinned_type;   /* likewise for PinnedBuffer */
-extern PyTypeObject *stream_type;   /* cudacore.Stream, for the copies' hot case; NULL until configure() */
-
 
 extern PyTypeObject PinnedType; /* pinned.c */
 extern PyTypeObject BufferType; /* buffer.c */
+extern PyTypeObject DeviceType; /* device.c */
+extern PyTypeObject StreamType; /* stream.c */
+extern PyTypeObject EventType;  /* event.c */
+extern PyTypeObject GraphType;  /* graph.c */
+extern PyTypeObject ModuleType; /* module.c */
+extern PyTypeObject KernelType; /* kernel.c */
+extern PyTypeObject KernelArgType; /* kernel.c */
+
+/* The C bases of the Python layer's Device, Stream, Event, Graph, Module, Kernel and KernelArg: the fields
+ * the fast path reads, at fixed offsets. The Python classes subclass them (for their other attributes and
+ * methods) and set these fields through the members of the same names (_ordinal, _handle, _owned, ...);
+ * C reads them on any instance of the type, subclasses included, since a subclass cannot move them. What
+ * makes a read good until the driver has the call is the Python layer's contract: whatever destroys the
+ * driver object clears the field that vouches for it first, with the GIL held (Stream.close, Event.close,
+ * Graph.destroy, Module.unload). Instances start zeroed: object.__new__(cls) stays the constructor. */
+typedef struct {
+    PyObject_HEAD
+    int64_t ordinal;
+    PyObject *weakreflist;
+} DeviceObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *device; /* the Device; NULL until set */
+    int64_t handle;
+    char owned;  /* this object created the driver stream and its close() destroys it */
+    char closed; /* close() destroyed it */
+    PyObject *weakreflist;
+} StreamObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *device;
+    int64_t handle; /* 0 once closed */
+    PyObject *weakreflist;
+} EventObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *device;
+    int64_t exec; /* the executable graph Go handed out at a launch; 0: launch through Go */
+    PyObject *weakreflist;
+} GraphObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *device;
+    char loaded;
+    PyObject *weakreflist;
+} ModuleObject;
+
+typedef struct {
+    PyObject_HEAD
+    int64_t direct;   /* the driver's function handle Go handed out at a launch; 0: launch through Go */
+    PyObject *module; /* the Module */
+    PyObject *spec;   /* bytes: the launch spec (launch.c), or None when the parameters are not known */
+} KernelObject;
+
+typedef struct {
+    PyObject_HEAD
+    int64_t code;  /* the kind's argument code (CC_ARG_*) */
+    PyObject *raw; /* bytes: the value as the kernel receives it */
+} KernelArgObject;
+
+/* The ordinal of device (a Device, or NULL), or -1. */
+static inline int64_t
+ordinal_of(PyObject *device)
+{
+    return device != NULL && PyObject_TypeCheck(device, &DeviceType) ? ((DeviceObject *)device)->ordinal : -1;
+}
 
 /* PinnedBuffer's object (pinned.c). */
 typedef struct {
@@ -129,33 +202,6 @@ extern PyObject *stream_resolver;  /* cudacore._handles.stream_handle(stream, de
 extern PyObject *capture_noter;    /* cudacore._stream.note_capture_buffers(buffers) */
 extern PyObject *str_open_blocks;
 
-/* Direct reads of the __slots__ the direct path checks. A __slots__ attribute of a Python class is a
- * member at a fixed offset of its instances; reading it there costs a load where PyObject_GetAttr costs a
- * lookup through the type, a noticeable share of a launch. configure_slots() records each offset from the
- * class's member descriptor, and a read is made only on an instance of that exact class (Py_TYPE checked),
- * so the offset is the instance's. An unset slot reads NULL. */
-typedef struct {
-    PyTypeObject *type; /* the exact class; NULL until configure_slots() */
-    Py_ssize_t offsets[4];
-} slot_layout;
-extern slot_layout stream_slots;  /* _owned, _closed, _handle, _device */
-extern slot_layout device_slots;  /* _ordinal */
-extern slot_layout graph_slots;   /* _exec, _device */
-extern slot_layout kernel_slots;  /* _direct, _module, _spec */
-extern slot_layout module_slots;  /* _loaded, _device */
-extern slot_layout kernel_arg_slots; /* KernelArg: _code, _raw */
-enum { S_OWNED = 0, S_CLOSED = 1, S_HANDLE = 2, S_DEVICE = 3 };
-
-/* Slot i of o (borrowed, may be NULL), or NULL when o is not an instance of the layout's exact class. */
-static inline PyObject *
-slot_of(const slot_layout *l, PyObject *o, int i)
-{
-    if (l->type == NULL || Py_TYPE(o) != l->type) {
-        return NULL;
-    }
-    return *(PyObject **)((char *)o + l->offsets[i]);
-}
-
 /* An exact int's value, or -1 (never an exception: the values read here are handles and ordinals). */
 static inline int64_t
 int_of(PyObject *v)
@@ -172,15 +218,6 @@ int_of(PyObject *v)
     return r;
 }
 
-/* The ordinal of the Device in slot i of o, or -1. */
-static inline int64_t
-ordinal_in(const slot_layout *l, PyObject *o, int i)
-{
-    PyObject *dev = slot_of(l, o, i);
-    return dev != NULL ? int_of(slot_of(&device_slots, dev, 0)) : -1;
-}
-
-
 /* buffer.c */
 void wait_for_free(volatile char *freeing);
 int buffer_free(BufferObject *self, int dealloc);
@@ -191,8 +228,23 @@ PyObject *buffer_enter(PyObject *self, PyObject *ignored);
 int recycle_ok(void);
 int note_if_capturing(PyObject *buf);
 
+/* fast.c: the hot methods of the C bases (stream.c, event.c, graph.c, kernel.c) take the direct path when
+ * they may and otherwise call the general path, the Python subclass's method of the name given (_launch,
+ * _synchronize, ...), whose signature is the hot method's own, with the caller's arguments as they came:
+ * its checks and errors are the method's. */
+PyObject *call_general(PyObject *self, PyObject *name, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+int hot_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *const *names, int n, PyObject **out);
+/* VAR: the interned name TEXT, made at the first call (a failure returns NULL, the exception set). */
+#define GENERAL_NAME(VAR, TEXT)                                                                                \
+    static PyObject *VAR;                                                                                      \
+    if (VAR == NULL && (VAR = PyUnicode_InternFromString(TEXT)) == NULL) {                                     \
+        return NULL;                                                                                           \
+    }
+
+/* stream.c: query until the work is done, for at most 20 µs: 1 done, 0 still running, -1 not taken. */
+int direct_spin(int (*query)(int64_t, uint64_t), int64_t device, uint64_t handle);
+
 /* streams.c */
-int layout_of(slot_layout *l, PyObject *type, const char *const *names, int n);
 uint64_t direct_stream(PyObject *stream, int64_t device);
 int64_t stream_handle_on(PyObject *stream, int64_t device);
 int no_stream_blocks(void);
@@ -212,7 +264,6 @@ void label_allocation(int64_t device, int64_t ptr);
 extern PyMethodDef cc_alloc_functions[];
 extern PyMethodDef cc_call_functions[];
 extern PyMethodDef cc_launch_functions[];
-extern PyMethodDef cc_hot_functions[];
 extern PyMethodDef cc_stacks_functions[];
 extern PyMethodDef cc_streams_functions[];
 

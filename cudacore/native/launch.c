@@ -10,8 +10,11 @@
 int
 graph_direct(PyObject *graph, PyObject *stream)
 {
-    int64_t exec = int_of(slot_of(&graph_slots, graph, 0));
-    int64_t device = ordinal_in(&graph_slots, graph, 1);
+    if (!PyObject_TypeCheck(graph, &GraphType)) {
+        return 0;
+    }
+    int64_t exec = ((GraphObject *)graph)->exec;
+    int64_t device = ordinal_of(((GraphObject *)graph)->device);
     if (exec <= 0 || device < 0 || cudacore_forked) {
         return 0;
     }
@@ -19,8 +22,10 @@ graph_direct(PyObject *graph, PyObject *stream)
     if (cur == NULL) {
         return 0;
     }
-    /* From here to the driver's call no Python code runs: the checks hold until the launch. */
-    uint64_t handle = direct_stream(cur, device);
+    /* From here to the driver's call no Python code runs: the checks hold until the launch. The executable
+     * graph is read again: finding the current stream may have run Python code (a thread's first use of
+     * cudacore._handles' thread-local), which may have destroyed the graph. */
+    uint64_t handle = ((GraphObject *)graph)->exec == exec ? direct_stream(cur, device) : 0;
     int r = handle != 0 && direct_graph_launch(device, (uint64_t)exec, handle);
     Py_DECREF(cur);
     return r;
@@ -126,12 +131,11 @@ static int
 launch_pack_one(PyObject *a, int code, int size, int flags, unsigned char *out)
 {
     number n;
-    PyObject *kcode = slot_of(&kernel_arg_slots, a, 0);
-    if (kcode != NULL) {
+    if (PyObject_TypeCheck(a, &KernelArgType)) {
         /* A typed value (cudacore.int32(...)): checked and encoded when it was made; passed as it is, as the
          * general path passes it, where its size is the parameter's. */
-        PyObject *raw = slot_of(&kernel_arg_slots, a, 1);
-        int64_t c = int_of(kcode);
+        PyObject *raw = ((KernelArgObject *)a)->raw;
+        int64_t c = ((KernelArgObject *)a)->code;
         if (raw == NULL || !PyBytes_CheckExact(raw) || PyBytes_GET_SIZE(raw) != size || c < CC_ARG_I8 || c > CC_ARG_PTR) {
             return 0;
         }
@@ -299,7 +303,7 @@ resolve_array_args(PyObject *args, PyObject *spec)
          * by value, as the general path takes them; numpy scalars are numbers. */
         number num;
         if (!(sp[3 * i + 2] & LAUNCH_BUFFER) || PyLong_CheckExact(a) || PyObject_TypeCheck(a, &BufferType) ||
-            slot_of(&kernel_arg_slots, a, 0) != NULL || PyBytes_Check(a) || PyByteArray_Check(a) ||
+            PyObject_TypeCheck(a, &KernelArgType) || PyBytes_Check(a) || PyByteArray_Check(a) ||
             PyMemoryView_Check(a) || PyFloat_CheckExact(a) || numpy_number(a, &num)) {
             continue; /* packed as it is, or left to the general path */
         }
@@ -431,18 +435,22 @@ kernel_direct(PyObject *kernel, const int64_t v[7], PyObject *stream, PyObject *
     if (v[6] < 0 || v[6] > UINT32_MAX || cudacore_forked) {
         return 0;
     }
-    int64_t fn = int_of(slot_of(&kernel_slots, kernel, 0));
-    PyObject *mod = slot_of(&kernel_slots, kernel, 1);
-    PyObject *spec = slot_of(&kernel_slots, kernel, 2);
-    if (fn <= 0 || mod == NULL || spec == NULL || slot_of(&module_slots, mod, 0) != Py_True) {
+    if (!PyObject_TypeCheck(kernel, &KernelType)) {
         return 0;
     }
-    int64_t device = ordinal_in(&module_slots, mod, 1);
+    const KernelObject *k = (const KernelObject *)kernel;
+    int64_t fn = k->direct;
+    PyObject *mod = k->module;
+    PyObject *spec = k->spec;
+    if (fn <= 0 || mod == NULL || spec == NULL || !PyObject_TypeCheck(mod, &ModuleType) || !((ModuleObject *)mod)->loaded) {
+        return 0;
+    }
+    int64_t device = ordinal_of(((ModuleObject *)mod)->device);
     if (device < 0) {
         return 0;
     }
     /* Python code may run while the arguments and the current stream are resolved; none runs after. The
-     * module and the spec are held meanwhile (the slots that lent them could change). */
+     * module and the spec are held meanwhile (the fields that lent them could change). */
     Py_INCREF(mod);
     Py_INCREF(spec);
     PyObject *resolved = resolve_array_args(args, spec);
@@ -465,8 +473,8 @@ kernel_direct_resolved(PyObject *kernel, const int64_t v[7], int64_t fn, PyObjec
         return 0;
     }
     /* From here to the driver's call no Python code runs: the checks hold until the launch. The module, the
-     * kernel's slots and the stream are read again after the resolution above. */
-    uint64_t handle = int_of(slot_of(&kernel_slots, kernel, 0)) == fn && slot_of(&module_slots, mod, 0) == Py_True &&
+     * kernel's fields and the stream are read again after the resolution above. */
+    uint64_t handle = ((KernelObject *)kernel)->direct == fn && ((ModuleObject *)mod)->loaded &&
                               no_pending_graph_memory()
                           ? direct_stream(cur, device)
                           : 0;

@@ -1,78 +1,41 @@
 /*
  * Stream arguments resolved in C (None under `with s:`, a cudacore Stream, a handle; everything else goes
- * to cudacore._handles.stream_handle), read where the Python layer keeps each thread's current streams, and
- * the __slots__ layouts through which the direct path reads Stream, Device, Graph, Kernel and Module
- * objects without an attribute lookup.
+ * to cudacore._handles.stream_handle), read where the Python layer keeps each thread's current streams.
  */
 #include "fast.h"
-
-/* The __slots__ layouts the direct path reads (fast.h), recorded by configure_slots() and, for Event, by
- * install_methods(). */
-slot_layout stream_slots;     /* _owned, _closed, _handle, _device */
-slot_layout device_slots;     /* _ordinal */
-slot_layout graph_slots;      /* _exec, _device */
-slot_layout kernel_slots;     /* _direct, _module, _spec */
-slot_layout module_slots;     /* _loaded, _device */
-slot_layout kernel_arg_slots; /* KernelArg: _code, _raw */
 
 PyObject *handles_dict;
 PyObject *stream_resolver;
 PyObject *capture_noter;
 PyObject *str_open_blocks;
 
-/* Record the layout of class type for the names given: 0, or -1 with an exception (a name that is not a
- * __slots__ member of type). */
-int
-layout_of(slot_layout *l, PyObject *type, const char *const *names, int n)
-{
-    if (!PyType_Check(type)) {
-        PyErr_SetString(PyExc_TypeError, "configure_slots() takes classes");
-        return -1;
-    }
-    for (int i = 0; i < n; i++) {
-        PyObject *d = PyObject_GetAttrString(type, names[i]);
-        if (d == NULL) {
-            return -1;
-        }
-        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
-        Py_ssize_t off = ok ? ((PyMemberDescrObject *)d)->d_member->offset : 0;
-        Py_DECREF(d);
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a __slots__ member", ((PyTypeObject *)type)->tp_name, names[i]);
-            return -1;
-        }
-        l->offsets[i] = off;
-    }
-    Py_XSETREF(l->type, (PyTypeObject *)Py_NewRef(type));
-    return 0;
-}
-
 /* The handle of a cudacore Stream the direct path may use for work of device `device`, or 0 when the work
- * must go through Go: the Stream must be of the exact class, own its driver stream (its close() marks it
+ * must go through Go: the Stream must own its driver stream (its close() marks it
  * closed, with the GIL held, before destroying it), be open, be of the device, and no stream of cudacore may
  * capture (a capture's rules and bookkeeping live in Go). The caller holds the GIL until the driver has the
  * call. Never sets an exception. */
 uint64_t
 direct_stream(PyObject *stream, int64_t device)
 {
-    if (cc_snapshot_capturing() || !direct_enabled(device) ||
-        slot_of(&stream_slots, stream, S_OWNED) != Py_True || slot_of(&stream_slots, stream, S_CLOSED) != Py_False ||
-        ordinal_in(&stream_slots, stream, S_DEVICE) != device) {
+    if (!PyObject_TypeCheck(stream, &StreamType)) {
         return 0;
     }
-    int64_t handle = int_of(slot_of(&stream_slots, stream, S_HANDLE));
-    return handle > 0 ? (uint64_t)handle : 0;
+    const StreamObject *s = (const StreamObject *)stream;
+    if (cc_snapshot_capturing() || !direct_enabled(device) || !s->owned || s->closed || ordinal_of(s->device) != device) {
+        return 0;
+    }
+    return s->handle > 0 ? (uint64_t)s->handle : 0;
 }
 
-/* The handle of stream, a cudacore Stream (of the exact class) of device `device`, for a call through Go,
- * which checks it is alive; -1 for anything else (the general path decides). Never sets an exception. */
+/* The handle of stream, a cudacore Stream of device `device`, for a call through Go, which checks it is
+ * alive; -1 for anything else (the general path decides). Never sets an exception. */
 int64_t
 stream_handle_on(PyObject *stream, int64_t device)
 {
-    if (ordinal_in(&stream_slots, stream, S_DEVICE) != device) {
+    if (!PyObject_TypeCheck(stream, &StreamType) || ordinal_of(((StreamObject *)stream)->device) != device) {
         return -1;
     }
-    return int_of(slot_of(&stream_slots, stream, S_HANDLE));
+    return ((StreamObject *)stream)->handle >= 0 ? ((StreamObject *)stream)->handle : -1;
 }
 
 /* Whether stream=None means the synchronous copy on the legacy stream: no `with stream:` block is open
@@ -120,17 +83,20 @@ resolve_stream(PyObject *stream, int64_t device, const char *fn, int64_t *out, i
             return 0;
         }
         if (cur != NULL) {
-            int64_t h = slot_of(&stream_slots, cur, S_CLOSED) == Py_False ? int_of(slot_of(&stream_slots, cur, S_HANDLE)) : -1;
-            *owned = h > 0 && slot_of(&stream_slots, cur, S_OWNED) == Py_True;
+            const StreamObject *s = PyObject_TypeCheck(cur, &StreamType) ? (const StreamObject *)cur : NULL;
+            int64_t h = s != NULL && !s->closed && s->handle >= 0 ? s->handle : -1;
+            *owned = h > 0 && s->owned;
             Py_DECREF(cur);
             if (h >= 0) {
                 *out = h;
                 return 0;
             }
         }
-    } else if (slot_of(&stream_slots, stream, S_HANDLE) != NULL) {
-        *owned = slot_of(&stream_slots, stream, S_OWNED) == Py_True && slot_of(&stream_slots, stream, S_CLOSED) == Py_False;
-        return door_int(slot_of(&stream_slots, stream, S_HANDLE), fn, "stream", out);
+    } else if (PyObject_TypeCheck(stream, &StreamType)) {
+        const StreamObject *s = (const StreamObject *)stream;
+        *owned = s->owned && !s->closed;
+        *out = s->handle;
+        return 0;
     } else if (PyLong_CheckExact(stream)) {
         int overflow = 0;
         long long v = PyLong_AsLongLongAndOverflow(stream, &overflow);
@@ -243,31 +209,6 @@ current_for_direct(int64_t device)
     return cur;
 }
 
-PyDoc_STRVAR(configure_slots_doc, "configure_slots(Stream, Device, Graph, Kernel, Module, KernelArg) -> None\n\n"
-                                  "Record where the direct path reads the __slots__ it checks on instances of "
-                                  "these exact classes.");
-
-static PyObject *
-fast_configure_slots(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
-{
-    static const char *const stream_names[] = {"_owned", "_closed", "_handle", "_device"};
-    static const char *const device_names[] = {"_ordinal"};
-    static const char *const graph_names[] = {"_exec", "_device"};
-    static const char *const kernel_names[] = {"_direct", "_module", "_spec"};
-    static const char *const module_names[] = {"_loaded", "_device"};
-    static const char *const kernel_arg_names[] = {"_code", "_raw"};
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "configure_slots(Stream, Device, Graph, Kernel, Module, KernelArg)");
-        return NULL;
-    }
-    if (layout_of(&stream_slots, args[0], stream_names, 4) < 0 || layout_of(&device_slots, args[1], device_names, 1) < 0 ||
-        layout_of(&graph_slots, args[2], graph_names, 2) < 0 || layout_of(&kernel_slots, args[3], kernel_names, 3) < 0 ||
-        layout_of(&module_slots, args[4], module_names, 2) < 0 || layout_of(&kernel_arg_slots, args[5], kernel_arg_names, 2) < 0) {
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
 PyDoc_STRVAR(configure_streams_doc,
              "configure_streams(handles_dict, stream_handle, note_capture_buffers) -> None\n\n"
              "Register what the hot methods resolve stream arguments with: cudacore._handles' module dict (its "
@@ -292,7 +233,6 @@ fast_configure_streams(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
 
 /* The module functions of this file, added to cudacore._fast at init (fast.c). */
 PyMethodDef cc_streams_functions[] = {
-    {"configure_slots", (PyCFunction)(void (*)(void))fast_configure_slots, METH_FASTCALL, configure_slots_doc},
     {"configure_streams", (PyCFunction)(void (*)(void))fast_configure_streams, METH_FASTCALL,
      configure_streams_doc},
     {"thread_streams", (PyCFunction)fast_thread_streams, METH_NOARGS, thread_streams_doc},

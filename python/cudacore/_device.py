@@ -23,16 +23,19 @@ from ._handles import (
     set_current_ordinal,
 )
 from ._limits import Limits, limits_for
-from ._module import Kernel, KernelArg, Module, load_module
+from ._module import Module, load_module
 from ._native import fast
-from ._stream import WAIT_SLICE_MS, Event, Graph, Stream, StreamLike
+from ._stream import WAIT_SLICE_MS, Stream, StreamLike
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
     from ._display import MemoryStats
+    from ._fast import Device as _CDevice
     from ._memory import Buffer, ManagedBuffer, PinnedBuffer
     from ._module import ImageLike
+else:
+    _CDevice = fast.Device
 
 _device_allocate = fast.device_allocate
 
@@ -134,7 +137,7 @@ def _peer_ordinal(peer: Any) -> int:
     return ordinal
 
 
-class Device:
+class Device(_CDevice):
     """A CUDA device. ``Device(i)`` returns the same object for the same ordinal.
 
     Opening a device retains its primary context and chooses how it allocates memory
@@ -157,8 +160,8 @@ class Device:
         If no CUDA driver can be loaded (set ``CUDACORE_BACKEND=sim`` to use the simulator).
     """
 
-    __slots__ = ("__weakref__", "_ordinal", "_props")
-    _ordinal: int
+    # The C base (cudacore/native/device.c) holds _ordinal, which the direct path reads.
+    __slots__ = ("_props",)
     _props: dict[str, Any]
 
     _cache: ClassVar[dict[int, Device]] = {}
@@ -582,11 +585,3 @@ atexit.register(_release_at_exit)
 # The handles below (Buffer.device, Stream(0), ...) reach Device through _handles, never by importing this
 # module: register the class there now, at import (the contract is in _handles' docstring).
 register_device_type(Device)
-
-# The direct path of the hot calls reads the slots it checks straight from instances of these classes.
-fast.configure_slots(Stream, Device, Graph, Kernel, Module, KernelArg)
-# The hot methods: Stream.synchronize and query, Event.synchronize and query, Graph.launch and Kernel.launch
-# become method descriptors of C functions that make the call on the direct path when they may (an open
-# Stream this process owns, a live Event, a launched Graph or Kernel, no capture anywhere) and otherwise
-# call the Python definitions, which stay what runs then, and what help() and type checkers read.
-fast.install_methods(Stream, Event, Graph, Kernel)

@@ -1,7 +1,7 @@
 """Type stub for cudacore._fast: the C module of cudacore/native/fast.c and the METH_FASTCALL wrappers
 that bindings/door generates from the facade's declarations (listed last; a Go test checks them)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, Literal, TypeVar
 
@@ -88,6 +88,71 @@ class PinnedBuffer:
     def __exit__(self, *exc: object) -> Literal[False]: ...
     def __buffer__(self, flags: int, /) -> memoryview: ...
 
+# The C bases of the Python layer's classes: the fields the fast path reads, and the hot methods, whose
+# general path is the subclass's method of the same name with a leading underscore (_synchronize, ...).
+class Device:
+    """The fields of a CUDA device the fast path reads (subclassed by cudacore.Device)."""
+
+    _ordinal: int
+
+class Stream:
+    """The fields and hot methods of a CUDA stream (subclassed by cudacore.Stream)."""
+
+    _device: Any
+    _handle: int
+    _owned: bool
+    _closed: bool
+    def synchronize(self) -> None:
+        """Wait until all work on the stream has finished."""
+    def query(self) -> bool:
+        """Whether all work on the stream has finished (without waiting)."""
+
+class Event:
+    """The fields and hot methods of a CUDA event (subclassed by cudacore.Event)."""
+
+    _device: Any
+    _handle: int
+    def synchronize(self) -> None:
+        """Wait for the work the event recorded."""
+    def query(self) -> bool:
+        """Whether the work the event recorded has finished."""
+
+class Graph:
+    """The fields and hot method of a CUDA graph (subclassed by cudacore.Graph)."""
+
+    _device: Any
+    _exec: int
+    def launch(self, stream: StreamLike = None) -> None:
+        """Launch the graph on ``stream`` (None: the current stream of the graph's device)."""
+
+class Module:
+    """The fields of a loaded kernel image the fast path reads (subclassed by cudacore.Module)."""
+
+    _device: Any
+    _loaded: bool
+
+class Kernel:
+    """The fields and hot method of a kernel function (subclassed by cudacore.Kernel)."""
+
+    _direct: int
+    _module: Any
+    _spec: bytes | None
+    def launch(
+        self,
+        grid: int | Sequence[int] = 1,
+        block: int | Sequence[int] = 1,
+        args: Sequence[Any] = (),
+        shared_mem: int = 0,
+        stream: StreamLike = None,
+    ) -> None:
+        """Launch the kernel asynchronously on ``stream`` (None: the current stream of the kernel's device)."""
+
+class KernelArg:
+    """The fields of a typed kernel argument the launch packs (subclassed by cudacore.KernelArg)."""
+
+    _code: int
+    _raw: bytes
+
 def allocate(device: int, size: int, stream: int, /) -> Any: ...
 def device_allocate(device: int, size: int, stream: object, /) -> Any: ...
 def thread_streams() -> dict[int, Any]: ...
@@ -104,17 +169,13 @@ def launch(
     function: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared_mem: int, stream: int,
     args: Any, spec: bytes, /,
 ) -> Any: ...
-def configure(
-    buffer_type: type[Buffer], pinned_type: type[PinnedBuffer], funnel: object, stream_type: type, /
-) -> None: ...
+def configure(buffer_type: type[Buffer], pinned_type: type[PinnedBuffer], funnel: object, /) -> None: ...
 def capturing() -> bool: ...
 def direct_enabled(device: int, /) -> bool: ...
 def forked() -> bool: ...
 def fork_driver() -> int: ...
 def set_stack_frames(frames: int, skip: str, /) -> int: ...
-def configure_slots(stream: type, device: type, graph: type, kernel: type, module: type, kernel_arg: type, /) -> None: ...
 def graph_launch_direct(graph: Any, stream: object, /) -> bool: ...
-def install_methods(stream: type, event: type, graph: type, kernel: type, /) -> None: ...
 def launch_direct(
     kernel: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared_mem: int, stream: object, args: Any, /
 ) -> bool: ...

@@ -21,7 +21,7 @@ from ._errors import OutOfMemoryError, error
 from ._handles import as_device, stream_handle
 from ._native import fast
 from ._owner import adopt
-from ._stream import Stream, StreamLike, note_capture_buffers
+from ._stream import StreamLike, note_capture_buffers
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -395,7 +395,7 @@ class PinnedBuffer(_CPinnedBuffer):
 
 
 # The C objects instantiate these subclasses, and every door raises through the one funnel, _errors.
-fast.configure(Buffer, PinnedBuffer, _errors, Stream)
+fast.configure(Buffer, PinnedBuffer, _errors)
 
 
 def allocate_pinned(device: Device, nbytes: int) -> PinnedBuffer:

@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from ._device import Device
+    from ._fast import Kernel as _CKernel
+    from ._fast import KernelArg as _CKernelArg
+    from ._fast import Module as _CModule
+else:
+    _CKernel, _CKernelArg, _CModule = fast.Kernel, fast.KernelArg, fast.Module
 
 __all__ = [
     "Kernel",
@@ -94,12 +99,12 @@ def _int_range(kind: str) -> tuple[int, int]:
     return 0, (1 << size) - 1
 
 
-class KernelArg:
+class KernelArg(_CKernelArg):
     """A kernel argument of an explicit type; make one with :func:`int32`, :func:`float32`, ...."""
 
-    # _code and _raw are what the launch packs in C (cudacore/native/launch.c reads them at their slots):
-    # the kind's code and the encoded value, made once here.
-    __slots__ = ("_code", "_raw", "kind", "value")
+    # _code and _raw are what the launch packs in C, fields of the C base (cudacore/native/kernel.c): the
+    # kind's code and the encoded value, made once here.
+    __slots__ = ("kind", "value")
 
     def __init__(self, kind: str, value: Any) -> None:
         if kind not in _KINDS:
@@ -130,6 +135,9 @@ class KernelArg:
 
     def encode(self) -> bytes:
         return self._raw
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (KernelArg, (self.kind, self.value))
 
     def __repr__(self) -> str:
         return f"cudacore.{_PUBLIC[self.kind]}({self.value!r})"
@@ -362,10 +370,13 @@ class KernelAttributes:
         return dataclasses.asdict(self)
 
 
-class Kernel:
+class Kernel(_CKernel):
     """A kernel function of a loaded :class:`Module`; get one with :meth:`Module.function`."""
 
-    __slots__ = ("_direct", "_handle", "_module", "_spec", "attributes", "name", "params")
+    # The C base (cudacore/native/kernel.c) holds what the direct path reads: _direct, _module and _spec.
+    __slots__ = ("_handle", "attributes", "name", "params")
+    _module: Module
+    _spec: bytes | None
 
     def __init__(self, module: Module, handle: int) -> None:
         info = json.loads(core.FunctionInfo(handle))
@@ -413,7 +424,7 @@ class Kernel:
             parts.append(raw)
         return b"".join(parts)
 
-    def launch(
+    def _launch(
         self,
         grid: int | Sequence[int] = 1,
         block: int | Sequence[int] = 1,
@@ -421,24 +432,7 @@ class Kernel:
         shared_mem: int = 0,
         stream: StreamLike = None,
     ) -> None:
-        """Launch the kernel asynchronously on ``stream`` (None: the current stream of the kernel's device).
-
-        ``grid`` and ``block`` are an int or a tuple of up to three ints. ``args`` are ints, floats, device
-        buffers (objects with ``.ptr`` or ``__cuda_array_interface__``), bytes (a struct by value) or typed
-        values (:func:`int32`, :func:`float32`, ...).
-
-        Raises
-        ------
-        InvalidValueError
-            Before the driver: a block or grid beyond the device's or the kernel's limits, too much shared
-            memory, the wrong number of arguments, a value that does not fit its parameter.
-        LaunchError
-            The launch needs more registers or shared memory than the device has.
-        TypeError
-            An argument of a kind that cannot be passed, or of the wrong kind for its parameter.
-        NotSupportedError
-            On the simulator, which runs no device code.
-        """
+        """The general path of :meth:`launch` (the C base's hot method), with the caller's arguments."""
         # The common case (int grid and block, a stream or None, plain numbers and buffers for known
         # parameters) is checked and packed in C; anything else, or any value out of range, takes the
         # general path, whose errors explain.
@@ -462,8 +456,8 @@ class Kernel:
         # Once Go has launched the kernel, a launch on an open Stream this process owns, while nothing
         # captures and the module is loaded, goes to the driver from C (the direct path: cudacore/direct.go).
         # C makes those checks with the GIL held until the driver has the call; unload() and Stream.close()
-        # clear what it reads before they reach Go. With an int grid and block, this method's C
-        # descriptor (fast.install_methods) has tried that already; False: take the full path.
+        # clear what it reads before they reach Go. With an int grid and block, launch() in C has tried
+        # that already; False: take the full path.
         if self._direct and _launch_direct(self, *g, *b, shm, stream, args):
             return
         h = stream._handle if type(stream) is _Stream else stream_handle(stream, self._module._device._ordinal)
@@ -474,6 +468,18 @@ class Kernel:
                 self._direct = r
                 return
         self._direct = fast.function_launch(self._handle, *g, *b, shm, h, self.encode_args(args))
+
+    def __copy__(self) -> Kernel:
+        # Another object of the same function and module, as copy.copy made it of the slots before the C
+        # base (whose fields object.__reduce_ex__ cannot see).
+        k = object.__new__(type(self))
+        k._handle, k._direct, k._module, k._spec = self._handle, self._direct, self._module, self._spec
+        k.name, k.attributes, k.params = self.name, self.attributes, self.params
+        return k
+
+    def __reduce__(self) -> Any:
+        # A kernel is a function of its Module, loaded in this process: it pickles as the module does (never).
+        return self._module.__reduce__()
 
     def __call__(self, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: StreamLike = None) -> None:
         """``k(grid, block, *args)``: the same as :meth:`launch`."""
@@ -492,21 +498,14 @@ def _unload(handle: int) -> None:
         pass
 
 
-class Module:
+class Module(_CModule):
     """A loaded kernel image. Unload it with :meth:`unload` (or a ``with`` block); it is also unloaded when
     no longer referenced, and its kernels keep it referenced."""
 
-    __slots__ = (
-        "__weakref__",
-        "_device",
-        "_finalizer",
-        "_handle",
-        "_kernels",
-        "_loaded",
-        "_lock",
-        "kernel_names",
-        "kind",
-    )
+    # The C base (cudacore/native/module.c) holds _device and _loaded, which the direct path checks before
+    # it launches a kernel of the module; unload() clears _loaded before Go unloads it.
+    __slots__ = ("_finalizer", "_handle", "_kernels", "_lock", "kernel_names", "kind")
+    _device: Device
 
     def __init__(self, device: Device, handle: int) -> None:
         info = json.loads(core.ModuleInfo(handle))

@@ -38,6 +38,11 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from ._device import Device
+    from ._fast import Event as _CEvent
+    from ._fast import Graph as _CGraph
+    from ._fast import Stream as _CStream
+else:
+    _CStream, _CEvent, _CGraph = fast.Stream, fast.Event, fast.Graph
 
 __all__ = [
     "CAPTURE_MODES",
@@ -175,7 +180,7 @@ def _wait(fn: Any, *args: Any) -> None:
         pass
 
 
-class Stream:
+class Stream(_CStream):
     """A CUDA stream: work on it runs in order, concurrently with other streams.
 
     Create one with :meth:`Device.create_stream` (or ``Stream(device)``). ``Stream.legacy(d)`` and
@@ -205,7 +210,10 @@ class Stream:
         names the range.
     """
 
-    __slots__ = ("__weakref__", "_closed", "_device", "_handle", "_non_blocking", "_owned", "_priority")
+    # The C base (cudacore/native/stream.c) holds what the direct path checks: _device, _handle, _owned and
+    # _closed. close() clears _owned and sets _closed before Go destroys the stream.
+    __slots__ = ("_non_blocking", "_priority")
+    _device: Device
 
     def __init__(self, device: Device | int | None = None, *, non_blocking: bool = True, priority: int = 0) -> None:
         dev = _device(device)
@@ -310,21 +318,16 @@ class Stream:
     def _info(self) -> dict[str, Any]:
         return json.loads(core.StreamInfo(self._device.device_id, self._handle))
 
-    def query(self) -> bool:
-        """Whether all work on the stream has finished (without waiting)."""
+    # query() and synchronize() are the C base's hot methods: on the direct path when they may (an open
+    # Stream this process owns, no capture anywhere, not a fork child), else through these, with the
+    # caller's arguments as they came.
+
+    def _query(self) -> bool:
+        """The general path of :meth:`query`: through Go, which checks the stream and reports."""
         return _stream_query(self._device.device_id, self._handle)
 
-    def synchronize(self) -> None:
-        """Wait until all work on the stream has finished. For the first 20 µs the wait queries with the
-        GIL held (most waits end there); a longer one releases the GIL in slices, so other threads run
-        meanwhile and Ctrl-C stops it.
-
-        Raises
-        ------
-        CaptureError
-            If the stream is capturing, or a capture forbids waiting here (GLOBAL anywhere, THREAD_LOCAL on
-            this thread).
-        """
+    def _synchronize(self) -> None:
+        """The general path of :meth:`synchronize`: the wait in GIL-released slices through Go."""
         # Straight to the wait: it queries first itself, and a synchronize mostly finds work in flight.
         _wait(_stream_wait, self._device.device_id, self._handle)
 
@@ -643,7 +646,7 @@ def interrupt_edge(fn: _F) -> _F:
 StreamLike: TypeAlias = Stream | CudaStreamProtocol | int | None
 
 
-class Event:
+class Event(_CEvent):
     """A CUDA event: a marker in a stream's work that the host or other streams can wait for.
 
     Parameters
@@ -658,7 +661,10 @@ class Event:
         this process.
     """
 
-    __slots__ = ("__weakref__", "_device", "_handle", "_interprocess", "_timing")
+    # The C base (cudacore/native/event.c) holds _device and _handle (0 once closed: close() clears it before
+    # Go destroys the event), which the direct path reads.
+    __slots__ = ("_interprocess", "_timing")
+    _device: Device
 
     def __init__(self, device: Device | int | None = None, *, timing: bool | None = None, interprocess: bool = False) -> None:
         dev = _device(device)
@@ -729,13 +735,15 @@ class Event:
         fast.event_record(self._live(), self._device.device_id, stream_handle(stream, self._device.device_id))
         return self
 
-    def query(self) -> bool:
-        """Whether the work the event recorded has finished."""
+    # query() and synchronize() are the C base's hot methods: on the direct path when they may (a live
+    # Event, no capture anywhere, not a fork child), else through these, with the caller's arguments.
+
+    def _query(self) -> bool:
+        """The general path of :meth:`query`: through Go."""
         return _event_query(self._live())
 
-    def synchronize(self) -> None:
-        """Wait for the work the event recorded: as :meth:`Stream.synchronize`, 20 µs with the GIL held,
-        then in GIL-released slices that let other threads run and Ctrl-C stop the wait."""
+    def _synchronize(self) -> None:
+        """The general path of :meth:`synchronize`: the wait in GIL-released slices through Go."""
         _wait(_event_wait, self._live())
 
     def elapsed_time(self, end: Event) -> float:
@@ -788,7 +796,7 @@ def _open_event_handle(handle: EventHandle) -> Event:
     return handle.open()
 
 
-class Graph:
+class Graph(_CGraph):
     """A captured CUDA graph: replay the captured work with :meth:`launch`.
 
     Made by :meth:`Stream.capture` or :meth:`Stream.end_capture`. Each launch moves the host data that
@@ -797,10 +805,11 @@ class Graph:
     destroyed graph raises :class:`InvalidHandleError`.
     """
 
-    __slots__ = ("__weakref__", "_destroyed", "_device", "_exec", "_id")
+    # The C base (cudacore/native/graph.c) holds _device and _exec, the executable graph the direct path
+    # may launch (0: launch through Go); destroy() clears _exec before Go destroys the graph.
+    __slots__ = ("_destroyed", "_id")
     _destroyed: bool
     _device: Device
-    _exec: int  # the executable graph the direct path may launch (0: launch through Go)
     _id: int
 
     def __init__(self) -> None:
@@ -916,13 +925,13 @@ class Graph:
             raise error("CUDA_ERROR_INVALID_VALUE", f"the graph belongs to device {self._device.device_id} but the stream to device {stream.device.device_id}", op="cudacore.graph_launch")
         return self._device.device_id, stream_handle(stream, self._device.device_id)
 
-    def launch(self, stream: StreamLike = None) -> None:
-        """Launch the graph on ``stream`` (None: the current stream of the graph's device). It does not wait."""
-        # A hot method (fast.install_methods, called with the other classes' in _device): once Go has launched the graph and
-        # handed out its executable graph, C launches it on an open Stream this process owns, while nothing
-        # captures, without entering this function (the direct path: cudacore/direct.go). C reads the
-        # stream and the executable graph with the GIL held until the driver has the call; destroy() and
-        # Stream.close() clear what it reads before they reach Go. What C does not take comes here.
+    def _launch(self, stream: StreamLike = None) -> None:
+        """The general path of :meth:`launch`, through Go."""
+        # launch() is the C base's hot method: once Go has launched the graph and handed out its executable
+        # graph, C launches it on an open Stream this process owns, while nothing captures, without entering
+        # this function (the direct path: cudacore/direct.go). C reads the stream and the executable graph
+        # with the GIL held until the driver has the call; destroy() and Stream.close() clear what it reads
+        # before they reach Go. What C does not take comes here, with the caller's arguments.
         # The common case skips the checks that Go makes again anyway.
         if type(stream) is Stream and stream._device is self._device and self._id:
             self._exec = _graph_launch(self._id, stream._device._ordinal, stream._handle)
