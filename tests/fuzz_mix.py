@@ -284,16 +284,23 @@ def _foreign(cc: Any, h: Any) -> Any:
     path (the driver's import of the pool and the pointer, a slot in the lease), as a second process does."""
     import os as _os
 
+    from cudacore._owner import Descriptors
+
+    # The duplicates are made and owned in one C-level step (extend over map), as export() makes its own:
+    # an interrupt between a dup and its owner would be this helper's leak, not cudacore's (signal_sweep).
+    fds = Descriptors([])
+    fds.fds.extend(map(_os.dup, [h.pool_fd, h.lease_fd]))
     return cc.IpcHandle(
         kind=h.kind,
         device_id=h.device_id,
         size=h.size,
         handle=h.handle,
         pool_id=h.pool_id,
-        pool_fd=_os.dup(h.pool_fd),
-        lease_fd=_os.dup(h.lease_fd),
+        pool_fd=fds.fds[0],
+        lease_fd=fds.fds[1],
         exporter=_os.getppid(),
         ptr=h.ptr,
+        owner=fds,
     )
 
 
@@ -624,6 +631,13 @@ class Tripper:
                 return None
             frame.f_trace_opcodes = True
             frame.f_trace_lines = False
+            self._prev[id(frame)] = -1
+            return self
+        if event == "exception":
+            # A call that raised: its end is no check (CPython goes to the error path, past the check), so
+            # the next instruction, the handler's first, is not a point where a signal is handled. CPython
+            # 3.11 also loses a trace function's exception raised there: the frame and its callers' frames
+            # stay alive for good, with their locals (an IpcHandle's descriptors, say).
             self._prev[id(frame)] = -1
             return self
         if event == "opcode" and not self.fired:

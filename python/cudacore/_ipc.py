@@ -39,7 +39,7 @@ import struct
 import threading
 import weakref
 from collections.abc import Callable
-from multiprocessing import context, reduction
+from multiprocessing import context, reduction, resource_sharer
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ._api import core
@@ -47,7 +47,7 @@ from ._errors import CUDAError, error
 from ._handles import as_device, stream_handle
 from ._memory import Buffer
 from ._native import fast
-from ._owner import Descriptors, Owner, close_buffer, owner_of
+from ._owner import Descriptors, Owner, close_buffer, owner_of, uninterrupted
 from ._stream import Event, _hold_interrupts, _release_interrupts, interrupt_edge
 
 if TYPE_CHECKING:
@@ -814,16 +814,71 @@ def _receive(sock: socket.socket) -> tuple[bytes, Descriptors]:
 
 
 @interrupt_edge
-def _dup_fds(fds: list[int]) -> list[Any]:
+def _dup_fds(fds: list[int]) -> Any:
     """``multiprocessing``'s duplicates of ``fds`` for pickling (``reduction.DupFd``): each is made and
-    registered with its resource sharer inside the standard library, with interrupts held back meanwhile,
-    so that none is made and then lost to a Ctrl-C before it is registered."""
+    registered inside the standard library, with interrupts held back meanwhile, so that none is made and
+    then lost to a Ctrl-C before it is registered.
+
+    Pickled into a process being started, they are the Popen's (it closes them once the child has
+    started): a list of its DupFd. Otherwise they are registered with the resource sharer, which keeps
+    each open until a process unpickling the handle takes it, or this process exits; they come in a
+    :class:`_Sharing`, which takes them back if it is collected before the pickler has written it (an
+    interrupt here or anywhere before that, or a pickling that failed)."""
     held = _hold_interrupts()
     try:
-        return [reduction.DupFd(fd) for fd in fds]
+        if context.get_spawning_popen() is not None:
+            return [reduction.DupFd(fd) for fd in fds]
+        sharing = _Sharing()
+        sharing.dups.extend(map(resource_sharer.DupFd, fds))  # made and owned in one C-level step
+        return sharing
     finally:
         if held:
-            _release_interrupts(raise_held=True)
+            _release_interrupts(raise_held=True)  # raised here, `sharing` is collected and takes them back
+
+
+class _Sharing(Owner):
+    """The duplicates of a handle's descriptors that ``multiprocessing``'s resource sharer keeps for a
+    pickling of it (``resource_sharer.DupFd``), owned until the pickler writes them (:meth:`__reduce__`);
+    from then on the pickle is their claim, and the process that unpickles it takes them. Collected or
+    closed before that, it takes them back from the sharer and closes them: otherwise the sharer would
+    keep them open until this process exits (an interrupt inside ``IpcHandle.__reduce__``, after the
+    registration, left two of them so)."""
+
+    __slots__ = ("dups",)
+
+    def __init__(self) -> None:
+        self.dups: list[Any] = []  # first: interrupted in what follows, the collected owner still has them
+        super().__init__()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # No call after `closed` is set: the pickler (C code) writes the value before any interrupt can come.
+        value = (_shared_fds, (tuple(d._id for d in self.dups),))
+        self.closed = True
+        return value
+
+    def _release(self) -> None:
+        uninterrupted(self._unshare)
+
+    def _unshare(self) -> None:
+        sharer = resource_sharer._resource_sharer  # type: ignore[attr-defined]
+        while self.dups:
+            _, key = self.dups.pop()._id
+            with sharer._lock:
+                entry = sharer._cache.pop(key, None)
+            if entry is not None:
+                with contextlib.suppress(OSError):
+                    entry[1]()  # the sharer's close of its duplicate
+
+
+def _shared_fds(ids: tuple[Any, ...]) -> list[Any]:
+    """Unpickling a :class:`_Sharing`: the DupFd objects of the descriptors the resource sharer of the
+    pickling process keeps (their ``detach()`` receives each, as a pickled ``resource_sharer.DupFd``'s)."""
+    dups = []
+    for ident in ids:
+        dup: Any = object.__new__(resource_sharer.DupFd)
+        dup._id = ident
+        dups.append(dup)
+    return dups
 
 
 def _from_meta(meta: dict[str, Any], fds: list[int], owner: Descriptors | None = None) -> IpcHandle:

@@ -29,8 +29,9 @@ from typing import Any, TypeVar
 from . import _api
 from ._api import core
 from ._native import fast
+from ._stream import _hold_interrupts, _release_interrupts, interrupt_edge
 
-__all__ = ["Descriptors", "Owner", "adopt", "close_buffer"]
+__all__ = ["Descriptors", "Owner", "adopt", "close_buffer", "uninterrupted"]
 
 _T = TypeVar("_T")
 _O = TypeVar("_O", bound="Owner")
@@ -89,10 +90,25 @@ class Owner:
             self._collect()
 
 
+@interrupt_edge
+def uninterrupted(fn: Callable[[], None]) -> None:
+    """``fn()`` with keyboard interrupts held back (on the main thread; ``_stream.interrupt_edge``): one
+    that comes meanwhile is raised once ``fn`` is done. For a step that takes something off its owner's
+    books and gives it back, which neither order makes safe against an interrupt in between: a descriptor
+    closed before it leaves the list may be closed again under a number another file has taken since."""
+    held = _hold_interrupts()
+    try:
+        fn()
+    finally:
+        if held:
+            _release_interrupts(raise_held=True)
+
+
 class Descriptors(Owner):
     """Owns file descriptors (an IpcHandle's, a lease's): closed once, never a number that may already
-    belong to another file. Each descriptor leaves the owner's list before it is closed, so an interrupt
-    in between can leave one open but never close it twice."""
+    belong to another file. Each descriptor leaves the owner's list before it is closed, with interrupts
+    held back from the one to the other (:func:`uninterrupted`): a Ctrl-C there neither leaves it open
+    nor lets it be closed twice."""
 
     __slots__ = ("fds",)
 
@@ -101,6 +117,9 @@ class Descriptors(Owner):
         super().__init__()
 
     def _release(self) -> None:
+        uninterrupted(self._close_fds)
+
+    def _close_fds(self) -> None:
         while self.fds:
             fd = self.fds.pop()
             with contextlib.suppress(OSError):
