@@ -38,6 +38,7 @@ import pickle
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -124,6 +125,17 @@ def _pick(st: Any, seq: list[Any], r: int) -> Any:
     return st.pick(seq, r)
 
 
+def _take(st: Any, seq: list[Any], r: int, keep: Callable[[Any], bool] = lambda _: False) -> Any:
+    """Take an item of ``seq`` off the program's books (chosen by ``r``), under the state's lock: None when
+    there is none, or when ``keep`` says the item must stay (and it stays)."""
+    with st.lock:
+        item = st.pick(seq, r)
+        if item is None or keep(item):
+            return None
+        seq.remove(item)
+        return item
+
+
 # -- the second device and peer copies -------------------------------------------------------------------
 
 
@@ -145,11 +157,9 @@ def op_alloc1(st: Any, a: int, b: int, *_: Any) -> None:
 
 def op_close1(st: Any, a: int, *_: Any) -> None:
     m = mix(st)
-    with st.lock:
-        buf = st.pick(m.bufs1, a)
-        if buf is None or st.threaded:
-            return
-        m.bufs1.remove(buf)
+    buf = _take(st, m.bufs1, a, keep=lambda _: st.threaded)
+    if buf is None:
+        return
     # Work of other streams on it is ordered before its free by a synchronize, as a careful caller does.
     m.dev1.synchronize()
     st.dev.synchronize()
@@ -165,11 +175,9 @@ def op_stream1(st: Any, a: int, *_: Any) -> None:
 
 def op_close_stream1(st: Any, a: int, *_: Any) -> None:
     m = mix(st)
-    with st.lock:
-        s = st.pick(m.streams1, a)
-        if s is None or st.threaded or any(b.stream is s for b in m.bufs1):
-            return
-        m.streams1.remove(s)
+    s = _take(st, m.streams1, a, keep=lambda s: st.threaded or any(b.stream is s for b in m.bufs1))
+    if s is None:
+        return
     s.close()
 
 
@@ -321,23 +329,15 @@ def op_import_here(st: Any, a: int, b: int, *_: Any) -> None:
 
 
 def op_close_import(st: Any, a: int, *_: Any) -> None:
-    m = mix(st)
-    with st.lock:
-        v = st.pick(m.imports, a)
-        if v is None:
-            return
-        m.imports.remove(v)
-    v.close()
+    v = _take(st, mix(st).imports, a)
+    if v is not None:
+        v.close()
 
 
 def op_close_handle(st: Any, a: int, *_: Any) -> None:
-    m = mix(st)
-    with st.lock:
-        h = st.pick(m.handles, a)
-        if h is None:
-            return
-        m.handles.remove(h)
-    h.close()
+    h = _take(st, mix(st).handles, a)
+    if h is not None:
+        h.close()
 
 
 def op_close_shared(st: Any, a: int, *_: Any) -> None:
@@ -355,12 +355,9 @@ def op_close_shared(st: Any, a: int, *_: Any) -> None:
 
 def op_drop_shared(st: Any, a: int, *_: Any) -> None:
     """Drop a SharedBuffer to the collector (freed then, or once the importers here let go)."""
-    m = mix(st)
-    with st.lock:
-        sh = st.pick(m.shared, a)
-        if sh is None or st.threaded:
-            return
-        m.shared.remove(sh)
+    sh = _take(st, mix(st).shared, a, keep=lambda _: st.threaded)
+    if sh is None:
+        return
     sh.obj = None
 
 

@@ -51,14 +51,21 @@ def _load() -> ModuleType:
     return mod
 
 
-@pytest.mark.sim
-def test_failures_count_only_when_a_test_fails_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """peer_suites.py with every suite's root the stand-in suite, and no test-only wheels."""
     ps = _load()
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "test_stand_in.py").write_text(STAND_IN)
     monkeypatch.setattr(ps, "suite_root", lambda name: suite)
     monkeypatch.setattr(ps, "SUITES_DIR", tmp_path / "no-wheels")
+    return ps
+
+
+@pytest.mark.sim
+def test_failures_count_only_when_a_test_fails_alone(stand_in: ModuleType, tmp_path: Path) -> None:
+    ps = stand_in
     got = ps.run_file("cupy", "test_stand_in.py", "own", tmp_path / "out", 120, 2)
     by_name = {n.rsplit("::", 1)[-1]: o for n, o in got.items()}
     assert by_name == {
@@ -86,16 +93,13 @@ def test_expected_differences_match_only_what_they_name() -> None:
 
 
 @pytest.mark.sim
-def test_past_the_deadline_nothing_starts_and_the_output_is_still_tarred(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_past_the_deadline_nothing_starts_and_the_output_is_still_tarred(
+    stand_in: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import tarfile
     import time
 
-    ps = _load()
-    suite = tmp_path / "suite"
-    suite.mkdir()
-    (suite / "test_stand_in.py").write_text(STAND_IN)
-    monkeypatch.setattr(ps, "suite_root", lambda name: suite)
-    monkeypatch.setattr(ps, "SUITES_DIR", tmp_path / "no-wheels")
+    ps = stand_in
     monkeypatch.setattr(ps, "DEADLINE", time.monotonic() - 1)
     assert ps.run_file("cupy", "test_stand_in.py", "own", tmp_path / "out", 120, 2) == {}
     # The whole run: the outcome files and the table are written, and the tarball holds them.

@@ -59,6 +59,23 @@ var dlIntKinds = map[string]struct{ c, ctypes string }{
 	"uint64": {"uint64_t", "ctypes.c_uint64"},
 }
 
+// dlRender renders field f of struct owner as a C member declaration and as a ctypes type (the deleter is
+// a plain address to ctypes: the consumer calls it through a CFUNCTYPE it makes).
+func dlRender(f dlField, owner string) (c, ctype string) {
+	switch f.kind {
+	case "ptr":
+		return "void *" + f.name, "ctypes.c_void_p"
+	case "int64ptr":
+		return "int64_t *" + f.name, "ctypes.POINTER(ctypes.c_int64)"
+	case "deleter":
+		return fmt.Sprintf("void (*%s)(struct %s *self)", f.name, owner), "ctypes.c_void_p"
+	}
+	if k, ok := dlIntKinds[f.kind]; ok {
+		return k.c + " " + f.name, k.ctypes
+	}
+	return f.kind + " " + f.name, f.kind // another struct, held by value
+}
+
 // dlC renders the constants and structs as C.
 func dlC(b *bytes.Buffer) {
 	b.WriteString("/* The DLPack ABI (cudacore/internal/tablegen/gen/dlpack.go). */\n")
@@ -68,27 +85,14 @@ func dlC(b *bytes.Buffer) {
 	for _, s := range dlStructs {
 		fmt.Fprintf(b, "\ntypedef struct %s {\n", s.name)
 		for _, f := range s.fields {
-			switch f.kind {
-			case "ptr":
-				fmt.Fprintf(b, "    void *%s;\n", f.name)
-			case "int64ptr":
-				fmt.Fprintf(b, "    int64_t *%s;\n", f.name)
-			case "deleter":
-				fmt.Fprintf(b, "    void (*%s)(struct %s *self);\n", f.name, s.name)
-			default:
-				if k, ok := dlIntKinds[f.kind]; ok {
-					fmt.Fprintf(b, "    %s %s;\n", k.c, f.name)
-				} else {
-					fmt.Fprintf(b, "    %s %s;\n", f.kind, f.name)
-				}
-			}
+			decl, _ := dlRender(f, s.name)
+			fmt.Fprintf(b, "    %s;\n", decl)
 		}
 		fmt.Fprintf(b, "} %s;\n", s.name)
 	}
 }
 
-// dlPython renders the constants and structs as ctypes (the deleter is a plain address: the consumer
-// calls it through a CFUNCTYPE it makes).
+// dlPython renders the constants and structs as ctypes.
 func dlPython(b *bytes.Buffer) {
 	b.WriteString("# The DLPack ABI (cudacore/internal/tablegen/gen/dlpack.go).\n")
 	for _, c := range dlConsts {
@@ -97,19 +101,7 @@ func dlPython(b *bytes.Buffer) {
 	for _, s := range dlStructs {
 		fmt.Fprintf(b, "\n\nclass %s(ctypes.Structure):\n    _fields_ = [\n", s.name)
 		for _, f := range s.fields {
-			var t string
-			switch f.kind {
-			case "ptr", "deleter":
-				t = "ctypes.c_void_p"
-			case "int64ptr":
-				t = "ctypes.POINTER(ctypes.c_int64)"
-			default:
-				if k, ok := dlIntKinds[f.kind]; ok {
-					t = k.ctypes
-				} else {
-					t = f.kind
-				}
-			}
+			_, t := dlRender(f, s.name)
 			fmt.Fprintf(b, "        (%q, %s),\n", f.name, t)
 		}
 		b.WriteString("    ]\n")
