@@ -110,3 +110,27 @@ def test_past_the_deadline_nothing_starts_and_the_output_is_still_tarred(
     with tarfile.open(tgz) as tar:
         names = tar.getnames()
     assert "run/outcomes-numba-own.json" in names and "run/outcomes-numba-cudacore.json" in names
+
+
+@pytest.mark.sim
+def test_split_gpus_runs_each_allocator_on_a_gpu_of_its_own(
+    stand_in: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    ps = stand_in
+    # A unittest module, run as the Numba suite is (peer_unittest.py imports nothing of the peer's).
+    (ps.suite_root("numba") / "lane_test.py").write_text(
+        "import os\nimport unittest\n\n\nclass Lane(unittest.TestCase):\n    def test_lane(self):\n"
+        "        want = {'own': '0', 'cudacore': '1'}[os.environ['CUDACORE_PEER_ALLOCATOR']]\n"
+        "        self.assertEqual(os.environ.get('CUDA_VISIBLE_DEVICES'), want)\n"
+    )
+    monkeypatch.setitem(ps.SELECTED, "numba", ["lane_test"])
+    monkeypatch.setattr(ps, "GPU_OF", {})
+    monkeypatch.setenv("PYTHONPATH", str(ps.suite_root("numba")))
+    out = tmp_path / "run"
+    monkeypatch.setattr("sys.argv", ["peer_suites.py", "--suite", "numba", "--split-gpus", "--out", str(out)])
+    assert ps.main() == 0
+    for allocator in ("own", "cudacore"):
+        got = json.loads((out / f"outcomes-numba-{allocator}.json").read_text())
+        assert list(got.values()) == ["passed"], (allocator, got)

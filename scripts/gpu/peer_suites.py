@@ -218,6 +218,10 @@ def plugin_dir(out: Path) -> Path:
     return d
 
 
+#: allocator -> the GPU its processes see (CUDA_VISIBLE_DEVICES), with --split-gpus; empty: all GPUs, and
+#: the two allocators take turns.
+GPU_OF: dict[str, str] = {}
+
 #: time.monotonic() after which no process starts and a running one is stopped (--deadline); None: none.
 DEADLINE: float | None = None
 
@@ -292,6 +296,8 @@ def run_once(
         PYTHONPATH=os.pathsep.join(p for p in (*test_sites(suite, out), env.get("PYTHONPATH", "")) if p),
         PYTHONFAULTHANDLER="1",
     )
+    if allocator in GPU_OF:
+        env["CUDA_VISIBLE_DEVICES"] = GPU_OF[allocator]
     if suite == "numba" and allocator == "cudacore":
         env["NUMBA_CUDA_MEMORY_MANAGER"] = "cudacore.interop"
     deselect: list[str] = []
@@ -370,7 +376,13 @@ def main() -> int:
                     "process is stopped; the table and the outcome files are still written")
     ap.add_argument("--tar", help="write the output folder into this .tar.gz at the end, however the run ends "
                     "(the device tool returns only a handful of files)")
+    ap.add_argument("--split-gpus", action="store_true",
+                    help="on a machine of two GPUs or more: run the two allocators at once, own on GPU 0 and cudacore "
+                    "on GPU 1, each seeing only its own (a test that measures device memory then sees no other "
+                    "process's; tests that need two GPUs skip under both)")
     args = ap.parse_args()
+    if args.split_gpus:
+        GPU_OF.update(own="0", cudacore="1")
     global DEADLINE
     DEADLINE = None if args.deadline is None else time.monotonic() + args.deadline
     out = Path(args.out).resolve()
@@ -394,10 +406,15 @@ def run(args: argparse.Namespace, out: Path) -> int:
             if args.only and not any(o in target for o in args.only):
                 continue
             got = {}
-            for allocator in allocators:  # interleaved per file
-                print(f"{suite} {allocator} {target}", flush=True)
-                got[allocator] = run_file(suite, target, allocator, out, args.timeout, args.jobs)
-                results[allocator].update(got[allocator])
+            with concurrent.futures.ThreadPoolExecutor(len(allocators) if GPU_OF else 1) as lanes:
+                # interleaved per file; at once, on a GPU each, with --split-gpus
+                futures = {}
+                for allocator in allocators:
+                    print(f"{suite} {allocator} {target}" + (f" (GPU {GPU_OF[allocator]})" if GPU_OF else ""), flush=True)
+                    futures[allocator] = lanes.submit(run_file, suite, target, allocator, out, args.timeout, args.jobs)
+                for allocator, fut in futures.items():
+                    got[allocator] = fut.result()
+                    results[allocator].update(got[allocator])
             if len(allocators) == 2:  # each file's differences as it ends: a run cut short still tells
                 a, b = (got[x] for x in allocators)
                 for n in sorted(n for n in set(a) | set(b) if a.get(n, "absent") != b.get(n, "absent")):
