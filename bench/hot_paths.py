@@ -49,8 +49,9 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
     s = d.create_stream()
     rows: dict[str, list] = {
         k: []
-        for k in ("kernel launch", "launch, numpy scalars", "launch, typed values", "launch, CuPy arrays", "launch, under with s:",
-                  "graph launch", "graph launch, with s:", "4 KiB pinned H2D async", "64 KiB pageable H2D sync",
+        for k in ("kernel launch", "launch, numpy scalars", "launch, typed values", "launch, CuPy arrays", "launch, torch tensors",
+                  "launch, under with s:", "graph launch", "graph launch, with s:", "4 KiB pinned H2D async",
+                  "4 KiB pinned, with s: sync", "64 KiB pageable H2D sync",
                   "64 KiB pageable H2D async", "stream query, idle", "stream synchronize, idle", "cold door call")
     }  # fmt: skip
     a, b = d.allocate(1 << 20, stream=s), d.allocate(1 << 20, stream=s)
@@ -64,6 +65,11 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
     rows["graph launch"].append(("cudacore Graph.launch", lambda: g.launch(s), s.synchronize))
     rows["graph launch, with s:"].append(("cudacore Graph.launch()", lambda: _under(s, g.launch), lambda: _leave(s)))
     rows["4 KiB pinned H2D async"].append(("cudacore Buffer.copy_from", lambda: small.copy_from(pinned, stream=s), s.synchronize))
+    # The same copy with no stream argument inside `with s:`, beside the explicit stream: a current stream
+    # must cost no more than naming it. A copy given no stream returns when the data has arrived, so its
+    # peer is the explicit copy and a wait for it.
+    rows["4 KiB pinned, with s: sync"].append(("cudacore copy_from(s) + sync", lambda: (small.copy_from(pinned, stream=s), s.synchronize()), lambda: None))
+    rows["4 KiB pinned, with s: sync"].append(("cudacore copy_from(), with s:", lambda: _under(s, lambda: small.copy_from(pinned)), lambda: _leave(s)))
     rows["64 KiB pageable H2D sync"].append(("cudacore Buffer.copy_from", lambda: a.copy_from(pageable, nbytes=pageable.nbytes), lambda: None))
     rows["64 KiB pageable H2D async"].append(("cudacore copy_from(stream=s)", lambda: a.copy_from(pageable, stream=s, nbytes=pageable.nbytes), s.synchronize))
     rows["stream query, idle"].append(("cudacore Stream.query", s.query, lambda: None))
@@ -72,6 +78,8 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
     # What the timing loop itself costs per call (a Python call of a no-op), to subtract from the row above.
     rows["cold door call"].append(("the loop alone (no-op)", lambda: None, lambda: None))
     if not sim:
+        # Arrays of other libraries, by row: (first, second, how their users read a pointer at each call).
+        foreign: dict[str, tuple[object, object, Callable[[object], int]]] = {}
         k = d.load_module(PTX.encode()).function("empty4")
         args = (a, b, 7, 1.5)
         rows["kernel launch"].append(("cudacore Kernel.launch", lambda: k.launch(1, 1, args, stream=s), s.synchronize))
@@ -96,6 +104,7 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
             rows["launch, under with s:"].insert(0, ("CuPy RawKernel, no stream", lambda: _under(cs, lambda: ck((1,), (1,), cargs)), lambda: _leave(cs)))
             arr_args = (ca, cb, 7, 1.5)  # arrays of another library, by __cuda_array_interface__
             rows["launch, CuPy arrays"].append(("cudacore Kernel.launch", lambda: k.launch(1, 1, arr_args, stream=s), s.synchronize))
+            foreign["launch, CuPy arrays"] = (ca, cb, lambda t: t.data.ptr)  # type: ignore[attr-defined]
             cg_stream = cupy.cuda.Stream(non_blocking=True)
             dst = cupy.empty(4 << 10, dtype=cupy.uint8)
             src = cupy.cuda.alloc_pinned_memory(4 << 10)
@@ -117,6 +126,18 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
         except Exception as exc:  # noqa: BLE001 - an optional peer
             print(f"  (CuPy skipped: {type(exc).__name__}: {exc})", file=sys.stderr)
         try:
+            import torch
+
+            ta, tb = torch.empty(1 << 18, device="cuda"), torch.empty(1 << 18, device="cuda")
+            targs = (ta, tb, 7, 1.5)  # tensors of another library, by __cuda_array_interface__ / DLPack
+            rows["launch, torch tensors"].append(("cudacore Kernel.launch", lambda: k.launch(1, 1, targs, stream=s), s.synchronize))
+            foreign["launch, torch tensors"] = (ta, tb, lambda t: t.data_ptr())  # type: ignore[attr-defined]
+            if "cupy" in sys.modules and rows["kernel launch"][0][0] == "CuPy RawKernel":
+                # CuPy's RawKernel takes no tensors: its users pass data_ptr(), read at each call.
+                rows["launch, torch tensors"].insert(0, ("CuPy RawKernel, data_ptr()", lambda: ck((1,), (1,), (ta.data_ptr(), tb.data_ptr(), np.uint32(7), np.float32(1.5)), stream=cs), cs.synchronize))
+        except Exception as exc:  # noqa: BLE001 - an optional peer
+            print(f"  (torch skipped: {type(exc).__name__}: {exc})", file=sys.stderr)
+        try:
             from cuda.core import Device as CDevice
             from cuda.core import LaunchConfig, ObjectCode, launch
 
@@ -126,8 +147,11 @@ def contenders(sim: bool) -> dict[str, list[tuple[str, Callable[[], object], Cal
             cst = cd.create_stream()
             cfg = LaunchConfig(grid=1, block=1)
             cargs2 = (a.ptr, b.ptr, np.uint32(7), np.float32(1.5))
-            for row in ("kernel launch", "launch, numpy scalars", "launch, typed values", "launch, CuPy arrays", "launch, under with s:"):
+            for row in ("kernel launch", "launch, numpy scalars", "launch, typed values", "launch, under with s:"):
                 rows[row].insert(1, ("cuda.core launch", lambda: launch(cst, cfg, kern, *cargs2), cst.sync))
+            # cuda.core takes no arrays of other libraries: its users pass the pointers, read at each call.
+            for row, (x, y, ptr) in foreign.items():
+                rows[row].append(("cuda.core launch, pointers", lambda x=x, y=y, ptr=ptr: launch(cst, cfg, kern, ptr(x), ptr(y), np.uint32(7), np.float32(1.5)), cst.sync))
         except Exception as exc:  # noqa: BLE001 - an optional peer
             print(f"  (cuda.core skipped: {type(exc).__name__}: {exc})", file=sys.stderr)
     return rows

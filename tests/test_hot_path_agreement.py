@@ -73,6 +73,85 @@ def test_host_memory_with_a_cuda_array_interface_is_copied_as_the_general_path_c
 
 
 @pytest.mark.sim
+@pytest.mark.parametrize("host_kind", ["pinned", "numpy"])
+@pytest.mark.parametrize("kw", [{}, {"nbytes": 8, "offset": 8}], ids=repr)
+def test_a_copy_given_no_stream_under_with_s_runs_on_s_and_waits_as_the_general_path(
+    dev: cc.Device, host_kind: str, kw: dict
+) -> None:
+    # Inside `with s:` a copy given no stream is ordered on s and returns once the data has arrived, in C
+    # as in the general path: the same bytes both ways. (The simulator runs work at once, so the wait is
+    # observable on the GPU only: test_gpu_a_copy_given_no_stream_under_with_s_waits_for_s.)
+    s = dev.create_stream()
+    pinned = dev.allocate_pinned(64)
+    host: Any = None
+    src: Any = None
+    try:
+        for call in ("C", "general"):
+            host = pinned.numpy() if host_kind == "pinned" else np.zeros(64, np.uint8)
+            src = pinned if host_kind == "pinned" else host
+            with dev.allocate(64) as b:
+                b.fill(0)
+                with s:
+                    b.fill(0x5A, stream=s)  # queued on s: the copy below must come after it
+                    host[:] = 0
+                    (b.copy_to if call == "C" else lambda h, **k: type(b)._copy_to(b, h, **k))(src, **kw)
+                    n = kw.get("nbytes", 64)
+                    assert bytes(host[:n]) == b"\x5a" * n, call
+                    host[:] = 0x21
+                    (b.copy_from if call == "C" else lambda h, **k: type(b)._copy_from(b, h, **k))(src, **kw)
+                    back = np.zeros(64, np.uint8)
+                    b.copy_to(back, stream=s)
+                    s.synchronize()
+                off = kw.get("offset", 0)
+                assert bytes(back[off : off + n]) == b"\x21" * n, call
+    finally:
+        host = src = None  # the views of the pinned memory go before it does
+        pinned.close()
+        s.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("call", ["C", "general"])
+def test_gpu_a_copy_given_no_stream_under_with_s_waits_for_s(dev: cc.Device, call: str) -> None:
+    # A fill of 1 GiB queued on s takes a fraction of a millisecond; a pinned copy_to with no stream inside
+    # `with s:` is queued after it on s and must not return before it has landed.
+    s = dev.create_stream()
+    big = dev.allocate(1 << 30, stream=s)
+    pinned = dev.allocate_pinned(4096)
+    view = pinned.numpy()
+    try:
+        for value in (0x11, 0x22, 0x33):
+            view[:] = 0
+            with s:
+                big.fill(value, stream=s)
+                part = big[(1 << 30) - 4096 :]
+                if call == "C":
+                    part.copy_to(pinned)
+                else:
+                    type(part)._copy_to(part, pinned)
+                assert bytes(view) == bytes([value]) * 4096, "the copy returned before the fill queued on s landed"
+    finally:
+        del view
+        pinned.close()
+        big.close()
+        s.close()
+
+
+@pytest.mark.sim
+def test_a_copy_given_no_stream_under_a_closed_current_stream_is_refused_as_the_general_path_refuses(dev: cc.Device) -> None:
+    s = dev.create_stream()
+    errors = []
+    with dev.allocate(64) as b:
+        with s:
+            s.close()
+            for call in (b.copy_from, lambda h: type(b)._copy_from(b, h)):
+                with pytest.raises(cc.CUDAError) as e:
+                    call(bytes(64))
+                errors.append(type(e.value))
+    assert errors[0] is errors[1]
+
+
+@pytest.mark.sim
 @pytest.mark.parametrize("kw", [{"nbytes": 8}, {"nbytes": 8, "offset": 8}], ids=repr)
 def test_the_c_copy_from_refuses_a_read_only_external_buffer_as_the_general_path_does(dev: cc.Device, kw: dict) -> None:
     # Memory its owner declared read-only is refused by the Python overrides (ExternalBuffer.copy_from,

@@ -616,6 +616,37 @@ copy_stream_hot(BufferObject *self, PyObject *host, PyObject *stream, const copy
     return sh < 0 ? 0 : copy_export_hot(self, host, stream, sh, part, to_device);
 }
 
+/* stream=None inside a `with stream:` block: the copy on this thread's current Stream, then a wait for
+ * it, as the general path does (_copy._finish); while any capture runs (the copy may belong to it, and
+ * waiting would be illegal there) the general path decides. 1 done, 0 not this case, -1 error set. */
+static int
+copy_current_hot(BufferObject *self, PyObject *host, const copy_part *part, int to_device)
+{
+    static PyObject *str_synchronize;
+    if (cc_snapshot_capturing() || buffer_gone(self)) {
+        return 0;
+    }
+    PyObject *cur = current_for_direct(self->device);
+    if (cur == NULL) {
+        return 0; /* the legacy stream (copy_sync_hot's case), or nothing readable */
+    }
+    int r = copy_hot(self, host, cur, part, to_device);
+    if (r == 0) {
+        r = copy_stream_hot(self, host, cur, part, to_device);
+    }
+    if (r > 0) {
+        if (str_synchronize == NULL && (str_synchronize = PyUnicode_InternFromString("synchronize")) == NULL) {
+            Py_DECREF(cur);
+            return -1;
+        }
+        PyObject *done = PyObject_CallMethodNoArgs(cur, str_synchronize);
+        r = done != NULL ? 1 : -1;
+        Py_XDECREF(done);
+    }
+    Py_DECREF(cur);
+    return r;
+}
+
 /* A keyword argument of the hot case: an exact int >= 0 into *out (nbytes may be None: -1). 0 when it is
  * anything else, for the general path to check and explain. */
 static int
@@ -693,6 +724,8 @@ buffer_copy(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObjec
         int r = stream == Py_None ? copy_sync_hot(self, host, &part, to_device) : copy_hot(self, host, stream, &part, to_device);
         if (r == 0 && stream != Py_None) {
             r = copy_stream_hot(self, host, stream, &part, to_device);
+        } else if (r == 0) {
+            r = copy_current_hot(self, host, &part, to_device);
         }
         if (r < 0) {
             return NULL;
