@@ -216,7 +216,9 @@ def plugin_dir(out: Path) -> Path:
     (profile.py) that would shadow the standard library's in the peers' processes."""
     d = out / "plugin"
     d.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(PLUGIN_DIR / "peer_plugin.py", d / "peer_plugin.py")
+    src, dst = PLUGIN_DIR / "peer_plugin.py", d / "peer_plugin.py"
+    if not dst.exists() or dst.read_bytes() != src.read_bytes():  # the lanes of --split-gpus read it at once
+        shutil.copyfile(src, dst)
     return d
 
 
@@ -404,6 +406,7 @@ def run(args: argparse.Namespace, out: Path) -> int:
     rows = []
     for suite in args.suite or sorted(SELECTED):
         results: dict[str, dict[str, str]] = {a: {} for a in allocators}
+        test_sites(suite, out)  # installed once, before lanes that would install them at once
         for target in SELECTED[suite]:
             if args.only and not any(o in target for o in args.only):
                 continue
