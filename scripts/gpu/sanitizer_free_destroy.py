@@ -2,11 +2,13 @@
 it (before the free has run), with the driver alone (cuda.bindings): what CuPy does when it destroys its
 stream just after cudacore freed a block on it.
 
-    compute-sanitizer --tool memcheck --leak-check full python3 -P scripts/gpu/sanitizer_free_destroy.py now|busy|synced
+    compute-sanitizer --tool memcheck --leak-check full python3 -P scripts/gpu/sanitizer_free_destroy.py now|busy|runtime|synced
 
 ``now`` destroys each stream right after the free; ``busy`` does too, with the stream still busy with a
 1 GiB memset queued before the free (so the free runs after the destroy call returned, as when CuPy
-destroys a stream with kernels still queued); ``synced`` synchronizes it first. All leave the pool
+destroys a stream with kernels still queued); ``runtime`` does as ``busy`` with a blocking stream made and
+destroyed through the runtime API (cudaStreamCreate / cudaStreamDestroy), as CuPy's default Stream() is;
+``synced`` synchronizes it first. All leave the pool
 with nothing in use (printed at the end); a leak reported for ``now`` only is the sanitizer's, not the
 program's.
 """
@@ -20,7 +22,7 @@ from cuda.bindings import driver as drv
 
 def ok(res):  # type: ignore[no-untyped-def]
     err, *rest = res if isinstance(res, tuple) else (res,)
-    assert err == drv.CUresult.CUDA_SUCCESS, err
+    assert int(err) == 0, err
     return rest[0] if len(rest) == 1 else rest
 
 
@@ -30,9 +32,14 @@ dev = ok(drv.cuDeviceGet(0))
 ctx = ok(drv.cuDevicePrimaryCtxRetain(dev))
 ok(drv.cuCtxSetCurrent(ctx))
 pool = ok(drv.cuDeviceGetMemPool(dev))
-scratch = ok(drv.cuMemAlloc(1 << 30)) if mode == "busy" else None
+scratch = ok(drv.cuMemAlloc(1 << 30)) if mode in ("busy", "runtime") else None
 for _ in range(5):
-    s = ok(drv.cuStreamCreate(1))
+    if mode == "runtime":
+        from cuda.bindings import runtime as rt
+
+        s = ok(rt.cudaStreamCreate())
+    else:
+        s = ok(drv.cuStreamCreate(1))
     p = ok(drv.cuMemAllocFromPoolAsync(8192, pool, s))
     if scratch is not None:
         for _ in range(8):
@@ -40,7 +47,10 @@ for _ in range(5):
     ok(drv.cuMemFreeAsync(p, s))
     if mode == "synced":
         ok(drv.cuStreamSynchronize(s))
-    ok(drv.cuStreamDestroy(s))
+    if mode == "runtime":
+        ok(rt.cudaStreamDestroy(s))
+    else:
+        ok(drv.cuStreamDestroy(s))
 ok(drv.cuCtxSynchronize())
 ok(drv.cuMemPoolTrimTo(pool, 0))
 if scratch is not None:
