@@ -302,6 +302,9 @@ def run_once(
     )
     if allocator in GPU_OF:
         env["CUDA_VISIBLE_DEVICES"] = GPU_OF[allocator]
+        # CuPy's multi-GPU tests skip by this count, not by the devices they see (they fail with an invalid
+        # device ordinal when one GPU is visible).
+        env["CUPY_TEST_GPU_LIMIT"] = "1"
     if suite == "numba" and allocator == "cudacore":
         env["NUMBA_CUDA_MEMORY_MANAGER"] = "cudacore.interop"
     deselect: list[str] = []
@@ -383,7 +386,7 @@ def main() -> int:
     ap.add_argument("--split-gpus", action="store_true",
                     help="on a machine of two GPUs or more: run the two allocators at once, own on GPU 0 and cudacore "
                     "on GPU 1, each seeing only its own (a test that measures device memory then sees no other "
-                    "process's; tests that need two GPUs skip under both)")
+                    "process's; tests that need two GPUs skip under both, so run those without it)")
     args = ap.parse_args()
     if args.split_gpus:
         GPU_OF.update(own="0", cudacore="1")
