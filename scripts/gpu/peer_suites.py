@@ -82,8 +82,13 @@ LEFT_OUT = {
         ("TestMemoryPool", "tests the internals of CuPy's own MemoryPool (its free lists and statistics)"),
         ("TestParseMempoolLimitEnvVar", "tests CuPy's own pool's environment variable"),
         ("test_thread_safe", "TestDeviceSwitch::test_thread_safe hangs under CuPy's own allocator too (H200, one GPU)"),
-        ("jitify", "the NVRTC (jitify) variants of test_raw compile for minutes: cut by the timeout (470 s) under CuPy's "
-                   "own allocator too (H200); they test the compiler's front end, not memory or streams"),
+        (
+            "jitify",
+            (
+                "the NVRTC (jitify) variants of test_raw compile for minutes: cut by the timeout (470 s) under CuPy's "
+                "own allocator too (H200); they test the compiler's front end, not memory or streams"
+            ),
+        ),
     ],
     "torch": [
         (
