@@ -162,7 +162,14 @@ def ipc_rows(rounds: int, size: int) -> list[str]:
     worker.start()
     try:
         d = cc.Device(0)
-        kinds = ["pool", "ipc"] if d.memory_pools_supported else ["ipc"]
+        # The kinds this device can export, as doctor's probe finds them: a driver may refuse the exportable
+        # pool's pointers even where memory pools exist (docs/contributing/driver-facts.md).
+        from cudacore._topology import topology
+
+        probed = topology()["ipc"][0]
+        kinds = [k for k, key in (("pool", "posix_fd"), ("ipc", "cuipc_mem")) if probed.get(key) == "ok"]
+        if not kinds:
+            return [f"  (no way of sharing memory with another process works here: {probed})"]
         shared = {kind: d.allocate_shareable(size, kind=kind) for kind in kinds}
 
         def cudacore_trip(buf: Any) -> float:
