@@ -65,7 +65,7 @@ func TestGPUPageableCopy(t *testing.T) {
 			s, err := m.Create(true, 0)
 			require.NoError(t, err)
 			defer s.Destroy()
-			for _, n := range []int{1, 64 << 10, parallelMin - 1, parallelMin, DefaultStagingSize - 1, DefaultStagingSize,
+			for _, n := range []int{1, 64 << 10, DefaultCopyPiece - 1, DefaultCopyPiece, DefaultStagingSize - 1, DefaultStagingSize,
 				DefaultStagingSize + 1, 3*DefaultStagingSize*DefaultStagingCount + 12345} {
 				p := e.alloc(t, n)
 				src := pattern(n, byte(n))
@@ -253,11 +253,12 @@ func BenchmarkGPUWait(b *testing.B) {
 	}
 }
 
-// BenchmarkGPUHostCopy measures the host half of a staged copy alone: an 8 MiB memcpy from pageable
-// memory into a pinned staging-sized buffer, and into pageable memory, over 1 to 16 goroutines.
+// BenchmarkGPUHostCopy measures the host half of a staged copy alone: 64 MiB of pageable memory copied by
+// a crew into pinned memory, and into pageable memory, in chunks of the default size with the default
+// piece, over 1 to 16 workers, with no DMA competing for host memory.
 func BenchmarkGPUHostCopy(b *testing.B) {
 	e := openGPU(b)
-	const n = 8 << 20
+	const n = 64 << 20
 	src := pattern(n, 1)
 	pin, err := e.drv.MemHostAlloc(e.dev.Context(), n, 0)
 	require.NoError(b, err)
@@ -271,7 +272,7 @@ func BenchmarkGPUHostCopy(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/w%d", dst.name, w), func(b *testing.B) {
 				b.SetBytes(n)
 				for b.Loop() {
-					hostCopyWith(dst.b, src, copyPiece, w)
+					crewCopy(dst.b, src, StagingTuning{Workers: w}.withDefaults())
 				}
 			})
 		}
@@ -307,50 +308,64 @@ func BenchmarkGPUSyncCopy(b *testing.B) {
 	}
 }
 
-// BenchmarkGPUTuning compares settings of the staged host-to-device path (copy plus synchronize): the
-// staging buffers' size and count, and the parallel memcpy's threshold, piece and goroutines.
+// BenchmarkGPUTuning compares settings of the staged asynchronous copies, both ways (copy plus
+// synchronize), beside the driver's own pageable copy (scripts/gpu/pageable_probe.py makes the same
+// comparison from Python, through the installed wheel).
 func BenchmarkGPUTuning(b *testing.B) {
 	e := openGPU(b)
-	type setting struct {
-		name                                 string
-		stage, count, parMin, piece, workers int
+	settings := []struct {
+		name string
+		t    StagingTuning
+	}{
+		{"default", StagingTuning{}},
+		{"c8m-b4-w8", StagingTuning{Chunk: 8 << 20, Buffers: 4, Workers: 8}},
+		{"c4m-b8-w12", StagingTuning{Workers: 12}},
+		{"c2m-b16-w8", StagingTuning{Chunk: 2 << 20, Buffers: 16}},
+		{"c4m-b8-w8-p256k", StagingTuning{Piece: 256 << 10}},
+		{"c4m-b8-w1", StagingTuning{Workers: 1}},
 	}
-	saved := setting{"", 0, 0, parallelMin, copyPiece, maxCopyWorkers}
-	defer func() { parallelMin, copyPiece, maxCopyWorkers = saved.parMin, saved.piece, saved.workers }()
-	settings := []setting{
-		{"default", DefaultStagingSize, DefaultStagingCount, saved.parMin, saved.piece, saved.workers},
-		{"w16", DefaultStagingSize, DefaultStagingCount, saved.parMin, saved.piece, 16},
-		{"s4m-c8-w8", 4 << 20, 8, 1 << 20, 256 << 10, 8},
-		{"s2m-c16-w8", 2 << 20, 16, 1 << 20, 256 << 10, 8},
-		{"serial", DefaultStagingSize, DefaultStagingCount, 1 << 40, 256 << 10, 1},
-	}
-	for _, n := range []int{2 << 20, 4 << 20, 8 << 20, 16 << 20, 64 << 20, 256 << 20} {
+	for _, n := range []int{16 << 20, 64 << 20, 256 << 20} {
 		p := e.alloc(b, n)
-		src := pattern(n, 1)
-		b.Run(fmt.Sprintf("%dKiB/driver", n>>10), func(b *testing.B) {
+		host := pattern(n, 1)
+		b.Run(fmt.Sprintf("%dMiB/htod/driver", n>>20), func(b *testing.B) {
 			b.SetBytes(int64(n))
 			for b.Loop() {
-				if err := e.drv.MemcpyHtoD(e.dev.Context(), p, src); err != nil {
+				if err := e.drv.MemcpyHtoD(e.dev.Context(), p, host); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("%dMiB/dtoh/driver", n>>20), func(b *testing.B) {
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				if err := e.drv.MemcpyDtoH(e.dev.Context(), host, p); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
 		for _, st := range settings {
-			parallelMin, copyPiece, maxCopyWorkers = st.parMin, st.piece, st.workers
-			m := New(e.dev, Options{StagingSize: st.stage, StagingCount: st.count})
+			m := New(e.dev, Options{Staging: st.t})
 			s, err := m.Create(true, 0)
 			require.NoError(b, err)
-			b.Run(fmt.Sprintf("%dKiB/%s", n>>10, st.name), func(b *testing.B) {
-				b.SetBytes(int64(n))
-				for b.Loop() {
-					if err := m.CopyHtoD(p, src, s); err != nil {
-						b.Fatal(err)
+			for _, dir := range []string{"htod", "dtoh"} {
+				b.Run(fmt.Sprintf("%dMiB/%s/%s", n>>20, dir, st.name), func(b *testing.B) {
+					b.SetBytes(int64(n))
+					for b.Loop() {
+						var err error
+						if dir == "htod" {
+							err = m.CopyHtoD(p, host, s)
+						} else {
+							err = m.CopyDtoH(host, p, s)
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+						if err := s.Synchronize(); err != nil {
+							b.Fatal(err)
+						}
 					}
-					if err := s.Synchronize(); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
+				})
+			}
 			require.NoError(b, s.Destroy())
 			require.NoError(b, m.Close())
 		}
