@@ -228,8 +228,8 @@ type crew struct {
 
 // slot is one chunk of a staged copy.
 type slot struct {
-	buf   []byte       // its staging buffer, once it has one; written by the caller before ready closes
-	ev    cuda.Event   // device to host: the event after its DMA
+	buf   []byte        // its staging buffer, once it has one; written by the caller before ready closes
+	ev    cuda.Event    // device to host: the event after its DMA
 	ready chan struct{} // closed by the caller: buf may be copied into (host to device) or out of
 	left  atomic.Int32  // its pieces not yet copied
 	done  chan struct{} // closed by whoever copies its last piece
