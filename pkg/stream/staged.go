@@ -53,24 +53,25 @@ type StagingTuning struct {
 	Piece int
 }
 
-// Defaults of StagingTuning, from the rates involved rather than from a sweep (driver-facts.md,
-// "Pageable copies", has the measurements): a copy engine moves about 55 GB/s over PCIe 5 from pinned
-// memory, and one core copies host memory at about 8-12 GB/s.
+// Defaults of StagingTuning, reasoned from the rates involved (a copy engine reading pinned memory moves
+// several times what one core's memcpy does; driver-facts.md, "Pageable copies", has the figures), for the
+// GPU sweep (scripts/gpu/pageable_probe.py) to confirm or move.
 const (
-	// DefaultStagingSize: the DMA of a 4 MiB chunk takes about 75 µs, long against the caller's few µs
-	// of driver calls per chunk, which overlap the DMAs anyway, while the first chunk's fill and the last
-	// chunk's DMA, which nothing overlaps, stay short for copies of a few chunks.
+	// DefaultStagingSize: a chunk's DMA lasts long against the caller's few driver calls per chunk (which
+	// overlap the DMAs anyway), while the first chunk's fill and the last chunk's DMA, which nothing
+	// overlaps, stay short against a copy of a few chunks.
 	DefaultStagingSize = 4 << 20
-	// DefaultStagingCount: 32 MiB of pinned memory per device, enough for the chunks the workers fill at
+	// DefaultStagingCount: 32 MiB of pinned memory per device, room for the chunks the workers fill at
 	// once (Workers pieces) and several more queued for the copy engine, which absorbs the workers'
 	// hiccups.
 	DefaultStagingCount = 8
-	// DefaultCopyWorkers: matching the link takes five or six cores copying while the copy engine reads
-	// host memory too; eight leave a margin and leave the rest of a 16-core host free.
+	// DefaultCopyWorkers: enough cores copying to keep up with the copy engine while it competes with them
+	// for host memory bandwidth, with a margin, and most of a server's cores left to the rest of the
+	// process.
 	DefaultCopyWorkers = 8
-	// DefaultCopyPiece: from 1 MiB, Go's memmove uses non-temporal stores on CPUs where it uses AVX
-	// (the destination is read once, by the DMA or by the caller, so caching it costs memory bandwidth);
-	// a 4 MiB chunk is four pieces, shared by as many workers.
+	// DefaultCopyPiece: from 1 MiB, Go's memmove uses non-temporal stores on CPUs where it copies with AVX
+	// (the destination is read once, by the DMA or by the caller, so caching it only costs memory
+	// bandwidth); a chunk is a few pieces, shared by as many workers.
 	DefaultCopyPiece = 1 << 20
 )
 

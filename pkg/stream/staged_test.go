@@ -682,3 +682,38 @@ func BenchmarkCrewCopy(b *testing.B) {
 		})
 	}
 }
+
+// FuzzStagedCopy: any size, chunk, pool, crew and piece, on a GPU that runs DMAs late in an order the
+// seed picks: a staged copy each way lands every byte at its offset, and every staging buffer comes back.
+func FuzzStagedCopy(f *testing.F) {
+	f.Add(uint32(5*4096+17), uint16(4096), uint8(2), uint8(1), uint16(4096), uint64(1))
+	f.Add(uint32(100000), uint16(16384), uint8(3), uint8(4), uint16(4096), uint64(2))
+	f.Add(uint32(65537), uint16(8192), uint8(1), uint8(8), uint16(5000), uint64(3))
+	f.Add(uint32(1), uint16(0), uint8(0), uint8(0), uint16(0), uint64(4))
+	f.Fuzz(func(t *testing.T, n uint32, chunk uint16, buffers, workers uint8, piece uint16, seed uint64) {
+		st := StagingTuning{
+			Chunk:   minStagingChunk + int(chunk)%(60<<10),
+			Buffers: 1 + int(buffers)%6,
+			Workers: 1 + int(workers)%8,
+			Piece:   minCopyPiece + int(piece)%(16<<10),
+		}
+		size := 1 + int(n)%(1<<20)
+		if size/st.Chunk > 300 {
+			return // too many chunks for a quick case
+		}
+		withProcs(t, 8)
+		e, _ := newLazyEnv(t, seed, st)
+		s := e.stream(t, true)
+		p := e.alloc(t, size)
+		want := pattern(size, byte(seed))
+		require.NoError(t, e.m.CopyHtoD(p, bytes.Clone(want), s))
+		got := make([]byte, size)
+		require.NoError(t, e.m.CopyDtoH(got, p, s))
+		require.True(t, bytes.Equal(want, got), "%+v, %d bytes: bytes differ", st, size)
+		require.NoError(t, s.Synchronize())
+		all, free, busy := poolState(e.m)
+		require.LessOrEqual(t, all, st.Buffers)
+		require.Equal(t, all, free, "every staging buffer is back")
+		require.Zero(t, busy)
+	})
+}
