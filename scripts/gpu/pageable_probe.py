@@ -227,13 +227,14 @@ def repeat(drv: Driver, run: Callable[[], None], stop: threading.Event, errors: 
         errors.append(exc)
 
 
-def latency(rig: Rig, seconds: float) -> list[tuple[str, str, list[float]]]:
+def latency(rig: Rig, seconds: float, fields: dict[str, int]) -> list[tuple[str, str, list[float]]]:
     """Another stream's 64 KiB pinned copy (copy + cuStreamSynchronize of that stream), timed over and over
     on this thread while another thread runs 1 GiB copies on rig's stream: none (idle), cudacore's staged
-    pageable copy, the driver's pageable copy, a pinned copy (the link busy with one DMA). Microseconds."""
+    pageable copy (staging set to fields), the driver's pageable copy, a pinned copy (the link busy with one
+    DMA). Microseconds."""
     from cudacore._copy import staging_tuning
 
-    staging_tuning(0, chunk=0)
+    staging_tuning(0, **(fields or {"chunk": 0}))
     drv = rig.drv
     big = min(1024 * MiB, rig.dbuf.size)
     s2 = rig.dev.create_stream()
@@ -292,6 +293,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="3 rounds at 16 MiB and 256 MiB")
     ap.add_argument("--settings", default="", help="comma-separated names of SETTINGS to sweep (default: all)")
     ap.add_argument("--latency-seconds", type=float, default=0.6, help="time per phase of the latency test")
+    ap.add_argument("--latency-setting", default="default", help="the setting cudacore's copy runs with in the latency test")
     args = ap.parse_args()
     sizes = [16 * MiB, 256 * MiB] if args.quick else SIZES
     rounds = 3 if args.quick else args.rounds
@@ -304,6 +306,9 @@ def main() -> int:
         settings = [s for s in SETTINGS if s[0] in wanted]
         if "default" not in wanted:
             settings = [SETTINGS[0], *settings]
+    latency_fields = dict(SETTINGS).get(args.latency_setting)
+    if latency_fields is None:
+        ap.error(f"unknown --latency-setting {args.latency_setting!r}; choose among {[name for name, _ in SETTINGS]}")
 
     import numpy as np
 
@@ -321,7 +326,7 @@ def main() -> int:
     try:
         res = sweep(rig, sizes, rounds, settings)
         res.update(small_rows(rig, rounds))
-        lat = latency(rig, args.latency_seconds)
+        lat = latency(rig, args.latency_seconds, latency_fields)
     finally:
         staging_tuning(0, chunk=0)
         rig.close()
@@ -343,7 +348,8 @@ def main() -> int:
         a, b = med[("cudacore", to_device, SMALL)], med[("driver", to_device, SMALL)]
         print(f"{'H2D' if to_device else 'D2H'}: cudacore {a:6.2f}  driver {b:6.2f}  ratio {a / b:.2f}")
 
-    print("\n## another stream's 64 KiB pinned copy while a 1 GiB copy runs, us (median / p90 / max, samples)")
+    print(f"\n## another stream's 64 KiB pinned copy while a 1 GiB copy runs (cudacore: {args.latency_setting}), "
+          "us (median / p90 / max, samples)")
     lat_med: dict[tuple[str, str], float] = {}
     for direction, how, samples in lat:
         lat_med[(direction, how)] = statistics.median(samples)
