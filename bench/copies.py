@@ -9,7 +9,9 @@ each contender's ratio to raw cuda.bindings (bandwidth: higher is better; launch
 
 Peers that are not installed are skipped. Targets (issue 4): pinned copies at >= 95% of cuda.bindings,
 pageable asynchronous copies no slower than the driver's own pageable copy, Graph.launch no slower than
-CuPy's.
+CuPy's; issue 29: pageable copies from 64 MiB at >= 40 GB/s host to device and >= 35 GB/s device to host
+on an H100 or H200, at 16 MiB >= 2x the driver's (scripts/gpu/pageable_probe.py sweeps the staging
+settings and times another stream's copies meanwhile).
 """
 
 from __future__ import annotations
@@ -52,10 +54,11 @@ class Contender:
 # -- cudacore ---------------------------------------------------------------------------------------------
 
 
-def cudacore_copy(n: int, pinned: bool, asynchronous: bool, driver_sync: bool = False) -> Contender:
-    """cudacore's copy; asynchronous ones wait with Stream.synchronize, or with driver_sync with the driver's
-    cuStreamSynchronize on the same stream (through cuda.bindings), which isolates the copy's own cost from
-    the wait's: cudacore's wait queries in slices so that Ctrl-C can stop it."""
+def cudacore_copy(n: int, pinned: bool, asynchronous: bool, driver_sync: bool = False, to_device: bool = True) -> Contender:
+    """cudacore's copy (host to device, or device to host); asynchronous ones wait with Stream.synchronize, or
+    with driver_sync with the driver's cuStreamSynchronize on the same stream (through cuda.bindings), which
+    isolates the copy's own cost from the wait's: cudacore's wait queries in slices so that Ctrl-C can stop
+    it."""
     import numpy as np
 
     import cudacore as cc
@@ -73,8 +76,10 @@ def cudacore_copy(n: int, pinned: bool, asynchronous: bool, driver_sync: bool = 
         def wait() -> None:
             _ok(drv.cuStreamSynchronize(raw))
 
+    move = buf.copy_from if to_device else buf.copy_to
+
     def run() -> None:
-        buf.copy_from(host_obj, stream=stream)
+        move(host_obj, stream=stream)
         if asynchronous:
             wait()
 
@@ -135,7 +140,7 @@ def bindings_init() -> None:
     _ok(drv.cuCtxSetCurrent(ctx))
 
 
-def bindings_copy(n: int, pinned: bool, asynchronous: bool) -> Contender:
+def bindings_copy(n: int, pinned: bool, asynchronous: bool, to_device: bool = True) -> Contender:
     import numpy as np
 
     drv = _drv()
@@ -154,10 +159,15 @@ def bindings_copy(n: int, pinned: bool, asynchronous: bool) -> Contender:
     def run() -> None:
         _ = keep
         if asynchronous:
-            _ok(drv.cuMemcpyHtoDAsync(dptr, src, n, stream))
+            if to_device:
+                _ok(drv.cuMemcpyHtoDAsync(dptr, src, n, stream))
+            else:
+                _ok(drv.cuMemcpyDtoHAsync(src, dptr, n, stream))
             _ok(drv.cuStreamSynchronize(stream))
-        else:
+        elif to_device:
             _ok(drv.cuMemcpyHtoD(dptr, src, n))
+        else:
+            _ok(drv.cuMemcpyDtoH(src, dptr, n))
 
     def teardown() -> None:
         _ok(drv.cuMemFree(dptr))
@@ -197,7 +207,7 @@ def bindings_graph() -> Contender:
 # -- CuPy and PyTorch ---------------------------------------------------------------------------------------
 
 
-def cupy_copy(n: int, pinned: bool, asynchronous: bool) -> Contender:
+def cupy_copy(n: int, pinned: bool, asynchronous: bool, to_device: bool = True) -> Contender:
     import cupy
     import cupyx
     import numpy as np
@@ -206,12 +216,19 @@ def cupy_copy(n: int, pinned: bool, asynchronous: bool) -> Contender:
     dev = cupy.empty(n, cupy.uint8)
     host = cupyx.empty_pinned(n, np.uint8) if pinned else np.ones(n, np.uint8)
 
+    rt = cupy.cuda.runtime
+
     def run() -> None:
         if asynchronous:
-            dev.set(host, stream=s)
+            if to_device:
+                dev.set(host, stream=s)
+            else:
+                dev.get(stream=s, out=host)
             s.synchronize()
+        elif to_device:
+            rt.memcpy(dev.data.ptr, host.ctypes.data, n, rt.memcpyHostToDevice)
         else:
-            cupy.cuda.runtime.memcpy(dev.data.ptr, host.ctypes.data, n, cupy.cuda.runtime.memcpyHostToDevice)
+            rt.memcpy(host.ctypes.data, dev.data.ptr, n, rt.memcpyDeviceToHost)
 
     return Contender("CuPy", run, None)
 
@@ -275,6 +292,7 @@ def time_once(c: Contender, reps: int) -> float:
 
 
 KINDS = ("pinned sync", "pinned async", "pageable sync", "pageable async")
+DIRECTIONS = ("H2D", "D2H")
 
 
 def parse_size(text: str) -> int:
@@ -287,34 +305,39 @@ def parse_size(text: str) -> int:
     return int(number) << shift
 
 
-def bandwidth_rows(sizes: list[int], rounds: int, peers: bool, kinds: tuple[str, ...] = KINDS) -> list[tuple[str, str, str, float, float | None]]:
+def bandwidth_rows(
+    sizes: list[int], rounds: int, peers: bool, kinds: tuple[str, ...] = KINDS, directions: tuple[str, ...] = DIRECTIONS
+) -> list[tuple[str, str, str, float, float | None]]:
     rows = []
-    for pinned in (True, False):
-        for asynchronous in (False, True):
-            kind = f"{'pinned' if pinned else 'pageable'} {'async' if asynchronous else 'sync'}"
-            if kind not in kinds:
-                continue
-            for n in sizes:
-                contenders = [try_make(cudacore_copy, n, pinned, asynchronous)]
-                if peers:
-                    contenders += [try_make(bindings_copy, n, pinned, asynchronous), try_make(cupy_copy, n, pinned, asynchronous)]
-                    if asynchronous:
-                        contenders.append(try_make(cudacore_copy, n, pinned, asynchronous, True))
-                contenders = [c for c in contenders if c is not None]
-                times: dict[str, list[float]] = {c.name: [] for c in contenders}
-                reps = reps_for(n)
-                for _ in range(rounds):
+    for direction in directions:
+        to_device = direction == "H2D"
+        for pinned in (True, False):
+            for asynchronous in (False, True):
+                kind = f"{'pinned' if pinned else 'pageable'} {'async' if asynchronous else 'sync'}"
+                if kind not in kinds:
+                    continue
+                for n in sizes:
+                    contenders = [try_make(cudacore_copy, n, pinned, asynchronous, False, to_device)]
+                    if peers:
+                        contenders += [try_make(bindings_copy, n, pinned, asynchronous, to_device),
+                                       try_make(cupy_copy, n, pinned, asynchronous, to_device)]
+                        if asynchronous:
+                            contenders.append(try_make(cudacore_copy, n, pinned, asynchronous, True, to_device))
+                    contenders = [c for c in contenders if c is not None]
+                    times: dict[str, list[float]] = {c.name: [] for c in contenders}
+                    reps = reps_for(n)
+                    for _ in range(rounds):
+                        for c in contenders:
+                            times[c.name].append(time_once(c, reps))
                     for c in contenders:
-                        times[c.name].append(time_once(c, reps))
-                for c in contenders:
-                    if c.teardown:
-                        c.teardown()
-                base = statistics.median(times["cuda.bindings"]) if "cuda.bindings" in times else None
-                for name, ts in times.items():
-                    med = statistics.median(ts)
-                    gbps = n / med / 1e9
-                    ratio = base / med if base else None
-                    rows.append((f"H2D {kind} {fmt_size(n)}", name, "GB/s", gbps, ratio))
+                        if c.teardown:
+                            c.teardown()
+                    base = statistics.median(times["cuda.bindings"]) if "cuda.bindings" in times else None
+                    for name, ts in times.items():
+                        med = statistics.median(ts)
+                        gbps = n / med / 1e9
+                        ratio = base / med if base else None
+                        rows.append((f"{direction} {kind} {fmt_size(n)}", name, "GB/s", gbps, ratio))
     return rows
 
 
@@ -351,10 +374,14 @@ def main() -> int:
                     help="comma-separated copy sizes, e.g. 64K,1M,16M (default: 4K to 1G; 4K,64K with --sim)")
     ap.add_argument("--kinds", type=lambda v: tuple(x.strip() for x in v.split(",")), default=KINDS,
                     help=f"comma-separated copy kinds among {', '.join(KINDS)} (default: all)")
+    ap.add_argument("--directions", type=lambda v: tuple(x.strip().upper() for x in v.split(",")), default=DIRECTIONS,
+                    help="comma-separated copy directions among H2D, D2H (default: both)")
     ap.add_argument("--no-launch", action="store_true", help="leave out the graph-launch rows")
     args = ap.parse_args()
     if unknown := [k for k in args.kinds if k not in KINDS]:
         ap.error(f"unknown copy kind(s) {unknown}; choose among {list(KINDS)}")
+    if unknown := [k for k in args.directions if k not in DIRECTIONS]:
+        ap.error(f"unknown direction(s) {unknown}; choose among {list(DIRECTIONS)}")
     if args.sim:
         os.environ["CUDACORE_BACKEND"] = "sim"
     rounds = args.rounds or (2 if args.sim else 7)
@@ -365,7 +392,7 @@ def main() -> int:
 
     d = cc.Device(0)
     print(f"# cudacore {cc.__version__} on {cc.backend()}: {d.name}; Python {sys.version.split()[0]}; {rounds} rounds, interleaved")
-    rows = bandwidth_rows(sizes, rounds, peers, args.kinds) + ([] if args.no_launch else launch_rows(rounds, peers))
+    rows = bandwidth_rows(sizes, rounds, peers, args.kinds, args.directions) + ([] if args.no_launch else launch_rows(rounds, peers))
     width = max(len(r[0]) for r in rows)
     print(f"{'what':<{width}}  {'contender':<28} {'median':>12}  {'vs cuda.bindings':>16}")
     for what, name, unit, value, ratio in rows:

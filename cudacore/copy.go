@@ -1,7 +1,9 @@
 package cudacore
 
 import (
+	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/cudacore/cudacore/cudacore/internal/process"
 	"github.com/cudacore/cudacore/pkg/cuda"
@@ -186,4 +188,46 @@ func fill(ordinal, dst, value, n, streamHandle int) (int, error) {
 		return 0, err
 	}
 	return n, m.Fill(p, uint8(value), uint64(n), s)
+}
+
+// stagingJSON is a stream.StagingTuning as Python reads and writes it.
+type stagingJSON struct {
+	Chunk   int `json:"chunk"`
+	Buffers int `json:"buffers"`
+	Workers int `json:"workers"`
+	Piece   int `json:"piece"`
+}
+
+// StagingTuning sets how device ordinal stages pageable copies (stream.Manager.SetStagingTuning) when
+// spec is a JSON object of chunk, buffers, workers and piece (a field left out or 0: its default), and
+// returns the tuning in force as the same JSON object; "" changes nothing. It is an internal hook for
+// benchmarks that compare settings in one process (scripts/gpu/pageable_probe.py), not an API: the
+// defaults are what users get. Changing the tuning frees the staging buffers, which can wait for their
+// copies, so the GIL is released.
+//
+//cudacore:gil release
+func StagingTuning(ordinal int, spec string) (string, error) {
+	return guard("cudacore.staging_tuning", func() (string, error) {
+		const op = "cudacore.staging_tuning"
+		d, err := process.GetDevice(ordinal)
+		if err != nil {
+			return "", err
+		}
+		m := d.Streams()
+		if spec != "" {
+			var j stagingJSON
+			dec := json.NewDecoder(strings.NewReader(spec))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&j); err != nil {
+				return "", cuda.NewError(op, cuda.ErrorInvalidValue,
+					fmt.Sprintf("the staging tuning must be a JSON object of chunk, buffers, workers and piece (integers): %v", err))
+			}
+			if err := m.SetStagingTuning(stream.StagingTuning{Chunk: j.Chunk, Buffers: j.Buffers, Workers: j.Workers, Piece: j.Piece}); err != nil {
+				return "", err
+			}
+		}
+		t := m.StagingTuning()
+		b, err := json.Marshal(stagingJSON{Chunk: t.Chunk, Buffers: t.Buffers, Workers: t.Workers, Piece: t.Piece})
+		return string(b), err
+	})
 }

@@ -38,3 +38,12 @@ def test_alloc_runs_every_table():
         assert heading in text, text
     for lane in ("legacy stream", "stream=s", "with s:", "a graph alive"):
         assert f"cudacore, {lane}" in text, text
+
+
+@pytest.mark.sim
+def test_copies_runs_every_row():
+    lines = _bench(str(ROOT / "bench" / "copies.py"), "--sim", "--rounds", "1")
+    rows = {line[:36].strip() for line in lines[2:]}
+    for direction in ("H2D", "D2H"):
+        for kind in ("pinned sync", "pinned async", "pageable sync", "pageable async"):
+            assert f"{direction} {kind} 64 KiB" in rows, lines

@@ -410,11 +410,11 @@ def test_cached_memory_goes_back_to_the_driver_at_exit(setting: str) -> None:
 
 def test_staging_buffers_are_bounded_and_shown(dev: cc.Device) -> None:
     """Threads copying pageable memory at once, synchronously and on their own streams, share a pool of at
-    most four 8 MiB pinned staging buffers, which memory_stats()["pinned_staging"] shows (apart from
+    most eight 4 MiB pinned staging buffers, which memory_stats()["pinned_staging"] shows (apart from
     pinned_in_use) and release_cached_memory() gives back; every byte arrives."""
     dev.release_cached_memory()
     assert dev.memory_stats()["pinned_staging"] == 0
-    n = 20 << 20  # three chunks
+    n = 20 << 20  # five chunks
     errors: list[BaseException] = []
 
     def work(i: int) -> None:
@@ -441,10 +441,52 @@ def test_staging_buffers_are_bounded_and_shown(dev: cc.Device) -> None:
     assert not any(t.is_alive() for t in threads), "the copies waited for each other for good"
     assert not errors, errors
     stats = dev.memory_stats()
-    assert 0 < stats["pinned_staging"] <= 4 * (8 << 20)
+    assert 0 < stats["pinned_staging"] <= 8 * (4 << 20)
     assert stats["pinned_in_use"] == 0, "the staging buffers are not PinnedBuffers"
     dev.release_cached_memory()
     assert dev.memory_stats()["pinned_staging"] == 0
+
+
+@pytest.fixture
+def default_staging(dev: cc.Device):
+    """The device's staging tuning, put back to the defaults afterwards."""
+    from cudacore._copy import staging_tuning
+
+    yield staging_tuning
+    staging_tuning(dev.device_id, chunk=0)
+
+
+def test_staging_tuning_hook(dev: cc.Device, default_staging) -> None:
+    """The internal tuning hook (for scripts/gpu/pageable_probe.py) reads the documented defaults, applies a
+    tuning that later copies then follow (chunks of its size, at most its number of buffers, every byte
+    arriving both ways at sizes around its chunk and piece), refuses bad fields with InvalidValueError, and
+    zero fields mean the defaults."""
+    tune = default_staging
+    defaults = {"chunk": 4 << 20, "buffers": 8, "workers": 8, "piece": 1 << 20}
+    assert tune(dev.device_id) == defaults
+    assert tune(dev.device_id, chunk=1 << 20, buffers=2, workers=3, piece=256 << 10) == {
+        "chunk": 1 << 20, "buffers": 2, "workers": 3, "piece": 256 << 10}
+    s = dev.create_stream()
+    try:
+        for n in (MiB + 1, 3 * MiB - 7, 5 * MiB + (256 << 10) + 1):
+            src = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
+            out = np.empty(n, np.uint8)
+            with dev.allocate(n) as buf:
+                buf.copy_from(src, stream=s)
+                buf.copy_to(out, stream=s)
+                assert np.array_equal(src, out), n
+                out[:] = 0
+                buf.copy_from(src[::-1].copy())
+                buf.copy_to(out)
+                assert np.array_equal(src[::-1], out), n
+            assert 0 < dev.memory_stats()["pinned_staging"] <= 2 * MiB
+    finally:
+        s.close()
+    for bad in ({"chunk": 100}, {"buffers": -1}, {"workers": 10_000}, {"piece": 1}, {"pieces": 4}, {"chunk": 1.5}, {"workers": True}):
+        with pytest.raises(cc.InvalidValueError):
+            tune(dev.device_id, **bad)
+    assert tune(dev.device_id)["chunk"] == 1 << 20, "a refused tuning changes nothing"
+    assert tune(dev.device_id, workers=1) == {**defaults, "workers": 1}, "zero fields: the defaults"
 
 
 def test_numpy_refuses_a_buffer_with_a_message() -> None:

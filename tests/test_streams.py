@@ -94,7 +94,7 @@ def test_device_synchronize(dev):
 @pytest.mark.parametrize("stream", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("kind", ["pinned", "numpy", "bytearray", "bytes"])
 def test_copy_round_trip(dev, stream, kind):
-    n = 9 * (1 << 20) + 123  # more than one 8 MiB staging buffer
+    n = 9 * (1 << 20) + 123  # more than two 4 MiB staging buffers
     s = dev.create_stream() if stream else None
     data = rand(n, 1)
     if kind == "pinned":

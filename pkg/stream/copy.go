@@ -3,10 +3,8 @@ package stream
 import (
 	"cmp"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
@@ -23,23 +21,22 @@ import (
 //     the copy (synchronize the stream or an event recorded after it);
 //   - host-to-device from pageable memory, the call returns once the data is staged and the caller may
 //     reuse its memory at once. Up to PageableDirectMax bytes the driver stages it (its pageable copy
-//     is the faster one there); larger copies go through cudacore's pinned staging buffers (a small
-//     pool, StagingSize each), each recycled when an event recorded after its copy completes. Memory
-//     that the driver knows as page-locked but cudacore does not (another library's pinned memory) is
-//     read when the stream reaches the copy, as a PinnedBuffer is, if the copy goes to the driver;
+//     is the faster one there); larger copies go through cudacore's pinned staging buffers (a pool of
+//     StagingTuning.Buffers per device, Chunk bytes each), each recycled when an event recorded after its
+//     copy completes. Memory that the driver knows as page-locked but cudacore does not (another
+//     library's pinned memory) is read when the stream reaches the copy, as a PinnedBuffer is, if the
+//     copy goes to the driver;
 //   - device-to-host into pageable memory, the data goes through staging buffers too and the call returns
-//     when it is in the caller's memory (as the driver's own pageable copy does), pipelining the chunks;
+//     when it is in the caller's memory (as the driver's own pageable copy does);
 //   - on a capturing stream only pinned memory is allowed: a captured copy keeps the host pointer and
 //     moves whatever is there at each launch, which for pageable memory cudacore cannot keep valid.
 //
-// The pageable paths are pipelined in chunks of one staging buffer: host-to-device, chunk k's DMA runs on
-// the stream while the host fills chunk k+1 (the pool holds StagingCount buffers, so several chunks can
-// be in flight before the host waits for the oldest); device-to-host, chunk k+1's DMA runs while chunk k
-// is copied out. One core's memcpy is slower than the copy engine, so
-// a copy of parallelMin bytes or more is spread over goroutines (hostCopy); smaller ones are one memcpy
-// on the calling goroutine, since for them latency is the cost. Only the calling goroutine calls the
-// driver: the helpers touch nothing but the two byte ranges, and the call waits for them before it
-// enqueues the DMA that reads what they wrote.
+// The staged paths are a pipeline (staged.go): chunks of one staging buffer, several in flight, the
+// DMAs of earlier chunks running while a crew of goroutines copies the host side of later ones, since
+// one core's memcpy is slower than the copy engine. Only the calling goroutine calls the driver: the
+// workers touch nothing but the caller's memory and the staging buffers the caller handed them, a DMA
+// is enqueued only after the workers have filled its chunk, and the call returns (or fails) only once
+// no worker touches either any more.
 
 // HeldCopyMax is the largest asynchronous copy the Python layer makes while keeping the GIL (the Held
 // doors of the facade): such a copy only enqueues work, and releasing the GIL would cost more than the
@@ -121,29 +118,6 @@ func (m *Manager) syncStagedHtoD(dst cuda.DevicePtr, src []byte) error {
 	return m.drv.StreamSynchronize(m.ctx, cuda.StreamLegacy)
 }
 
-// stagedHtoD is CopyHtoD of pageable memory through the staging buffers; the caller holds s.
-func (m *Manager) stagedHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
-	for off := 0; off < len(src); {
-		buf, err := m.staging.get()
-		if err != nil {
-			return err
-		}
-		n := min(len(buf), len(src)-off)
-		hostCopy(buf[:n], src[off:off+n])
-		// One DMA per chunk: enqueueing a chunk in smaller pieces as they are staged was measured slower
-		// (docs/contributing/driver-facts.md, "Pageable copies").
-		if err := m.drv.MemcpyHtoDAsync(m.ctx, dst+cuda.DevicePtr(off), buf[:n], s.h); err != nil {
-			m.staging.recycle(buf, 0) // nothing reads it
-			return err
-		}
-		if err := m.staging.put(buf, s); err != nil {
-			return err
-		}
-		off += n
-	}
-	return nil
-}
-
 // CopyDtoH copies device memory at src into dst, on s (nil: synchronously). An asynchronous copy holds
 // s's lifetime for all its driver calls, as CopyHtoD.
 func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
@@ -178,80 +152,6 @@ func (m *Manager) CopyDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 	return m.pageable(opCopyTo, s, dir, fix, func() error {
 		return s.hold(opCopyTo, func() error { return m.stagedDtoH(dst, src, s) })
 	})
-}
-
-// stagedDtoH is CopyDtoH into pageable memory through the staging buffers, pipelined: chunk k+1 is in
-// flight while chunk k is copied out. The caller holds s.
-func (m *Manager) stagedDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
-	type chunk struct {
-		buf []byte
-		ev  cuda.Event
-		off int
-		n   int
-	}
-	var prev *chunk
-	// finish waits for c's DMA and copies its bytes out. Its buffer goes back to the pool, or, with keep,
-	// stays the caller's (returned) for the next chunk.
-	finish := func(c *chunk, keep bool) ([]byte, error) {
-		if err := m.drv.EventSynchronize(m.ctx, c.ev); err != nil {
-			m.staging.putRecorded(c.buf, c.ev) // not known to have landed: busy until its event says so
-			return nil, err
-		}
-		hostCopy(dst[c.off:c.off+c.n], c.buf[:c.n])
-		if keep {
-			m.staging.recycle(nil, c.ev)
-			return c.buf, nil
-		}
-		m.staging.recycle(c.buf, c.ev)
-		return nil, nil
-	}
-	defer func() {
-		if prev != nil { // an error left a chunk in flight: recycle it once it has landed
-			m.staging.putRecorded(prev.buf, prev.ev)
-		}
-	}()
-	for off := 0; off < len(dst); {
-		var buf []byte
-		var err error
-		if prev == nil {
-			buf, err = m.staging.get()
-		} else if buf, err = m.staging.tryGet(); buf == nil && err == nil {
-			// Every buffer is held by a copy being issued: rather than wait for another copy while holding
-			// one (two such copies would wait for each other), land the previous chunk and reuse its buffer.
-			p := prev
-			prev = nil
-			buf, err = finish(p, true)
-		}
-		if err != nil {
-			return err
-		}
-		n := min(len(buf), len(dst)-off)
-		if err := m.drv.MemcpyDtoHAsync(m.ctx, buf[:n], src+cuda.DevicePtr(off), s.h); err != nil {
-			m.staging.recycle(buf, 0)
-			return err
-		}
-		ev, err := m.staging.record(s)
-		if err != nil {
-			// The DMA into buf was enqueued but cannot be tracked: wait for the stream before reuse, as put.
-			m.staging.untracked(buf, s)
-			return err
-		}
-		cur := &chunk{buf, ev, off, n}
-		if prev != nil {
-			p := prev
-			prev = nil
-			if _, err := finish(p, false); err != nil {
-				prev = cur
-				return err
-			}
-		}
-		prev = cur
-		off += n
-	}
-	p := prev
-	prev = nil
-	_, err := finish(p, false)
-	return err
 }
 
 // CopyDtoD copies n bytes of device memory from src to dst, on s (nil: synchronously).
@@ -376,34 +276,49 @@ type inflight struct {
 	ev  cuda.Event
 }
 
-// staging is a small pool of at most max pinned host buffers for pageable copies. A buffer handed to a
-// copy is busy until an event recorded after the copy completes. When every buffer is held by a copy
-// being issued, get waits for one to come back; no copy waits in get while it holds a buffer (stagedDtoH
-// asks for its second one with tryGet), so the holders always finish and the pool never grows past max.
+// staging is a small pool of at most tuning.Buffers pinned host buffers of tuning.Chunk bytes for
+// pageable copies. A buffer handed to a copy is busy until an event recorded after the copy completes.
+// When every buffer is held by a copy being issued, get waits for one to come back; no copy waits in get
+// while it holds a buffer it has yet to enqueue or copy out (it asks with poll, which never waits), so the
+// holders always finish and the pool never grows past its bound.
 type staging struct {
-	m    *Manager
-	size int
-	max  int
+	m *Manager
 
 	mu       sync.Mutex
-	returned sync.Cond // on mu: a buffer came back to the pool, or a slot under max came free
+	returned sync.Cond // on mu: a buffer came back to the pool, or a slot under the bound came free
+	tuning   StagingTuning
+	copies   int       // staged copies running (begin/end): the tuning stays while any runs
 	all      []uintptr // base of every buffer, for owns
 	free     [][]byte
 	busy     []inflight // oldest first
 	events   []cuda.Event
 }
 
-func newStaging(m *Manager, size, max int) *staging {
-	p := &staging{m: m, size: size, max: max}
+func newStaging(m *Manager, t StagingTuning) *staging {
+	p := &staging{m: m, tuning: t.withDefaults()}
 	p.returned.L = &p.mu
 	return p
+}
+
+// begin counts a staged copy as running and returns the tuning it runs with; end counts it done.
+func (p *staging) begin() StagingTuning {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.copies++
+	return p.tuning
+}
+
+func (p *staging) end() {
+	p.mu.Lock()
+	p.copies--
+	p.mu.Unlock()
 }
 
 func (p *staging) owns(addr uintptr, n int) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, b := range p.all {
-		if addr >= b && addr+uintptr(n) <= b+uintptr(p.size) {
+		if addr >= b && addr+uintptr(n) <= b+uintptr(p.tuning.Chunk) {
 			return true
 		}
 	}
@@ -424,14 +339,16 @@ func (p *staging) reapLocked() {
 	p.busy = p.busy[i:]
 }
 
-// get returns a free staging buffer: a free one, else a new one while under max, else the oldest busy
-// one once its copy completes, else (every buffer is held by a copy being issued) the first to come back.
+// get returns a free staging buffer: a free one, else a new one while under the bound, else the oldest
+// busy one once its copy completes, else (every buffer is held by a copy being issued) the first to come
+// back. The caller must hold no buffer that only it can give back.
 func (p *staging) get() ([]byte, error) {
 	return p.take(true)
 }
 
-// tryGet is get without the last case: nil (and no error) when every buffer is held by a copy being issued.
-func (p *staging) tryGet() ([]byte, error) {
+// poll is get without waiting: a free buffer (or one whose copy has completed), a new one while under
+// the bound, else nil (and no error).
+func (p *staging) poll() ([]byte, error) {
 	return p.take(false)
 }
 
@@ -445,10 +362,11 @@ func (p *staging) take(wait bool) ([]byte, error) {
 			p.mu.Unlock()
 			return b, nil
 		}
-		if len(p.all) < p.max {
+		if len(p.all) < p.tuning.Buffers {
 			p.all = append(p.all, 0) // reserve the slot
+			size := p.tuning.Chunk
 			p.mu.Unlock()
-			b, err := p.m.drv.MemHostAlloc(p.m.ctx, uint64(p.size), 0)
+			b, err := p.m.drv.MemHostAlloc(p.m.ctx, uint64(size), 0)
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			i := slices.Index(p.all, 0) // the reserved slot (Close leaves it)
@@ -459,6 +377,10 @@ func (p *staging) take(wait bool) ([]byte, error) {
 				p.all[i] = uintptr(unsafe.Pointer(unsafe.SliceData(b)))
 			}
 			return b, err
+		}
+		if !wait {
+			p.mu.Unlock()
+			return nil, nil
 		}
 		if len(p.busy) > 0 {
 			oldest := p.busy[0]
@@ -473,10 +395,6 @@ func (p *staging) take(wait bool) ([]byte, error) {
 			}
 			p.recycle(nil, oldest.ev)
 			return oldest.buf, nil
-		}
-		if !wait {
-			p.mu.Unlock()
-			return nil, nil
 		}
 		p.returned.Wait()
 	}
@@ -594,7 +512,7 @@ func (m *Manager) StagingBytes() uint64 {
 			n++
 		}
 	}
-	return uint64(n) * uint64(p.size)
+	return uint64(n) * uint64(p.tuning.Chunk)
 }
 
 // StagingStats returns the number of staging buffers allocated and busy now.
@@ -652,82 +570,6 @@ func (m *Manager) Close() error {
 		}
 	}
 	return first
-}
-
-// ---- the host side of a staged copy -------------------------------------------------------------------
-
-// Tuning of the staged copies. Variables only so that benchmarks can compare settings; nothing else
-// changes them.
-var (
-	// parallelMin is the smallest copy spread over goroutines: below it, waking helpers costs more than
-	// it saves, and one memcpy on the calling goroutine has the lowest latency.
-	parallelMin = 1 << 20
-	// copyPiece is the unit a helper takes at a time. Pieces are claimed dynamically, so a helper that
-	// starts late (the scheduler wakes it after the others began) only takes what is left, and the
-	// copy never waits for the slowest start.
-	copyPiece = 256 << 10
-	// maxCopyWorkers bounds the goroutines of one copy, the caller included: host memory bandwidth, not
-	// cores, limits a memcpy beyond a few of them, and the copy engine reads the staging buffers at the
-	// same time.
-	maxCopyWorkers = 8
-)
-
-// hostCopy copies src into dst (of the same length) and returns when every byte is copied. Copies of
-// parallelMin bytes or more are spread over up to maxCopyWorkers goroutines (fewer where GOMAXPROCS is
-// smaller), the calling goroutine taking part.
-func hostCopy(dst, src []byte) {
-	if len(src) < parallelMin {
-		copy(dst, src)
-		return
-	}
-	hostCopyWith(dst, src, copyPiece, min(maxCopyWorkers, runtime.GOMAXPROCS(0)))
-}
-
-// hostCopyWith is hostCopy with the piece size and the most goroutines given (tests and benchmarks).
-func hostCopyWith(dst, src []byte, piece, workers int) {
-	n := len(src)
-	if n == 0 {
-		return
-	}
-	pieces := (n + piece - 1) / piece
-	workers = min(workers, pieces)
-	if workers <= 1 {
-		copy(dst, src)
-		return
-	}
-	j := &copyJob{dst: dst[:n], src: src, piece: piece, pieces: int64(pieces), done: make(chan struct{})}
-	j.left.Store(int64(pieces))
-	for range workers - 1 {
-		go j.work()
-	}
-	j.work()
-	<-j.done // the pieces other goroutines claimed are copied (the close follows every copy)
-}
-
-// copyJob is one parallel copy. A helper that finds no piece left returns without touching the byte
-// ranges, so one still starting after the caller returned is harmless.
-type copyJob struct {
-	dst, src []byte
-	piece    int
-	pieces   int64
-	next     atomic.Int64 // the next piece to claim
-	left     atomic.Int64 // pieces not yet copied; who copies the last one closes done
-	done     chan struct{}
-}
-
-func (j *copyJob) work() {
-	for {
-		i := j.next.Add(1) - 1
-		if i >= j.pieces {
-			return
-		}
-		lo := int(i) * j.piece
-		hi := min(lo+j.piece, len(j.src))
-		copy(j.dst[lo:hi], j.src[lo:hi])
-		if j.left.Add(-1) == 0 {
-			close(j.done)
-		}
-	}
 }
 
 // HostPtr is the address of b's first byte as a graph's uses record it: with unified addressing host and

@@ -3,6 +3,9 @@ package stream
 import (
 	"bytes"
 	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,7 +68,7 @@ func TestGPUPageableCopy(t *testing.T) {
 			s, err := m.Create(true, 0)
 			require.NoError(t, err)
 			defer s.Destroy()
-			for _, n := range []int{1, 64 << 10, parallelMin - 1, parallelMin, DefaultStagingSize - 1, DefaultStagingSize,
+			for _, n := range []int{1, 64 << 10, DefaultCopyPiece - 1, DefaultCopyPiece, DefaultStagingSize - 1, DefaultStagingSize,
 				DefaultStagingSize + 1, 3*DefaultStagingSize*DefaultStagingCount + 12345} {
 				p := e.alloc(t, n)
 				src := pattern(n, byte(n))
@@ -253,11 +256,12 @@ func BenchmarkGPUWait(b *testing.B) {
 	}
 }
 
-// BenchmarkGPUHostCopy measures the host half of a staged copy alone: an 8 MiB memcpy from pageable
-// memory into a pinned staging-sized buffer, and into pageable memory, over 1 to 16 goroutines.
+// BenchmarkGPUHostCopy measures the host half of a staged copy alone: 64 MiB of pageable memory copied by
+// a crew into pinned memory, and into pageable memory, in chunks of the default size with the default
+// piece, over 1 to 16 workers, with no DMA competing for host memory.
 func BenchmarkGPUHostCopy(b *testing.B) {
 	e := openGPU(b)
-	const n = 8 << 20
+	const n = 64 << 20
 	src := pattern(n, 1)
 	pin, err := e.drv.MemHostAlloc(e.dev.Context(), n, 0)
 	require.NoError(b, err)
@@ -271,7 +275,7 @@ func BenchmarkGPUHostCopy(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/w%d", dst.name, w), func(b *testing.B) {
 				b.SetBytes(n)
 				for b.Loop() {
-					hostCopyWith(dst.b, src, copyPiece, w)
+					crewCopy(dst.b, src, StagingTuning{Workers: w}.withDefaults())
 				}
 			})
 		}
@@ -307,50 +311,235 @@ func BenchmarkGPUSyncCopy(b *testing.B) {
 	}
 }
 
-// BenchmarkGPUTuning compares settings of the staged host-to-device path (copy plus synchronize): the
-// staging buffers' size and count, and the parallel memcpy's threshold, piece and goroutines.
+// BenchmarkGPUTuning compares settings of the staged asynchronous copies, both ways (copy plus
+// synchronize), beside the driver's own pageable copy (scripts/gpu/pageable_probe.py makes the same
+// comparison from Python, through the installed wheel).
 func BenchmarkGPUTuning(b *testing.B) {
 	e := openGPU(b)
-	type setting struct {
-		name                                 string
-		stage, count, parMin, piece, workers int
+	settings := []struct {
+		name string
+		t    StagingTuning
+	}{
+		{"default", StagingTuning{}},
+		{"c8m-b4-w8", StagingTuning{Chunk: 8 << 20, Buffers: 4, Workers: 8}},
+		{"c4m-b8-w12", StagingTuning{Workers: 12}},
+		{"c2m-b16-w8", StagingTuning{Chunk: 2 << 20, Buffers: 16}},
+		{"c4m-b8-w8-p256k", StagingTuning{Piece: 256 << 10}},
+		{"c4m-b8-w1", StagingTuning{Workers: 1}},
 	}
-	saved := setting{"", 0, 0, parallelMin, copyPiece, maxCopyWorkers}
-	defer func() { parallelMin, copyPiece, maxCopyWorkers = saved.parMin, saved.piece, saved.workers }()
-	settings := []setting{
-		{"default", DefaultStagingSize, DefaultStagingCount, saved.parMin, saved.piece, saved.workers},
-		{"w16", DefaultStagingSize, DefaultStagingCount, saved.parMin, saved.piece, 16},
-		{"s4m-c8-w8", 4 << 20, 8, 1 << 20, 256 << 10, 8},
-		{"s2m-c16-w8", 2 << 20, 16, 1 << 20, 256 << 10, 8},
-		{"serial", DefaultStagingSize, DefaultStagingCount, 1 << 40, 256 << 10, 1},
-	}
-	for _, n := range []int{2 << 20, 4 << 20, 8 << 20, 16 << 20, 64 << 20, 256 << 20} {
+	for _, n := range []int{16 << 20, 64 << 20, 256 << 20} {
 		p := e.alloc(b, n)
-		src := pattern(n, 1)
-		b.Run(fmt.Sprintf("%dKiB/driver", n>>10), func(b *testing.B) {
+		host := pattern(n, 1)
+		b.Run(fmt.Sprintf("%dMiB/htod/driver", n>>20), func(b *testing.B) {
 			b.SetBytes(int64(n))
 			for b.Loop() {
-				if err := e.drv.MemcpyHtoD(e.dev.Context(), p, src); err != nil {
+				if err := e.drv.MemcpyHtoD(e.dev.Context(), p, host); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("%dMiB/dtoh/driver", n>>20), func(b *testing.B) {
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				if err := e.drv.MemcpyDtoH(e.dev.Context(), host, p); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
 		for _, st := range settings {
-			parallelMin, copyPiece, maxCopyWorkers = st.parMin, st.piece, st.workers
-			m := New(e.dev, Options{StagingSize: st.stage, StagingCount: st.count})
+			m := New(e.dev, Options{Staging: st.t})
 			s, err := m.Create(true, 0)
 			require.NoError(b, err)
-			b.Run(fmt.Sprintf("%dKiB/%s", n>>10, st.name), func(b *testing.B) {
-				b.SetBytes(int64(n))
-				for b.Loop() {
-					if err := m.CopyHtoD(p, src, s); err != nil {
-						b.Fatal(err)
+			for _, dir := range []string{"htod", "dtoh"} {
+				b.Run(fmt.Sprintf("%dMiB/%s/%s", n>>20, dir, st.name), func(b *testing.B) {
+					b.SetBytes(int64(n))
+					for b.Loop() {
+						var err error
+						if dir == "htod" {
+							err = m.CopyHtoD(p, host, s)
+						} else {
+							err = m.CopyDtoH(host, p, s)
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+						if err := s.Synchronize(); err != nil {
+							b.Fatal(err)
+						}
 					}
-					if err := s.Synchronize(); err != nil {
-						b.Fatal(err)
-					}
+				})
+			}
+			require.NoError(b, s.Destroy())
+			require.NoError(b, m.Close())
+		}
+	}
+}
+
+// baselineHtoD and baselineDtoH stage a copy one chunk at a time, as a comparison for the pipeline in
+// BenchmarkGPUPipelineAB: each chunk's host copy is spread over goroutines started for it and waited for
+// (its slowest piece paid per chunk), then the caller makes the chunk's driver calls while the goroutines
+// are idle; device to host keeps one DMA ahead of the copy-out.
+func baselineHtoD(m *Manager, dst cuda.DevicePtr, src []byte, s *Stream, piece, workers int) error {
+	for off := 0; off < len(src); {
+		buf, err := m.staging.get()
+		if err != nil {
+			return err
+		}
+		n := min(len(buf), len(src)-off)
+		baselineHostCopy(buf[:n], src[off:off+n], piece, workers)
+		if err := m.drv.MemcpyHtoDAsync(m.ctx, dst+cuda.DevicePtr(off), buf[:n], s.h); err != nil {
+			m.staging.recycle(buf, 0)
+			return err
+		}
+		if err := m.staging.put(buf, s); err != nil {
+			return err
+		}
+		off += n
+	}
+	return nil
+}
+
+func baselineDtoH(m *Manager, dst []byte, src cuda.DevicePtr, s *Stream, piece, workers int) error {
+	type chunk struct {
+		buf    []byte
+		ev     cuda.Event
+		off, n int
+	}
+	land := func(c chunk) error {
+		if err := m.drv.EventSynchronize(m.ctx, c.ev); err != nil {
+			return err
+		}
+		baselineHostCopy(dst[c.off:c.off+c.n], c.buf[:c.n], piece, workers)
+		m.staging.recycle(nil, c.ev)
+		return nil
+	}
+	var prev *chunk
+	for off := 0; off < len(dst); {
+		buf, err := m.staging.poll()
+		if err == nil && buf == nil {
+			if prev != nil { // land the previous chunk and reuse its buffer
+				if err := land(*prev); err != nil {
+					return err
 				}
-			})
+				buf, prev = prev.buf, nil
+			} else {
+				buf, err = m.staging.get()
+			}
+		}
+		if err != nil {
+			return err
+		}
+		n := min(len(buf), len(dst)-off)
+		if err := m.drv.MemcpyDtoHAsync(m.ctx, buf[:n], src+cuda.DevicePtr(off), s.h); err != nil {
+			return err
+		}
+		ev, err := m.staging.record(s)
+		if err != nil {
+			return err
+		}
+		if prev != nil {
+			if err := land(*prev); err != nil {
+				return err
+			}
+			m.staging.recycle(prev.buf, 0)
+		}
+		prev = &chunk{buf, ev, off, n}
+		off += n
+	}
+	if err := land(*prev); err != nil {
+		return err
+	}
+	m.staging.recycle(prev.buf, 0)
+	return nil
+}
+
+// baselineHostCopy copies src into dst over up to workers goroutines started for it, the caller one of
+// them, in pieces claimed dynamically, and returns when all are copied.
+func baselineHostCopy(dst, src []byte, piece, workers int) {
+	pieces := (len(src) + piece - 1) / piece
+	workers = min(workers, pieces, runtime.GOMAXPROCS(0))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	work := func() {
+		defer wg.Done()
+		for {
+			i := int(next.Add(1) - 1)
+			if i >= pieces {
+				return
+			}
+			lo := i * piece
+			hi := min(lo+piece, len(src))
+			copy(dst[lo:hi], src[lo:hi])
+		}
+	}
+	wg.Add(workers)
+	for range workers - 1 {
+		go work()
+	}
+	work()
+	wg.Wait()
+}
+
+// BenchmarkGPUPipelineAB compares, in one process, the pipeline against staging one chunk at a time
+// (baselineHtoD, baselineDtoH) with the same pool, both ways, copy plus synchronize: "chunked" with 8
+// MiB × 4 buffers, 8 goroutines and 256 KiB pieces, and with 1 MiB pieces (which separates the pieces'
+// store type from the pipelining), against the pipeline's defaults and the driver's own pageable copy.
+func BenchmarkGPUPipelineAB(b *testing.B) {
+	e := openGPU(b)
+	chunked := StagingTuning{Chunk: 8 << 20, Buffers: 4, Workers: 8}
+	ways := []struct {
+		name string
+		t    StagingTuning
+		htod func(m *Manager, dst cuda.DevicePtr, src []byte, s *Stream) error
+		dtoh func(m *Manager, dst []byte, src cuda.DevicePtr, s *Stream) error
+	}{
+		{"pipeline", StagingTuning{}, nil, nil},
+		{"chunked-256k", chunked,
+			func(m *Manager, d cuda.DevicePtr, h []byte, s *Stream) error {
+				return baselineHtoD(m, d, h, s, 256<<10, 8)
+			},
+			func(m *Manager, h []byte, d cuda.DevicePtr, s *Stream) error {
+				return baselineDtoH(m, h, d, s, 256<<10, 8)
+			}},
+		{"chunked-1m", chunked,
+			func(m *Manager, d cuda.DevicePtr, h []byte, s *Stream) error {
+				return baselineHtoD(m, d, h, s, 1<<20, 8)
+			},
+			func(m *Manager, h []byte, d cuda.DevicePtr, s *Stream) error {
+				return baselineDtoH(m, h, d, s, 1<<20, 8)
+			}},
+	}
+	for _, n := range []int{16 << 20, 64 << 20, 256 << 20} {
+		p := e.alloc(b, n)
+		host := pattern(n, 1)
+		for _, w := range ways {
+			m := New(e.dev, Options{Staging: w.t})
+			s, err := m.Create(true, 0)
+			require.NoError(b, err)
+			for _, dir := range []string{"htod", "dtoh"} {
+				b.Run(fmt.Sprintf("%dMiB/%s/%s", n>>20, dir, w.name), func(b *testing.B) {
+					b.SetBytes(int64(n))
+					for b.Loop() {
+						var err error
+						switch {
+						case dir == "htod" && w.htod != nil:
+							err = w.htod(m, p, host, s)
+						case dir == "htod":
+							err = m.CopyHtoD(p, host, s)
+						case w.dtoh != nil:
+							err = w.dtoh(m, host, p, s)
+						default:
+							err = m.CopyDtoH(host, p, s)
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+						if err := s.Synchronize(); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
 			require.NoError(b, s.Destroy())
 			require.NoError(b, m.Close())
 		}

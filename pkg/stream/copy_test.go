@@ -21,9 +21,25 @@ import (
 // newStagingEnv is newEnv with a staging pool of count buffers of size bytes each.
 func newStagingEnv(t *testing.T, size, count int) *env {
 	t.Helper()
+	return newTunedEnv(t, StagingTuning{Chunk: size, Buffers: count})
+}
+
+// newTunedEnv is newEnv with the staging tuning st.
+func newTunedEnv(t *testing.T, st StagingTuning) *env {
+	t.Helper()
 	e := newEnv(t)
-	e.m.staging = newStaging(e.m, size, count)
+	e.m.staging = newStaging(e.m, st)
 	return e
+}
+
+// withProcs runs the test with GOMAXPROCS at least n, so that copy crews of up to n workers run on a
+// host of fewer cores too.
+func withProcs(t *testing.T, n int) {
+	t.Helper()
+	if old := runtime.GOMAXPROCS(0); old < n {
+		runtime.GOMAXPROCS(n)
+		t.Cleanup(func() { runtime.GOMAXPROCS(old) })
+	}
 }
 
 // poolState reaps what has completed and returns the pool's buffers: allocated, free, busy.
@@ -35,26 +51,29 @@ func poolState(m *Manager) (all, free, busy int) {
 	return len(p.all), len(p.free), len(p.busy)
 }
 
-// TestPageableCopyChunks copies pageable memory both ways at sizes around the chunk (staging buffer)
-// boundaries, with small chunks (one memcpy each) and with chunks large enough to be spread over
-// goroutines, more chunks than the pool holds included. The source is overwritten as soon as the
-// host-to-device call returns (the caller may reuse it at once), and the device-to-host copy follows on
-// the same stream without a synchronize in between (stream order).
+// TestPageableCopyChunks copies pageable memory both ways at sizes around the chunk (staging buffer) and
+// piece boundaries: chunks of one piece copied by the caller (one worker) or by a crew, chunks of
+// several pieces shared by a crew, more chunks than the pool holds included. The source is overwritten
+// as soon as the host-to-device call returns (the caller may reuse it at once), and the device-to-host
+// copy follows on the same stream without a synchronize in between (stream order).
 func TestPageableCopyChunks(t *testing.T) {
+	withProcs(t, 8)
 	type tc struct {
-		chunk, count int
-		sizes        []int
+		tuning StagingTuning
+		sizes  []int
 	}
-	const small = 4096
-	big := 2 * parallelMin
+	const small, big, piece = 4096, 64 << 10, 4096
 	cases := []tc{
-		{small, 2, []int{0, 1, small - 1, small, small + 1, 2 * small, 5*small + 17}},
-		{big, 3, []int{parallelMin - 1, parallelMin, parallelMin + 1, big - 1, big, big + 1, 4*big + 12345}},
+		{StagingTuning{Chunk: small, Buffers: 2, Workers: 1}, []int{0, 1, small - 1, small, small + 1, 2 * small, 5*small + 17}},
+		{StagingTuning{Chunk: small, Buffers: 2, Workers: 4}, []int{small + 1, 2 * small, 5*small + 17}},
+		{StagingTuning{Chunk: big, Buffers: 3, Workers: 8, Piece: piece}, []int{piece - 1, piece, piece + 1, big - 1, big, big + 1, 4*big + 12345}},
+		{StagingTuning{Chunk: big, Buffers: 1, Workers: 3, Piece: 3 * piece}, []int{big + 1, 3*big + 5}},
+		{StagingTuning{Chunk: big, Buffers: 3, Workers: 1, Piece: piece}, []int{big + 1, 4*big + 12345}},
 	}
 	for _, c := range cases {
 		for _, n := range c.sizes {
-			t.Run(fmt.Sprintf("chunk=%d/n=%d", c.chunk, n), func(t *testing.T) {
-				e := newStagingEnv(t, c.chunk, c.count)
+			t.Run(fmt.Sprintf("%+v/n=%d", c.tuning, n), func(t *testing.T) {
+				e := newTunedEnv(t, c.tuning)
 				s := e.stream(t, true)
 				p := e.alloc(t, max(n, 1))
 				src := pattern(n, byte(n))
@@ -68,7 +87,7 @@ func TestPageableCopyChunks(t *testing.T) {
 				assert.True(t, bytes.Equal(want, got), "bytes differ")
 				require.NoError(t, s.Synchronize())
 				all, free, busy := poolState(e.m)
-				assert.LessOrEqual(t, all, c.count)
+				assert.LessOrEqual(t, all, c.tuning.Buffers)
 				assert.Zero(t, busy)
 				assert.Equal(t, all, free, "every staging buffer is back")
 			})
@@ -239,7 +258,7 @@ func TestCloseWhileAStagingBufferIsAllocated(t *testing.T) {
 	drv := &hostAllocHook{Driver: cudasim.New()}
 	d, err := device.Open(drv, 0, "")
 	require.NoError(t, err)
-	m := New(d, Options{StagingSize: 4096, StagingCount: 2, PageableDirectMax: -1})
+	m := New(d, Options{Staging: StagingTuning{Chunk: 4096, Buffers: 2}, PageableDirectMax: -1})
 	defer func() { assert.NoError(t, m.Close()) }()
 	s, err := m.Create(true, 0)
 	require.NoError(t, err)
@@ -299,7 +318,7 @@ func TestSyncStagedCopyWaitsBeforeReading(t *testing.T) {
 	drv := &orderLog{Driver: cudasim.New()}
 	d, err := device.Open(drv, 0, "")
 	require.NoError(t, err)
-	m := New(d, Options{StagingSize: 4096, StagingCount: 2, PageableDirectMax: 4096})
+	m := New(d, Options{Staging: StagingTuning{Chunk: 4096, Buffers: 2}, PageableDirectMax: 4096})
 	defer func() { assert.NoError(t, m.Close()) }()
 	p, err := drv.MemAlloc(d.Context(), 3*4096)
 	require.NoError(t, err)
@@ -342,7 +361,7 @@ func stagedCopies(t *testing.T, drv cuda.Driver, isPinned func(uintptr, int) boo
 	t.Helper()
 	d, err := device.Open(drv, 0, "")
 	require.NoError(t, err)
-	m := New(d, Options{StagingSize: 4096, StagingCount: 1, PageableDirectMax: -1, IsPinned: isPinned})
+	m := New(d, Options{Staging: StagingTuning{Chunk: 4096, Buffers: 1}, PageableDirectMax: -1, IsPinned: isPinned})
 	t.Cleanup(func() { assert.NoError(t, m.Close()) })
 	s, err := m.Create(true, 0)
 	require.NoError(t, err)
@@ -423,35 +442,45 @@ func TestStagingReused(t *testing.T) {
 	assert.Zero(t, busy)
 }
 
-// TestPageableCopyFault injects a driver failure in the middle of a multi-chunk pageable copy: the call
-// returns the typed error, every staging buffer comes back (none busy forever), the stream and pool work
-// afterwards, and Close frees every pinned buffer and event the pool made.
+// TestPageableCopyFault injects a driver failure in the middle of a multi-chunk pageable copy, with the
+// caller copying each chunk and with a crew of workers filling or emptying later chunks meanwhile: the
+// call returns the typed error, every staging buffer comes back (none busy forever), the stream and pool
+// work afterwards, and Close frees every pinned buffer and event the pool made.
 func TestPageableCopyFault(t *testing.T) {
-	const chunk, count = 4096, 2
+	withProcs(t, 4)
+	one := StagingTuning{Chunk: 4096, Buffers: 2, Workers: 1}
+	crew := StagingTuning{Chunk: 16 << 10, Buffers: 3, Workers: 4, Piece: 4096}
 	cases := []struct {
-		name  string
-		dtoh  bool
-		entry string
-		nth   int
-		code  cuda.Result
-		chunk int
+		name   string
+		dtoh   bool
+		entry  string
+		nth    int
+		code   cuda.Result
+		tuning StagingTuning
 	}{
-		{"HtoD DMA", false, "cuMemcpyHtoDAsync_v2", 3, cuda.ErrorInvalidValue, chunk},
-		{"HtoD record", false, "cuEventRecord", 2, cuda.ErrorInvalidValue, chunk},
-		{"HtoD first record", false, "cuEventRecord", 1, cuda.ErrorInvalidValue, chunk},
-		{"HtoD second parallel chunk's DMA", false, "cuMemcpyHtoDAsync_v2", 2, cuda.ErrorInvalidValue, 2 * parallelMin},
-		{"HtoD event create", false, "cuEventCreate", 1, cuda.ErrorOutOfMemory, chunk},
-		{"HtoD pinned alloc", false, "cuMemHostAlloc", 1, cuda.ErrorOutOfMemory, chunk},
-		{"DtoH DMA", true, "cuMemcpyDtoHAsync_v2", 3, cuda.ErrorInvalidValue, chunk},
-		{"DtoH record", true, "cuEventRecord", 2, cuda.ErrorInvalidValue, chunk},
-		{"DtoH wait", true, "cuEventSynchronize", 2, cuda.ErrorInvalidValue, chunk},
-		{"DtoH pinned alloc", true, "cuMemHostAlloc", 2, cuda.ErrorOutOfMemory, chunk},
-		{"DtoH event create", true, "cuEventCreate", 2, cuda.ErrorOutOfMemory, chunk},
+		{"HtoD DMA", false, "cuMemcpyHtoDAsync_v2", 3, cuda.ErrorInvalidValue, one},
+		{"HtoD record", false, "cuEventRecord", 2, cuda.ErrorInvalidValue, one},
+		{"HtoD first record", false, "cuEventRecord", 1, cuda.ErrorInvalidValue, one},
+		{"HtoD event create", false, "cuEventCreate", 1, cuda.ErrorOutOfMemory, one},
+		{"HtoD pinned alloc", false, "cuMemHostAlloc", 1, cuda.ErrorOutOfMemory, one},
+		{"HtoD crew: second chunk's DMA", false, "cuMemcpyHtoDAsync_v2", 2, cuda.ErrorInvalidValue, crew},
+		{"HtoD crew: third record", false, "cuEventRecord", 3, cuda.ErrorInvalidValue, crew},
+		{"HtoD crew: second pinned alloc", false, "cuMemHostAlloc", 2, cuda.ErrorOutOfMemory, crew},
+		{"DtoH DMA", true, "cuMemcpyDtoHAsync_v2", 3, cuda.ErrorInvalidValue, one},
+		{"DtoH record", true, "cuEventRecord", 2, cuda.ErrorInvalidValue, one},
+		{"DtoH wait", true, "cuEventSynchronize", 2, cuda.ErrorInvalidValue, one},
+		{"DtoH pinned alloc", true, "cuMemHostAlloc", 2, cuda.ErrorOutOfMemory, one},
+		{"DtoH event create", true, "cuEventCreate", 2, cuda.ErrorOutOfMemory, one},
+		{"DtoH crew: fourth DMA", true, "cuMemcpyDtoHAsync_v2", 4, cuda.ErrorInvalidValue, crew},
+		{"DtoH crew: second wait", true, "cuEventSynchronize", 2, cuda.ErrorInvalidValue, crew},
+		{"DtoH crew: third record", true, "cuEventRecord", 3, cuda.ErrorInvalidValue, crew},
+		{"DtoH crew: third pinned alloc", true, "cuMemHostAlloc", 3, cuda.ErrorOutOfMemory, crew},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			e := newStagingEnv(t, c.chunk, count)
-			n := 5*c.chunk + 3
+			e := newTunedEnv(t, c.tuning)
+			count := c.tuning.Buffers
+			n := 5*c.tuning.Chunk + 3
 			s := e.stream(t, true)
 			p := e.alloc(t, n)
 			buf := pattern(n, 1)
@@ -534,28 +563,6 @@ func TestPageableCopyConcurrent(t *testing.T) {
 	assert.Zero(t, busy)
 }
 
-// TestHostCopy checks the parallel memcpy at sizes that do and do not divide into pieces, with more
-// goroutines than pieces, and through hostCopy's own threshold.
-func TestHostCopy(t *testing.T) {
-	cases := []struct{ n, piece, workers int }{
-		{0, 16, 4}, {1, 16, 4}, {15, 16, 4}, {16, 16, 4}, {17, 16, 4}, {1000, 7, 8}, {4096, 100, 3},
-		{64, 16, 64}, {1 << 16, 1 << 10, 1}, {parallelMin - 1, copyPiece, maxCopyWorkers},
-		{parallelMin, copyPiece, maxCopyWorkers}, {3*parallelMin + 5, copyPiece, maxCopyWorkers},
-	}
-	for _, c := range cases {
-		t.Run(fmt.Sprintf("n=%d/piece=%d/workers=%d", c.n, c.piece, c.workers), func(t *testing.T) {
-			src := pattern(c.n, 5)
-			dst := make([]byte, c.n+8) // bytes past the end stay untouched
-			hostCopyWith(dst[:c.n], src, c.piece, c.workers)
-			assert.True(t, bytes.Equal(src, dst[:c.n]))
-			assert.Equal(t, make([]byte, 8), dst[c.n:])
-			clear(dst)
-			hostCopy(dst[:c.n], src)
-			assert.True(t, bytes.Equal(src, dst[:c.n]))
-		})
-	}
-}
-
 // BenchmarkCopyHtoDPageable runs pageable asynchronous host-to-device copies on the simulator with the
 // default staging pool, synchronizing after each: a sanity check of the path's overhead, not of the
 // hardware (the simulator's DMA is a memcpy).
@@ -580,23 +587,6 @@ func BenchmarkCopyHtoDPageable(b *testing.B) {
 				}
 			}
 		})
-	}
-}
-
-// BenchmarkHostCopy compares piece sizes and goroutine counts of the parallel memcpy on this host.
-func BenchmarkHostCopy(b *testing.B) {
-	for _, n := range []int{4 << 20, 16 << 20} {
-		src, dst := pattern(n, 1), make([]byte, n)
-		for _, piece := range []int{256 << 10, 1 << 20} {
-			for _, w := range []int{1, 2, 4, 8, 12, 16} {
-				b.Run(fmt.Sprintf("%dMiB/piece=%dKiB/workers=%d", n>>20, piece>>10, w), func(b *testing.B) {
-					b.SetBytes(int64(n))
-					for b.Loop() {
-						hostCopyWith(dst, src, piece, w)
-					}
-				})
-			}
-		}
 	}
 }
 

@@ -40,13 +40,11 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultStagingSize  = 8 << 20 // bytes per pinned staging buffer
-	DefaultStagingCount = 4       // staging buffers per device at most
 	// DefaultPageableDirectMax is the largest copy of pageable memory handed to the driver's own copy
 	// instead of the staging pool: asynchronous host-to-device copies, and synchronous ones both ways.
 	// Below about 2 MiB the driver's copy, which pipelines its staging with the DMA, is as fast or faster;
-	// from 2 MiB, staging wins, its host copy spread over threads (hostCopy) and its chunks pipelined
-	// (docs/contributing/driver-facts.md, "Pageable copies"). Asynchronous device-to-host copies of pageable memory are
+	// from 2 MiB, staging wins, its host copy spread over threads and its chunks pipelined (staged.go;
+	// docs/contributing/driver-facts.md, "Pageable copies"). Asynchronous device-to-host copies of pageable memory are
 	// always staged.
 	DefaultPageableDirectMax = 1 << 20
 )
@@ -61,9 +59,9 @@ type Options struct {
 	// IsPinned reports whether [p, p+n) lies in page-locked host memory (a PinnedBuffer). nil: only the
 	// staging buffers count as pinned.
 	IsPinned func(p uintptr, n int) bool
-	// StagingSize and StagingCount bound the pinned staging pool of pageable copies.
-	StagingSize  int
-	StagingCount int
+	// Staging is how pageable copies are staged: the pinned staging pool's buffers, and the goroutines
+	// that copy host memory (zero fields: the defaults; Manager.SetStagingTuning changes it later).
+	Staging StagingTuning
 	// PageableDirectMax is the largest copy of pageable memory that goes to the driver's own copy rather
 	// than through the staging pool: asynchronous host-to-device copies (the driver stages them and returns
 	// once it has read the caller's memory) and synchronous copies both ways. 0 means
@@ -99,19 +97,13 @@ func New(d *device.Device, opts Options) *Manager {
 	if opts.Registry == nil {
 		opts.Registry = NewRegistry()
 	}
-	if opts.StagingSize <= 0 {
-		opts.StagingSize = DefaultStagingSize
-	}
-	if opts.StagingCount <= 0 {
-		opts.StagingCount = DefaultStagingCount
-	}
 	if opts.PageableDirectMax == 0 {
 		opts.PageableDirectMax = DefaultPageableDirectMax
 	}
 	m := &Manager{dev: d, drv: d.Driver(), ctx: d.Context(), reg: opts.Registry, opts: opts}
 	m.legacy = &Stream{m: m, h: cuda.StreamLegacy, legacy: true}
 	m.perTh = &Stream{m: m, h: cuda.StreamPerThread, perThread: true}
-	m.staging = newStaging(m, opts.StagingSize, opts.StagingCount)
+	m.staging = newStaging(m, opts.Staging)
 	return m
 }
 

@@ -50,8 +50,7 @@ func newEnvOn(t *testing.T, sim *cudasim.Driver, drv cuda.Driver) *env {
 	require.NoError(t, err)
 	e.m = New(d, Options{
 		Memory:            func() *memory.Stack { return e.stack },
-		StagingSize:       4096,
-		StagingCount:      2,
+		Staging:           StagingTuning{Chunk: 4096, Buffers: 2},
 		PageableDirectMax: -1,
 		IsPinned: func(p uintptr, n int) bool {
 			e.mu.Lock()
@@ -99,10 +98,12 @@ func (e *env) stream(t *testing.T, nonBlocking bool) *Stream {
 	return s
 }
 
+// pattern returns n bytes that differ with seed and from one 256-byte block to the next (so that a chunk
+// of a staged copy landing at the wrong offset, or another chunk's bytes, shows).
 func pattern(n int, seed byte) []byte {
 	b := make([]byte, n)
 	for i := range b {
-		b[i] = byte(i*7) ^ seed
+		b[i] = byte(i*7) ^ byte((i>>8)*131) ^ byte((i>>16)*73) ^ seed
 	}
 	return b
 }

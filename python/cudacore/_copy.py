@@ -16,6 +16,7 @@ stream:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -439,3 +440,45 @@ def host_memory(obj: Any, ordinal: int, stream: object, op: str) -> tuple[Any, i
     except BaseException:
         release()
         raise
+
+
+#: The fields of a staging tuning (:func:`staging_tuning`).
+STAGING_FIELDS = ("chunk", "buffers", "workers", "piece")
+
+
+def staging_tuning(device: int = 0, **fields: int) -> dict[str, int]:
+    """How ``device`` stages pageable copies, changed first when fields are given: an internal hook for
+    benchmarks that compare settings in one process (``scripts/gpu/pageable_probe.py``), not an API.
+
+    Parameters
+    ----------
+    device
+        The device ordinal.
+    **fields
+        ``chunk`` (bytes per pinned staging buffer, the unit of one DMA), ``buffers`` (staging buffers per
+        device at most), ``workers`` (goroutines copying host memory for one copy; 1: the calling thread)
+        and ``piece`` (bytes a worker copies at a time). A field left out, or 0, is its default. Changing
+        the tuning frees the staging buffers; the next copy allocates them at the new size.
+
+    Returns
+    -------
+    dict
+        The tuning in force afterwards, every field filled in.
+
+    Raises
+    ------
+    InvalidValueError
+        For an unknown field, a value that is not an int, or one out of bounds.
+    CUDAError
+        With ``CUDA_ERROR_NOT_READY`` while a staged copy runs on ``device``; a ``CaptureError`` while a
+        capture is in progress.
+    """
+    op = "cudacore.staging_tuning"
+    if unknown := sorted(set(fields) - set(STAGING_FIELDS)):
+        raise _invalid(f"{op}: unknown field(s) {unknown}; the fields are {list(STAGING_FIELDS)}", op)
+    for name, value in fields.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _invalid(f"{op}: {name} must be an int, not {type(value).__name__}", op)
+    spec = json.dumps({name: fields.get(name, 0) for name in STAGING_FIELDS}) if fields else ""
+    tuning: dict[str, int] = json.loads(core.StagingTuning(int(device), spec))
+    return tuning

@@ -495,8 +495,8 @@ class Device(_CDevice):
         """The allocator's counters: ``in_use``, ``peak_in_use``, ``cached``, ``reserved``,
         ``allocations``, ``frees``, ``ooms``, ``failures``, ``recycled`` (of the allocations, those served
         with a block closed just before, without entering the allocator: docs/guide/memory.md), ``limit``,
-        ``pinned_in_use``, ``pinned_staging`` (the pinned staging buffers of pageable copies, at most four
-        of 8 MiB: docs/guide/memory.md), ``orphaned`` (freed blocks of other libraries' streams that were destroyed
+        ``pinned_in_use``, ``pinned_staging`` (the pinned staging buffers of pageable copies, at most eight
+        of 4 MiB: docs/guide/memory.md), ``orphaned`` (freed blocks of other libraries' streams that were destroyed
         meanwhile, waiting for a device synchronize: docs/guide/memory.md), ``strategy``, ``graph_destroy_failures`` and ``graph_destroys_pending``
         (graph destroys the driver refused, and graphs kept to destroy again: docs/guide/capture.md), ..."""
         return _memory.memory_stats(self)
