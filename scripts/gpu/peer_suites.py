@@ -407,9 +407,24 @@ def main() -> int:
                 tar.add(out, arcname=out.name, filter=lambda m: None if m.name.split("/")[1:2] in (["site"], ["site-numba"], ["plugin"]) else m)
 
 
+def versions() -> str:
+    """The versions the runs used, for the record: the peers and cudacore as installed, and Python."""
+    import importlib.metadata as md
+    import platform
+
+    found = []
+    for dist in ("cudacore", "torch", "cupy-cuda13x", "cupy-cuda12x", "cupy", "numba-cuda", "numba", "numpy", "cuda-python"):
+        try:
+            found.append(f"{dist} {md.version(dist)}")
+        except md.PackageNotFoundError:
+            continue
+    return ", ".join([*found, f"Python {platform.python_version()}"])
+
+
 def run(args: argparse.Namespace, out: Path) -> int:
     """The runs, their differences and the table."""
     allocators = args.allocator or ["own", "cudacore"]
+    print(f"versions: {versions()}", flush=True)
     status = 0
     rows = []
     for suite in args.suite or sorted(SELECTED):
