@@ -68,7 +68,7 @@ func NewPool(d *device.Device, opts ...PoolOption) (*Pool, error) {
 	p := &Pool{d: d, drv: d.Driver(), ctx: d.Context(), own: cfg.own, quiet: cfg.quiet}
 	var err error
 	if cfg.own {
-		p.pool, err = p.drv.MemPoolCreate(p.ctx, d.Handle())
+		p.pool, err = p.drv.MemPoolCreate(p.ctx, cuda.PoolProps{Device: d.Handle()})
 	} else {
 		p.pool, err = p.drv.DeviceDefaultMemPool(d.Handle())
 	}
