@@ -13,6 +13,7 @@ import (
 type StackOptions struct {
 	Strategy    device.Strategy             // "" takes the device's (d.Strategy())
 	OwnPool     bool                        // pool strategy: a pool of its own rather than the device's default pool
+	Pool        cuda.MemPool                // pool strategy: allocate from this pool of another owner (AdoptPool)
 	NoCache     bool                        // pool strategy: leave out the size-class Cache
 	Cache       CacheOptions                // its bounds
 	Limit       uint64                      // byte limit, 0 for none; SetLimit changes it later
@@ -73,6 +74,9 @@ func NewStack(d *device.Device, opts StackOptions) (*Stack, error) {
 		var popts []PoolOption
 		if opts.OwnPool {
 			popts = append(popts, OwnPool())
+		}
+		if opts.Pool != 0 {
+			popts = append(popts, AdoptPool(opts.Pool))
 		}
 		if opts.Quiet != nil {
 			popts = append(popts, WithQuiet(opts.Quiet))

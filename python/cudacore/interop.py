@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from . import _external, _tables
+from . import _accounts, _external, _tables
 from ._api import core
 from ._device import Device
 from ._errors import error, typed_error
@@ -290,9 +290,19 @@ def _numba_manager_class() -> type:
             return _device(int(self.context.device.id))
 
         def memalloc(self, size: int) -> Any:
-            buf = self._cudacore_device().allocate(size)
-            # The finalizer (a bound method) holds the Buffer: Numba calls it when the memory is released.
-            return cuda.MemoryPointer(self.context, device_pointer(buf.ptr), size, owner=None, finalizer=buf.close)
+            dev = self._cudacore_device()
+            buf = dev.allocate(size)
+            ordinal = dev.device_id
+            # Numba's bytes are a part of cudacore's allocator's: the split by library of memory_stats()
+            # moves them into a row of their own (cudacore._accounts).
+            _accounts.count_inside(ordinal, "numba", size)
+
+            def release() -> None:
+                # The finalizer holds the Buffer: Numba calls it when the memory is released.
+                buf.close()
+                _accounts.count_inside(ordinal, "numba", -size)
+
+            return cuda.MemoryPointer(self.context, device_pointer(buf.ptr), size, owner=None, finalizer=release)
 
         def get_memory_info(self) -> Any:
             free, total = self._cudacore_device().memory_info()
