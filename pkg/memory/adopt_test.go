@@ -61,3 +61,30 @@ func TestStackOnAdoptedPool(t *testing.T) {
 		})
 	}
 }
+
+// An allocation that would take an adopted pool beyond its maximum size gets that verdict, whoever holds
+// the pool's reserve.
+func TestVerdictPoolMaxSize(t *testing.T) {
+	drv, d := openSim(t)
+	ctx := d.Context()
+	const max = 64 * MiB
+	shared, err := drv.MemPoolCreate(ctx, cuda.PoolProps{Device: d.Handle(), MaxSize: max})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, drv.MemPoolDestroy(ctx, shared)) }()
+	s := newStack(t, d, StackOptions{Pool: shared, PoolMaxSize: max})
+	other, err := drv.MemAllocFromPoolAsync(ctx, 40*MiB, shared, cuda.StreamLegacy) // another library's block
+	require.NoError(t, err)
+	_, err = s.Allocate(30*MiB, cuda.StreamLegacy)
+	e := asCUDA(t, err)
+	assert.Equal(t, cuda.ErrorOutOfMemory, e.Result)
+	cause, _ := e.Field("cause")
+	assert.Equal(t, CausePoolMaxSize, cause)
+	assert.Contains(t, e.Msg, "the pool reached its maximum size")
+	assert.Contains(t, e.Msg, "40.0 MiB of its maximum size of 64.0 MiB")
+	got, _ := e.Field("max_size")
+	assert.Equal(t, u64(max), got)
+	require.NoError(t, drv.MemFreeAsync(ctx, other, cuda.StreamLegacy))
+	p, err := s.Allocate(30*MiB, cuda.StreamLegacy)
+	require.NoError(t, err, "room again once the other library freed its block")
+	require.NoError(t, s.Deallocate(p, 30*MiB, cuda.StreamLegacy))
+}

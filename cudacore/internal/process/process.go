@@ -262,7 +262,7 @@ func (d *Device) setStrategy(requested string, opts memory.StackOptions) error {
 				"%s shares memory pool %#x with the other libraries of the process, and the %q strategy allocates outside it: undo the shared pool first",
 				d, uint64(sp.Handle), s))
 		}
-		opts.Pool = sp.Handle
+		opts.Pool, opts.PoolMaxSize = sp.Handle, sp.MaxSize
 	}
 	if err := d.Device.SetStrategy(requested); err != nil {
 		return err

@@ -174,14 +174,14 @@ func (d *Device) shareProcessPool(opts ShareOptions) (SharedPool, error) {
 	if !opts.UseDefault {
 		// The default pool holds the allocator already; a later rebuild adopts it (setStrategy), so that
 		// the new stack does not set its own release threshold over the one asked here.
-		if err := d.replaceStackLocked(d.stackOptionsNow(sp.Handle)); err != nil {
+		if err := d.replaceStackLocked(d.stackOptionsNow(sp.Handle, sp.MaxSize)); err != nil {
 			undoPool()
 			return SharedPool{}, err
 		}
 	}
 	if err := drv.DeviceSetMemPool(dev, sp.Handle); err != nil {
 		if !opts.UseDefault {
-			_ = d.replaceStackLocked(d.stackOptionsNow(0))
+			_ = d.replaceStackLocked(d.stackOptionsNow(0, 0))
 		}
 		undoPool()
 		return SharedPool{}, err
@@ -191,9 +191,9 @@ func (d *Device) shareProcessPool(opts ShareOptions) (SharedPool, error) {
 }
 
 // stackOptionsNow are the options of a new allocator for the device that keeps what the current one
-// does (live-allocation tracking) and allocates from pool (0: the default pool).
-func (d *Device) stackOptionsNow(pool cuda.MemPool) memory.StackOptions {
-	return memory.StackOptions{Strategy: d.Strategy(), Track: d.Memory().Tracking(), Pool: pool}
+// does (live-allocation tracking) and allocates from pool (0: the default pool) of maximum size maxSize.
+func (d *Device) stackOptionsNow(pool cuda.MemPool, maxSize uint64) memory.StackOptions {
+	return memory.StackOptions{Strategy: d.Strategy(), Track: d.Memory().Tracking(), Pool: pool, PoolMaxSize: maxSize}
 }
 
 func (sp *SharedPool) describe() string {
@@ -244,7 +244,7 @@ func (d *Device) unshareProcessPool() (cuda.MemPool, error) {
 		if err := d.checkReplaceLocked(op, "take the allocator out of the shared pool of"); err != nil {
 			return 0, err
 		}
-		if err := d.replaceStackLocked(d.stackOptionsNow(0)); err != nil {
+		if err := d.replaceStackLocked(d.stackOptionsNow(0, 0)); err != nil {
 			return 0, err
 		}
 	}
