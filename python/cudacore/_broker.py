@@ -368,6 +368,10 @@ class SharedPool:
             nothing changes.
         CaptureError
             While a stream captures; nothing changes.
+        CUDAError
+            When the driver refused a step after cudacore's allocator had left the pool (making the
+            previous pool current, destroying the pool): the pool is no longer shared, the object is
+            closed, and the error names the step.
         """
         with _lock:
             if self._closed:
@@ -381,14 +385,23 @@ class SharedPool:
             try:
                 core.PoolUnshare(ordinal)
             except CUDAError:
-                for name in undone:  # nothing changed at the driver: the libraries go back to the pool
-                    self._wired[name] = _wire(name, self)
+                if json.loads(core.PoolInfo(ordinal))["shared"] is not None:
+                    for name in undone:  # nothing changed: the libraries go back to the pool
+                        self._wired[name] = _wire(name, self)
+                    raise
+                # The pool is unshared, but a later step failed (the previous current pool or the
+                # pool's destruction): this object is done with, and the error says what failed.
+                self._forget()
                 raise
-            for name in self._tracked:
-                _accounts.report_outside(ordinal, name, None)
-            self._closed = True
-            if _active.get(ordinal) is self:
-                del _active[ordinal]
+            self._forget()
+
+    def _forget(self) -> None:
+        ordinal = self.device.device_id
+        for name in self._tracked:
+            _accounts.report_outside(ordinal, name, None)
+        self._closed = True
+        if _active.get(ordinal) is self:
+            del _active[ordinal]
 
     close = undo
 

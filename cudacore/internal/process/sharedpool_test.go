@@ -153,3 +153,28 @@ func TestShareProcessPoolRefusals(t *testing.T) {
 		assert.Contains(t, err.Error(), "cupy_allocator")
 	})
 }
+
+// A driver refusal after the allocator left the pool (the pool's destruction here) is reported, and the
+// pool is unshared all the same: the next share starts afresh.
+func TestUnshareProcessPoolReportsALateRefusal(t *testing.T) {
+	d := simDevice(t)
+	sim, err := Sim()
+	require.NoError(t, err)
+	def, err := d.Driver().DeviceDefaultMemPool(d.Handle())
+	require.NoError(t, err)
+	_, err = d.ShareProcessPool(ShareOptions{ReleaseThreshold: math.MaxUint64})
+	require.NoError(t, err)
+	sim.InjectFault("cuMemPoolDestroy", 1, cuda.ErrorInvalidValue)
+	_, err = d.UnshareProcessPool()
+	assert.ErrorIs(t, err, cuda.ErrInvalidValue)
+	assert.Contains(t, err.Error(), "cuMemPoolDestroy")
+	_, ok := d.ProcessPool()
+	assert.False(t, ok, "unshared all the same")
+	assert.Equal(t, def, currentPool(t, d))
+	assert.Equal(t, def, d.Memory().Pool().Handle())
+	sp, err := d.ShareProcessPool(ShareOptions{ReleaseThreshold: math.MaxUint64})
+	require.NoError(t, err)
+	assert.Equal(t, sp.Handle, currentPool(t, d))
+	_, err = d.UnshareProcessPool()
+	require.NoError(t, err)
+}
