@@ -242,6 +242,8 @@ def test_the_pool_serves_every_library_and_the_account_splits_it(dev: cc.Device)
         handed.free_all()
         sp.undo()
     assert "standin" not in dev.memory_stats()["by_library"], "undo removes the tracked row"
+    with pytest.raises(cc.IllegalStateError, match="was undone"):
+        sp.track("late", handed.bytes_in_use)
 
 
 @pytest.mark.sim

@@ -337,6 +337,8 @@ class SharedPool:
 
         Raises
         ------
+        IllegalStateError
+            If the pool was undone.
         InvalidValueError
             If ``name`` is empty, one of the split's own rows (``"cudacore"``, ``"unattributed"``) or a
             library already reporting on this device.
@@ -347,6 +349,9 @@ class SharedPool:
             raise TypeError(f"name must be a str, not {type(name).__name__}")
         if not callable(bytes_in_use):
             raise TypeError(f"bytes_in_use must be callable, not {type(bytes_in_use).__name__}")
+        if self._closed:
+            raise error("CUDA_ERROR_ILLEGAL_STATE", "this SharedPool was undone: share a pool again to track a library in it",
+                        op="cudacore.SharedPool.track")
         ordinal = self.device.device_id
         if not name or name in _accounts.RESERVED_NAMES or name in _accounts.reporters(ordinal):
             raise error("CUDA_ERROR_INVALID_VALUE", f"{name!r} cannot name a row of device {ordinal}'s split: it is empty, "

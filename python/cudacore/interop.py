@@ -22,6 +22,12 @@ Allocators drawing from cudacore's pools, statistics and out-of-memory handling
   ``mr.allocate(n, stream=s)`` or ``device.memory_resource = mr``.
 
 Their memory shows in ``Device.memory_stats()`` and counts against ``Device.memory_limit``.
+
+One pool for every library, natively
+------------------------------------
+:func:`cudacore.share_pool` makes one memory pool the device's current pool and wires PyTorch, CuPy, RMM
+and Numba to it with no call into cudacore per allocation (docs/guide/one-pool.md says which route to take
+when).
 """
 
 from __future__ import annotations
