@@ -41,10 +41,17 @@ type statsJSON struct {
 	// until the captures ended, failed and is retried later (stream.Manager.DestroysKept).
 	GraphDestroyFailures uint64 `json:"graph_destroy_failures"`
 	GraphDestroysPending int    `json:"graph_destroys_pending"`
+	// The pool the allocator draws from, over every library that draws from it too (0 on the synchronous
+	// strategy), whether it is the device's shared pool (cudacore.share_pool), and the share of it this
+	// process's libraries account for: Go knows cudacore's allocator's ("cudacore"), Python adds the
+	// others and the rest ("unattributed", python/cudacore/_accounts.py).
+	PoolUsed   uint64            `json:"pool_used"`
+	PoolShared bool              `json:"pool_shared"`
+	ByLibrary  map[string]uint64 `json:"by_library"`
 }
 
-// MemoryStats returns the device allocator's counters as a JSON object (see statsJSON). Cached and
-// reserved are read from the pool, which costs two driver queries.
+// MemoryStats returns the device allocator's counters as a JSON object (see statsJSON). Cached, reserved
+// and the pool's use are read from the pool, which costs three driver queries.
 //
 //cudacore:gil hold
 func MemoryStats(ordinal int) (string, error) {
@@ -68,6 +75,14 @@ func MemoryStats(ordinal int) (string, error) {
 		out.GraphDestroyFailures, out.GraphDestroysPending = d.Streams().DestroyFailures(), d.Streams().DestroysKept()
 		out.PinnedStaging = d.Streams().StagingBytes()
 		out.Orphaned = d.Orphaned()
+		out.ByLibrary = map[string]uint64{}
+		if p := m.Pool(); p != nil {
+			if out.PoolUsed, err = p.Used(); err != nil {
+				return "", err
+			}
+			out.ByLibrary["cudacore"] = p.Held()
+		}
+		_, out.PoolShared = d.ProcessPool()
 		b, err := json.Marshal(out)
 		return string(b), err
 	})

@@ -124,6 +124,9 @@ class Workload:
             return
         step("properties", lambda: (d.name, d.total_memory, d.allocation_strategy, cc.device_count(), cc.driver_version()))
         step("memory_info", d.memory_info)
+        # The shared pool first (a pool of cudacore's own is made before cudacore allocates); closed last.
+        if keep(step("share_pool", lambda: cc.share_pool(d, release_threshold=1 << 30, libraries=[]))) is not None:
+            step("share_pool_again", lambda: cc.share_pool(d, libraries=[]))
         n = 64 << 10
         s = keep(step("create_stream", lambda: d.create_stream()))
         s2 = keep(step("create_blocking_stream", lambda: d.create_stream(non_blocking=False, priority=-1)))

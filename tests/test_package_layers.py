@@ -47,6 +47,7 @@ LAYERS: dict[str, int] = {
     "_limits": 2,  # Limits
     "_diagnostics": 2,  # the flight recorder, memory_summary, allocation logging, out-of-memory reports
     "_ipc": 2,  # SharedBuffer, ImportedBuffer, IpcHandle: memory shared between processes
+    "_accounts": 2,  # the split by library of a pool's use (memory_stats()["by_library"])
     # 3: the device, which composes the handles
     "_device": 3,
     "_capture_tools": 3,  # rehearse, graphed: capture diagnostics over Stream and Graph
@@ -58,6 +59,7 @@ LAYERS: dict[str, int] = {
     "testing": 4,
     "pytest_plugin": 4,
     "interop": 4,
+    "_broker": 4,  # share_pool: one pool for every library of the process, and their wiring
     "__main__": 4,
     # 5: the public face, re-exporting everything
     "__init__": 5,

@@ -320,6 +320,9 @@ def test_memory_stats_keys_and_types_are_the_typed_dicts() -> None:
         want = hints[key]
         if typing.get_origin(want) is typing.Literal:
             assert value in typing.get_args(want), (key, value)
+        elif typing.get_origin(want) is dict:
+            k_type, v_type = typing.get_args(want)
+            assert type(value) is dict and all(type(k) is k_type and type(v) is v_type for k, v in value.items()), (key, value)
         else:
             assert type(value) is want, (key, value, want)
 

@@ -1,5 +1,7 @@
 package cuda
 
+import "fmt"
+
 // Handles. Their values are the driver's own handles (pointers or ordinals) for the real driver and
 // opaque numbers for the simulator; only the Driver that made one may interpret it.
 type (
@@ -115,6 +117,30 @@ const (
 	PoolAttrUsedMemHigh        MemPoolAttribute = 8
 )
 
+// PoolProps are what cudacore sets of a CUmemPoolProps: a pool of pinned memory located on Device.
+type PoolProps struct {
+	Device Device
+	// HandleTypes is HandleNone, or HandlePosixFD for a pool whose memory other processes can import
+	// (MemPoolExportToShareableHandle).
+	HandleTypes HandleType
+	// MaxSize caps what the pool may reserve from the device, in bytes; 0 leaves the driver's default (no
+	// cap below the device's memory). The field exists from CUDA 12.2 (PoolMaxSizeVersion): an older
+	// driver is refused ErrorNotSupported before it is called.
+	MaxSize uint64
+}
+
+// PoolMaxSizeVersion is the first driver version (CUDA 12.2) whose CUmemPoolProps has maxSize; to older
+// drivers those bytes are reserved and must be zero.
+const PoolMaxSizeVersion = 12020
+
+// MaxSizeUnsupported is the error of a pool with a maximum size asked of a driver of version (as
+// Version returns it) older than PoolMaxSizeVersion, made before that driver is called.
+func MaxSizeUnsupported(op string, version int) *Error {
+	return NewError(op, ErrorNotSupported, fmt.Sprintf(
+		"a memory pool's maximum size needs a driver for CUDA 12.2 or newer; this one is CUDA %d.%d",
+		version/1000, version%1000/10))
+}
+
 // CaptureMode is a CUstreamCaptureMode.
 type CaptureMode int32
 
@@ -193,11 +219,19 @@ type Driver interface {
 	MemAllocAsync(Context, uint64, Stream) (DevicePtr, error)                  // cuMemAllocAsync
 	MemAllocFromPoolAsync(Context, uint64, MemPool, Stream) (DevicePtr, error) // cuMemAllocFromPoolAsync
 	MemFreeAsync(Context, DevicePtr, Stream) error                             // cuMemFreeAsync
-	MemPoolCreate(Context, Device) (MemPool, error)                            // cuMemPoolCreate (device-located, pinned)
+	MemPoolCreate(Context, PoolProps) (MemPool, error)                         // cuMemPoolCreate (device-located, pinned)
 	MemPoolDestroy(Context, MemPool) error                                     // cuMemPoolDestroy
 	MemPoolSetAttribute(Context, MemPool, MemPoolAttribute, uint64) error      // cuMemPoolSetAttribute
 	MemPoolGetAttribute(Context, MemPool, MemPoolAttribute) (uint64, error)    // cuMemPoolGetAttribute
 	MemPoolTrimTo(Context, MemPool, uint64) error                              // cuMemPoolTrimTo
+	// DeviceGetMemPool returns the device's current pool (cuDeviceGetMemPool): the one cuMemAllocAsync,
+	// and so the CUDA runtime's cudaMallocAsync, allocates from. It is the default pool until
+	// DeviceSetMemPool names another, and again once that pool is destroyed.
+	DeviceGetMemPool(Device) (MemPool, error)
+	// DeviceSetMemPool makes pool the device's current pool (cuDeviceSetMemPool), for every context and
+	// library of the process. The pool must be located on the device and not imported from another
+	// process: anything else is ErrorInvalidValue.
+	DeviceSetMemPool(Device, MemPool) error
 	// MemHostAlloc returns pinned host memory (cuMemHostAlloc); free it with MemFreeHost, never otherwise.
 	MemHostAlloc(Context, uint64, uint32) ([]byte, error)
 	MemFreeHost(Context, []byte) error // cuMemFreeHost

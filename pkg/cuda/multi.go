@@ -47,9 +47,6 @@ type MultiDriver interface {
 	MemPoolSetAccess(ctx Context, pool MemPool, dev Device, flags AccessFlags) error
 	// MemPoolGetAccess reads what dev may do with pool's memory (cuMemPoolGetAccess).
 	MemPoolGetAccess(ctx Context, pool MemPool, dev Device) (AccessFlags, error)
-	// MemPoolCreateShareable is MemPoolCreate for a pool whose memory can be exported as handles of type
-	// ht (cuMemPoolCreate with handleTypes set).
-	MemPoolCreateShareable(ctx Context, dev Device, ht HandleType) (MemPool, error)
 	// MemPoolExportToShareableHandle exports pool as a file descriptor the caller owns (close it when
 	// done) (cuMemPoolExportToShareableHandle; HandlePosixFD only).
 	MemPoolExportToShareableHandle(ctx Context, pool MemPool, ht HandleType) (int, error)

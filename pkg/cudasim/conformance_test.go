@@ -31,3 +31,9 @@ func TestConformanceThreeDevices(t *testing.T) {
 		))
 	})
 }
+
+// A CUDA 12.0 driver, whose pools have no maximum size: the suite's version-dependent parts take the
+// other branch.
+func TestConformanceCUDA120(t *testing.T) {
+	conformance.Run(t, func(t *testing.T) cuda.Driver { return cudasim.New(cudasim.WithDriverVersion(12000)) })
+}

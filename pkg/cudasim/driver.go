@@ -232,6 +232,7 @@ var entryPoints = map[string]bool{}
 func init() {
 	for _, n := range strings.Fields(`cuInit cuDriverGetVersion cuDeviceGetCount cuDeviceGet cuDeviceGetName
 	cuDeviceGetUuid_v2 cuDeviceGetPCIBusId cuDeviceGetAttribute cuDeviceTotalMem_v2 cuDeviceGetDefaultMemPool
+	cuDeviceGetMemPool cuDeviceSetMemPool
 	cuDevicePrimaryCtxRetain cuDevicePrimaryCtxRelease_v2 cuCtxSynchronize cuCtxSetLimit cuCtxGetLimit
 	cuMemGetInfo_v2 cuMemAlloc_v2 cuMemFree_v2 cuMemAllocManaged cuMemAllocAsync cuMemAllocFromPoolAsync
 	cuMemFreeAsync cuMemPoolCreate cuMemPoolDestroy cuMemPoolSetAttribute cuMemPoolGetAttribute cuMemPoolTrimTo
@@ -498,6 +499,45 @@ func (d *Driver) DeviceDefaultMemPool(dev cuda.Device) (cuda.MemPool, error) {
 		return 0, v.noPools(op)
 	}
 	return v.defaultPool.handle, nil
+}
+
+// DeviceGetMemPool implements cuDeviceGetMemPool: the pool cuMemAllocAsync allocates from.
+func (d *Driver) DeviceGetMemPool(dev cuda.Device) (cuda.MemPool, error) {
+	const op = "cuDeviceGetMemPool"
+	v, err := d.device(op, dev)
+	if err != nil {
+		return 0, err
+	}
+	if !v.cfg.MemoryPoolsSupported {
+		return 0, v.noPools(op)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.current.handle, nil
+}
+
+// DeviceSetMemPool implements cuDeviceSetMemPool: the pool must be a live pool located on the device and
+// not imported from another process (the driver refuses both with INVALID_VALUE).
+func (d *Driver) DeviceSetMemPool(dev cuda.Device, mp cuda.MemPool) error {
+	const op = "cuDeviceSetMemPool"
+	v, err := d.device(op, dev)
+	if err != nil {
+		return err
+	}
+	if !v.cfg.MemoryPoolsSupported {
+		return v.noPools(op)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	p := v.pools[mp]
+	if p == nil {
+		return errf(op, cuda.ErrorInvalidValue, "memory pool %#x is not a live pool located on device %d", uint64(mp), v.index)
+	}
+	if p.imported {
+		return errf(op, cuda.ErrorInvalidValue, "memory pool %#x was imported from another process: it cannot allocate, so it cannot be current", uint64(mp))
+	}
+	v.current = p
+	return nil
 }
 
 // Context handles are ctxBase + ordinal*ctxStride: small numbers that no host pointer can be.

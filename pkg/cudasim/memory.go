@@ -2,6 +2,7 @@ package cudasim
 
 import (
 	"cmp"
+	"fmt"
 	"math/bits"
 	"slices"
 	"sort"
@@ -76,6 +77,7 @@ func (a *alloc) bytes() []byte {
 type pool struct {
 	handle       cuda.MemPool
 	isDefault    bool
+	maxSize      uint64 // CUmemPoolProps.maxSize: the most the pool reserves (0: no cap)
 	threshold    uint64
 	reserved     uint64
 	used         uint64
@@ -102,6 +104,7 @@ type device struct {
 	live    []*alloc
 
 	defaultPool *pool
+	current     *pool // cuDeviceSetMemPool's pool, which cuMemAllocAsync allocates from
 	pools       map[cuda.MemPool]*pool
 	streams     map[cuda.Stream]*stream
 	dead        map[cuda.Stream]struct{} // destroyed streams whose handle no new stream has taken
@@ -149,6 +152,7 @@ func (v *device) resetLocked() {
 	v.pools = map[cuda.MemPool]*pool{}
 	v.defaultPool = &pool{handle: cuda.MemPool(v.handle(kindPoolHandle)), isDefault: true}
 	v.pools[v.defaultPool.handle] = v.defaultPool
+	v.current = v.defaultPool
 	v.streams = map[cuda.Stream]*stream{}
 	v.perThread = map[int]*stream{}
 	v.legacy = &stream{dev: v, handle: cuda.StreamLegacy, legacy: true}
@@ -411,7 +415,7 @@ func (d *Driver) MemAllocAsync(c cuda.Context, size uint64, s cuda.Stream) (cuda
 	if !v.cfg.MemoryPoolsSupported {
 		return 0, v.noPools(op)
 	}
-	return d.poolAlloc(op, v, v.defaultPool, size, s)
+	return d.poolAlloc(op, v, v.current, size, s)
 }
 
 func (d *Driver) MemAllocFromPoolAsync(c cuda.Context, size uint64, mp cuda.MemPool, s cuda.Stream) (cuda.DevicePtr, error) {
@@ -485,6 +489,19 @@ func (d *Driver) poolAlloc(op string, v *device, p *pool, size uint64, sh cuda.S
 			v.trimPool(p, 0)
 			if block > lim || p.reserved > lim-block {
 				return 0, v.oom(op, size)
+			}
+		}
+		if lim := p.maxSize; lim != 0 && (block > lim || p.reserved > lim-block) {
+			// A pool at its maximum size gives back its own unused blocks before it refuses, as it does
+			// before a device out of memory.
+			v.trimPool(p, 0)
+			if block > lim || p.reserved > lim-block {
+				return 0, cuda.NewError(op, cuda.ErrorOutOfMemory, fmt.Sprintf(
+					"memory pool %#x reserves %d of its maximum size of %d bytes: %d more do not fit",
+					uint64(p.handle), p.reserved, lim, block),
+					cuda.Field{Key: "requested", Value: strconv.FormatUint(size, 10)},
+					cuda.Field{Key: "free", Value: strconv.FormatUint(v.free(), 10)},
+					cuda.Field{Key: "total", Value: strconv.FormatUint(v.cfg.TotalMemory, 10)})
 			}
 		}
 		a, err = v.newAlloc(op, size, kindPool)
@@ -584,15 +601,17 @@ func (d *Driver) poolOf(op string, v *device, mp cuda.MemPool) (*pool, error) {
 	return p, nil
 }
 
-// MemPoolCreate implements cuMemPoolCreate for a pool of pinned device memory on dev, which must be the
-// context's device in the simulator.
-func (d *Driver) MemPoolCreate(c cuda.Context, dev cuda.Device) (cuda.MemPool, error) {
+// MemPoolCreate implements cuMemPoolCreate for a pool of pinned device memory on props.Device, which must
+// be the context's device in the simulator. An exportable pool (HandlePosixFD, the only handle type on
+// Linux) keeps its blocks in shared memory (multi.go).
+func (d *Driver) MemPoolCreate(c cuda.Context, props cuda.PoolProps) (cuda.MemPool, error) {
 	const op = "cuMemPoolCreate"
 	v, err := d.ctx(op, c)
 	if err != nil {
 		return 0, err
 	}
 	defer v.mu.Unlock()
+	dev := props.Device
 	if dev < 0 || int(dev) >= len(d.devs) {
 		return 0, errf(op, cuda.ErrorInvalidDevice, "device %d does not exist", dev)
 	}
@@ -602,7 +621,18 @@ func (d *Driver) MemPoolCreate(c cuda.Context, dev cuda.Device) (cuda.MemPool, e
 	if int(dev) != v.index {
 		return 0, errf(op, cuda.ErrorNotSupported, "the simulator creates pools only on the context's device (%d), not %d", v.index, dev)
 	}
-	p := &pool{handle: cuda.MemPool(v.handle(kindPoolHandle))}
+	if ht := props.HandleTypes; ht != cuda.HandleNone && ht != cuda.HandlePosixFD {
+		return 0, errf(op, cuda.ErrorNotSupported, "handle type %d is not supported on Linux by the simulator (POSIX file descriptors are)", ht)
+	}
+	if props.MaxSize != 0 && d.version < cuda.PoolMaxSizeVersion {
+		return 0, cuda.MaxSizeUnsupported(op, d.version)
+	}
+	p := &pool{handle: cuda.MemPool(v.handle(kindPoolHandle)), maxSize: props.MaxSize}
+	if props.HandleTypes == cuda.HandlePosixFD {
+		if p.shared, err = newShmFile(op, magicPoolFile, v.index, uint64(p.handle)); err != nil {
+			return 0, err
+		}
+	}
 	v.pools[p.handle] = p
 	return p.handle, nil
 }
@@ -623,6 +653,9 @@ func (d *Driver) MemPoolDestroy(c cuda.Context, mp cuda.MemPool) error {
 	}
 	v.trimPool(p, 0)
 	delete(v.pools, mp)
+	if v.current == p {
+		v.current = v.defaultPool // as the driver documents for the current pool's destruction
+	}
 	p.shared.close() // blocks still allocated from it keep their mappings
 	// Blocks still allocated from it stay valid and are released when freed; their pool is gone, so
 	// they no longer return to a cache.

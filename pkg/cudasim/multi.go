@@ -296,31 +296,6 @@ func (d *Driver) MemPoolGetAccess(c cuda.Context, mp cuda.MemPool, dev cuda.Devi
 
 // ---- exportable pools ---------------------------------------------------------------------------------
 
-// MemPoolCreateShareable implements cuMemPoolCreate with handleTypes: POSIX file descriptors only, as on
-// Linux.
-func (d *Driver) MemPoolCreateShareable(c cuda.Context, dev cuda.Device, ht cuda.HandleType) (cuda.MemPool, error) {
-	const op = "cuMemPoolCreate"
-	if ht != cuda.HandleNone && ht != cuda.HandlePosixFD {
-		if err := d.enter(op); err != nil {
-			return 0, err
-		}
-		return 0, errf(op, cuda.ErrorNotSupported, "handle type %d is not supported on Linux by the simulator (POSIX file descriptors are)", ht)
-	}
-	h, err := d.MemPoolCreate(c, dev)
-	if err != nil || ht == cuda.HandleNone {
-		return h, err
-	}
-	v, _ := d.ctxDevice(op, c)
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	p := v.pools[h]
-	if p.shared, err = newShmFile(op, magicPoolFile, v.index, uint64(h)); err != nil {
-		delete(v.pools, h)
-		return 0, err
-	}
-	return h, nil
-}
-
 // MemPoolExportToShareableHandle implements cuMemPoolExportToShareableHandle: a new descriptor of the
 // pool's file, which the caller owns.
 func (d *Driver) MemPoolExportToShareableHandle(c cuda.Context, mp cuda.MemPool, ht cuda.HandleType) (int, error) {

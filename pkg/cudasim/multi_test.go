@@ -127,7 +127,7 @@ func TestIpcMemHandleAcrossProcesses(t *testing.T) {
 
 func TestExportablePoolAcrossProcesses(t *testing.T) {
 	e := start(t)
-	pool, err := e.d.MemPoolCreateShareable(e.ctx, 0, cuda.HandlePosixFD)
+	pool, err := e.d.MemPoolCreate(e.ctx, cuda.PoolProps{HandleTypes: cuda.HandlePosixFD})
 	require.NoError(t, err)
 	p, err := e.d.MemAllocFromPoolAsync(e.ctx, 5000, pool, cuda.StreamLegacy)
 	require.NoError(t, err)
@@ -145,13 +145,13 @@ func TestExportablePoolAcrossProcesses(t *testing.T) {
 	assert.Equal(t, bytes.Repeat([]byte{0xc5}, 64), got)
 
 	// Blocks of a pool made without a handle type cannot be exported.
-	plain, err := e.d.MemPoolCreate(e.ctx, 0)
+	plain, err := e.d.MemPoolCreate(e.ctx, cuda.PoolProps{})
 	require.NoError(t, err)
 	q, err := e.d.MemAllocFromPoolAsync(e.ctx, 100, plain, cuda.StreamLegacy)
 	require.NoError(t, err)
 	_, err = e.d.MemPoolExportPointer(e.ctx, q)
 	requireResult(t, cuda.ErrorInvalidValue, "cuMemPoolExportPointer", err)
-	_, err = e.d.MemPoolCreateShareable(e.ctx, 0, cuda.HandleFabric)
+	_, err = e.d.MemPoolCreate(e.ctx, cuda.PoolProps{HandleTypes: cuda.HandleFabric})
 	requireResult(t, cuda.ErrorNotSupported, "cuMemPoolCreate", err)
 }
 
@@ -248,7 +248,7 @@ func TestSharedMemoryIsReleased(t *testing.T) {
 	e := start(t)
 	before := openFDs(t)
 	for range 20 {
-		pool, err := e.d.MemPoolCreateShareable(e.ctx, 0, cuda.HandlePosixFD)
+		pool, err := e.d.MemPoolCreate(e.ctx, cuda.PoolProps{HandleTypes: cuda.HandlePosixFD})
 		require.NoError(t, err)
 		p, err := e.d.MemAllocFromPoolAsync(e.ctx, 4096, pool, cuda.StreamLegacy)
 		require.NoError(t, err)
@@ -260,7 +260,7 @@ func TestSharedMemoryIsReleased(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, e.d.MemFree(e.ctx, q))
 	}
-	_, err := e.d.MemPoolCreateShareable(e.ctx, 0, cuda.HandlePosixFD)
+	_, err := e.d.MemPoolCreate(e.ctx, cuda.PoolProps{HandleTypes: cuda.HandlePosixFD})
 	require.NoError(t, err)
 	q, err := e.d.MemAlloc(e.ctx, 4096)
 	require.NoError(t, err)

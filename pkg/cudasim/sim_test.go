@@ -333,7 +333,7 @@ func TestPoolCachingAndTrim(t *testing.T) {
 	requireResult(t, cuda.ErrorInvalidValue, "cuMemPoolSetAttribute", d.MemPoolSetAttribute(c, pool, cuda.PoolAttrUsedMemCurrent, 1))
 
 	// Own pools.
-	mp, err := d.MemPoolCreate(c, 0)
+	mp, err := d.MemPoolCreate(c, cuda.PoolProps{})
 	require.NoError(t, err)
 	r, err := d.MemAllocFromPoolAsync(c, 4096, mp, s)
 	require.NoError(t, err)
@@ -365,7 +365,7 @@ func TestNoMemPoolDevice(t *testing.T) {
 	_, err = d.MemAllocFromPoolAsync(c, 1, 1, cuda.StreamPerThread)
 	requireResult(t, ns, "cuMemAllocFromPoolAsync", err)
 	requireResult(t, ns, "cuMemFreeAsync", d.MemFreeAsync(c, 1, cuda.StreamPerThread))
-	_, err = d.MemPoolCreate(c, 0)
+	_, err = d.MemPoolCreate(c, cuda.PoolProps{})
 	requireResult(t, ns, "cuMemPoolCreate", err)
 	requireResult(t, ns, "cuMemPoolDestroy", d.MemPoolDestroy(c, 1))
 	requireResult(t, ns, "cuMemPoolSetAttribute", d.MemPoolSetAttribute(c, 1, cuda.PoolAttrReleaseThreshold, 0))

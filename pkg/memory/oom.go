@@ -28,6 +28,9 @@ type PoolState struct {
 	// Outside is the device memory this process holds outside this allocator (shareable memory, managed
 	// memory, graph memory): it is this process's, never other processes', in the verdict.
 	Outside uint64
+	// MaxSize is the pool's maximum size (cudacore.share_pool's max_size), 0 for none; PoolReserved is
+	// what the pool reserves, over every library drawing from it.
+	MaxSize, PoolReserved uint64
 }
 
 // ProcessUsage is one other process's memory on a device.
@@ -43,6 +46,7 @@ const (
 	CauseFragmentation   = "fragmentation"    // enough free in total, not in one block
 	CauseLimit           = "limit"            // a cudacore memory limit was hit
 	CausePoolReservation = "pool_reservation" // the driver refused the pool's reservation though memory is free
+	CausePoolMaxSize     = "pool_max_size"    // the pool would grow beyond its maximum size
 	CauseTooLarge        = "too_large"        // more than the device's total memory
 	CauseInjected        = "injected"         // a fault injected into the driver (the simulator) answered it
 )
@@ -54,6 +58,7 @@ var causeLead = map[string]string{
 	CauseFragmentation:   "fragmentation or cache: enough memory is free in total but not in one block",
 	CauseLimit:           "a cudacore memory limit was hit",
 	CausePoolReservation: "the driver refused the pool's reservation",
+	CausePoolMaxSize:     "the pool reached its maximum size",
 	CauseTooLarge:        "the request is larger than the device",
 	CauseInjected:        "injected by cudacore.testing",
 }
@@ -73,6 +78,7 @@ const gapSlack = 1 << 30
 // the numbers for a person and ends with what to try. The verdict, in order:
 //   - too_large: the request is larger than the device's total memory;
 //   - limit: a limit was hit;
+//   - pool_max_size: the pool has a maximum size and the request does not fit below it;
 //   - the device reports enough free memory yet the allocation failed: pool_reservation when a block of
 //     that size can be had outside the pool (Probe), else fragmentation;
 //   - other_processes: memory held outside this allocator (other processes by NVML, or the gap) would
@@ -140,6 +146,8 @@ func OutOfMemory(d *device.Device, requested uint64, cause error, ps PoolState) 
 		verdict = CauseTooLarge
 	case limitHit:
 		verdict = CauseLimit
+	case ps.MaxSize != 0 && (requested > ps.MaxSize || ps.PoolReserved > ps.MaxSize-requested):
+		verdict = CausePoolMaxSize
 	case free >= requested:
 		verdict = CauseFragmentation
 		if ps.Pool && ps.Probe != nil && ps.Probe(requested) {
@@ -178,6 +186,11 @@ func OutOfMemory(d *device.Device, requested uint64, cause error, ps PoolState) 
 	case CauseLimit:
 		fmt.Fprintf(&b, "A memory limit was hit, not the device's capacity: %s of the %s limit is in use. "+
 			"Raise the limit (0 removes it) or free memory.", FormatBytes(limitInUse), FormatBytes(ps.Limit))
+	case CausePoolMaxSize:
+		fmt.Fprintf(&b, "The pool reserves %s of its maximum size of %s (cudacore.share_pool's max_size), and every "+
+			"library of the process draws from it: free memory in any of them (memory_stats()[\"by_library\"] "+
+			"says which holds what), or share a pool with a larger maximum size.",
+			FormatBytes(ps.PoolReserved), FormatBytes(ps.MaxSize))
 	case CausePoolReservation:
 		fmt.Fprintf(&b, "The device has %s free and a block of %s can be allocated outside the pool, but the "+
 			"stream-ordered pool could not reserve it (vGPU and some drivers limit pool reservations): "+
@@ -237,6 +250,9 @@ func OutOfMemory(d *device.Device, requested uint64, cause error, ps PoolState) 
 	}
 	if without != "" {
 		fields = append(fields, cuda.Field{Key: "cause_without_fault", Value: without})
+	}
+	if ps.MaxSize != 0 {
+		fields = append(fields, field("max_size", ps.MaxSize), field("pool_reserved", ps.PoolReserved))
 	}
 	if ps.Limit != 0 {
 		fields = append(fields, field("limit", ps.Limit))

@@ -23,6 +23,12 @@ type Pool struct {
 	ctx  cuda.Context
 	pool cuda.MemPool
 	own  bool
+	// adopted: the pool is another owner's (AdoptPool), whose attributes and lifetime are not this Pool's.
+	adopted bool
+	// held is what this Pool has allocated from the driver's pool and not freed: its share of a pool
+	// that other allocators draw from too (AdoptPool). Allocations made while their stream captures are
+	// graph memory, which the driver keeps outside the pool; they count here while they live.
+	held atomic.Uint64
 
 	// quiet, when set and true, forbids querying the pool (a capture is running: a query of its usage
 	// succeeds but invalidates the capture); Reserved and Used then return the last values read.
@@ -35,6 +41,7 @@ type PoolOption func(*poolConfig)
 
 type poolConfig struct {
 	own       bool
+	adopt     cuda.MemPool
 	threshold uint64
 	quiet     func() bool
 }
@@ -48,6 +55,11 @@ func WithQuiet(quiet func() bool) PoolOption { return func(c *poolConfig) { c.qu
 // pool; Close destroys it. Memory in an own pool is not shared with other users of the default pool
 // (cuMemAllocAsync from other libraries in the process).
 func OwnPool() PoolOption { return func(c *poolConfig) { c.own = true } }
+
+// AdoptPool makes NewPool allocate from pool, a pool of d that another owner made and keeps: the one the
+// process shares (cudacore/internal/process: the shared pool). NewPool leaves its attributes to that
+// owner, and Close neither destroys it nor trims it.
+func AdoptPool(pool cuda.MemPool) PoolOption { return func(c *poolConfig) { c.adopt = pool } }
 
 // WithReleaseThreshold sets the pool's release threshold (default: the maximum, keep everything).
 func WithReleaseThreshold(bytes uint64) PoolOption {
@@ -66,9 +78,13 @@ func NewPool(d *device.Device, opts ...PoolOption) (*Pool, error) {
 			d.String()+" does not support stream-ordered memory pools; use the synchronous allocator (strategy \"sync\")")
 	}
 	p := &Pool{d: d, drv: d.Driver(), ctx: d.Context(), own: cfg.own, quiet: cfg.quiet}
+	if cfg.adopt != 0 {
+		p.pool, p.adopted = cfg.adopt, true
+		return p, nil
+	}
 	var err error
 	if cfg.own {
-		p.pool, err = p.drv.MemPoolCreate(p.ctx, d.Handle())
+		p.pool, err = p.drv.MemPoolCreate(p.ctx, cuda.PoolProps{Device: d.Handle()})
 	} else {
 		p.pool, err = p.drv.DeviceDefaultMemPool(d.Handle())
 	}
@@ -89,13 +105,34 @@ func (p *Pool) Allocate(size uint64, s cuda.Stream) (cuda.DevicePtr, error) {
 	if err := checkSize(p.d, "cuMemAllocFromPoolAsync", size); err != nil {
 		return 0, err
 	}
-	return p.drv.MemAllocFromPoolAsync(p.ctx, size, p.pool, s)
+	ptr, err := p.drv.MemAllocFromPoolAsync(p.ctx, size, p.pool, s)
+	if err == nil {
+		p.held.Add(size)
+	}
+	return ptr, err
 }
 
-// Deallocate frees ptr ordered on s (cuMemFreeAsync): the pool reuses it once s has passed this point.
-func (p *Pool) Deallocate(ptr cuda.DevicePtr, _ uint64, s cuda.Stream) error {
-	return p.drv.MemFreeAsync(p.ctx, ptr, s)
+// Deallocate frees ptr, of size bytes, ordered on s (cuMemFreeAsync): the pool reuses it once s has
+// passed this point.
+func (p *Pool) Deallocate(ptr cuda.DevicePtr, size uint64, s cuda.Stream) error {
+	if err := p.drv.MemFreeAsync(p.ctx, ptr, s); err != nil {
+		return err
+	}
+	p.held.Add(-size)
+	return nil
 }
+
+// Held is what p has allocated from the driver's pool and not freed, its cached blocks included: the
+// allocator's share of a pool that other libraries use too.
+func (p *Pool) Held() uint64 { return p.held.Load() }
+
+func (p *Pool) forget(_ cuda.DevicePtr, size uint64) error {
+	p.held.Add(-size)
+	return nil
+}
+
+// Adopted says whether the pool is another owner's (AdoptPool).
+func (p *Pool) Adopted() bool { return p.adopted }
 
 // Handle is the pool's driver handle.
 func (p *Pool) Handle() cuda.MemPool { return p.pool }
@@ -172,9 +209,12 @@ func (p *Pool) Release() error {
 }
 
 // Close destroys an own pool (blocks still allocated from it stay valid until freed, as the driver
-// does) and trims the default pool. The Pool must not be used afterwards.
+// does), trims the default pool and leaves an adopted one to its owner. The Pool must not be used afterwards.
 func (p *Pool) Close() error {
-	if p.own {
+	switch {
+	case p.adopted:
+		return nil
+	case p.own:
 		return p.drv.MemPoolDestroy(p.ctx, p.pool)
 	}
 	return p.Trim(0)

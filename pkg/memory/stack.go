@@ -13,6 +13,8 @@ import (
 type StackOptions struct {
 	Strategy    device.Strategy             // "" takes the device's (d.Strategy())
 	OwnPool     bool                        // pool strategy: a pool of its own rather than the device's default pool
+	Pool        cuda.MemPool                // pool strategy: allocate from this pool of another owner (AdoptPool)
+	PoolMaxSize uint64                      // the maximum size Pool was made with (0: none), for the verdict
 	NoCache     bool                        // pool strategy: leave out the size-class Cache
 	Cache       CacheOptions                // its bounds
 	Limit       uint64                      // byte limit, 0 for none; SetLimit changes it later
@@ -55,6 +57,7 @@ type Stack struct {
 	ordinal int
 	others  func() ([]ProcessUsage, bool)
 	outside func() uint64
+	maxSize uint64 // StackOptions.PoolMaxSize
 	// capturing counts the streams marked by SetCapturing: while any is, the out-of-memory probe (a
 	// cuMemAlloc, an unsafe call that would invalidate a capture) is skipped.
 	capturing atomic.Int64
@@ -66,13 +69,17 @@ func NewStack(d *device.Device, opts StackOptions) (*Stack, error) {
 	if strategy == "" {
 		strategy = d.Strategy()
 	}
-	s := &Stack{d: d, rec: opts.Recorder, ordinal: d.Properties().Ordinal, others: opts.Others, outside: opts.Outside}
+	s := &Stack{d: d, rec: opts.Recorder, ordinal: d.Properties().Ordinal, others: opts.Others, outside: opts.Outside,
+		maxSize: opts.PoolMaxSize}
 	var r Resource
 	switch strategy {
 	case device.StrategyPool:
 		var popts []PoolOption
 		if opts.OwnPool {
 			popts = append(popts, OwnPool())
+		}
+		if opts.Pool != 0 {
+			popts = append(popts, AdoptPool(opts.Pool))
 		}
 		if opts.Quiet != nil {
 			popts = append(popts, WithQuiet(opts.Quiet))
@@ -179,6 +186,14 @@ func (s *Stack) state(captured bool) PoolState {
 	}
 	if s.outside != nil {
 		ps.Outside = s.outside()
+	}
+	if s.maxSize != 0 && s.pool != nil {
+		ps.MaxSize = s.maxSize
+		if captured {
+			ps.PoolReserved = s.pool.lastReserved.Load()
+		} else if r, err := s.pool.Reserved(); err == nil {
+			ps.PoolReserved = r
+		}
 	}
 	return ps
 }

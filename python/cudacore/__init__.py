@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._broker import SharedPool, Wiring, share_pool, shared_pool
 from ._capture_tools import CaptureDiagnosis, Graphed, GraphedOutputs, graphed, rehearse
 from ._copy import device_to_device
 from ._device import (
@@ -127,8 +128,10 @@ __all__ = [
     "OutOfMemoryError",
     "PinnedBuffer",
     "SharedBuffer",
+    "SharedPool",
     "Stream",
     "StreamLike",
+    "Wiring",
     "asbuffer",
     "backend",
     "configure_flight_recorder",
@@ -154,6 +157,8 @@ __all__ = [
     "plot_flight_record",
     "pointer",
     "rehearse",
+    "share_pool",
+    "shared_pool",
     "uint8",
     "uint16",
     "uint32",

@@ -498,7 +498,11 @@ class Device(_CDevice):
         ``pinned_in_use``, ``pinned_staging`` (the pinned staging buffers of pageable copies, at most eight
         of 4 MiB: docs/guide/memory.md), ``orphaned`` (freed blocks of other libraries' streams that were destroyed
         meanwhile, waiting for a device synchronize: docs/guide/memory.md), ``strategy``, ``graph_destroy_failures`` and ``graph_destroys_pending``
-        (graph destroys the driver refused, and graphs kept to destroy again: docs/guide/capture.md), ..."""
+        (graph destroys the driver refused, and graphs kept to destroy again: docs/guide/capture.md),
+        ``pool_used`` (what the allocator's pool hands out, to every library drawing from it),
+        ``pool_shared`` (whether that is the pool of :func:`cudacore.share_pool`) and ``by_library``
+        (``pool_used`` split by library, the rest ``"unattributed"``; empty on the ``"sync"`` strategy:
+        docs/guide/one-pool.md), ..."""
         return _memory.memory_stats(self)
 
     def reset_peak_memory_stats(self) -> int:

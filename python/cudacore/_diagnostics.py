@@ -314,6 +314,15 @@ def memory_summary(device: Any = None, *, events: int = 10, largest: int = 10) -
     bar = "=" * max(len(title), 60)
     out = [bar, title, bar]
     out += [f"{k:<{w}s} {v}" for k, v in rows]
+    if s["by_library"]:
+        shared = "shared with the process's libraries (share_pool)" if s["pool_shared"] else "not shared (share_pool shares it)"
+        out.append("-" * len(bar))
+        out.append(f"the pool: {format_bytes(s['pool_used'])} used of {format_bytes(s['reserved'])} reserved, {shared}")
+        out.append("used, by library:")
+        out += [f"  {name:<{w - 2}s} {format_bytes(n)}" for name, n in s["by_library"].items()]
+        if s["by_library"].get("unattributed"):
+            out.append("  (unattributed: libraries that keep no count of their own, such as PyTorch's cudaMallocAsync")
+            out.append("   backend and CuPy's MemoryAsyncPool, and anything else drawing from the pool)")
     live = dev.live_allocations()
     if s["tracking"]:
         out.append("-" * len(bar))

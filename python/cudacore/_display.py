@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["BYTE_KEYS", "MemoryStats", "MemoryStatsFields", "buffer_html", "device_html", "format_bytes", "new_memory_stats"]
 
 #: The counters of :meth:`Device.memory_stats` that are byte counts.
-BYTE_KEYS = {"in_use", "peak_in_use", "cached", "reserved", "limit", "pinned_in_use", "pinned_peak_in_use", "pinned_staging", "managed_in_use", "shared_in_use", "orphaned"}
+BYTE_KEYS = {"in_use", "peak_in_use", "cached", "reserved", "limit", "pinned_in_use", "pinned_peak_in_use", "pinned_staging", "managed_in_use", "shared_in_use", "orphaned", "pool_used"}
 
 
 def format_bytes(n: int | None) -> str:
@@ -74,6 +74,9 @@ class MemoryStatsFields(TypedDict):
     tracking: bool
     graph_destroy_failures: int
     graph_destroys_pending: int
+    pool_used: int
+    pool_shared: bool
+    by_library: dict[str, int]
 
 
 class _MemoryStatsDict(dict[str, Any]):
@@ -87,6 +90,8 @@ class _MemoryStatsDict(dict[str, Any]):
             if k in BYTE_KEYS and isinstance(v, int):
                 shown = "no limit" if k == "limit" and v == 0 else _fmt_exact(v)
                 rows.append((k, shown))
+            elif k == "by_library" and isinstance(v, dict):
+                rows.append((k, ", ".join(f"{name} {format_bytes(n)}" for name, n in v.items()) or "no pool"))
             else:
                 rows.append((k, v))
         return _table(rows, "cudacore memory statistics")

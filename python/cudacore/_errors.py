@@ -141,7 +141,7 @@ class DeviceFaultError(CUDAError):
 
 #: The verdicts of :attr:`OutOfMemoryError.cause` (docs/guide/diagnostics.md).
 OutOfMemoryCause: TypeAlias = Literal[
-    "exhausted", "other_processes", "fragmentation", "limit", "pool_reservation", "too_large", "injected"
+    "exhausted", "other_processes", "fragmentation", "limit", "pool_reservation", "pool_max_size", "too_large", "injected"
 ]
 OUT_OF_MEMORY_CAUSES: frozenset[str] = frozenset(get_args(OutOfMemoryCause))
 
@@ -168,7 +168,8 @@ class OutOfMemoryError(CUDAError, MemoryError):
         The verdict, which the message leads with: ``"exhausted"`` (this process holds the memory),
         ``"other_processes"``, ``"fragmentation"`` (enough free in total, not in one block),
         ``"limit"`` (a cudacore memory limit), ``"pool_reservation"`` (the driver refused the pool's
-        reservation) or ``"too_large"`` (more than the device has); on the simulator, ``"injected"`` when
+        reservation), ``"pool_max_size"`` (the shared pool of :func:`cudacore.share_pool` reached its
+        ``max_size``) or ``"too_large"`` (more than the device has); on the simulator, ``"injected"`` when
         a fault injected for a test caused it. See docs/guide/diagnostics.md.
     flight_record : list of dict
         The allocator events that led here (see :func:`cudacore.flight_record`), oldest first, ending

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import _copy, _errors
+from . import _accounts, _copy, _errors
 from ._api import core
 from ._diagnostics import label_allocations
 from ._display import MemoryStats, buffer_html, format_bytes, new_memory_stats
@@ -531,4 +531,6 @@ def would_fit(device: Device, count: int, tile_size: int) -> dict[str, Any]:
 
 
 def memory_stats(device: Device) -> MemoryStats:
-    return new_memory_stats(json.loads(core.MemoryStats(device.device_id)))
+    counters = json.loads(core.MemoryStats(device.device_id))
+    counters["by_library"] = _accounts.split(device.device_id, counters["pool_used"], counters["by_library"])
+    return new_memory_stats(counters)

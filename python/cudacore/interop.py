@@ -22,6 +22,12 @@ Allocators drawing from cudacore's pools, statistics and out-of-memory handling
   ``mr.allocate(n, stream=s)`` or ``device.memory_resource = mr``.
 
 Their memory shows in ``Device.memory_stats()`` and counts against ``Device.memory_limit``.
+
+One pool for every library, natively
+------------------------------------
+:func:`cudacore.share_pool` makes one memory pool the device's current pool and wires PyTorch, CuPy, RMM
+and Numba to it with no call into cudacore per allocation (docs/guide/one-pool.md says which route to take
+when).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from . import _external, _tables
+from . import _accounts, _external, _tables
 from ._api import core
 from ._device import Device
 from ._errors import error, typed_error
@@ -290,9 +296,19 @@ def _numba_manager_class() -> type:
             return _device(int(self.context.device.id))
 
         def memalloc(self, size: int) -> Any:
-            buf = self._cudacore_device().allocate(size)
-            # The finalizer (a bound method) holds the Buffer: Numba calls it when the memory is released.
-            return cuda.MemoryPointer(self.context, device_pointer(buf.ptr), size, owner=None, finalizer=buf.close)
+            dev = self._cudacore_device()
+            buf = dev.allocate(size)
+            ordinal = dev.device_id
+            # Numba's bytes are a part of cudacore's allocator's: the split by library of memory_stats()
+            # moves them into a row of their own (cudacore._accounts).
+            _accounts.count_inside(ordinal, "numba", size)
+
+            def release() -> None:
+                # The finalizer holds the Buffer: Numba calls it when the memory is released.
+                buf.close()
+                _accounts.count_inside(ordinal, "numba", -size)
+
+            return cuda.MemoryPointer(self.context, device_pointer(buf.ptr), size, owner=None, finalizer=release)
 
         def get_memory_info(self) -> Any:
             free, total = self._cudacore_device().memory_info()

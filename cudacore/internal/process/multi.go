@@ -133,7 +133,7 @@ func (d *Device) sharePool() (cuda.MemPool, error) {
 		return 0, err
 	}
 	drv, ctx := d.Driver(), d.Context()
-	p, err := drv.MemPoolCreateShareable(ctx, d.Handle(), cuda.HandlePosixFD)
+	p, err := drv.MemPoolCreate(ctx, cuda.PoolProps{Device: d.Handle(), HandleTypes: cuda.HandlePosixFD})
 	if err != nil {
 		return 0, err
 	}

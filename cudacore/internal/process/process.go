@@ -74,6 +74,9 @@ type Device struct {
 	pageableDirectMax int
 	// orphans holds blocks freed after their foreign stream could no longer be vouched for (foreign.go).
 	orphans orphanage
+	// shared is the pool the device shares with the other libraries of the process (sharedpool.go), nil
+	// while it shares none. Written under devMu with inFlight held for writing.
+	shared atomic.Pointer[SharedPool]
 }
 
 // Memory returns the device's allocator.
@@ -248,23 +251,49 @@ func (d *Device) setStrategy(requested string, opts memory.StackOptions) error {
 	defer devMu.Unlock()
 	d.inFlight.Lock()
 	defer d.inFlight.Unlock()
-	old := d.Memory()
-	// A capture marks the allocator's cache (memory.Cache.SetCapturing): a new allocator would not know
-	// it, would bake cached blocks into the graph, and closing the old one would free or strand blocks
-	// that the capture forbids freeing.
-	if n := ActiveCaptures(); n > 0 {
-		return cuda.NewError("cudacore.allocation_strategy", cuda.ErrorStreamCaptureUnsupported,
-			fmt.Sprintf("cannot change the allocation strategy of %s while %d stream capture(s) are in progress; end or abort them first", d, n))
+	const what = "change the allocation strategy of"
+	if err := d.checkReplaceLocked("cudacore.allocation_strategy", what); err != nil {
+		return err
 	}
-	if inUse := old.Stats().InUse; inUse > 0 {
-		return cuda.NewError("cudacore.allocation_strategy", cuda.ErrorIllegalState,
-			fmt.Sprintf("%s still has %s allocated through the current allocator; close those buffers before changing the strategy",
-				d, memory.FormatBytes(inUse)))
+	if sp := d.shared.Load(); sp != nil {
+		// The allocator stays in the shared pool: a strategy without pools would leave it.
+		if s, _, err := device.Choose(d.Properties(), requested); err == nil && s != device.StrategyPool {
+			return cuda.NewError("cudacore.allocation_strategy", cuda.ErrorIllegalState, fmt.Sprintf(
+				"%s shares memory pool %#x with the other libraries of the process, and the %q strategy allocates outside it: undo the shared pool first",
+				d, uint64(sp.Handle), s))
+		}
+		opts.Pool, opts.PoolMaxSize = sp.Handle, sp.MaxSize
 	}
 	if err := d.Device.SetStrategy(requested); err != nil {
 		return err
 	}
 	opts.Strategy = d.Strategy()
+	return d.replaceStackLocked(opts)
+}
+
+// checkReplaceLocked says whether the device's allocator may be replaced now: not while a stream of the
+// process captures, nor while the allocator has memory handed out (those pointers belong to it). what
+// completes the sentence of the refusal ("change the allocation strategy of" the device).
+func (d *Device) checkReplaceLocked(op, what string) error {
+	// A capture marks the allocator's cache (memory.Cache.SetCapturing): a new allocator would not know
+	// it, would bake cached blocks into the graph, and closing the old one would free or strand blocks
+	// that the capture forbids freeing.
+	if n := ActiveCaptures(); n > 0 {
+		return cuda.NewError(op, cuda.ErrorStreamCaptureUnsupported,
+			fmt.Sprintf("cannot %s %s while %d stream capture(s) are in progress; end or abort them first", what, d, n))
+	}
+	if inUse := d.Memory().Stats().InUse; inUse > 0 {
+		return cuda.NewError(op, cuda.ErrorIllegalState,
+			fmt.Sprintf("cannot %s %s: it still has %s allocated through the current allocator; close those buffers first",
+				what, d, memory.FormatBytes(inUse)))
+	}
+	return nil
+}
+
+// replaceStackLocked makes a new allocator with opts the device's, after checkReplaceLocked passed; the
+// caller holds devMu and inFlight for writing, inside captures.Steady.
+func (d *Device) replaceStackLocked(opts memory.StackOptions) error {
+	old := d.Memory()
 	stack, err := memory.NewStack(d.Device, stackOptions(d.Device, opts))
 	if err != nil {
 		return err

@@ -180,6 +180,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) cuda.Driver) {
 	t.Run("Limits", func(t *testing.T) { testLimits(t, setup(t, newDriver)) })
 	t.Run("InvalidHandles", func(t *testing.T) { testInvalidHandles(t, setup(t, newDriver)) })
 	runMulti(t, newDriver)
+	runPools(t, newDriver)
 }
 
 func testDevices(t *testing.T, e *env) {
@@ -350,7 +351,7 @@ func testPoolTrim(t *testing.T, e *env) {
 		t.Skip("no memory pools on this device")
 	}
 	d, c := e.drv, e.ctx
-	pool, err := d.MemPoolCreate(c, e.dev)
+	pool, err := d.MemPoolCreate(c, cuda.PoolProps{Device: e.dev})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, d.MemPoolDestroy(c, pool)) }()
 	require.NoError(t, d.MemPoolSetAttribute(c, pool, cuda.PoolAttrReleaseThreshold, ^uint64(0)))
@@ -530,7 +531,7 @@ func testCaptureOutsidePoolCalls(t *testing.T, e *env, mode cuda.CaptureMode) {
 	const n = 1 << 20
 	s := e.stream(t, cuda.StreamNonBlocking) // captures
 	u := e.stream(t, cuda.StreamNonBlocking) // does not
-	own, err := d.MemPoolCreate(c, e.dev)
+	own, err := d.MemPoolCreate(c, cuda.PoolProps{Device: e.dev})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, d.MemPoolDestroy(c, own)) })
 

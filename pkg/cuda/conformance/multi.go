@@ -117,7 +117,7 @@ func testPoolAccess(t *testing.T, e *env) {
 		err = d.CtxEnablePeerAccess(c1, c0)
 		assertResult(t, cuda.ErrorPeerAccessUnsupported, err, "peer access between devices that lack it")
 	}
-	pool, err := d.MemPoolCreate(c0, e.dev)
+	pool, err := d.MemPoolCreate(c0, cuda.PoolProps{Device: e.dev})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, d.MemPoolDestroy(c0, pool)) }()
 	own, err := d.MemPoolGetAccess(c0, pool, e.dev)
@@ -140,7 +140,7 @@ func testExportablePool(t *testing.T, e *env) {
 		t.Skip("needs memory pools")
 	}
 	d, c := e.drv, e.ctx
-	pool, err := d.MemPoolCreateShareable(c, e.dev, cuda.HandlePosixFD)
+	pool, err := d.MemPoolCreate(c, cuda.PoolProps{Device: e.dev, HandleTypes: cuda.HandlePosixFD})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, d.MemPoolDestroy(c, pool)) }()
 	p, err := d.MemAllocFromPoolAsync(c, 1000, pool, cuda.StreamLegacy)

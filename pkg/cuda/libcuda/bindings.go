@@ -24,6 +24,8 @@ const (
 	symDeviceGetAttribute
 	symDeviceTotalMem
 	symDeviceGetDefaultMemPool
+	symDeviceGetMemPool
+	symDeviceSetMemPool
 	symDevicePrimaryCtxRetain
 	symDevicePrimaryCtxRelease
 	symCtxGetCurrent
@@ -124,6 +126,8 @@ var bindings = [numSyms]binding{
 	symDeviceGetAttribute:        req("cuDeviceGetAttribute", "cuDeviceGetAttribute"),
 	symDeviceTotalMem:            req("cuDeviceTotalMem", "cuDeviceTotalMem_v2"),
 	symDeviceGetDefaultMemPool:   req("cuDeviceGetDefaultMemPool", "cuDeviceGetDefaultMemPool"),
+	symDeviceGetMemPool:          req("cuDeviceGetMemPool", "cuDeviceGetMemPool"),
+	symDeviceSetMemPool:          req("cuDeviceSetMemPool", "cuDeviceSetMemPool"),
 	symDevicePrimaryCtxRetain:    req("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain"),
 	symDevicePrimaryCtxRelease:   req("cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"),
 	symCtxGetCurrent:             req("cuCtxGetCurrent", "cuCtxGetCurrent"),

@@ -141,7 +141,7 @@ func TestRealDriver(t *testing.T) {
 		for i := range h {
 			h[i] = byte(i * 7)
 		}
-		pool, err := d.MemPoolCreate(ctx, dev)
+		pool, err := d.MemPoolCreate(ctx, cuda.PoolProps{Device: dev})
 		require.NoError(t, err)
 		require.NoError(t, d.MemPoolSetAttribute(ctx, pool, cuda.PoolAttrReleaseThreshold, math.MaxUint64))
 		th, err := d.MemPoolGetAttribute(ctx, pool, cuda.PoolAttrReleaseThreshold)

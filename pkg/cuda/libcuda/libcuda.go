@@ -43,6 +43,10 @@ package libcuda
 #cgo nocallback cc_deviceGetCount
 #cgo noescape cc_deviceGetDefaultMemPool
 #cgo nocallback cc_deviceGetDefaultMemPool
+#cgo noescape cc_deviceGetMemPool
+#cgo nocallback cc_deviceGetMemPool
+#cgo noescape cc_deviceSetMemPool
+#cgo nocallback cc_deviceSetMemPool
 #cgo noescape cc_deviceGetName
 #cgo nocallback cc_deviceGetName
 #cgo noescape cc_deviceGetPCIBusId
@@ -175,8 +179,6 @@ package libcuda
 #cgo nocallback cc_memPoolSetAccess
 #cgo noescape cc_memPoolGetAccess
 #cgo nocallback cc_memPoolGetAccess
-#cgo noescape cc_memPoolCreateShareable
-#cgo nocallback cc_memPoolCreateShareable
 #cgo noescape cc_memPoolExportToShareableHandle
 #cgo nocallback cc_memPoolExportToShareableHandle
 #cgo noescape cc_memPoolImportFromShareableHandle

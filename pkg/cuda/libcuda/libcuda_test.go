@@ -182,13 +182,19 @@ var fakeBodies = map[string]string{
 		return p == (((uintptr_t)cur << 16) | (uintptr_t)s) ? 0 : 400; }`,
 	"cuMemAllocFromPoolAsync": `int cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, void *pool, void *s) {
 		*p = (uintptr_t)pool + n; return 0; }`,
-	// A pool with handle type 1 (POSIX file descriptors) is 0xB01, one without 0xB00.
+	// A pool with handle type 1 (POSIX file descriptors) is 0xB01, one without 0xB00; a maximum size of n
+	// MiB adds n << 12.
 	"cuMemPoolCreate": `int cuMemPoolCreate(void **pool, const CUmemPoolProps *pp) {
 		static const unsigned char zero[54];
 		if (pp->allocType != 1 || (pp->handleTypes != 0 && pp->handleTypes != 1) || pp->location.type != 1 ||
-		    pp->location.id != 1 || pp->win32SecurityAttributes != NULL || pp->maxSize != 0 || pp->usage != 0 ||
-		    memcmp(pp->reserved, zero, sizeof zero) != 0) return 1;
-		*pool = (void *)(uintptr_t)(0xB00 + pp->handleTypes); return 0; }`,
+		    pp->location.id != 1 || pp->win32SecurityAttributes != NULL || pp->maxSize % (1 << 20) != 0 ||
+		    pp->usage != 0 || memcmp(pp->reserved, zero, sizeof zero) != 0) return 1;
+		*pool = (void *)(uintptr_t)(0xB00 + pp->handleTypes + ((pp->maxSize >> 20) << 12)); return 0; }`,
+	// Device d's default pool is 0xD0 + d; 0xB02 (an imported pool) cannot be made current.
+	"cuDeviceGetMemPool": `int cuDeviceGetMemPool(void **p, int d) {
+		if (d < 0 || d >= 2) return 101; *p = curpool[d] ? curpool[d] : (void *)(uintptr_t)(0xD0 + d); return 0; }`,
+	"cuDeviceSetMemPool": `int cuDeviceSetMemPool(int d, void *p) {
+		if (d < 0 || d >= 2) return 101; if (p == (void *)0xB02) return 1; curpool[d] = p; return 0; }`,
 	// Several devices and processes: each canned body checks what arrived and answers in a recognizable way.
 	"cuDeviceCanAccessPeer": `int cuDeviceCanAccessPeer(int *c, int d, int p) {
 		if (d < 0 || d >= 2 || p < 0 || p >= 2) return 101; *c = d != p; return 0; }`,
@@ -252,6 +258,7 @@ static __thread void *cur; /* the calling thread's current context */
 static int setcalls;       /* cuCtxSetCurrent calls, all threads */
 #define BASE 0x100000ULL   /* "device memory": a CUdeviceptr is BASE + an offset into devmem */
 static unsigned char devmem[1 << 16];
+static void *curpool[2];   /* cuDeviceSetMemPool's pools, by device; NULL: the default pool */
 `
 
 // fakeSource generates the fake driver from the binding table, so it can never lag behind it: for each
@@ -451,9 +458,30 @@ func TestFakeMemory(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, cuda.DevicePtr(0xB00+100), p)
 
-	pool, err := d.MemPoolCreate(ctx, 1)
+	pool, err := d.MemPoolCreate(ctx, cuda.PoolProps{Device: 1})
 	require.NoError(t, err, "the fake checks every CUmemPoolProps field")
 	assert.Equal(t, cuda.MemPool(0xB00), pool)
+	pool, err = d.MemPoolCreate(ctx, cuda.PoolProps{Device: 1, MaxSize: 64 << 20})
+	require.NoError(t, err, "maxSize arrives in its field")
+	assert.Equal(t, cuda.MemPool(0xB00+64<<12), pool)
+
+	// The current pool: the default one until set, per device; an imported pool is refused.
+	cur, err := d.DeviceGetMemPool(1)
+	require.NoError(t, err)
+	assert.Equal(t, cuda.MemPool(0xD1), cur)
+	require.NoError(t, d.DeviceSetMemPool(1, pool))
+	cur, err = d.DeviceGetMemPool(1)
+	require.NoError(t, err)
+	assert.Equal(t, pool, cur)
+	cur, err = d.DeviceGetMemPool(0)
+	require.NoError(t, err)
+	assert.Equal(t, cuda.MemPool(0xD0), cur, "another device's current pool is its own")
+	err = d.DeviceSetMemPool(1, 0xB02)
+	assert.ErrorIs(t, err, cuda.ErrInvalidValue)
+	assert.Equal(t, "cuDeviceSetMemPool", asError(t, err).Op)
+	_, err = d.DeviceGetMemPool(7)
+	assert.Equal(t, cuda.ErrorInvalidDevice, cuda.ResultOf(err))
+	require.NoError(t, d.DeviceSetMemPool(1, 0xD1))
 
 	// Copy round trip through the fake's device memory.
 	const base = cuda.DevicePtr(0x100000)
@@ -627,7 +655,7 @@ func TestFakeMultiDriver(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, cuda.AccessReadWrite, acc)
 
-	pool, err := d.MemPoolCreateShareable(ctx0, 1, cuda.HandlePosixFD)
+	pool, err := d.MemPoolCreate(ctx0, cuda.PoolProps{Device: 1, HandleTypes: cuda.HandlePosixFD})
 	require.NoError(t, err)
 	assert.Equal(t, cuda.MemPool(0xB01), pool)
 	fd, err := d.MemPoolExportToShareableHandle(ctx0, pool, cuda.HandlePosixFD)

@@ -117,6 +117,23 @@ func (d *Driver) DeviceDefaultMemPool(dev cuda.Device) (cuda.MemPool, error) {
 	return cuda.MemPool(p), nil
 }
 
+// DeviceGetMemPool returns the device's current memory pool (cuDeviceGetMemPool).
+func (d *Driver) DeviceGetMemPool(dev cuda.Device) (cuda.MemPool, error) {
+	var p C.uintptr_t
+	if r := C.cc_deviceGetMemPool(d.tab, C.int(dev), &p); r != 0 {
+		return 0, d.fail(symDeviceGetMemPool, r)
+	}
+	return cuda.MemPool(p), nil
+}
+
+// DeviceSetMemPool makes pool the device's current memory pool (cuDeviceSetMemPool).
+func (d *Driver) DeviceSetMemPool(dev cuda.Device, pool cuda.MemPool) error {
+	if r := C.cc_deviceSetMemPool(d.tab, C.int(dev), C.uintptr_t(pool)); r != 0 {
+		return d.fail(symDeviceSetMemPool, r)
+	}
+	return nil
+}
+
 // PrimaryCtxRetain retains dev's primary context and returns it (cuDevicePrimaryCtxRetain). Each
 // successful call must be balanced by one PrimaryCtxRelease. It does not make the context current: the
 // methods that take it do that themselves.
@@ -252,11 +269,22 @@ func (d *Driver) MemFreeAsync(ctx cuda.Context, p cuda.DevicePtr, s cuda.Stream)
 	return nil
 }
 
-// MemPoolCreate creates a pool of pinned device memory located on dev (cuMemPoolCreate); the caller owns
-// it and destroys it with MemPoolDestroy.
-func (d *Driver) MemPoolCreate(ctx cuda.Context, dev cuda.Device) (cuda.MemPool, error) {
+// MemPoolCreate creates a pool of pinned device memory with props (cuMemPoolCreate); the caller owns it
+// and destroys it with MemPoolDestroy. A MaxSize on a driver older than CUDA 12.2, whose CUmemPoolProps
+// has no such field, is refused with ErrorNotSupported before the driver is called.
+func (d *Driver) MemPoolCreate(ctx cuda.Context, props cuda.PoolProps) (cuda.MemPool, error) {
+	if props.MaxSize != 0 {
+		v, err := d.Version()
+		if err != nil {
+			return 0, err
+		}
+		if v < cuda.PoolMaxSizeVersion {
+			return 0, cuda.MaxSizeUnsupported(d.op(symMemPoolCreate), v)
+		}
+	}
 	var p C.uintptr_t
-	if r := C.cc_memPoolCreate(d.tab, cctx(ctx), C.int(dev), &p); r != 0 {
+	if r := C.cc_memPoolCreate(d.tab, cctx(ctx), C.int(props.Device), C.int(props.HandleTypes),
+		C.ulonglong(props.MaxSize), &p); r != 0 {
 		return 0, d.fail(symMemPoolCreate, r)
 	}
 	return cuda.MemPool(p), nil

@@ -60,15 +60,6 @@ func (d *Driver) MemPoolGetAccess(ctx cuda.Context, pool cuda.MemPool, dev cuda.
 	return cuda.AccessFlags(f), nil
 }
 
-// MemPoolCreateShareable creates a pool of dev whose memory can be exported as ht handles (cuMemPoolCreate).
-func (d *Driver) MemPoolCreateShareable(ctx cuda.Context, dev cuda.Device, ht cuda.HandleType) (cuda.MemPool, error) {
-	var p C.uintptr_t
-	if r := C.cc_memPoolCreateShareable(d.tab, cctx(ctx), C.int(dev), C.int(ht), &p); r != 0 {
-		return 0, d.fail(symMemPoolCreate, r)
-	}
-	return cuda.MemPool(p), nil
-}
-
 // MemPoolExportToShareableHandle exports pool as a file descriptor (cuMemPoolExportToShareableHandle).
 func (d *Driver) MemPoolExportToShareableHandle(ctx cuda.Context, pool cuda.MemPool, ht cuda.HandleType) (int, error) {
 	if ht != cuda.HandlePosixFD {

@@ -115,6 +115,15 @@ CUresult cc_deviceGetDefaultMemPool(const cc_table *t, int dev, uintptr_t *pool)
 	*pool = (uintptr_t)p;
 	return r;
 }
+CUresult cc_deviceGetMemPool(const cc_table *t, int dev, uintptr_t *pool) {
+	CUmemoryPool p = NULL;
+	CUresult r = t->cuDeviceGetMemPool(&p, dev);
+	*pool = (uintptr_t)p;
+	return r;
+}
+CUresult cc_deviceSetMemPool(const cc_table *t, int dev, uintptr_t pool) {
+	return t->cuDeviceSetMemPool(dev, (CUmemoryPool)pool);
+}
 CUresult cc_primaryCtxRetain(const cc_table *t, int dev, uintptr_t *ctx) {
 	CUcontext c = NULL;
 	CUresult r = t->cuDevicePrimaryCtxRetain(&c, dev);
@@ -193,17 +202,19 @@ CUresult cc_memFreeAsync(const cc_table *t, uintptr_t ctx, CUdeviceptr p, uintpt
 	ENSURE;
 	return t->cuMemFreeAsync(p, (CUstream)s);
 }
-CUresult cc_memPoolCreate(const cc_table *t, uintptr_t ctx, int dev, uintptr_t *pool) {
+CUresult cc_memPoolCreate(const cc_table *t, uintptr_t ctx, int dev, int handleTypes, unsigned long long maxSize,
+                          uintptr_t *pool) {
 	CUmemPoolProps props;
 	CUmemoryPool p = NULL;
 	CUresult r;
 	ENSURE;
 	// Zeroed first: reserved bytes must be 0, and a driver newer than this struct reads them.
 	memset(&props, 0, sizeof props);
-	props.allocType = 1;     // CU_MEM_ALLOCATION_TYPE_PINNED
-	props.handleTypes = 0;   // CU_MEM_HANDLE_TYPE_NONE
+	props.allocType = 1; // CU_MEM_ALLOCATION_TYPE_PINNED
+	props.handleTypes = handleTypes;
 	props.location.type = 1; // CU_MEM_LOCATION_TYPE_DEVICE
 	props.location.id = dev;
+	props.maxSize = (size_t)maxSize;
 	r = t->cuMemPoolCreate(&p, &props);
 	*pool = (uintptr_t)p;
 	return r;
@@ -506,20 +517,6 @@ CUresult cc_memPoolGetAccess(const cc_table *t, uintptr_t ctx, uintptr_t pool, i
 	} loc = {1, dev};
 	ENSURE;
 	return t->cuMemPoolGetAccess(flags, (CUmemoryPool)pool, &loc);
-}
-CUresult cc_memPoolCreateShareable(const cc_table *t, uintptr_t ctx, int dev, int handleTypes, uintptr_t *pool) {
-	CUmemPoolProps props;
-	CUmemoryPool p = NULL;
-	CUresult r;
-	ENSURE;
-	memset(&props, 0, sizeof props);
-	props.allocType = 1; // CU_MEM_ALLOCATION_TYPE_PINNED
-	props.handleTypes = handleTypes;
-	props.location.type = 1;
-	props.location.id = dev;
-	r = t->cuMemPoolCreate(&p, &props);
-	*pool = (uintptr_t)p;
-	return r;
 }
 CUresult cc_memPoolExportToShareableHandle(const cc_table *t, uintptr_t ctx, uintptr_t pool, int handleType, int *fd) {
 	ENSURE;

@@ -83,6 +83,8 @@ typedef struct {
 	CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
 	CUresult (*cuDeviceTotalMem)(size_t *, CUdevice);
 	CUresult (*cuDeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
+	CUresult (*cuDeviceGetMemPool)(CUmemoryPool *, CUdevice);
+	CUresult (*cuDeviceSetMemPool)(CUdevice, CUmemoryPool);
 	CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
 	CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
 	CUresult (*cuCtxGetCurrent)(CUcontext *);
@@ -189,6 +191,8 @@ CUresult cc_deviceGetPCIBusId(const cc_table *t, int dev, char *buf, int len);
 CUresult cc_deviceGetAttribute(const cc_table *t, int dev, int attr, int *v);
 CUresult cc_deviceTotalMem(const cc_table *t, int dev, unsigned long long *bytes);
 CUresult cc_deviceGetDefaultMemPool(const cc_table *t, int dev, uintptr_t *pool);
+CUresult cc_deviceGetMemPool(const cc_table *t, int dev, uintptr_t *pool);
+CUresult cc_deviceSetMemPool(const cc_table *t, int dev, uintptr_t pool);
 CUresult cc_primaryCtxRetain(const cc_table *t, int dev, uintptr_t *ctx);
 CUresult cc_primaryCtxRelease(const cc_table *t, int dev);
 const char *cc_getErrorName(const cc_table *t, CUresult r);
@@ -209,7 +213,10 @@ CUresult cc_memAllocAsync(const cc_table *t, uintptr_t ctx, unsigned long long n
 CUresult cc_memAllocFromPoolAsync(const cc_table *t, uintptr_t ctx, unsigned long long n, uintptr_t pool,
                                   uintptr_t s, CUdeviceptr *p);
 CUresult cc_memFreeAsync(const cc_table *t, uintptr_t ctx, CUdeviceptr p, uintptr_t s);
-CUresult cc_memPoolCreate(const cc_table *t, uintptr_t ctx, int dev, uintptr_t *pool);
+// cc_memPoolCreate creates a pool of pinned memory on dev with the given handle types and maximum size
+// (0: the driver's default; nonzero needs a driver whose CUmemPoolProps has maxSize, CUDA 12.2+).
+CUresult cc_memPoolCreate(const cc_table *t, uintptr_t ctx, int dev, int handleTypes, unsigned long long maxSize,
+                          uintptr_t *pool);
 CUresult cc_memPoolDestroy(const cc_table *t, uintptr_t ctx, uintptr_t pool);
 CUresult cc_memPoolSetAttribute(const cc_table *t, uintptr_t ctx, uintptr_t pool, int attr, unsigned long long v);
 CUresult cc_memPoolGetAttribute(const cc_table *t, uintptr_t ctx, uintptr_t pool, int attr,
@@ -268,7 +275,6 @@ CUresult cc_memcpyPeerAsync(const cc_table *t, uintptr_t ctx, CUdeviceptr dst, u
                             uintptr_t srcCtx, unsigned long long n, uintptr_t s);
 CUresult cc_memPoolSetAccess(const cc_table *t, uintptr_t ctx, uintptr_t pool, int dev, int flags);
 CUresult cc_memPoolGetAccess(const cc_table *t, uintptr_t ctx, uintptr_t pool, int dev, int *flags);
-CUresult cc_memPoolCreateShareable(const cc_table *t, uintptr_t ctx, int dev, int handleTypes, uintptr_t *pool);
 CUresult cc_memPoolExportToShareableHandle(const cc_table *t, uintptr_t ctx, uintptr_t pool, int handleType, int *fd);
 CUresult cc_memPoolImportFromShareableHandle(const cc_table *t, uintptr_t ctx, int fd, int handleType,
                                              uintptr_t *pool);

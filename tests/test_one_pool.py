@@ -1,0 +1,353 @@
+"""One pool for every library of the process (cudacore.share_pool), on the simulator and on a GPU.
+
+The libraries that share the pool are stood in for here by the simulator's doors that allocate the way
+they do (``SimPoolAllocate``: from the device's current pool, as PyTorch's cudaMallocAsync backend and
+CuPy's MemoryAsyncPool do, or from the pool by handle, as RMM does); the wiring of the real libraries is
+tested on the GPU machine (tests/test_one_pool_gpu.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import cudacore as cc
+from cudacore import _accounts, _broker
+from cudacore._api import core
+
+from conftest import run_python
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def dev() -> Iterator[cc.Device]:
+    """Device 0 with no shared pool and nothing of cudacore's allocated, before and after the test."""
+    d = cc.Device(0)
+    assert cc.shared_pool(d) is None
+    assert d.memory_stats()["in_use"] == 0
+    yield d
+    sp = cc.shared_pool(d)
+    if sp is not None:
+        sp.undo()
+    assert json.loads(core.PoolInfo(0))["shared"] is None
+
+
+def current_pool(d: cc.Device) -> int:
+    return int(json.loads(core.PoolInfo(d.device_id))["current"])
+
+
+class StandIn:
+    """Another library of the process, allocating natively from the pool: from the device's current pool
+    (``by_handle`` None), or from a pool it was handed."""
+
+    def __init__(self, d: cc.Device, by_handle: int | None = None) -> None:
+        self.d, self.pool, self.live = d, by_handle or 0, {}
+
+    def allocate(self, n: int) -> int:
+        p = core.SimPoolAllocate(self.d.device_id, n, self.pool)
+        self.live[p] = n
+        return p
+
+    def free_all(self) -> None:
+        for p in list(self.live):
+            core.SimPoolFree(self.d.device_id, p)
+            del self.live[p]
+
+    def bytes_in_use(self) -> int:
+        return sum(self.live.values())
+
+
+# -- the call ----------------------------------------------------------------------------------------------
+
+
+def test_share_pool_makes_one_pool_current_and_puts_it_back(dev: cc.Device) -> None:
+    before = current_pool(dev)
+    with cc.share_pool(dev, release_threshold=64 * MiB, libraries=[]) as sp:
+        assert cc.shared_pool(dev) is sp and cc.shared_pool(0) is sp
+        assert sp.owned and sp.device == dev and sp.previous_pool == before
+        assert sp.handle != before and current_pool(dev) == sp.handle
+        assert sp.release_threshold == 64 * MiB and sp.max_size is None and not sp.ipc
+        assert sp.libraries == {} and sp.wired == ()
+        assert dev.memory_stats()["pool_shared"] is True
+        with dev.allocate(2 * MiB) as buf:
+            stats = dev.memory_stats()
+            assert stats["pool_used"] >= 2 * MiB and stats["by_library"]["cudacore"] >= 2 * MiB
+            with pytest.raises(cc.IllegalStateError, match="close those buffers first"):
+                sp.undo()  # cudacore's block is in the pool: nothing changes
+            assert current_pool(dev) == sp.handle and not sp.closed
+            assert buf.ptr
+    assert sp.closed and cc.shared_pool(dev) is None
+    assert current_pool(dev) == before
+    assert dev.memory_stats()["pool_shared"] is False
+    sp.undo()  # idempotent
+    assert "undone" in repr(sp)
+
+
+def test_sharing_again_changes_the_threshold_or_is_refused(dev: cc.Device) -> None:
+    sp = cc.share_pool(dev, libraries=[])
+    assert sp.release_threshold is None
+    again = cc.share_pool(dev, release_threshold=0, libraries=[])
+    assert again is sp and sp.release_threshold == 0
+    with pytest.raises(cc.IllegalStateError, match="already shares memory pool"):
+        cc.share_pool(dev, pool="default", libraries=[])
+    assert cc.shared_pool(dev) is sp and current_pool(dev) == sp.handle
+    sp.undo()
+
+
+def test_the_default_pool_can_be_shared(dev: cc.Device) -> None:
+    with dev.allocate(MiB):  # the allocator is in the default pool already: its blocks may stay
+        sp = cc.share_pool(dev, pool="default", release_threshold=8 * MiB, libraries=[])
+        assert not sp.owned and current_pool(dev) == sp.handle
+        assert "the default pool" in repr(sp)
+        sp.undo()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"release_threshold": -1}, cc.InvalidValueError, "release_threshold must be 0 or more"),
+        ({"release_threshold": 1 << 64}, cc.InvalidValueError, "below 2\\*\\*63"),
+        ({"release_threshold": "1GiB"}, TypeError, "release_threshold must be an int"),
+        ({"release_threshold": True}, TypeError, "not bool"),
+        ({"max_size": 0}, cc.InvalidValueError, "max_size must be positive"),
+        ({"max_size": -5}, cc.InvalidValueError, "max_size must be positive"),
+        ({"max_size": 1.5}, TypeError, "max_size must be an int"),
+        ({"ipc": "yes"}, TypeError, "ipc must be a bool"),
+        ({"pool": "mine"}, cc.InvalidValueError, 'pool must be "own" or "default"'),
+        ({"libraries": "torch"}, TypeError, "a list of names"),
+        ({"libraries": ["tensorflow"]}, cc.InvalidValueError, "cannot wire 'tensorflow'"),
+        ({"pool": "default", "max_size": 1 << 30}, cc.InvalidValueError, "no maximum size and no IPC"),
+        ({"pool": "default", "ipc": True}, cc.InvalidValueError, "no maximum size and no IPC"),
+        ({"device": -1}, cc.InvalidValueError, "device ordinal must be >= 0"),
+        ({"device": "0"}, TypeError, "device ordinal must be an int"),
+    ],
+)
+def test_bad_input_is_refused_and_changes_nothing(dev: cc.Device, kwargs: dict[str, Any], error: type, match: str) -> None:
+    before = current_pool(dev)
+    kwargs.setdefault("libraries", [])
+    with pytest.raises(error, match=match):
+        cc.share_pool(**kwargs)
+    assert cc.shared_pool(dev) is None and current_pool(dev) == before
+
+
+def test_refused_while_cudacore_has_memory_in_the_old_pool(dev: cc.Device) -> None:
+    before = current_pool(dev)
+    with dev.allocate(MiB), pytest.raises(cc.IllegalStateError, match="close those buffers first"):
+        cc.share_pool(dev, libraries=[])
+    assert cc.shared_pool(dev) is None and current_pool(dev) == before
+
+
+def test_refused_during_a_capture(dev: cc.Device) -> None:
+    s = dev.create_stream()
+    try:
+        with s.capture(mode="relaxed"), pytest.raises(cc.CaptureError, match="capture"):
+            cc.share_pool(dev, libraries=[])
+    finally:
+        s.close()
+    assert cc.shared_pool(dev) is None
+
+
+def test_the_synchronous_strategy_is_refused_both_ways(dev: cc.Device) -> None:
+    dev.set_allocation_strategy("sync")
+    try:
+        with pytest.raises(cc.NotSupportedError, match="cupy_allocator"):
+            cc.share_pool(dev, libraries=[])
+    finally:
+        dev.set_allocation_strategy("auto")
+    sp = cc.share_pool(dev, libraries=[])
+    with pytest.raises(cc.IllegalStateError, match="undo the shared pool first"):
+        dev.set_allocation_strategy("sync")
+    dev.set_allocation_strategy("pool")  # stays in the shared pool
+    assert current_pool(dev) == sp.handle
+    sp.undo()
+
+
+@pytest.mark.sim
+def test_devices_without_pools_get_a_clear_not_supported() -> None:
+    code = """
+import cudacore as cc
+try:
+    cc.share_pool(0, libraries=[])
+except cc.NotSupportedError as e:
+    print("NotSupported:", e)
+"""
+    devices = [{"name": "sim-tcc", "total_memory": 1 << 30, "memory_pools_supported": False, "tcc_driver": True}]
+    r = run_python(code, {"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": json.dumps(devices)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("NotSupported:"), r.stdout
+    assert "no stream-ordered memory pools" in r.stdout and "TCC" in r.stdout
+    assert "cudacore.interop.cupy_allocator" in r.stdout
+
+
+def test_a_maximum_size_caps_the_pool(dev: cc.Device) -> None:
+    with cc.share_pool(dev, max_size=64 * MiB, release_threshold=0, libraries=[]) as sp:
+        assert sp.max_size == 64 * MiB
+        with dev.allocate(48 * MiB):
+            with pytest.raises(cc.OutOfMemoryError) as e:
+                dev.allocate(32 * MiB)
+            assert e.value.cause == "pool_max_size" and int(e.value.fields["max_size"]) == 64 * MiB
+            assert "the pool reached its maximum size" in str(e.value)
+            assert dev.memory_stats()["reserved"] <= 64 * MiB
+        dev.synchronize()
+        dev.allocate(60 * MiB).close()  # the freed block made room again
+
+
+def test_an_ipc_pool(dev: cc.Device) -> None:
+    with cc.share_pool(dev, ipc=True, libraries=[]) as sp:
+        assert sp.ipc and current_pool(dev) == sp.handle
+        dev.allocate(MiB).close()
+
+
+# -- the account -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.sim
+def test_the_pool_serves_every_library_and_the_account_splits_it(dev: cc.Device) -> None:
+    sp = cc.share_pool(dev, libraries=[])
+    current = StandIn(dev)  # allocates with cuMemAllocAsync, as PyTorch's and CuPy's async allocators do
+    handed = StandIn(dev, by_handle=sp.handle)  # from the pool by handle, as RMM does
+    sp.track("standin", handed.bytes_in_use)
+    try:
+        buf = dev.allocate(5 * MiB)
+        current.allocate(3 * MiB)
+        handed.allocate(7 * MiB)
+        handed.allocate(MiB)
+        stats = dev.memory_stats()
+        assert stats["pool_used"] == 16 * MiB, "every library's blocks are in the one pool"
+        assert stats["by_library"] == {"cudacore": 5 * MiB, "standin": 8 * MiB, "unattributed": 3 * MiB}
+        assert sum(stats["by_library"].values()) == stats["pool_used"]
+        summary = cc.memory_summary(dev, events=0)
+        assert "shared with the process's libraries" in summary and "standin" in summary and "unattributed" in summary
+        with pytest.raises(cc.InvalidValueError, match="cannot name a row"):
+            sp.track("standin", handed.bytes_in_use)
+        with pytest.raises(cc.InvalidValueError, match="cannot name a row"):
+            sp.track("unattributed", handed.bytes_in_use)
+        with pytest.raises(TypeError, match="callable"):
+            sp.track("other", 5)  # type: ignore[arg-type]
+        buf.close()
+        # A release gives back what every library freed, not only cudacore's cache.
+        current.free_all()
+        dev.synchronize()
+        assert dev.release_cached_memory() == 0
+        assert dev.memory_stats()["reserved"] == 8 * MiB, "only the handed-out blocks stay"
+    finally:
+        current.free_all()
+        handed.free_all()
+        sp.undo()
+    assert "standin" not in dev.memory_stats()["by_library"], "undo removes the tracked row"
+    with pytest.raises(cc.IllegalStateError, match="was undone"):
+        sp.track("late", handed.bytes_in_use)
+
+
+@pytest.mark.sim
+def test_undo_leaves_other_libraries_blocks_valid(dev: cc.Device) -> None:
+    sp = cc.share_pool(dev, libraries=[])
+    other = StandIn(dev)
+    p = other.allocate(2 * MiB)
+    sp.undo()  # the pool is destroyed with a block of another library in it
+    assert current_pool(dev) == sp.previous_pool
+    core.SimPoolFree(0, p)  # which its owner frees later, as the driver allows
+    other.live.clear()
+
+
+@pytest.mark.parametrize(
+    ("held", "inside", "outside", "used", "want"),
+    [
+        ({}, {}, {}, 0, {}),  # no pool: the synchronous strategy
+        ({"cudacore": 10}, {}, {}, 10, {"cudacore": 10, "unattributed": 0}),
+        ({"cudacore": 10}, {}, {}, 25, {"cudacore": 10, "unattributed": 15}),
+        ({"cudacore": 10}, {"numba": 4}, {}, 10, {"cudacore": 6, "numba": 4, "unattributed": 0}),
+        ({"cudacore": 10}, {}, {"rmm": 7}, 20, {"cudacore": 10, "rmm": 7, "unattributed": 3}),
+        # More named than used (cudacore's allocations inside captures are graph memory, outside the pool):
+        # unattributed never goes below 0.
+        ({"cudacore": 10}, {}, {"rmm": 7}, 12, {"cudacore": 10, "rmm": 7, "unattributed": 0}),
+        # A failing reporter, or one answering no byte count, leaves its bytes unattributed.
+        ({"cudacore": 10}, {}, {"broken": None, "silly": "x"}, 20, {"cudacore": 10, "unattributed": 10}),
+    ],
+)
+def test_the_split(held: dict[str, int], inside: dict[str, int], outside: dict[str, Any], used: int, want: dict[str, int]) -> None:
+    ordinal = 1000  # no device of the process: the books are this test's alone
+    for name, n in inside.items():
+        _accounts.count_inside(ordinal, name, n)
+    for name, value in outside.items():
+
+        def report(value: Any = value) -> int:
+            if value is None:
+                raise RuntimeError("statistics unavailable")
+            return value
+
+        _accounts.report_outside(ordinal, name, report)
+    try:
+        assert _accounts.split(ordinal, used, held) == want
+    finally:
+        for name, n in inside.items():
+            _accounts.count_inside(ordinal, name, -n)
+        for name in outside:
+            _accounts.report_outside(ordinal, name, None)
+
+
+# -- wiring, before the libraries are imported -------------------------------------------------------------
+
+
+@pytest.fixture
+def installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """torch and numba taken as installed but not imported, so that share_pool wires them through the
+    environment (neither is imported here)."""
+    real = _broker._installed
+    monkeypatch.setattr(_broker, "_installed", lambda name: name in ("torch", "numba") or real(name))
+    for var in (*_broker._TORCH_CONF, _broker._NUMBA_ENV):
+        monkeypatch.delenv(var, raising=False)
+    yield
+
+
+@pytest.mark.skipif("torch" in sys.modules or "numba" in sys.modules, reason="torch or numba imported here")
+def test_torch_and_numba_are_wired_through_the_environment_before_import(dev: cc.Device, installed: None) -> None:
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:False"
+    sp = cc.share_pool(dev, libraries=["torch", "numba"])
+    assert sp.wired == ("torch", "numba")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False,backend:cudaMallocAsync"
+    assert os.environ["NUMBA_CUDA_MEMORY_MANAGER"] == "cudacore.interop"
+    assert "imported after this" in sp.libraries["torch"].how
+    sp.undo()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
+    assert "NUMBA_CUDA_MEMORY_MANAGER" not in os.environ
+
+
+@pytest.mark.skipif("torch" in sys.modules, reason="torch imported here")
+def test_torch_asked_for_another_backend_is_not_wired(dev: cc.Device, installed: None) -> None:
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:native"
+    with cc.share_pool(dev, libraries=["torch"]) as sp:
+        w = sp.libraries["torch"]
+        assert not w.wired and "'native'" in w.how and "backend:cudaMallocAsync" in w.how
+        assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "backend:native", "the user's choice is left alone"
+
+
+def test_libraries_not_installed_are_reported(dev: cc.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_broker, "_installed", lambda name: False)
+    with cc.share_pool(dev) as sp:
+        assert set(sp.libraries) == set(_broker.LIBRARIES)
+        assert all(not w.wired and w.how == "not installed" for w in sp.libraries.values())
+
+
+def test_a_library_whose_wiring_fails_is_reported_and_the_rest_goes_on(dev: cc.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(pool: Any) -> Any:
+        raise RuntimeError("the library refused")
+
+    monkeypatch.setattr(_broker, "_installed", lambda name: name == "rmm")
+    monkeypatch.setitem(_broker._WIRE, "rmm", broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sp = cc.share_pool(dev, libraries=["rmm"])
+    try:
+        assert not sp.libraries["rmm"].wired and "the library refused" in sp.libraries["rmm"].how
+        assert any("could not wire rmm" in str(w.message) for w in caught)
+        assert current_pool(dev) == sp.handle, "the pool is shared all the same"
+    finally:
+        sp.undo()
