@@ -630,6 +630,12 @@ copy_current_hot(BufferObject *self, PyObject *host, const copy_part *part, int 
     if (cur == NULL) {
         return 0; /* the legacy stream (copy_sync_hot's case), or nothing readable */
     }
+    if (!PyObject_TypeCheck(cur, &StreamType) || ((StreamObject *)cur)->closed) {
+        /* A current stream closed inside its block is the general path's to refuse, saying so: its handle
+         * must not reach Go, where it names a closed stream, or one created since with the same handle. */
+        Py_DECREF(cur);
+        return 0;
+    }
     int r = copy_hot(self, host, cur, part, to_device);
     if (r == 0) {
         r = copy_stream_hot(self, host, cur, part, to_device);
