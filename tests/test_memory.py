@@ -489,6 +489,19 @@ def test_staging_tuning_hook(dev: cc.Device, default_staging) -> None:
     assert tune(dev.device_id, workers=1) == {**defaults, "workers": 1}, "zero fields: the defaults"
 
 
+def test_staging_tuning_takes_an_int_device(dev: cc.Device, default_staging) -> None:
+    """The hook's device is an ordinal: anything else is a TypeError, not an int() of it (a float was
+    truncated to another device, "0" taken for device 0, a Device refused with int()'s own message); a
+    device that does not exist is an InvalidValueError."""
+    tune = default_staging
+    for bad in (1.5, "0", True, None, dev):
+        with pytest.raises(TypeError, match=r"staging_tuning: device must be an int"):
+            tune(bad)
+    with pytest.raises(cc.InvalidValueError, match="does not exist"):
+        tune(cc.device_count())
+    assert tune(dev.device_id)["chunk"] == 4 << 20
+
+
 def test_numpy_refuses_a_buffer_with_a_message() -> None:
     # Without __array__, numpy.asarray(buf) made a one-element object array, silently.
     import numpy as np
