@@ -489,6 +489,45 @@ def test_staging_tuning_hook(dev: cc.Device, default_staging) -> None:
     assert tune(dev.device_id, workers=1) == {**defaults, "workers": 1}, "zero fields: the defaults"
 
 
+@pytest.mark.sim
+@pytest.mark.parametrize("stream", [False, True], ids=["sync", "stream"])
+@pytest.mark.parametrize("held", [0, 2], ids=["pool empty", "pool of two"])
+def test_a_staged_copy_goes_on_when_pinned_memory_runs_out(dev: cc.Device, default_staging, stream: bool, held: int) -> None:
+    """A staging buffer that cannot be allocated (pinned memory exhausted) fails no copy: with buffers in
+    the pool the copy goes on with them, with none it is the driver's own copy (a plain copy_from of a
+    numpy array failed with OutOfMemoryError where the driver's copy needs no pinned memory of ours).
+    Every byte arrives both ways; release_cached_memory() lets the pool grow again."""
+    from cudacore import testing
+
+    tune = default_staging
+    tune(dev.device_id, chunk=MiB, buffers=4)
+    dev.release_cached_memory()
+    n = 5 * MiB + 7
+    s = dev.create_stream() if stream else None
+    try:
+        with dev.allocate(n) as buf:
+            if held:
+                buf.copy_from(np.zeros(held * MiB, np.uint8), nbytes=held * MiB)  # two chunks: two buffers
+                assert dev.memory_stats()["pinned_staging"] == held * MiB
+            src = np.random.default_rng(held).integers(0, 256, n, dtype=np.uint8)
+            out = np.zeros(n, np.uint8)
+            testing.inject_faults("cuMemHostAlloc:1:CUDA_ERROR_OUT_OF_MEMORY,cuMemHostAlloc:2:CUDA_ERROR_OUT_OF_MEMORY")
+            buf.copy_from(src, stream=s)
+            buf.copy_to(out, stream=s)
+            # The empty pool tries to grow at each copy; the pool of two stops growing at its failure.
+            assert testing.clear_faults() == (1 if held else 0)
+            assert np.array_equal(src, out)
+            assert dev.memory_stats()["pinned_staging"] == held * MiB, "the pool did not grow past the failure"
+            dev.release_cached_memory()
+            buf.copy_from(src, stream=s)
+            if s is not None:
+                s.synchronize()
+            assert dev.memory_stats()["pinned_staging"] == 4 * MiB, "the pool grows again after a release"
+    finally:
+        if s is not None:
+            s.close()
+
+
 def test_staging_tuning_takes_an_int_device(dev: cc.Device, default_staging) -> None:
     """The hook's device is an ordinal: anything else is a TypeError, not an int() of it (a float was
     truncated to another device, "0" taken for device 0, a Device refused with int()'s own message); a
