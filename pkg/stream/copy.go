@@ -342,9 +342,9 @@ func (p *staging) reapLocked() {
 
 // get returns a free staging buffer: a free one, else a new one while under the bound, else the oldest
 // busy one once its copy completes, else (every buffer is held by a copy being issued) the first to come
-// back. The caller must hold no buffer that only it can give back. A buffer that cannot be allocated is a
-// noStaging error only while the pool has none; otherwise the pool stops growing (ceiling) and get waits
-// for one of those it has.
+// back. The caller must hold no buffer that only it can give back. A buffer that cannot be allocated for
+// lack of memory is a noStaging error only while the pool has none; otherwise the pool stops growing
+// (ceiling) and get waits for one of those it has. Any other failure to allocate is returned as it is.
 func (p *staging) get() ([]byte, error) {
 	return p.take(true)
 }
@@ -379,6 +379,10 @@ func (p *staging) take(wait bool) ([]byte, error) {
 			}
 			p.all = slices.Delete(p.all, i, i+1)
 			p.returned.Broadcast() // the slot is free again
+			if cuda.ResultOf(err) != cuda.ErrorOutOfMemory {
+				p.mu.Unlock()
+				return nil, err
+			}
 			if len(p.all) == 0 {
 				p.mu.Unlock()
 				return nil, noStaging{err}
