@@ -145,8 +145,7 @@ def test_a_copy_given_no_stream_under_a_closed_current_stream_is_refused_as_the_
 ) -> None:
     # The same error, message included (it says the current stream was closed inside its block, and what
     # to do), for host memory of every hot case: pageable, pinned, pageable large enough to be staged. The C
-    # path handed the closed Stream's handle to Go, which answered "stream 0x... was closed" (and, were
-    # the handle reused by a later stream, would have found that stream).
+    # path must not hand the closed Stream's handle to Go, where a stream created since may have it.
     n = 64 if host_kind != "staged" else 3 << 20
     s = dev.create_stream()
     pinned = dev.allocate_pinned(n) if host_kind == "pinned" else None

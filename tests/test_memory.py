@@ -494,9 +494,8 @@ def test_staging_tuning_hook(dev: cc.Device, default_staging) -> None:
 @pytest.mark.parametrize("held", [0, 2], ids=["pool empty", "pool of two"])
 def test_a_staged_copy_goes_on_when_pinned_memory_runs_out(dev: cc.Device, default_staging, stream: bool, held: int) -> None:
     """A staging buffer that cannot be allocated (pinned memory exhausted) fails no copy: with buffers in
-    the pool the copy goes on with them, with none it is the driver's own copy (a plain copy_from of a
-    numpy array failed with OutOfMemoryError where the driver's copy needs no pinned memory of ours).
-    Every byte arrives both ways; release_cached_memory() lets the pool grow again."""
+    the pool the copy goes on with them, with none it is the driver's own copy, which needs no pinned
+    memory of cudacore's. Every byte arrives both ways; release_cached_memory() lets the pool grow again."""
     from cudacore import testing
 
     tune = default_staging
@@ -529,9 +528,9 @@ def test_a_staged_copy_goes_on_when_pinned_memory_runs_out(dev: cc.Device, defau
 
 
 def test_staging_tuning_takes_an_int_device(dev: cc.Device, default_staging) -> None:
-    """The hook's device is an ordinal: anything else is a TypeError, not an int() of it (a float was
-    truncated to another device, "0" taken for device 0, a Device refused with int()'s own message); a
-    device that does not exist is an InvalidValueError."""
+    """The hook's device is an ordinal: anything else (a float, a string, a bool, None, a Device) is a
+    TypeError naming the hook, never converted to some ordinal; a device that does not exist is an
+    InvalidValueError."""
     tune = default_staging
     for bad in (1.5, "0", True, None, dev):
         with pytest.raises(TypeError, match=r"staging_tuning: device must be an int"):

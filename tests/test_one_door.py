@@ -712,8 +712,8 @@ def test_pageable_copies_on_a_stream_take_the_c_path_and_round_trip(monkeypatch:
 @pytest.mark.parametrize("n", [4096, 5 << 20])
 def test_copies_given_no_stream_take_the_c_path_while_a_with_stream_block_is_open(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
     """stream=None with a `with s:` block open: on this thread the copy on s and a wait, on a thread whose
-    current stream is the default one (the block is another thread's) the synchronous copy; both in C (the
-    latter took the general path, 16 times slower on the simulator, whenever any thread had a block open)."""
+    current stream is the default one (the block is another thread's) the synchronous copy; both in C, as
+    without a block anywhere (another thread's block does not send this thread to the general path)."""
     d = cc.Device(0)
     s = d.create_stream()
     buf = d.allocate(n)
