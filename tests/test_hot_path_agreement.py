@@ -138,17 +138,33 @@ def test_gpu_a_copy_given_no_stream_under_with_s_waits_for_s(dev: cc.Device, cal
 
 
 @pytest.mark.sim
-def test_a_copy_given_no_stream_under_a_closed_current_stream_is_refused_as_the_general_path_refuses(dev: cc.Device) -> None:
+@pytest.mark.parametrize("host_kind", ["bytes", "pinned", "staged"])
+@pytest.mark.parametrize("into", [True, False], ids=["copy_from", "copy_to"])
+def test_a_copy_given_no_stream_under_a_closed_current_stream_is_refused_as_the_general_path_refuses(
+    dev: cc.Device, host_kind: str, into: bool
+) -> None:
+    # The same error, message included (it says the current stream was closed inside its block, and what
+    # to do), for host memory of every hot case: pageable, pinned, pageable large enough to be staged. The C
+    # path must not hand the closed Stream's handle to Go, where a stream created since may have it.
+    n = 64 if host_kind != "staged" else 3 << 20
     s = dev.create_stream()
+    pinned = dev.allocate_pinned(n) if host_kind == "pinned" else None
+    host: Any = pinned if pinned is not None else bytearray(n)
     errors = []
-    with dev.allocate(64) as b:
-        with s:
-            s.close()
-            for call in (b.copy_from, lambda h: type(b)._copy_from(b, h)):
-                with pytest.raises(cc.CUDAError) as e:
-                    call(bytes(64))
-                errors.append(type(e.value))
-    assert errors[0] is errors[1]
+    try:
+        with dev.allocate(n) as b:
+            general = (lambda h: type(b)._copy_from(b, h)) if into else (lambda h: type(b)._copy_to(b, h))
+            with s:
+                s.close()
+                for call in (b.copy_from if into else b.copy_to, general):
+                    with pytest.raises(cc.CUDAError) as e:
+                        call(host)
+                    errors.append((type(e.value), str(e.value)))
+    finally:
+        host = None
+        if pinned is not None:
+            pinned.close()
+    assert errors[0] == errors[1]
 
 
 @pytest.mark.sim

@@ -489,6 +489,57 @@ def test_staging_tuning_hook(dev: cc.Device, default_staging) -> None:
     assert tune(dev.device_id, workers=1) == {**defaults, "workers": 1}, "zero fields: the defaults"
 
 
+@pytest.mark.sim
+@pytest.mark.parametrize("stream", [False, True], ids=["sync", "stream"])
+@pytest.mark.parametrize("held", [0, 2], ids=["pool empty", "pool of two"])
+def test_a_staged_copy_goes_on_when_pinned_memory_runs_out(dev: cc.Device, default_staging, stream: bool, held: int) -> None:
+    """A staging buffer that cannot be allocated (pinned memory exhausted) fails no copy: with buffers in
+    the pool the copy goes on with them, with none it is the driver's own copy, which needs no pinned
+    memory of cudacore's. Every byte arrives both ways; release_cached_memory() lets the pool grow again."""
+    from cudacore import testing
+
+    tune = default_staging
+    tune(dev.device_id, chunk=MiB, buffers=4)
+    dev.release_cached_memory()
+    n = 5 * MiB + 7
+    s = dev.create_stream() if stream else None
+    try:
+        with dev.allocate(n) as buf:
+            if held:
+                buf.copy_from(np.zeros(held * MiB, np.uint8), nbytes=held * MiB)  # two chunks: two buffers
+                assert dev.memory_stats()["pinned_staging"] == held * MiB
+            src = np.random.default_rng(held).integers(0, 256, n, dtype=np.uint8)
+            out = np.zeros(n, np.uint8)
+            testing.inject_faults("cuMemHostAlloc:1:CUDA_ERROR_OUT_OF_MEMORY,cuMemHostAlloc:2:CUDA_ERROR_OUT_OF_MEMORY")
+            buf.copy_from(src, stream=s)
+            buf.copy_to(out, stream=s)
+            # The empty pool tries to grow at each copy; the pool of two stops growing at its failure.
+            assert testing.clear_faults() == (1 if held else 0)
+            assert np.array_equal(src, out)
+            assert dev.memory_stats()["pinned_staging"] == held * MiB, "the pool did not grow past the failure"
+            dev.release_cached_memory()
+            buf.copy_from(src, stream=s)
+            if s is not None:
+                s.synchronize()
+            assert dev.memory_stats()["pinned_staging"] == 4 * MiB, "the pool grows again after a release"
+    finally:
+        if s is not None:
+            s.close()
+
+
+def test_staging_tuning_takes_an_int_device(dev: cc.Device, default_staging) -> None:
+    """The hook's device is an ordinal: anything else (a float, a string, a bool, None, a Device) is a
+    TypeError naming the hook, never converted to some ordinal; a device that does not exist is an
+    InvalidValueError."""
+    tune = default_staging
+    for bad in (1.5, "0", True, None, dev):
+        with pytest.raises(TypeError, match=r"staging_tuning: device must be an int"):
+            tune(bad)
+    with pytest.raises(cc.InvalidValueError, match="does not exist"):
+        tune(cc.device_count())
+    assert tune(dev.device_id)["chunk"] == 4 << 20
+
+
 def test_numpy_refuses_a_buffer_with_a_message() -> None:
     # Without __array__, numpy.asarray(buf) made a one-element object array, silently.
     import numpy as np

@@ -709,6 +709,43 @@ def test_pageable_copies_on_a_stream_take_the_c_path_and_round_trip(monkeypatch:
         s.close()
 
 
+@pytest.mark.parametrize("n", [4096, 5 << 20])
+def test_copies_given_no_stream_take_the_c_path_while_a_with_stream_block_is_open(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """stream=None with a `with s:` block open: on this thread the copy on s and a wait, on a thread whose
+    current stream is the default one (the block is another thread's) the synchronous copy; both in C, as
+    without a block anywhere (another thread's block does not send this thread to the general path)."""
+    d = cc.Device(0)
+    s = d.create_stream()
+    buf = d.allocate(n)
+    src = np.arange(n, dtype=np.uint32).astype(np.uint8)
+    out = np.zeros(n, np.uint8)
+    entered, leave = threading.Event(), threading.Event()
+
+    def hold_a_block_open() -> None:
+        with s:
+            entered.set()
+            leave.wait(30)
+
+    t = threading.Thread(target=hold_a_block_open)
+    t.start()
+    try:
+        assert entered.wait(30)
+        with _only_the_c_path(monkeypatch):
+            buf.copy_from(src)
+            buf.copy_to(out)
+            assert np.array_equal(out, src)
+            out[:] = 0
+            with s:
+                buf.copy_from(src[::-1].copy())
+                buf.copy_to(out)
+            assert np.array_equal(out, src[::-1])
+    finally:
+        leave.set()
+        t.join(30)
+        buf.close()
+        s.close()
+
+
 # -- adversarial findings: a free in flight with the GIL released counts as closed ---------------------------
 
 

@@ -616,19 +616,33 @@ copy_stream_hot(BufferObject *self, PyObject *host, PyObject *stream, const copy
     return sh < 0 ? 0 : copy_export_hot(self, host, stream, sh, part, to_device);
 }
 
-/* stream=None inside a `with stream:` block: the copy on this thread's current Stream, then a wait for
- * it, as the general path does (_copy._finish); while any capture runs (the copy may belong to it, and
- * waiting would be illegal there) the general path decides. 1 done, 0 not this case, -1 error set. */
+/* stream=None while a `with stream:` block is open on some thread (copy_sync_hot's gate is shut). Where this
+ * thread's current stream of the device is the legacy default one (the block is another thread's), the
+ * synchronous copy, as copy_sync_hot makes it. Otherwise the copy on this thread's current Stream, then a
+ * wait for it, as the general path does (_copy._finish); while any capture runs (the copy may belong to
+ * it, and waiting would be illegal there) the general path decides. 1 done, 0 not this case, -1 error
+ * set. */
 static int
 copy_current_hot(BufferObject *self, PyObject *host, const copy_part *part, int to_device)
 {
     static PyObject *str_synchronize;
-    if (cc_snapshot_capturing() || buffer_gone(self)) {
+    if (no_stream_blocks() || buffer_gone(self)) {
+        return 0; /* copy_sync_hot's case, declined there */
+    }
+    PyObject *cur = current_stream_object(self->device);
+    if (cur == NULL) {
+        PyErr_Clear(); /* nothing readable: the general path */
         return 0;
     }
-    PyObject *cur = current_for_direct(self->device);
-    if (cur == NULL) {
-        return 0; /* the legacy stream (copy_sync_hot's case), or nothing readable */
+    if (cur == Py_None) {
+        Py_DECREF(cur);
+        return copy_export_hot(self, host, NULL, -1, part, to_device);
+    }
+    if (cc_snapshot_capturing() || !PyObject_TypeCheck(cur, &StreamType) || ((StreamObject *)cur)->closed) {
+        /* A current stream closed inside its block is the general path's to refuse, saying so: its handle
+         * must not reach Go, where it names a closed stream, or one created since with the same handle. */
+        Py_DECREF(cur);
+        return 0;
     }
     int r = copy_hot(self, host, cur, part, to_device);
     if (r == 0) {

@@ -288,6 +288,7 @@ type staging struct {
 	returned sync.Cond // on mu: a buffer came back to the pool, or a slot under the bound came free
 	tuning   StagingTuning
 	copies   int       // staged copies running (begin/end): the tuning stays while any runs
+	ceiling  int       // after a buffer could not be allocated: the pool's bound until memory is given back (0: none)
 	all      []uintptr // base of every buffer, for owns
 	free     [][]byte
 	busy     []inflight // oldest first
@@ -341,7 +342,9 @@ func (p *staging) reapLocked() {
 
 // get returns a free staging buffer: a free one, else a new one while under the bound, else the oldest
 // busy one once its copy completes, else (every buffer is held by a copy being issued) the first to come
-// back. The caller must hold no buffer that only it can give back.
+// back. The caller must hold no buffer that only it can give back. A buffer that cannot be allocated for
+// lack of memory is a noStaging error only while the pool has none; otherwise the pool stops growing
+// (ceiling) and get waits for one of those it has. Any other failure to allocate is returned as it is.
 func (p *staging) get() ([]byte, error) {
 	return p.take(true)
 }
@@ -362,21 +365,32 @@ func (p *staging) take(wait bool) ([]byte, error) {
 			p.mu.Unlock()
 			return b, nil
 		}
-		if len(p.all) < p.tuning.Buffers {
+		if len(p.all) < p.boundLocked() {
 			p.all = append(p.all, 0) // reserve the slot
 			size := p.tuning.Chunk
 			p.mu.Unlock()
 			b, err := p.m.drv.MemHostAlloc(p.m.ctx, uint64(size), 0)
 			p.mu.Lock()
-			defer p.mu.Unlock()
 			i := slices.Index(p.all, 0) // the reserved slot (Close leaves it)
-			if err != nil {
-				p.all = slices.Delete(p.all, i, i+1)
-				p.returned.Broadcast() // the slot is free again
-			} else {
+			if err == nil {
 				p.all[i] = uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+				p.mu.Unlock()
+				return b, nil
 			}
-			return b, err
+			p.all = slices.Delete(p.all, i, i+1)
+			p.returned.Broadcast() // the slot is free again
+			if cuda.ResultOf(err) != cuda.ErrorOutOfMemory {
+				p.mu.Unlock()
+				return nil, err
+			}
+			if len(p.all) == 0 {
+				p.mu.Unlock()
+				return nil, noStaging{err}
+			}
+			// Pinned memory is short: the copies go on with the buffers the pool has (or is being given),
+			// and the pool stops growing until memory is given back (ReleaseStaging, a new tuning).
+			p.ceiling = len(p.all)
+			continue
 		}
 		if !wait {
 			p.mu.Unlock()
@@ -399,6 +413,21 @@ func (p *staging) take(wait bool) ([]byte, error) {
 		p.returned.Wait()
 	}
 }
+
+// boundLocked is the most buffers the pool holds now: the tuning's, or fewer after an allocation failed.
+func (p *staging) boundLocked() int {
+	if p.ceiling > 0 {
+		return min(p.ceiling, p.tuning.Buffers)
+	}
+	return p.tuning.Buffers
+}
+
+// noStaging is the failure to allocate a staging buffer while the pool has none: a copy that holds no
+// buffer either cannot be staged, and is the driver's own pageable copy instead (stagedHtoD, stagedDtoH).
+type noStaging struct{ err error }
+
+func (e noStaging) Error() string { return e.err.Error() }
+func (e noStaging) Unwrap() error { return e.err }
 
 // record records a staging event on s.
 func (p *staging) record(s *Stream) (cuda.Event, error) {
@@ -480,6 +509,7 @@ func (m *Manager) ReleaseStaging() error {
 	p.reapLocked()
 	bufs, evs := p.free, p.events
 	p.free, p.events = nil, nil
+	p.ceiling = 0 // memory is given back: the pool may grow to its bound again
 	p.mu.Unlock()
 	var first error
 	for _, b := range bufs {
@@ -531,6 +561,7 @@ func (m *Manager) Close() error {
 	p.mu.Lock()
 	busy, free, events := p.busy, p.free, p.events
 	p.busy, p.free, p.events = nil, nil, nil
+	p.ceiling = 0 // its memory is given back: the pool may grow to its bound again
 	// The buffers it frees leave the pool; those that copies hold now stay counted, and come back.
 	gone := make(map[uintptr]bool, len(busy)+len(free))
 	for _, b := range busy {

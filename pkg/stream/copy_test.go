@@ -444,8 +444,10 @@ func TestStagingReused(t *testing.T) {
 
 // TestPageableCopyFault injects a driver failure in the middle of a multi-chunk pageable copy, with the
 // caller copying each chunk and with a crew of workers filling or emptying later chunks meanwhile: the
-// call returns the typed error, every staging buffer comes back (none busy forever), the stream and pool
-// work afterwards, and Close frees every pinned buffer and event the pool made.
+// call returns the typed error (a staging buffer that cannot be allocated for lack of memory fails
+// nothing: the copy goes on with the buffers the pool has, or through the driver, and every byte
+// arrives), every staging buffer comes back (none busy forever), the stream and pool work afterwards, and
+// Close frees every pinned buffer and event the pool made.
 func TestPageableCopyFault(t *testing.T) {
 	withProcs(t, 4)
 	one := StagingTuning{Chunk: 4096, Buffers: 2, Workers: 1}
@@ -475,6 +477,8 @@ func TestPageableCopyFault(t *testing.T) {
 		{"DtoH crew: second wait", true, "cuEventSynchronize", 2, cuda.ErrorInvalidValue, crew},
 		{"DtoH crew: third record", true, "cuEventRecord", 3, cuda.ErrorInvalidValue, crew},
 		{"DtoH crew: third pinned alloc", true, "cuMemHostAlloc", 3, cuda.ErrorOutOfMemory, crew},
+		{"HtoD pinned alloc refused", false, "cuMemHostAlloc", 1, cuda.ErrorInvalidValue, one},
+		{"DtoH crew: second pinned alloc refused", true, "cuMemHostAlloc", 2, cuda.ErrorInvalidValue, crew},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -493,10 +497,18 @@ func TestPageableCopyFault(t *testing.T) {
 			} else {
 				err = e.m.CopyHtoD(p, buf, s)
 			}
-			requireResult(t, c.code, err)
-			var ce *cuda.Error
-			require.ErrorAs(t, err, &ce)
-			e.drv.ClearFaults()
+			if c.entry == "cuMemHostAlloc" && c.code == cuda.ErrorOutOfMemory {
+				require.NoError(t, err, "the copy goes on without the buffer")
+				require.NoError(t, s.Synchronize())
+				dev := make([]byte, n)
+				require.NoError(t, e.drv.MemcpyDtoH(e.dev.Context(), dev, p))
+				assert.Equal(t, buf, dev, "every byte arrived")
+			} else {
+				requireResult(t, c.code, err)
+				var ce *cuda.Error
+				require.ErrorAs(t, err, &ce)
+			}
+			assert.Zero(t, e.drv.ClearFaults(), "the fault was reached")
 
 			require.NoError(t, s.Synchronize())
 			all, free, busy := poolState(e.m)

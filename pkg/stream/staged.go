@@ -2,6 +2,7 @@ package stream
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -167,7 +168,7 @@ func (m *Manager) SetStagingTuning(t StagingTuning) error {
 			}
 		}
 		p.all, p.free, p.busy = nil, nil, nil
-		p.tuning = t
+		p.tuning, p.ceiling = t, 0
 		p.returned.Broadcast()
 		return first
 	})
@@ -364,7 +365,7 @@ func (m *Manager) stagedHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 		for assigned < pl.chunks && assigned-head < t.Buffers {
 			buf, err := m.staging.poll()
 			if err != nil {
-				return err
+				return m.unstagedHtoD(err, head == assigned, pl, dst, src, assigned, s)
 			}
 			if buf == nil {
 				break
@@ -381,7 +382,7 @@ func (m *Manager) stagedHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 		default: // the copy holds no buffer: wait for the pool
 			buf, err := m.staging.get()
 			if err != nil {
-				return err
+				return m.unstagedHtoD(err, true, pl, dst, src, assigned, s)
 			}
 			w.ready(assigned, buf)
 			assigned++
@@ -441,7 +442,7 @@ func (m *Manager) stagedDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 		for issued < pl.chunks && issued-freed < t.Buffers {
 			buf, err := m.staging.poll()
 			if err != nil {
-				return err
+				return m.unstagedDtoH(err, freed == issued, pl, dst, src, issued, s)
 			}
 			if buf == nil {
 				break
@@ -465,7 +466,7 @@ func (m *Manager) stagedDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 		case freed < pl.chunks: // the copy holds no buffer: wait for the pool
 			buf, err := m.staging.get()
 			if err != nil {
-				return err
+				return m.unstagedDtoH(err, true, pl, dst, src, issued, s)
 			}
 			if err := issue(buf); err != nil {
 				return err
@@ -473,4 +474,39 @@ func (m *Manager) stagedDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 		}
 	}
 	return nil
+}
+
+// unstagedHtoD is what a staged host-to-device copy does when the pool refuses it a buffer (err): when
+// the pool has none and cannot allocate one (noStaging) and the copy holds none (idle), the chunks from
+// next on go through the driver's own copy, in order after the DMAs enqueued so far; otherwise it fails
+// with err. The driver stages pageable memory and returns once it has read it, but reads memory it knows
+// as page-locked (another library's) when the stream gets there, so the stream is waited for: the call
+// returns once src is read, as a staged copy does.
+func (m *Manager) unstagedHtoD(err error, idle bool, pl plan, dst cuda.DevicePtr, src []byte, next int, s *Stream) error {
+	var ns noStaging
+	if !errors.As(err, &ns) {
+		return err
+	}
+	if !idle {
+		return ns.err
+	}
+	off, _ := pl.chunkSpan(next)
+	if err := m.drv.MemcpyHtoDAsync(m.ctx, dst+cuda.DevicePtr(off), src[off:], s.h); err != nil {
+		return err
+	}
+	return m.drv.StreamSynchronize(m.ctx, s.h)
+}
+
+// unstagedDtoH is unstagedHtoD device to host: the driver's pageable copy returns once the data is in
+// dst, as the staged copy does. No worker touches dst[off:] (its chunks were never handed to the crew).
+func (m *Manager) unstagedDtoH(err error, idle bool, pl plan, dst []byte, src cuda.DevicePtr, next int, s *Stream) error {
+	var ns noStaging
+	if !errors.As(err, &ns) {
+		return err
+	}
+	if !idle {
+		return ns.err
+	}
+	off, _ := pl.chunkSpan(next)
+	return m.drv.MemcpyDtoHAsync(m.ctx, dst[off:], src+cuda.DevicePtr(off), s.h)
 }

@@ -717,3 +717,134 @@ func FuzzStagedCopy(f *testing.F) {
 		require.Zero(t, busy)
 	})
 }
+
+// TestStagingBufferAllocationFails: a staging buffer that cannot be allocated (pinned memory exhausted)
+// fails no copy. With buffers in the pool the copy goes on with them, and the pool grows no further
+// until memory is given back (ReleaseStaging); with none it is the driver's own pageable copy (which
+// needs no pinned memory of cudacore's), asynchronous or synchronous, either way. Every byte arrives, and
+// every buffer the pool has comes back.
+func TestStagingBufferAllocationFails(t *testing.T) {
+	const n = 5*4096 + 3 // five chunks and a bit, for a pool of two
+	cases := []struct {
+		name   string
+		dtoh   bool
+		sync   bool
+		before int // buffers allocated before the fault
+		nth    int // the allocation from then on that fails
+		pool   int // buffers in the pool after the copy
+	}{
+		{"HtoD/stream/none", false, false, 0, 1, 0},
+		{"HtoD/sync/none", false, true, 0, 1, 0},
+		{"DtoH/stream/none", true, false, 0, 1, 0},
+		{"DtoH/sync/none", true, true, 0, 1, 0},
+		{"HtoD/stream/one", false, false, 1, 1, 1},
+		{"HtoD/sync/one", false, true, 1, 1, 1},
+		{"DtoH/stream/one", true, false, 1, 1, 1},
+		{"DtoH/sync/one", true, true, 1, 1, 1},
+		{"HtoD/stream/second of this copy", false, false, 0, 2, 1},
+		{"DtoH/stream/second of this copy", true, false, 0, 2, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t) // a pool of two 4 KiB buffers, every pageable copy staged
+			s := e.stream(t, true)
+			p := e.alloc(t, n)
+			if c.before > 0 {
+				require.NoError(t, e.m.CopyHtoD(p, pattern(4096, 9), s)) // one chunk: one buffer
+				require.NoError(t, s.Synchronize())
+			}
+			var cs *Stream
+			if !c.sync {
+				cs = s
+			}
+			want := pattern(n, 1)
+			if c.dtoh { // the driver's copy: the pool stays as it is
+				require.NoError(t, e.drv.MemcpyHtoD(e.dev.Context(), p, want))
+			}
+			e.drv.InjectFault("cuMemHostAlloc", c.nth, cuda.ErrorOutOfMemory)
+			got := make([]byte, n)
+			if c.dtoh {
+				require.NoError(t, e.m.CopyDtoH(got, p, cs))
+			} else {
+				require.NoError(t, e.m.CopyHtoD(p, want, cs))
+			}
+			assert.Zero(t, e.drv.ClearFaults(), "the allocation failed")
+			require.NoError(t, s.Synchronize())
+			if !c.dtoh { // the driver's copy: the pool stays as it is
+				require.NoError(t, e.drv.MemcpyDtoH(e.dev.Context(), got, p))
+			}
+			assert.Equal(t, want, got)
+			all, free, busy := poolState(e.m)
+			assert.Equal(t, c.pool, all, "buffers in the pool")
+			assert.Equal(t, all, free, "every buffer is back")
+			assert.Zero(t, busy)
+			// Memory given back: the pool grows to its bound again.
+			require.NoError(t, e.m.ReleaseStaging())
+			require.NoError(t, e.m.CopyHtoD(p, want, s))
+			require.NoError(t, s.Synchronize())
+			all, _, _ = poolState(e.m)
+			assert.Equal(t, 2, all, "the pool grows again once memory was released")
+		})
+	}
+}
+
+// TestStagingAllocationFailsUnderContention: copies on several streams at once, with every other
+// staging allocation failing, never wait for each other for good and land intact.
+func TestStagingAllocationFailsUnderContention(t *testing.T) {
+	withProcs(t, 8)
+	const threads, rounds, n = 6, 20, 7*4096 + 5
+	e := newEnv(t)
+	require.NoError(t, e.m.SetStagingTuning(StagingTuning{Chunk: 4096, Buffers: 4, Workers: 2}))
+	for i := 1; i < 200; i += 2 {
+		e.drv.InjectFault("cuMemHostAlloc", i, cuda.ErrorOutOfMemory)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, threads)
+	for th := range threads {
+		s := e.stream(t, true)
+		p := e.alloc(t, n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range rounds {
+				want, got := pattern(n, byte(th*rounds+r)), make([]byte, n)
+				if err := e.m.CopyHtoD(p, want, s); err != nil {
+					errs <- err
+					return
+				}
+				if err := e.m.CopyDtoH(got, p, s); err != nil {
+					errs <- err
+					return
+				}
+				if !bytes.Equal(want, got) {
+					errs <- fmt.Errorf("thread %d round %d: bytes differ", th, r)
+					return
+				}
+				if r%5 == 4 {
+					if err := e.m.ReleaseStaging(); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the copies waited for each other for good")
+	}
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	e.drv.ClearFaults()
+	_, err := e.m.SynchronizeDevice(0, true)
+	require.NoError(t, err)
+	all, free, busy := poolState(e.m)
+	assert.LessOrEqual(t, all, 4)
+	assert.Zero(t, busy)
+	assert.Equal(t, all, free, "every staging buffer is back")
+}

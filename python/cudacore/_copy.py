@@ -467,18 +467,23 @@ def staging_tuning(device: int = 0, **fields: int) -> dict[str, int]:
 
     Raises
     ------
+    TypeError
+        If ``device`` is not an int.
     InvalidValueError
-        For an unknown field, a value that is not an int, or one out of bounds.
+        For an unknown field, a value that is not an int, or one out of bounds; a device that does not
+        exist.
     CUDAError
         With ``CUDA_ERROR_NOT_READY`` while a staged copy runs on ``device``; a ``CaptureError`` while a
         capture is in progress.
     """
     op = "cudacore.staging_tuning"
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise TypeError(f"{op}: device must be an int (a device ordinal), not {type(device).__name__}")
     if unknown := sorted(set(fields) - set(STAGING_FIELDS)):
         raise _invalid(f"{op}: unknown field(s) {unknown}; the fields are {list(STAGING_FIELDS)}", op)
     for name, value in fields.items():
         if isinstance(value, bool) or not isinstance(value, int):
             raise _invalid(f"{op}: {name} must be an int, not {type(value).__name__}", op)
     spec = json.dumps({name: fields.get(name, 0) for name in STAGING_FIELDS}) if fields else ""
-    tuning: dict[str, int] = json.loads(core.StagingTuning(int(device), spec))
+    tuning: dict[str, int] = json.loads(core.StagingTuning(device, spec))
     return tuning
