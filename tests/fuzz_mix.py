@@ -675,6 +675,13 @@ def op_interrupt(st: Any, a: int, b: int, c: int, d: int, e: int, f: int, sub: l
 
 def _after_interrupt(st: Any) -> None:
     with st.lock:
+        # A close or drop interrupted after it took its buffer off the books (fuzz.Ops._forget) and before
+        # it closed or dropped it: the program still holds the buffer (State.made keeps every one), so it goes
+        # back on the books and the program's cleanup closes it. Left off, it would be memory the program
+        # itself keeps, reported as in use after the program.
+        for buf in st.made:
+            if buf.obj is not None and not buf.obj.closed and buf not in st.bufs:
+                st.bufs.append(buf)
         for buf in [*st.bufs, *mix(st).bufs1]:
             buf.shadow = None
         streams = list(st.streams)
