@@ -41,7 +41,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, ModuleType
+from types import CodeType, FrameType, ModuleType
 from typing import Any
 
 #: The environment variable that selects the mix in worker processes.
@@ -595,11 +595,25 @@ def op_recorder(st: Any, a: int, b: int, *_: Any) -> None:
 # -- interrupts ------------------------------------------------------------------------------------------
 
 
+def _weak_container_callbacks() -> frozenset[CodeType]:
+    """The code of the callbacks by which the weak containers of ``weakref`` drop an entry whose referent
+    went away (run by the collector or a reference count's drop, wherever the main thread is)."""
+    import weakref
+
+    return frozenset(c()._remove.__code__ for c in (weakref.WeakValueDictionary, weakref.WeakKeyDictionary, weakref.WeakSet))
+
+
+_FINALIZER_CODE = _weak_container_callbacks()
+
+
 def _in_finalizer(frame: FrameType | None) -> bool:
-    """Whether ``frame`` runs inside a finalizer (``__del__``, a weakref callback the collector runs): a
-    Ctrl-C there reaches no caller (Python prints and drops it), so it is not delivered there."""
+    """Whether ``frame`` runs inside a finalizer (``__del__``, a weakref callback): a Ctrl-C there reaches no
+    caller (Python prints and drops it), so it is not delivered there. A weak container's callback
+    interrupted also keeps its dead entry: every later iteration of the container then passes one more
+    signal check, so that a sweep's next position fell inside the entries it had itself left, run after
+    run, and the sweep of ``graphed``'s capture (which lists the capture buffers) never ended."""
     while frame is not None:
-        if frame.f_code.co_name in ("__del__", "_popen_gone"):
+        if frame.f_code.co_name in ("__del__", "_popen_gone") or frame.f_code in _FINALIZER_CODE:
             return True
         frame = frame.f_back
     return False
@@ -611,6 +625,22 @@ def _in_finalizer(frame: FrameType | None) -> bool:
 #: and its ``__exit__`` call, which a trace function could make it do).
 _CHECKED_AFTER = frozenset(dis.opmap[n] for n in ("CALL", "CALL_FUNCTION_EX", "JUMP_BACKWARD") if n in dis.opmap)
 _RESUME = dis.opmap.get("RESUME", -1)
+
+#: Each code object's exception table (3.11+), parsed once.
+_TABLES: dict[CodeType, list[Any]] = {}
+
+
+def _handler(code: CodeType, offset: int) -> tuple[int, int, bool] | None:
+    """The exception handler that an exception raised at byte ``offset`` of ``code`` goes to (None: it leaves
+    the frame)."""
+    table = _TABLES.get(code)
+    if table is None:
+        parse = getattr(dis, "_parse_exception_table", None)
+        table = _TABLES[code] = parse(code) if parse is not None and hasattr(code, "co_exceptiontable") else []
+    for e in table:
+        if e.start <= offset < e.end:
+            return (e.target, e.depth, e.lasti)
+    return None
 
 
 class Tripper:
@@ -638,10 +668,16 @@ class Tripper:
             self._prev[id(frame)] = -1
             return self
         if event == "opcode" and not self.fired:
-            op = frame.f_code.co_code[frame.f_lasti]
+            code, at = frame.f_code, frame.f_lasti
+            op = code.co_code[at]
             prev = self._prev.get(id(frame), -1)
             self._prev[id(frame)] = op
-            if op == _RESUME or prev in _CHECKED_AFTER:
+            # CPython handles the signal of a check after a call or a back edge as an exception of the code
+            # unit just before the next instruction (the call's last, or the one before a loop's head); this
+            # trace function can raise only as one of the next instruction. Where the two have different
+            # handlers (a call that ends a ``try`` whose ``finally`` follows, inlined), the position would run
+            # the wrong one (the finally skipped), so it is not swept.
+            if op == _RESUME or prev in _CHECKED_AFTER and _handler(code, at - 2) == _handler(code, at):
                 if self.seen == self.at:
                     self.fired = True
                     signal.raise_signal(signal.SIGINT)

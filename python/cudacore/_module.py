@@ -30,7 +30,7 @@ from ._errors import CUDAError, error
 from ._handles import stream_handle
 from ._native import fast
 from ._stream import Stream as _Stream
-from ._stream import StreamLike
+from ._stream import StreamLike, uninterrupted
 from ._tables import ARG_KINDS
 
 if TYPE_CHECKING:
@@ -508,9 +508,12 @@ class Module(_CModule):
     _device: Device
 
     def __init__(self, device: Device, handle: int) -> None:
-        info = json.loads(core.ModuleInfo(handle))
+        # The finalizer first: a Module cut short below (an error, a Ctrl-C) still unloads when collected.
+        self._finalizer = weakref.finalize(self, _unload, handle)
+        self._finalizer.atexit = False
         self._handle = handle
         self._device = device
+        info = json.loads(core.ModuleInfo(handle))
         self.kind: str = info["kind"]
         #: The kernels the PTX declares; None for a cubin or fatbin (the driver cannot list them).
         self.kernel_names: tuple[str, ...] | None = (
@@ -519,8 +522,6 @@ class Module(_CModule):
         self._kernels: dict[str, Kernel] = {}
         self._lock = threading.Lock()
         self._loaded = True
-        self._finalizer = weakref.finalize(self, _unload, handle)
-        self._finalizer.atexit = False
 
     @property
     def device(self) -> Device:
@@ -548,6 +549,12 @@ class Module(_CModule):
 
     def unload(self) -> None:
         """Unload the module; its kernels can no longer be launched. A second call does nothing."""
+        if self._finalizer.alive:
+            uninterrupted(self._unload)
+
+    def _unload(self) -> None:
+        # With interrupts held back: a Ctrl-C between the finalizer's detach and Go's unload would leave the
+        # module loaded with nothing left to unload it.
         if self._finalizer.alive:
             self._loaded = False  # before Go unloads it: no direct launch of its kernels from now on
             self._finalizer.detach()
@@ -602,6 +609,7 @@ def load_module(device: Device, image: ImageLike) -> Module:
     FileNotFoundError
         ``image`` is a path that does not exist.
     """
-    data = _read_image(image)
-    handle = core.ModuleLoad(device.device_id, base64.b64encode(data).decode("ascii"))
-    return Module(device, handle)
+    text = base64.b64encode(_read_image(image)).decode("ascii")
+    # With interrupts held back: the module Go loaded has its Module (and its finalizer) before a Ctrl-C
+    # can come; one that comes meanwhile is raised after, and the Module, dropped, unloads when collected.
+    return uninterrupted(lambda: Module(device, core.ModuleLoad(device.device_id, text)))

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from . import _api
 from ._api import core
 from ._native import fast
-from ._stream import _hold_interrupts, _release_interrupts, interrupt_edge
+from ._stream import uninterrupted
 
 __all__ = ["Descriptors", "Owner", "adopt", "close_buffer", "uninterrupted"]
 
@@ -88,20 +88,6 @@ class Owner:
             return
         with contextlib.suppress(Exception):
             self._collect()
-
-
-@interrupt_edge
-def uninterrupted(fn: Callable[[], None]) -> None:
-    """``fn()`` with keyboard interrupts held back (on the main thread; ``_stream.interrupt_edge``): one
-    that comes meanwhile is raised once ``fn`` is done. For a step that takes something off its owner's
-    books and gives it back, which neither order makes safe against an interrupt in between: a descriptor
-    closed before it leaves the list may be closed again under a number another file has taken since."""
-    held = _hold_interrupts()
-    try:
-        fn()
-    finally:
-        if held:
-            _release_interrupts(raise_held=True)
 
 
 class Descriptors(Owner):
