@@ -410,6 +410,32 @@ def test_this_process_memory_outside_the_allocator_is_not_other_processes() -> N
     assert out == ["exhausted " + str(40 << 20)]
 
 
+def test_a_live_graphs_memory_is_this_process_memory_counted_once() -> None:
+    """Item 16, a live graph's memory: graph memory a launched graph holds is this process's in the
+    verdict, counted once: in ``in_use`` while its Buffer is open, in ``outside`` once the Buffer is closed
+    and the graph keeps the memory. It was counted in both while the Buffer was open (the message gave 40
+    MiB in use and 40 MiB outside, on a device with 44 MiB used)."""
+    out = _run(
+        """
+        import cudacore as cc
+        d = cc.Device(0)
+        s = d.create_stream()
+        with s.capture() as g:
+            kept = d.allocate(40 << 20, stream=s)  # graph memory the graph's launches make real
+        g.launch(s)
+        s.synchronize()
+        for step in ("open", "closed"):
+            try:
+                d.allocate(40 << 20)
+            except cc.OutOfMemoryError as e:
+                print(step, e.cause, int(e.fields["in_use"]) >> 20, int(e.fields["outside"]) >> 20)
+            kept.close()
+        g.destroy()
+        """
+    )
+    assert out == ["open exhausted 40 0", "closed exhausted 0 40"]
+
+
 def test_memory_cached_for_one_path_goes_back_for_another() -> None:
     """Item 17: a closed SharedBuffer's block in the exportable pool made allocate fail (blaming other
     processes); a closed Buffer's cached block made allocate_shareable and allocate_managed fail."""
