@@ -71,6 +71,36 @@ def test_close_refuses_a_live_dlpack_export_before_freeing() -> None:
     assert _shared() == before - 4096
 
 
+def test_an_imported_buffer_refuses_a_live_dlpack_export_before_unmapping() -> None:
+    """Item 2, for ImportedBuffer.close(): it unmapped the memory first and only then refused. The import
+    here takes the path a second process takes (the handle names another live process as its exporter:
+    fuzz_mix._foreign)."""
+    import fuzz_mix
+
+    d = cc.Device(0)
+    before = _shared()
+    sb = d.allocate_shareable(4096, kind="pool")
+    h = sb.export()
+    with fuzz_mix._foreign(cc, h) as other:
+        imp = other.open()
+    assert isinstance(imp, cc.ImportedBuffer)
+    capsule = imp.__dlpack__()
+    with pytest.raises(BufferError):
+        imp.close()
+    assert not imp.closed
+    imp.copy_from(b"\x09" * 4096)  # still mapped: the bytes reach the exporter's memory
+    out = bytearray(4096)
+    sb.copy_to(out)
+    assert out == b"\x09" * 4096
+    with pytest.raises(cc.IllegalStateError):
+        sb.close()  # still imported
+    del capsule
+    imp.close()
+    h.close()
+    sb.close()
+    assert imp.closed and sb.closed and _shared() == before
+
+
 def test_threads_closing_one_shared_buffer_free_it_once() -> None:
     """Item 5: threads closing one SharedBuffer at once freed it several times (untyped OSError,
     'mmap closed', another thread's new buffer losing its memory)."""

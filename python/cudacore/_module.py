@@ -19,8 +19,8 @@ import json
 import operator
 import os
 import struct
+import sys
 import threading
-import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Union
 
@@ -504,14 +504,13 @@ class Module(_CModule):
 
     # The C base (cudacore/native/module.c) holds _device and _loaded, which the direct path checks before
     # it launches a kernel of the module; unload() clears _loaded before Go unloads it.
-    __slots__ = ("_finalizer", "_handle", "_kernels", "_lock", "kernel_names", "kind")
+    __slots__ = ("_handle", "_kernels", "_lock", "_unloaded", "kernel_names", "kind")
     _device: Device
 
     def __init__(self, device: Device, handle: int) -> None:
-        # The finalizer first: a Module cut short below (an error, a Ctrl-C) still unloads when collected.
-        self._finalizer = weakref.finalize(self, _unload, handle)
-        self._finalizer.atexit = False
+        # The handle first: a Module cut short below (an error, a Ctrl-C) still unloads when collected.
         self._handle = handle
+        self._unloaded = False
         self._device = device
         info = json.loads(core.ModuleInfo(handle))
         self.kind: str = info["kind"]
@@ -529,7 +528,7 @@ class Module(_CModule):
 
     @property
     def closed(self) -> bool:
-        return not self._finalizer.alive
+        return self._unloaded
 
     def function(self, name: str) -> Kernel:
         """The kernel called ``name``. Raises :class:`NotFoundError` naming the kernels the PTX declares."""
@@ -549,16 +548,26 @@ class Module(_CModule):
 
     def unload(self) -> None:
         """Unload the module; its kernels can no longer be launched. A second call does nothing."""
-        if self._finalizer.alive:
+        if not self._unloaded:
             uninterrupted(self._unload)
 
     def _unload(self) -> None:
-        # With interrupts held back: a Ctrl-C between the finalizer's detach and Go's unload would leave the
-        # module loaded with nothing left to unload it.
-        if self._finalizer.alive:
+        # With interrupts held back: a Ctrl-C between marking the module unloaded and Go's unload would
+        # leave it loaded with nothing left to unload it.
+        if not self._unloaded:
             self._loaded = False  # before Go unloads it: no direct launch of its kernels from now on
-            self._finalizer.detach()
+            self._unloaded = True
             core.ModuleUnload(self._handle)
+
+    def _finalize(self) -> None:
+        # Not at interpreter exit: the driver goes with the process (a fork child leaves it to _unload).
+        if getattr(self, "_unloaded", True) or sys.is_finalizing():
+            return
+        self._loaded = False
+        _unload(self._handle)  # again after a Ctrl-C: Go refuses a handle it unloaded, and _unload ignores that
+        self._unloaded = True
+
+    __del__ = fast.finalizer  # _finalize, called again where a Ctrl-C cut it short (cudacore._owner.Owner)
 
     close = unload
 

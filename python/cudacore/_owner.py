@@ -81,13 +81,18 @@ class Owner:
         """What collection does (no one is left to refuse to): :meth:`_release`."""
         self._release()
 
-    def __del__(self) -> None:
+    def _finalize(self) -> None:
         # An owner whose __init__ a KeyboardInterrupt cut short has no `closed` yet: nothing was allocated
         # under its token then, but a Descriptors may hold descriptors already (they come first).
         if getattr(self, "closed", False) or _api.forked():  # a forked child's memory belongs to its parent
             return
         with contextlib.suppress(Exception):
             self._collect()
+
+    # C (fast.finalize): calls _finalize again where a Ctrl-C cut it short, then delivers the Ctrl-C past
+    # the finalizer; a finalizer in Python would stop where the signal came, and what it still owned would
+    # be lost (each _release gives back what is left, and nothing twice).
+    __del__ = fast.finalizer
 
 
 class Descriptors(Owner):

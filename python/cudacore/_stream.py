@@ -614,10 +614,12 @@ class Stream(_CStream):
         """Make the stream and device that were current before the block current again (no close)."""
         pop_current(self)
 
-    def __del__(self) -> None:
+    def _finalize(self) -> None:
         if getattr(self, "_owned", False):
             with suppress(Exception):  # interpreter shutdown or a dead driver: nothing to do
                 self.close()
+
+    __del__ = fast.finalizer  # _finalize, called again where a Ctrl-C cut it short (cudacore._owner.Owner)
 
     def __reduce__(self) -> Any:
         # A stream this process created is its driver object: a copy would own it too, and destroy it (at
@@ -820,10 +822,12 @@ class Event(_CEvent):
         if handle:
             core.EventDestroy(handle)
 
-    def __del__(self) -> None:
+    def _finalize(self) -> None:
         if getattr(self, "_handle", 0):
             with suppress(Exception):
                 self.close()
+
+    __del__ = fast.finalizer  # _finalize, called again where a Ctrl-C cut it short (cudacore._owner.Owner)
 
     def __repr__(self) -> str:
         if not self._handle:
@@ -1041,10 +1045,12 @@ class Graph(_CGraph):
     def __exit__(self, *exc: object) -> None:
         self.destroy()
 
-    def __del__(self) -> None:
+    def _finalize(self) -> None:
         if getattr(self, "_id", 0) and not getattr(self, "_destroyed", True):
             with suppress(Exception):
                 self.destroy()
+
+    __del__ = fast.finalizer  # _finalize, called again where a Ctrl-C cut it short (cudacore._owner.Owner)
 
     def __repr__(self) -> str:
         if self._destroyed:
