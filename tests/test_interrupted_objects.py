@@ -2,10 +2,11 @@
 and the Python bookkeeping of it loses nothing (issue 30, "no window where a Ctrl-C loses it", for the
 core objects; the signal sweep's core calls found these).
 
-Each test wraps the Go entry so that a real SIGINT arrives as it returns, as a Ctrl-C there does: the
-handler in place runs at the next point where Python handles a signal, which was before the handle was
-stored (or, for a close, between marking the object closed and destroying it). The object must end up
-owned (and so destroyed when closed or collected) or destroyed, and the interrupt must still be raised.
+A real SIGINT comes at every point of the call where Python handles one (the signal sweep's Tripper), or
+as a Go entry returns (wrapped so that it sends one), as a Ctrl-C there does: the handler in place runs at
+the next such point, which was before the handle was stored (or, for a close, between marking the object
+closed and destroying it). The object must end up owned (and so destroyed when closed or collected) or
+destroyed, and the interrupt must still be raised.
 """
 
 from __future__ import annotations
@@ -60,33 +61,69 @@ def _capturing(d: cc.Device) -> cc.Stream:
     return s
 
 
-MAKERS: dict[str, tuple[str, Callable[[cc.Device, list[Any]], Any]]] = {
-    "create_stream": ("StreamCreate", lambda d, keep: d.create_stream()),
-    "create_event": ("EventCreate", lambda d, keep: cc.Event(d)),
-    "create_interprocess_event": ("EventCreateInterprocess", lambda d, keep: cc.Event(d, interprocess=True)),
-    "end_capture": ("StreamEndCapture", lambda d, keep: keep[0].end_capture()),
-    "load_module": ("ModuleLoad", lambda d, keep: d.load_module(PTX)),
+MAKERS: dict[str, Callable[[cc.Device, list[Any]], Any]] = {
+    "create_stream": lambda d, keep: d.create_stream(),
+    "create_event": lambda d, keep: cc.Event(d),
+    "create_interprocess_event": lambda d, keep: cc.Event(d, interprocess=True),
+    "end_capture": lambda d, keep: keep[0].end_capture(),
+    "load_module": lambda d, keep: d.load_module(PTX),
 }
 
 
+def _at_every_signal_check(call: Callable[[], Any], after: Callable[[], None]) -> int:
+    """``call()`` with a real SIGINT at each point where Python handles one in turn (the signal sweep's
+    Tripper), ``after()`` after each run; returns how many positions there were."""
+    import sys
+
+    import fuzz_mix
+
+    for at in range(1000):
+        tripper = fuzz_mix.Tripper(at)
+        try:
+            sys.settrace(tripper)
+            try:
+                call()
+            finally:
+                sys.settrace(None)
+        except KeyboardInterrupt:
+            pass
+        after()
+        if not tripper.fired:
+            return at
+    pytest.fail("the sweep did not end")
+
+
 @pytest.mark.parametrize("name", list(MAKERS))
-def test_an_object_made_as_a_ctrl_c_comes_is_not_lost(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """Before: the stream, event, module or graph (with its graph memory) Go had made stayed alive for
-    good, its handle dropped with the interrupted frame."""
+def test_an_object_made_as_a_ctrl_c_comes_is_not_lost(name: str) -> None:
+    """A real SIGINT at every point of the call where Python handles one. Before: the stream, event,
+    module or graph (with its graph memory) Go had made stayed alive for good where the signal came at the
+    end of the Go call, its handle dropped with the interrupted frame."""
     d = cc.Device(0)
-    keep = [_capturing(d)] if name == "end_capture" else []
+    keep: list[Any] = []
+    make = MAKERS[name]
+
+    def setup() -> None:
+        if name == "end_capture":
+            for s in keep:
+                s.close()
+            keep[:] = [_capturing(d)]
+
+    setup()
     before = _accounting(d)
-    entry, make = MAKERS[name]
-    _interrupt_after(monkeypatch, entry)
-    with pytest.raises(KeyboardInterrupt):
-        make(d, keep)
-    monkeypatch.undo()
-    after = _accounting(d)
-    if name == "end_capture":  # the capture is over and its graph, dropped, is destroyed
-        before[0]["captures"] -= 1
-        assert not keep[0].capturing
-        keep[0].close()
-    assert after == before
+
+    def after() -> None:
+        if name == "end_capture":
+            assert before[0]["captures"] == 1
+            keep[0].close()  # ends the capture if the interrupt came before end_capture did
+            got = _accounting(d)
+            assert got == ({**before[0], "captures": 0, "streams": before[0]["streams"] - 1}, before[1]), got
+            keep[:] = [_capturing(d)]
+        else:
+            assert _accounting(d) == before
+
+    positions = _at_every_signal_check(lambda: make(d, keep), after)
+    keep[0].close() if keep else None
+    assert positions > 2
 
 
 def test_a_module_unloaded_as_a_ctrl_c_comes_is_unloaded() -> None:
