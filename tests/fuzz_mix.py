@@ -294,10 +294,17 @@ def _foreign(cc: Any, h: Any) -> Any:
 
     from cudacore._owner import Descriptors
 
+    from cudacore._errors import closed_error
+
     # The duplicates are made and owned in one C-level step (extend over map), as export() makes its own:
     # an interrupt between a dup and its owner would be this helper's leak, not cudacore's (signal_sweep).
+    # They are made under the lock the handle's close takes: a thread of a burst may close the handle
+    # meanwhile, and its descriptors' numbers may then name other files.
     fds = Descriptors([])
-    fds.fds.extend(map(_os.dup, [h.pool_fd, h.lease_fd]))
+    with h._owner._lock:
+        if h._owner.closed:
+            raise closed_error("IpcHandle", "cudacore.open_shared")
+        fds.fds.extend(map(_os.dup, [h.pool_fd, h.lease_fd]))
     return cc.IpcHandle(
         kind=h.kind,
         device_id=h.device_id,
