@@ -292,9 +292,8 @@ def _foreign(cc: Any, h: Any) -> Any:
     path (the driver's import of the pool and the pointer, a slot in the lease), as a second process does."""
     import os as _os
 
-    from cudacore._owner import Descriptors
-
     from cudacore._errors import closed_error
+    from cudacore._owner import Descriptors
 
     # The duplicates are made and owned in one C-level step (extend over map), as export() makes its own:
     # an interrupt between a dup and its owner would be this helper's leak, not cudacore's (signal_sweep).
