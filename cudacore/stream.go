@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cudacore/cudacore/cudacore/internal/kernels"
 	"github.com/cudacore/cudacore/cudacore/internal/process"
 	"github.com/cudacore/cudacore/pkg/cuda"
 	"github.com/cudacore/cudacore/pkg/stream"
@@ -377,13 +378,15 @@ func EventElapsed(start, end int) (float64, error) {
 	})
 }
 
-// StreamObjects returns JSON {streams, events, graphs, captures}: how many of each are alive (leak checks).
+// StreamObjects returns JSON {streams, events, graphs, captures, modules}: how many of each are alive
+// (leak checks).
 //
 //cudacore:gil hold
 func StreamObjects() (string, error) {
 	return guard("cudacore.stream_objects", func() (string, error) {
+		modules, _ := kernels.Default.Len()
 		b, err := json.Marshal(map[string]int{"streams": process.Streams.Len(), "events": process.Events.Len(), "graphs": process.Graphs.Len(),
-			"captures": process.ActiveCaptures()})
+			"captures": process.ActiveCaptures(), "modules": modules})
 		return string(b), err
 	})
 }

@@ -75,7 +75,7 @@ def dev() -> Iterator[Any]:
 
 
 def objects() -> dict[str, int]:
-    """How many streams, events, graphs and captures cudacore holds now (for leak checks)."""
+    """How many streams, events, graphs, captures and loaded modules cudacore holds now (for leak checks)."""
     from cudacore import _api
 
     return json.loads(_api.call(_api.core.StreamObjects))

@@ -41,7 +41,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, ModuleType
+from types import CodeType, FrameType, ModuleType
 from typing import Any
 
 #: The environment variable that selects the mix in worker processes.
@@ -292,12 +292,18 @@ def _foreign(cc: Any, h: Any) -> Any:
     path (the driver's import of the pool and the pointer, a slot in the lease), as a second process does."""
     import os as _os
 
+    from cudacore._errors import closed_error
     from cudacore._owner import Descriptors
 
     # The duplicates are made and owned in one C-level step (extend over map), as export() makes its own:
     # an interrupt between a dup and its owner would be this helper's leak, not cudacore's (signal_sweep).
+    # They are made under the lock the handle's close takes: a thread of a burst may close the handle
+    # meanwhile, and its descriptors' numbers may then name other files.
     fds = Descriptors([])
-    fds.fds.extend(map(_os.dup, [h.pool_fd, h.lease_fd]))
+    with h._owner._lock:
+        if h._owner.closed:
+            raise closed_error("IpcHandle", "cudacore.open_shared")
+        fds.fds.extend(map(_os.dup, [h.pool_fd, h.lease_fd]))
     return cc.IpcHandle(
         kind=h.kind,
         device_id=h.device_id,
@@ -595,11 +601,25 @@ def op_recorder(st: Any, a: int, b: int, *_: Any) -> None:
 # -- interrupts ------------------------------------------------------------------------------------------
 
 
+def _weak_container_callbacks() -> frozenset[CodeType]:
+    """The code of the callbacks by which the weak containers of ``weakref`` drop an entry whose referent
+    went away (run by the collector or a reference count's drop, wherever the main thread is)."""
+    import weakref
+
+    return frozenset(c()._remove.__code__ for c in (weakref.WeakValueDictionary, weakref.WeakKeyDictionary, weakref.WeakSet))
+
+
+_FINALIZER_CODE = _weak_container_callbacks()
+
+
 def _in_finalizer(frame: FrameType | None) -> bool:
-    """Whether ``frame`` runs inside a finalizer (``__del__``, a weakref callback the collector runs): a
-    Ctrl-C there reaches no caller (Python prints and drops it), so it is not delivered there."""
+    """Whether ``frame`` runs inside a finalizer (``__del__``, a weakref callback): a Ctrl-C there reaches no
+    caller (Python prints and drops it), so it is not delivered there. A weak container's callback
+    interrupted also keeps its dead entry: every later iteration of the container then passes one more
+    signal check, so that a sweep's next position fell inside the entries it had itself left, run after
+    run, and the sweep of ``graphed``'s capture (which lists the capture buffers) never ended."""
     while frame is not None:
-        if frame.f_code.co_name in ("__del__", "_popen_gone"):
+        if frame.f_code.co_name in ("__del__", "_popen_gone") or frame.f_code in _FINALIZER_CODE:
             return True
         frame = frame.f_back
     return False
@@ -611,6 +631,22 @@ def _in_finalizer(frame: FrameType | None) -> bool:
 #: and its ``__exit__`` call, which a trace function could make it do).
 _CHECKED_AFTER = frozenset(dis.opmap[n] for n in ("CALL", "CALL_FUNCTION_EX", "JUMP_BACKWARD") if n in dis.opmap)
 _RESUME = dis.opmap.get("RESUME", -1)
+
+#: Each code object's exception table (3.11+), parsed once.
+_TABLES: dict[CodeType, list[Any]] = {}
+
+
+def _handler(code: CodeType, offset: int) -> tuple[int, int, bool] | None:
+    """The exception handler that an exception raised at byte ``offset`` of ``code`` goes to (None: it leaves
+    the frame)."""
+    table = _TABLES.get(code)
+    if table is None:
+        parse = getattr(dis, "_parse_exception_table", None)
+        table = _TABLES[code] = parse(code) if parse is not None and hasattr(code, "co_exceptiontable") else []
+    for e in table:
+        if e.start <= offset < e.end:
+            return (e.target, e.depth, e.lasti)
+    return None
 
 
 class Tripper:
@@ -638,10 +674,16 @@ class Tripper:
             self._prev[id(frame)] = -1
             return self
         if event == "opcode" and not self.fired:
-            op = frame.f_code.co_code[frame.f_lasti]
+            code, at = frame.f_code, frame.f_lasti
+            op = code.co_code[at]
             prev = self._prev.get(id(frame), -1)
             self._prev[id(frame)] = op
-            if op == _RESUME or prev in _CHECKED_AFTER:
+            # CPython handles the signal of a check after a call or a back edge as an exception of the code
+            # unit just before the next instruction (the call's last, or the one before a loop's head); this
+            # trace function can raise only as one of the next instruction. Where the two have different
+            # handlers (a call that ends a ``try`` whose ``finally`` follows, inlined), the position would run
+            # the wrong one (the finally skipped), so it is not swept.
+            if op == _RESUME or prev in _CHECKED_AFTER and _handler(code, at - 2) == _handler(code, at):
                 if self.seen == self.at:
                     self.fired = True
                     signal.raise_signal(signal.SIGINT)
@@ -675,6 +717,13 @@ def op_interrupt(st: Any, a: int, b: int, c: int, d: int, e: int, f: int, sub: l
 
 def _after_interrupt(st: Any) -> None:
     with st.lock:
+        # A close or drop interrupted after it took its buffer off the books (fuzz.Ops._forget) and before
+        # it closed or dropped it: the program still holds the buffer (State.made keeps every one), so it goes
+        # back on the books and the program's cleanup closes it. Left off, it would be memory the program
+        # itself keeps, reported as in use after the program.
+        for buf in st.made:
+            if buf.obj is not None and not buf.obj.closed and buf not in st.bufs:
+                st.bufs.append(buf)
         for buf in [*st.bufs, *mix(st).bufs1]:
             buf.shadow = None
         streams = list(st.streams)

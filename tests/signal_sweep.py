@@ -166,9 +166,72 @@ def _calls(cc: Any) -> dict[str, tuple[Callable[[Ctx], Any], Callable[[Ctx, Any]
             m.close()
         return g
 
+    def stream_setup(c: Ctx) -> Any:
+        return c.keep(c.d0.create_stream())
+
+    def event_setup(c: Ctx) -> Any:
+        return c.keep(cc.Event(c.d0))
+
+    def buffer_setup(c: Ctx) -> Any:
+        return c.keep(c.d0.allocate(4096))
+
+    def pinned_setup(c: Ctx) -> Any:
+        return c.keep(c.d0.allocate_pinned(4096))
+
+    def capturing_setup(c: Ctx) -> Any:
+        s, a, b = stream_and_bufs(c)
+        s.begin_capture()
+        cc.device_to_device(b, a, stream=s)
+        with c.d0.allocate(4096, stream=s):  # graph memory: the graph's to free
+            pass
+        c.keep(_Abort(s))
+        return s
+
+    def capture_block(c: Ctx, inp: Any) -> Any:
+        s, a, b = inp
+        with s.capture() as g:
+            cc.device_to_device(b, a, stream=s)
+            with c.d0.allocate(4096, stream=s):
+                pass
+        return g
+
+    def graph_setup(c: Ctx) -> Any:
+        s, a, b = stream_and_bufs(c)
+        with s.capture() as g:
+            cc.device_to_device(b, a, stream=s)
+            with c.d0.allocate(4096, stream=s):
+                pass
+        c.keep(g)
+        return s, g
+
+    def module_setup(c: Ctx) -> Any:
+        return c.keep(c.d0.load_module(_PTX))
+
     nothing = lambda c: None
 
     return {
+        # The core calls that make or give back a driver object Python holds.
+        "create_stream": (nothing, lambda c, _: c.d0.create_stream()),
+        "stream_close": (stream_setup, lambda c, s: s.close()),
+        "create_event": (nothing, lambda c, _: cc.Event(c.d0)),
+        "create_event_interprocess": (nothing, lambda c, _: cc.Event(c.d0, interprocess=True)),
+        "event_close": (event_setup, lambda c, e: e.close()),
+        "allocate": (nothing, lambda c, _: c.d0.allocate(4096)),
+        "buffer_close": (buffer_setup, lambda c, b: b.close()),
+        "allocate_pinned": (nothing, lambda c, _: c.d0.allocate_pinned(4096)),
+        "pinned_close": (pinned_setup, lambda c, p: p.close()),
+        "capture_block": (stream_and_bufs, capture_block),
+        "end_capture": (capturing_setup, lambda c, s: s.end_capture()),
+        "abort_capture": (capturing_setup, lambda c, s: s.abort_capture()),
+        "graph_launch": (graph_setup, lambda c, x: x[1].launch(x[0])),
+        "graph_destroy": (graph_setup, lambda c, x: x[1].destroy()),
+        "load_module": (nothing, lambda c, _: c.d0.load_module(_PTX)),
+        "module_unload": (module_setup, lambda c, m: m.unload()),
+        "copy_h2d_d2h": (buffer_setup, lambda c, b: (b.copy_from(bytes(4096)), b.copy_to(bytearray(4096)))[0]),
+        "device_synchronize": (nothing, lambda c, _: c.d0.synchronize()),
+        "release_cached_memory": (buffer_setup, lambda c, b: (b.close(), c.d0.release_cached_memory())[1]),
+        "strategy_switch": (nothing, lambda c, _: c.keep(_Strategy(c.d0)).switch()),
+        # The features of issue 30.
         "allocate_shareable_pool": (nothing, lambda c, _: c.d0.allocate_shareable(4096, kind="pool")),
         "allocate_shareable_ipc": (nothing, lambda c, _: c.d0.allocate_shareable(4096, kind="ipc")),
         "allocate_shareable_peer": (nothing, lambda c, _: c.d1.allocate_shareable(4096)),
@@ -210,11 +273,9 @@ def _calls(cc: Any) -> dict[str, tuple[Callable[[Ctx], Any], Callable[[Ctx, Any]
 
 #: Violations found by the sweep and not fixed yet, by name: the calls they are met in and words of the
 #: violation. One they explain is counted apart (``known``) instead of failing the sweep.
-KNOWN: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    # rehearse interrupted around the end of its capture: the captured graph (and the memory its uses
-    # hold) is not destroyed.
-    "rehearse's graph": (("rehearse", "rehearse_own_stream"), ("objects is", "in_use is", "free is")),
-}
+#: None now: "rehearse's graph" (a graph made by an interrupted end of rehearse's capture, never destroyed)
+#: went with Stream.end_capture's hold (_stream.uninterrupted).
+KNOWN: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
 
 def explained(call: str, violations: list[str]) -> list[str]:
@@ -241,6 +302,34 @@ class _Unpickled:
     def close(self) -> None:
         for data in self.data:
             pickle.loads(data).close()
+
+
+class _Abort:
+    """Ends a stream's capture, if it still has one (a setup's begin_capture the call did not end)."""
+
+    def __init__(self, s: Any) -> None:
+        self.s = s
+
+    def close(self) -> None:
+        if not self.s.closed and self.s.capturing:
+            self.s.abort_capture()
+
+
+class _Strategy:
+    """Switches a device's allocation strategy; closing switches it back to auto."""
+
+    def __init__(self, d: Any) -> None:
+        self.d = d
+
+    def switch(self) -> None:
+        self.d.set_allocation_strategy("sync", track=True)
+
+    def close(self) -> None:
+        self.d.set_allocation_strategy("auto")
+
+
+#: A kernel image the simulator loads (it runs no kernels): tests/kernels/fill.ptx.
+_PTX = (HERE / "kernels" / "fill.ptx").read_bytes()
 
 
 class _Reset:
@@ -311,6 +400,8 @@ def run_one(cc: Any, name: str, at: int, calls: dict[str, Any]) -> dict[str, Any
             violations.append(f"the call raised an untyped {type(exc).__name__}: {exc}\n{''.join(traceback.format_exception(exc))}")
     if not tripper.fired:
         outcome = "done"  # the position lies beyond the call: the call is swept
+    elif outcome == "returned":
+        violations.append("the interrupt was lost: the call returned as if no Ctrl-C had come")
     objects = [*c.objects, *_result_objects(result)]
     del result, setup_input
     c.objects = []

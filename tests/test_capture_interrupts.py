@@ -132,3 +132,101 @@ def test_an_interrupt_held_at_the_exit_is_raised_once_the_capture_ended(dev: cc.
     s.synchronize()
     for x in (g, buf, pinned, s):
         x.close()
+
+
+def _every_signal_check(call: Any) -> list[tuple[int, bool, BaseException | None]]:
+    """``call()`` with a real SIGINT at each point where Python handles one in turn (the sweep's
+    ``fuzz_mix.Tripper``), until a position lies beyond the call: per run, whether the signal fired and
+    what the call raised."""
+    import fuzz_mix
+
+    out: list[tuple[int, bool, BaseException | None]] = []
+    for at in range(10_000):
+        tripper, raised = fuzz_mix.Tripper(at), None
+        try:
+            sys.settrace(tripper)
+            try:
+                call()
+            finally:
+                sys.settrace(None)
+        except BaseException as exc:  # noqa: BLE001 - returned to the test
+            raised = exc
+        if not tripper.fired:
+            return out
+        out.append((at, tripper.fired, raised))
+    pytest.fail("the sweep did not end")
+
+
+def _needs_main_thread() -> None:
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("needs the main thread and Python's own SIGINT handler")
+
+
+def test_every_interrupt_of_a_hold_is_delivered() -> None:
+    """A Ctrl-C anywhere in a hold (``_owner.uninterrupted``: the hold, the work, the release) is raised
+    once the work is done, never lost: one that came inside ``_release_interrupts`` after it had read the
+    pending flag (in the signal module's wrappers it called then) was dropped, and the call returned."""
+    from cudacore import _owner
+
+    _needs_main_thread()
+    done: list[int] = []
+
+    def work() -> None:
+        done.clear()
+        done.extend(range(3))
+        done.append(len(done))  # a call: a check inside the hold
+
+    runs = _every_signal_check(lambda: _owner.uninterrupted(work))
+    assert len(runs) > 5
+    lost = [at for at, _, raised in runs if not isinstance(raised, KeyboardInterrupt)]
+    assert lost == [], f"the interrupt was lost at positions {lost} of {len(runs)}"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_inner_hold_leaves_its_interrupt_to_the_outer_one() -> None:
+    """Holds nest (a capture block's exit ends the capture through another hold): an interrupt that comes
+    inside the inner one is raised by the outer one's release, once the outer work is done, not in the
+    middle of it."""
+    from cudacore import _owner
+
+    _needs_main_thread()
+    steps: list[str] = []
+
+    def outer() -> None:
+        steps.clear()
+        steps.append("outer")
+        _owner.uninterrupted(lambda: steps.append("inner"))
+        steps.append("after the inner hold")
+
+    runs = _every_signal_check(lambda: _owner.uninterrupted(outer))
+    assert len(runs) > 5
+    for at, _, raised in runs:
+        assert isinstance(raised, KeyboardInterrupt), f"position {at}: {raised!r}"
+        assert steps in ([], ["outer", "inner", "after the inner hold"]), f"position {at}: the outer work stopped at {steps}"
+
+
+def test_every_interrupt_at_the_capture_edges_is_delivered(dev: cc.Device) -> None:
+    """``with s.capture()``: a Ctrl-C at any signal check of the block's edges or its body is raised by the
+    time the block is left, and leaves no capture."""
+    _needs_main_thread()
+    s = dev.create_stream()
+    buf = dev.allocate(4096, stream=s)
+    pinned = dev.allocate_pinned(4096)
+    graphs: list[cc.Graph] = []
+
+    def block() -> None:
+        with s.capture() as g:
+            graphs.append(g)
+            buf.copy_from(pinned, stream=s)
+
+    try:
+        runs = _every_signal_check(block)
+        assert len(runs) > 20
+        lost = [at for at, _, raised in runs if not isinstance(raised, KeyboardInterrupt)]
+        assert lost == [], f"the interrupt was lost at positions {lost} of {len(runs)}"
+        assert not s.capturing and not fast.capturing()
+    finally:
+        for g in graphs:
+            g.destroy()
+        for x in (buf, pinned, s):
+            x.close()

@@ -71,6 +71,36 @@ def test_close_refuses_a_live_dlpack_export_before_freeing() -> None:
     assert _shared() == before - 4096
 
 
+def test_an_imported_buffer_refuses_a_live_dlpack_export_before_unmapping() -> None:
+    """Item 2, for ImportedBuffer.close(): it unmapped the memory first and only then refused. The import
+    here takes the path a second process takes (the handle names another live process as its exporter:
+    fuzz_mix._foreign)."""
+    import fuzz_mix
+
+    d = cc.Device(0)
+    before = _shared()
+    sb = d.allocate_shareable(4096, kind="pool")
+    h = sb.export()
+    with fuzz_mix._foreign(cc, h) as other:
+        imp = other.open()
+    assert isinstance(imp, cc.ImportedBuffer)
+    capsule = imp.__dlpack__()
+    with pytest.raises(BufferError):
+        imp.close()
+    assert not imp.closed
+    imp.copy_from(b"\x09" * 4096)  # still mapped: the bytes reach the exporter's memory
+    out = bytearray(4096)
+    sb.copy_to(out)
+    assert out == b"\x09" * 4096
+    with pytest.raises(cc.IllegalStateError):
+        sb.close()  # still imported
+    del capsule
+    imp.close()
+    h.close()
+    sb.close()
+    assert imp.closed and sb.closed and _shared() == before
+
+
 def test_threads_closing_one_shared_buffer_free_it_once() -> None:
     """Item 5: threads closing one SharedBuffer at once freed it several times (untyped OSError,
     'mmap closed', another thread's new buffer losing its memory)."""
@@ -408,6 +438,32 @@ def test_this_process_memory_outside_the_allocator_is_not_other_processes() -> N
         """
     )
     assert out == ["exhausted " + str(40 << 20)]
+
+
+def test_a_live_graphs_memory_is_this_process_memory_counted_once() -> None:
+    """Item 16, a live graph's memory: graph memory a launched graph holds is this process's in the
+    verdict, counted once: in ``in_use`` while its Buffer is open, in ``outside`` once the Buffer is closed
+    and the graph keeps the memory. It was counted in both while the Buffer was open (the message gave 40
+    MiB in use and 40 MiB outside, on a device with 44 MiB used)."""
+    out = _run(
+        """
+        import cudacore as cc
+        d = cc.Device(0)
+        s = d.create_stream()
+        with s.capture() as g:
+            kept = d.allocate(40 << 20, stream=s)  # graph memory the graph's launches make real
+        g.launch(s)
+        s.synchronize()
+        for step in ("open", "closed"):
+            try:
+                d.allocate(40 << 20)
+            except cc.OutOfMemoryError as e:
+                print(step, e.cause, int(e.fields["in_use"]) >> 20, int(e.fields["outside"]) >> 20)
+            kept.close()
+        g.destroy()
+        """
+    )
+    assert out == ["open exhausted 40 0", "closed exhausted 0 40"]
 
 
 def test_memory_cached_for_one_path_goes_back_for_another() -> None:

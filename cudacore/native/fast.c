@@ -137,6 +137,51 @@ fast_fork_driver(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
     return PyLong_FromLong(cudacore_fork_driver);
 }
 
+/* The finalizer of the Python layer's owners (Owner, Stream, Event, Graph: their __del__ is `finalizer`,
+ * an instance method of this function). Python runs a SIGINT's handler wherever the main thread is, a
+ * finalizer included, and drops the KeyboardInterrupt raised there (an "Exception ignored"): a finalizer in
+ * Python would then stop where the signal came, its object gone with what it still owned, and the Ctrl-C
+ * lost. This one is C, so no signal is handled between the collector's call and obj._finalize(): where that
+ * raises KeyboardInterrupt it is called again (each _finalize gives back what is left, and nothing twice),
+ * and once it is done the interrupt is delivered again (PyErr_SetInterrupt), to be raised at the next point
+ * where Python handles a signal, past the finalizer. Any other error of _finalize is the collector's to
+ * report. */
+#define FINALIZE_TRIES 64
+
+PyDoc_STRVAR(finalize_doc, "finalize(obj, /) -> None\n\n"
+                           "Call obj._finalize() until it returns without a KeyboardInterrupt (at most 64 "
+                           "times), then deliver the interrupts it met again, past the finalizer. The "
+                           "module's `finalizer` is this function as an instance method: a class's "
+                           "__del__.");
+
+static PyObject *
+fast_finalize(PyObject *Py_UNUSED(module), PyObject *obj)
+{
+    int interrupted = 0;
+    PyObject *res = NULL;
+    for (int i = 0; i < FINALIZE_TRIES; i++) {
+        res = PyObject_CallMethod(obj, "_finalize", NULL);
+        if (res != NULL || !PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+            break;
+        }
+        PyErr_Clear();
+        interrupted = 1;
+    }
+    if (interrupted) {
+        PyErr_SetInterrupt();
+    }
+    if (res == NULL && !PyErr_Occurred()) {
+        Py_RETURN_NONE; /* interrupted at every try: the last interrupt delivered again, nothing to report */
+    }
+    if (res == NULL) {
+        return NULL;
+    }
+    Py_DECREF(res);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef finalize_def = {"finalize", (PyCFunction)fast_finalize, METH_O, finalize_doc};
+
 static PyMethodDef cc_module_functions[] = {
     {"configure", (PyCFunction)(void (*)(void))fast_configure, METH_FASTCALL, configure_doc},
     {"capturing", (PyCFunction)fast_capturing, METH_NOARGS, capturing_doc},
@@ -194,6 +239,19 @@ PyInit__fast(void)
     PyObject *cold = PyModule_New("cudacore._fast.cold");
     if (cold == NULL || PyModule_AddFunctions(cold, cudacore_cold_methods) < 0 || PyModule_AddObject(m, "cold", cold) < 0) {
         Py_XDECREF(cold);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *finalize = PyCFunction_New(&finalize_def, NULL);
+    PyObject *finalizer = finalize == NULL ? NULL : PyInstanceMethod_New(finalize);
+    if (finalizer == NULL || PyModule_AddObject(m, "finalize", finalize) < 0) {
+        Py_XDECREF(finalizer);
+        Py_XDECREF(finalize);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddObject(m, "finalizer", finalizer) < 0) {
+        Py_DECREF(finalizer);
         Py_DECREF(m);
         return NULL;
     }

@@ -817,8 +817,11 @@ func (m *Manager) CheckGraphMemoryExport(op string, p cuda.DevicePtr, size uint6
 	return m.checkPendingEnded(op, []span{{p, p + cuda.DevicePtr(max(size, 1))}})
 }
 
-// GraphMemoryBytes is the graph memory of live graphs that launches have made real (the driver holds it
-// for them until the graph goes, or its owner frees it and the launches after give it back).
+// GraphMemoryBytes is the graph memory that live graphs hold with no owner left: allocations whose
+// Buffer was freed after a launch made them real (gmOrphan), which the driver keeps for the graph's
+// launches until it goes. An allocation whose owner still holds it (pending or live) is in the allocator's
+// in_use already, so it is not counted here: the out-of-memory verdict adds this to in_use as memory the
+// process holds outside its allocator.
 func (m *Manager) GraphMemoryBytes() uint64 {
 	gm := &m.gm
 	if gm.proper.Load() == 0 {
@@ -828,7 +831,7 @@ func (m *Manager) GraphMemoryBytes() uint64 {
 	defer gm.mu.Unlock()
 	var n uint64
 	for _, a := range gm.allocs {
-		if a.state != gmPending {
+		if a.state == gmOrphan {
 			n += a.size
 		}
 	}

@@ -356,3 +356,36 @@ func TestAGraphThatAllocatesIsNotUpdated(t *testing.T) {
 	assert.Equal(t, base, e.stack.Stats().InUse, "every byte back")
 	assert.False(t, e.m.GraphMemoryInUse())
 }
+
+// GraphMemoryBytes is what the out-of-memory verdict adds to the allocator's in_use as the process's own
+// memory outside it: only graph memory no Buffer owns any more. A pending or live allocation's Buffer is
+// still open, and in in_use already (counting it twice made the verdict's figures exceed the device).
+func TestGraphMemoryBytesCountsWhatNoOwnerHolds(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		states []graphAllocState
+		want   uint64
+	}{
+		{"nothing", nil, 0},
+		{"pending: no launch yet, its Buffer open", []graphAllocState{gmPending}, 0},
+		{"live: launched, its Buffer open", []graphAllocState{gmLive}, 0},
+		{"orphan: its Buffer freed, the graph keeps it", []graphAllocState{gmOrphan}, 256},
+		{"one of each", []graphAllocState{gmPending, gmLive, gmOrphan, gmOrphan}, 512},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &Manager{}
+			ptrs := map[cuda.DevicePtr]uint64{}
+			for i := range tc.states {
+				ptrs[cuda.DevicePtr(0x1000*(i+1))] = 256
+			}
+			m.adopt(&Graph{m: m}, ptrs, nil)
+			m.gm.mu.Lock()
+			for i, st := range tc.states {
+				m.gm.allocs[cuda.DevicePtr(0x1000*(i+1))].state = st
+			}
+			m.gm.count()
+			m.gm.mu.Unlock()
+			assert.Equal(t, tc.want, m.GraphMemoryBytes())
+		})
+	}
+}

@@ -19,8 +19,8 @@ import json
 import operator
 import os
 import struct
+import sys
 import threading
-import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Union
 
@@ -30,7 +30,7 @@ from ._errors import CUDAError, error
 from ._handles import stream_handle
 from ._native import fast
 from ._stream import Stream as _Stream
-from ._stream import StreamLike
+from ._stream import StreamLike, uninterrupted
 from ._tables import ARG_KINDS
 
 if TYPE_CHECKING:
@@ -504,13 +504,15 @@ class Module(_CModule):
 
     # The C base (cudacore/native/module.c) holds _device and _loaded, which the direct path checks before
     # it launches a kernel of the module; unload() clears _loaded before Go unloads it.
-    __slots__ = ("_finalizer", "_handle", "_kernels", "_lock", "kernel_names", "kind")
+    __slots__ = ("_handle", "_kernels", "_lock", "_unloaded", "kernel_names", "kind")
     _device: Device
 
     def __init__(self, device: Device, handle: int) -> None:
-        info = json.loads(core.ModuleInfo(handle))
+        # The handle first: a Module cut short below (an error, a Ctrl-C) still unloads when collected.
         self._handle = handle
+        self._unloaded = False
         self._device = device
+        info = json.loads(core.ModuleInfo(handle))
         self.kind: str = info["kind"]
         #: The kernels the PTX declares; None for a cubin or fatbin (the driver cannot list them).
         self.kernel_names: tuple[str, ...] | None = (
@@ -519,8 +521,6 @@ class Module(_CModule):
         self._kernels: dict[str, Kernel] = {}
         self._lock = threading.Lock()
         self._loaded = True
-        self._finalizer = weakref.finalize(self, _unload, handle)
-        self._finalizer.atexit = False
 
     @property
     def device(self) -> Device:
@@ -528,7 +528,7 @@ class Module(_CModule):
 
     @property
     def closed(self) -> bool:
-        return not self._finalizer.alive
+        return self._unloaded
 
     def function(self, name: str) -> Kernel:
         """The kernel called ``name``. Raises :class:`NotFoundError` naming the kernels the PTX declares."""
@@ -548,10 +548,26 @@ class Module(_CModule):
 
     def unload(self) -> None:
         """Unload the module; its kernels can no longer be launched. A second call does nothing."""
-        if self._finalizer.alive:
+        if not self._unloaded:
+            uninterrupted(self._unload)
+
+    def _unload(self) -> None:
+        # With interrupts held back: a Ctrl-C between marking the module unloaded and Go's unload would
+        # leave it loaded with nothing left to unload it.
+        if not self._unloaded:
             self._loaded = False  # before Go unloads it: no direct launch of its kernels from now on
-            self._finalizer.detach()
+            self._unloaded = True
             core.ModuleUnload(self._handle)
+
+    def _finalize(self) -> None:
+        # Not at interpreter exit: the driver goes with the process (a fork child leaves it to _unload).
+        if getattr(self, "_unloaded", True) or sys.is_finalizing():
+            return
+        self._loaded = False
+        _unload(self._handle)  # again after a Ctrl-C: Go refuses a handle it unloaded, and _unload ignores that
+        self._unloaded = True
+
+    __del__ = fast.finalizer  # _finalize, called again where a Ctrl-C cut it short (cudacore._owner.Owner)
 
     close = unload
 
@@ -602,6 +618,7 @@ def load_module(device: Device, image: ImageLike) -> Module:
     FileNotFoundError
         ``image`` is a path that does not exist.
     """
-    data = _read_image(image)
-    handle = core.ModuleLoad(device.device_id, base64.b64encode(data).decode("ascii"))
-    return Module(device, handle)
+    text = base64.b64encode(_read_image(image)).decode("ascii")
+    # With interrupts held back: the module Go loaded has its Module (and its finalizer) before a Ctrl-C
+    # can come; one that comes meanwhile is raised after, and the Module, dropped, unloads when collected.
+    return uninterrupted(lambda: Module(device, core.ModuleLoad(device.device_id, text)))

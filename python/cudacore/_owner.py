@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from . import _api
 from ._api import core
 from ._native import fast
-from ._stream import _hold_interrupts, _release_interrupts, interrupt_edge
+from ._stream import uninterrupted
 
 __all__ = ["Descriptors", "Owner", "adopt", "close_buffer", "uninterrupted"]
 
@@ -81,7 +81,7 @@ class Owner:
         """What collection does (no one is left to refuse to): :meth:`_release`."""
         self._release()
 
-    def __del__(self) -> None:
+    def _finalize(self) -> None:
         # An owner whose __init__ a KeyboardInterrupt cut short has no `closed` yet: nothing was allocated
         # under its token then, but a Descriptors may hold descriptors already (they come first).
         if getattr(self, "closed", False) or _api.forked():  # a forked child's memory belongs to its parent
@@ -89,19 +89,10 @@ class Owner:
         with contextlib.suppress(Exception):
             self._collect()
 
-
-@interrupt_edge
-def uninterrupted(fn: Callable[[], None]) -> None:
-    """``fn()`` with keyboard interrupts held back (on the main thread; ``_stream.interrupt_edge``): one
-    that comes meanwhile is raised once ``fn`` is done. For a step that takes something off its owner's
-    books and gives it back, which neither order makes safe against an interrupt in between: a descriptor
-    closed before it leaves the list may be closed again under a number another file has taken since."""
-    held = _hold_interrupts()
-    try:
-        fn()
-    finally:
-        if held:
-            _release_interrupts(raise_held=True)
+    # C (fast.finalize): calls _finalize again where a Ctrl-C cut it short, then delivers the Ctrl-C past
+    # the finalizer; a finalizer in Python would stop where the signal came, and what it still owned would
+    # be lost (each _release gives back what is left, and nothing twice).
+    __del__ = fast.finalizer
 
 
 class Descriptors(Owner):

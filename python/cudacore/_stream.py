@@ -9,6 +9,7 @@ invalidated anyway is ended by cudacore, so the stream always works again.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # the C functions the signal module wraps (no stubs)
 import collections
 import json
 import os
@@ -180,6 +181,132 @@ def _wait(fn: Any, *args: Any) -> None:
         pass
 
 
+# Keyboard interrupts at the edges: Python runs a signal's handler in the main thread, at a check of its
+# eval loop (the end of a call, a loop's back edge, a function's entry), wherever that thread is: between
+# the driver beginning a capture and the `with` block being entered, on the first line of __exit__ before
+# the capture is ended, or between a Go call that made a stream and the statement that stores its handle.
+# A KeyboardInterrupt raised there would leave the stream capturing, or lose the stream. So while such an
+# edge runs on the main thread (a capture block's __enter__ or __exit__, or another function registered
+# with interrupt_edge, such as uninterrupted), SIGINT's handler is _held_handler: it holds an interrupt
+# back when it comes inside an edge (or a call of one), and passes it on to the handler it replaced
+# anywhere else, a capture block's body included. The held interrupt is raised once the edge is done.
+# Only the main thread holds interrupts (Python runs signal handlers there alone), so this state is the
+# main thread's; the handler never takes a lock, since it runs wherever that thread is. The handler is
+# read and set through _signal, the C functions the signal module wraps: its wrappers convert to and from
+# enums in Python code, which cost about 15 us a hold and release and is code where a signal is handled.
+_hold: dict[str, Any] = {"depth": 0, "prev": None, "pending": False}
+_F = TypeVar("_F", bound=Callable[..., Any])
+_T = TypeVar("_T")
+
+
+def _held_handler(signum: int, frame: FrameType | None) -> None:
+    f = frame
+    while f is not None:
+        if f.f_code in _EDGES:
+            _hold["pending"] = True
+            return
+        f = f.f_back
+    prev = _hold["prev"]
+    if callable(prev):
+        prev(signum, frame)
+
+
+def _hold_interrupts() -> bool:
+    """Put _held_handler in place for one more hold; False where it cannot be (not the main thread, or
+    SIGINT is not handled by a Python function: ignored, or the default action)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        current = _signal.getsignal(signal.SIGINT)
+        if current is not _held_handler:
+            if not callable(current):
+                return False
+            _hold["prev"], _hold["depth"], _hold["pending"] = current, 0, False
+            _signal.signal(signal.SIGINT, _held_handler)
+    except ValueError:  # signals are not ours to set here (another interpreter)
+        return False
+    _hold["depth"] += 1
+    return True
+
+
+def _release_interrupts(raise_held: bool) -> None:
+    """End one hold (the caller's, an edge's); the last puts the replaced handler back. With
+    ``raise_held``, an interrupt held back meanwhile is raised now, by that handler; while an outer edge
+    that holds is still on the stack, it is left for that edge's release to raise instead.
+
+    An interrupt that comes inside this function is not lost: every call here is made before the pending
+    flag is read (and the flag is read, cleared and acted on with no call in between, where no signal is
+    handled), so one that comes while _held_handler is in place sets the flag in time to be read, and one
+    that comes once the replaced handler is back is raised by that handler where it comes."""
+    caller = sys._getframe(1)
+    prev = _hold["prev"]
+    deliver = raise_held and callable(prev)
+    _hold["depth"] -= 1
+    if _hold["depth"] == 0:
+        if _signal.getsignal(signal.SIGINT) is _held_handler:
+            _signal.signal(signal.SIGINT, prev)
+        _hold["prev"] = None
+    elif _edge_above(caller):
+        return
+    pending = _hold["pending"]
+    _hold["pending"] = False
+    if pending and deliver:
+        prev(signal.SIGINT, caller)
+
+
+def _edge_above(frame: FrameType) -> bool:
+    """Whether a frame of an edge's code calls ``frame``, at any depth."""
+    f = frame.f_back
+    while f is not None:
+        if f.f_code in _EDGES:
+            return True
+        f = f.f_back
+    return False
+
+
+#: The code of the functions in whose frames (and their callees') an interrupt is held back while a hold
+#: is in place: the capture block's edges, and the functions registered with :func:`interrupt_edge`.
+_EDGES: set[CodeType] = set()
+
+
+def interrupt_edge(fn: _F) -> _F:
+    """Register ``fn`` as an edge: a KeyboardInterrupt that comes while a frame of ``fn`` is on the main
+    thread's stack, between its own ``_hold_interrupts()`` and ``_release_interrupts()``, is held back and
+    raised by the release. ``fn`` must call both itself (the release in a ``finally``), its first
+    statement the hold: an interrupt at its entry comes before anything was done, one at the end of the
+    hold's call is held, as the frame is an edge's. For windows that a plain ``try`` cannot close: a
+    descriptor made by a call (``socket.recv_fds``) exists before the statement that hands it to its owner.
+    """
+    _EDGES.add(fn.__code__)
+    return fn
+
+
+def uninterrupted(fn: Callable[[], _T]) -> _T:
+    """``fn()`` with keyboard interrupts held back (on the main thread; see :func:`interrupt_edge`): one that
+    comes meanwhile is raised once ``fn`` is done. For a step that makes or gives back what an object owns
+    and records it there (a driver object's handle stored in its Python object; a descriptor taken off its
+    owner's list and closed), which an interrupt between the two would lose, or give back twice."""
+    held = _hold_interrupts()
+    try:
+        return fn()
+    finally:
+        if held:
+            _release_interrupts(raise_held=True)
+
+
+interrupt_edge(uninterrupted)
+
+_consume: Callable[[Iterable[Any]], None] = collections.deque(maxlen=0).extend
+
+
+def _store(obj: object, name: str, make: Callable[..., Any], *args: Any) -> None:
+    """``obj.<name> = make(*args)`` in one C-level step, for ``make`` a C function (a Go entry): no signal is
+    handled between its return and the store (``map`` and ``deque.extend`` run no bytecode), so a Ctrl-C
+    comes before the call or once ``obj`` holds what it made. A hold (:func:`uninterrupted`) does the
+    same for any code, at the cost of two ``sigaction`` calls."""
+    _consume(map(setattr, (obj,), (name,), map(make, *[(a,) for a in args])))
+
+
 class Stream(_CStream):
     """A CUDA stream: work on it runs in order, concurrently with other streams.
 
@@ -234,11 +361,16 @@ class Stream(_CStream):
                 least=least,
                 greatest=greatest,
             )
-        self._handle = core.StreamCreate(dev.device_id, bool(non_blocking), priority)
-        self._owned = True
+        uninterrupted(lambda: self._create(dev.device_id, bool(non_blocking), priority))
         info = json.loads(core.StreamInfo(dev.device_id, self._handle))
         self._non_blocking = info["non_blocking"]
         self._priority = info["priority"]
+
+    def _create(self, device_id: int, non_blocking: bool, priority: int) -> None:
+        # With interrupts held back (uninterrupted): the stream Go made is this object's before a Ctrl-C
+        # can come, and its close or collection destroys it.
+        self._handle = core.StreamCreate(device_id, non_blocking, priority)
+        self._owned = True
 
     @classmethod
     def _special(cls, device: Device | int | None, handle: int) -> Stream:
@@ -385,15 +517,21 @@ class Stream(_CStream):
         IllegalStateError
             If the stream is not capturing.
         """
+        return uninterrupted(self._end_capture)
+
+    def _end_capture(self) -> Graph:
+        # With interrupts held back: the graph Go made is a Graph before a Ctrl-C can come (one that comes
+        # meanwhile is raised after, and the Graph, dropped, is destroyed when collected).
         try:
             graph_id = core.StreamEndCapture(self._device.device_id, self._handle)
         except BaseException:
             self._end_failed()
             raise
+        graph = Graph._adopt(graph_id, self._device)
         # A graph destroyed during the capture (where the driver forbids it) went when it ended: the
         # Buffers of its graph memory that no launch made real are void.
         void_buffers(self._device.device_id)
-        return Graph._adopt(graph_id, self._device)
+        return graph
 
     def _capture_over(self) -> None:
         # Whatever the capture allocated is void when it made no graph.
@@ -460,10 +598,11 @@ class Stream(_CStream):
     def close(self) -> None:
         """Destroy the stream (ending and discarding a capture in progress). Idempotent; the default
         streams are not closed. See the class notes for closing a stream that is current."""
+        device_id = self._device.device_id  # first: a Ctrl-C in this call comes before anything is done
         if self._owned:
             self._owned = False
             self._closed = True
-            core.StreamDestroy(self._device.device_id, self._handle)
+            core.StreamDestroy(device_id, self._handle)
             self._capture_over()  # destroying a capturing stream discarded its capture, if it had one
 
     destroy = close
@@ -485,10 +624,12 @@ class Stream(_CStream):
         """Make the stream and device that were current before the block current again (no close)."""
         pop_current(self)
 
-    def __del__(self) -> None:
+    def _finalize(self) -> None:
         if getattr(self, "_owned", False):
             with suppress(Exception):  # interpreter shutdown or a dead driver: nothing to do
                 self.close()
+
+    __del__ = fast.finalizer  # _finalize, called again where a Ctrl-C cut it short (cudacore._owner.Owner)
 
     def __reduce__(self) -> Any:
         # A stream this process created is its driver object: a copy would own it too, and destroy it (at
@@ -514,63 +655,6 @@ class Stream(_CStream):
         return f"<cudacore.Stream 0x{self._handle:x}{state}, {flags}, priority {self._priority}, device {self._device.device_id}>"
 
 
-# Keyboard interrupts at the edges of `with stream.capture()`. Python runs a signal's handler in the main
-# thread, between two bytecodes, wherever that thread is: between the driver beginning a capture and the
-# `with` block being entered, or on the first line of __exit__, before the capture is ended. A
-# KeyboardInterrupt raised there would leave the stream capturing. So while a capture block of the main
-# thread is open, SIGINT's handler is _held_handler: it holds an interrupt back when it comes inside
-# _Capture.__enter__ or __exit__ (or a call of theirs), and passes it on to the handler it replaced
-# anywhere else, the block's body included. The held interrupt is raised once the edge is done.
-# Only the main thread holds interrupts (Python runs signal handlers there alone), so this state is the
-# main thread's; the handler never takes a lock, since it runs wherever that thread is.
-_hold: dict[str, Any] = {"depth": 0, "prev": None, "pending": False}
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _held_handler(signum: int, frame: FrameType | None) -> None:
-    f = frame
-    while f is not None:
-        if f.f_code in _EDGES:
-            _hold["pending"] = True
-            return
-        f = f.f_back
-    prev = _hold["prev"]
-    if callable(prev):
-        prev(signum, frame)
-
-
-def _hold_interrupts() -> bool:
-    """Put _held_handler in place for one more capture block; False where it cannot be (not the main
-    thread, or SIGINT is not handled by a Python function: ignored, or the default action)."""
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    try:
-        current = signal.getsignal(signal.SIGINT)
-        if current is not _held_handler:
-            if not callable(current):
-                return False
-            _hold["prev"], _hold["depth"], _hold["pending"] = current, 0, False
-            signal.signal(signal.SIGINT, _held_handler)
-    except ValueError:  # signals are not ours to set here (another interpreter)
-        return False
-    _hold["depth"] += 1
-    return True
-
-
-def _release_interrupts(raise_held: bool) -> None:
-    """End one capture block's hold; the last puts the replaced handler back. With ``raise_held``, an
-    interrupt held back meanwhile is raised now, by that handler."""
-    prev, pending = _hold["prev"], _hold["pending"]
-    _hold["pending"] = False
-    _hold["depth"] -= 1
-    if _hold["depth"] == 0:
-        if signal.getsignal(signal.SIGINT) is _held_handler:
-            signal.signal(signal.SIGINT, prev)
-        _hold["prev"] = None
-    if pending and raise_held and callable(prev):
-        prev(signal.SIGINT, sys._getframe())
-
-
 class _Capture:
     """The context manager of :meth:`Stream.capture`: begins the capture on entry and ends it (or, if the
     block raised, discards it) on exit, with keyboard interrupts held back at both edges."""
@@ -583,6 +667,7 @@ class _Capture:
         self._graph = Graph._pending(stream._device)
         self._held = False
 
+    @interrupt_edge
     def __enter__(self) -> Graph:
         self._held = _hold_interrupts()
         try:
@@ -602,6 +687,7 @@ class _Capture:
                 _release_interrupts(raise_held=True)
         return self._graph
 
+    @interrupt_edge
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         try:
             if exc_type is not None:
@@ -619,23 +705,6 @@ class _Capture:
             if self._held:
                 self._held = False
                 _release_interrupts(raise_held=True)
-
-
-#: The code of the functions in whose frames (and their callees') an interrupt is held back while a hold
-#: is in place: the capture block's edges, and the functions registered with :func:`interrupt_edge`.
-_EDGES: set[CodeType] = {_Capture.__enter__.__code__, _Capture.__exit__.__code__}
-
-
-def interrupt_edge(fn: _F) -> _F:
-    """Register ``fn`` as an edge: a KeyboardInterrupt that comes while a frame of ``fn`` is on the main
-    thread's stack, between its own ``_hold_interrupts()`` and ``_release_interrupts()``, is held back and
-    raised by the release. ``fn`` must call both itself (the release in a ``finally``), its first
-    statement the hold: an interrupt at its entry comes before anything was done, one at the end of the
-    hold's call is held, as the frame is an edge's. For windows that a plain ``try`` cannot close: a
-    descriptor made by a call (``socket.recv_fds``) exists before the statement that hands it to its owner.
-    """
-    _EDGES.add(fn.__code__)
-    return fn
 
 
 #: What every ``stream=`` argument takes: a cudacore :class:`Stream`, any object with ``__cuda_stream__``
@@ -672,16 +741,18 @@ class Event(_CEvent):
         self._interprocess = bool(interprocess)
         self._timing = (not self._interprocess) if timing is None else bool(timing)
         self._handle = 0
+        if self._interprocess and self._timing:
+            raise error(
+                "CUDA_ERROR_INVALID_VALUE",
+                "an interprocess event cannot measure time (the driver forbids it): leave timing out or pass timing=False",
+                op="cudacore.create_event",
+            )
+        # The event Go makes is this object's before a Ctrl-C can come: made and stored in one C-level step
+        # (_store), which costs far less than a hold (an event is made per Stream.wait of a stream).
         if self._interprocess:
-            if self._timing:
-                raise error(
-                    "CUDA_ERROR_INVALID_VALUE",
-                    "an interprocess event cannot measure time (the driver forbids it): leave timing out or pass timing=False",
-                    op="cudacore.create_event",
-                )
-            self._handle = core.EventCreateInterprocess(dev.device_id)
+            _store(self, "_handle", core.EventCreateInterprocess, dev.device_id)
         else:
-            self._handle = core.EventCreate(dev.device_id, self._timing)
+            _store(self, "_handle", core.EventCreate, dev.device_id, self._timing)
 
     @classmethod
     def _adopt(cls, device: Device, handle: int) -> Event:
@@ -758,10 +829,12 @@ class Event(_CEvent):
         if handle:
             core.EventDestroy(handle)
 
-    def __del__(self) -> None:
+    def _finalize(self) -> None:
         if getattr(self, "_handle", 0):
             with suppress(Exception):
                 self.close()
+
+    __del__ = fast.finalizer  # _finalize, called again where a Ctrl-C cut it short (cudacore._owner.Owner)
 
     def __repr__(self) -> str:
         if not self._handle:
@@ -979,10 +1052,12 @@ class Graph(_CGraph):
     def __exit__(self, *exc: object) -> None:
         self.destroy()
 
-    def __del__(self) -> None:
+    def _finalize(self) -> None:
         if getattr(self, "_id", 0) and not getattr(self, "_destroyed", True):
             with suppress(Exception):
                 self.destroy()
+
+    __del__ = fast.finalizer  # _finalize, called again where a Ctrl-C cut it short (cudacore._owner.Owner)
 
     def __repr__(self) -> str:
         if self._destroyed:
