@@ -115,10 +115,10 @@ def main() -> None:
         x = np.arange(4096, dtype=np.float64) * 0.5
         chunks = np.array_split(x, 4)
         homes = [a, b, a, b]
-        bufs = [client.submit(upload, c, workers=[w], pure=False) for c, w in zip(chunks, homes)]
-        sent = [client.submit(where, f, workers=[w], pure=False) for f, w in zip(bufs, homes)]
+        bufs = [client.submit(upload, c, workers=[w], pure=False) for c, w in zip(chunks, homes, strict=True)]
+        sent = [client.submit(where, f, workers=[w], pure=False) for f, w in zip(bufs, homes, strict=True)]
         got = client.gather(
-            [client.submit(download, f, s, workers=[b if w == a else a], pure=False) for f, s, w in zip(bufs, sent, homes)]
+            [client.submit(download, f, s, workers=[b if w == a else a], pure=False) for f, s, w in zip(bufs, sent, homes, strict=True)]
         )
         facts["arrived"] = [{k: v for k, v in g.items() if k != "values"} for g in got]
         y = np.concatenate([np.array(g["values"]) for g in got])

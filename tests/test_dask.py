@@ -24,9 +24,9 @@ import cudacore as cc
 from conftest import run_python
 
 distributed = pytest.importorskip("distributed", reason="cudacore.dask needs distributed (make venv installs it)")
-from distributed.protocol import deserialize, serialize  # noqa: E402
+from distributed.protocol import deserialize, serialize
 
-import cudacore.dask as cdask  # noqa: E402
+import cudacore.dask as cdask
 
 pytestmark = pytest.mark.sim
 
@@ -132,6 +132,15 @@ def test_a_view_and_an_external_buffer_arrive_as_their_bytes(dev: cc.Device) -> 
     buf.close()
 
 
+def test_dask_counts_a_buffer_as_its_bytes(dev: cc.Device) -> None:
+    from dask.sizeof import sizeof
+
+    buf = dev.allocate(12345)
+    assert sizeof(buf) == sizeof(buf[100:200]) + 12245 == 12345
+    buf.close()
+    assert sizeof(buf) == 0
+
+
 def test_a_closed_buffer_is_refused(dev: cc.Device) -> None:
     buf = dev.allocate(16)
     buf.close()
@@ -196,6 +205,7 @@ def test_devices_and_the_plugin_in_one_process() -> None:
             facts["after_first_teardown"] = cdask._installed is not None
             p1.teardown(W("w1"))
             facts["after_last_teardown"] = cdask._installed is not None
+            facts["libraries_after"] = p1.libraries
             facts["hooks_after"] = cdask._note_task_oom in cc._errors.HOOKS
             got = deserialize(*serialize(buf, serializers=("dask",), on_error="raise"))
             facts["uninstalled"] = got.device_id
@@ -226,6 +236,7 @@ def test_devices_and_the_plugin_in_one_process() -> None:
     assert kind7 == "InvalidValueError"
     assert facts["hooks_while_installed"] and not facts["hooks_after"]
     assert facts["after_first_teardown"] and not facts["after_last_teardown"]
+    assert facts["libraries_after"] == {}
     assert facts["uninstalled"] == 1
     assert facts["type_errors"] == 3
 

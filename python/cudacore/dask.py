@@ -13,8 +13,8 @@ imports them.
 - Importing this module registers Dask's serializers for :class:`cudacore.Buffer`: the ``"cuda"`` family
   hands the Buffer's device memory to a transport that moves device memory (UCX), with no host copy; the
   ``"dask"`` family copies it to host memory for TCP. Either way it arrives as a Buffer of cudacore's on
-  the receiving worker's device. The plugin imports this module on every worker, which is what registers
-  them there.
+  the receiving worker's device. ``dask.sizeof`` counts a Buffer as its size. The plugin imports this
+  module on every worker, which is what registers all of them there.
 
 An :class:`~cudacore.OutOfMemoryError` raised by a task reaches the client as itself (it pickles with its
 verdict, its fields and its flight record); docs/guide/multi-gpu.md has the whole story.
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 try:
+    from dask.sizeof import sizeof
     from distributed import WorkerPlugin
     from distributed.protocol import dask_deserialize, dask_serialize
     from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
@@ -96,7 +97,7 @@ def _rmm_status() -> str:
     return "left as it is: cudacore does not provide an RMM memory resource yet"
 
 
-def _install(device: int, cupy: bool) -> dict[str, str]:
+def _install(device: int, cupy: bool) -> _Installation:
     libraries: dict[str, str] = {}
     previous = ours = None
     if not cupy:
@@ -112,9 +113,7 @@ def _install(device: int, cupy: bool) -> dict[str, str]:
         libraries["cupy"] = f"installed: CuPy allocates from cudacore on device {device}"
     libraries["rmm"] = _rmm_status()
     _errors.HOOKS.append(_note_task_oom)
-    global _installed
-    _installed = _Installation(device, set(), libraries, previous, ours)
-    return libraries
+    return _Installation(device, set(), libraries, previous, ours)
 
 
 def _uninstall(inst: _Installation) -> None:
@@ -158,6 +157,8 @@ class CudacorePlugin(WorkerPlugin):
     libraries : dict[str, str]
         After :meth:`setup` on a worker: each library and what the plugin did with it there
         (``"installed: ..."``, ``"not installed"``, ``"left as it is: ..."``).
+    device : int
+        The worker's device ordinal.
 
     Notes
     -----
@@ -175,8 +176,16 @@ class CudacorePlugin(WorkerPlugin):
             raise TypeError(f"CudacorePlugin: device must be a device ordinal (an int >= 0) or None, not {device!r}")
         self.device = 0 if device is None else device
         self.cupy = bool(cupy)
-        self.libraries: dict[str, str] = {}
         self._key: str | None = None
+
+    @property
+    def libraries(self) -> dict[str, str]:
+        """Each library and what the plugin did with it in this worker's process (empty before
+        :meth:`setup` and after :meth:`teardown`)."""
+        inst = _installed
+        if inst is None or self._key not in inst.workers:
+            return {}
+        return dict(inst.libraries)
 
     def setup(self, worker: Any) -> None:
         """Install cudacore in the worker's process (once per process), checking the worker's device.
@@ -191,12 +200,11 @@ class CudacorePlugin(WorkerPlugin):
         """
         Device(self.device)  # the worker's device exists: a typed error here fails the registration
         key = str(getattr(worker, "id", None) or id(worker))
+        global _installed
         with _lock:
             inst = _installed
             if inst is None:
-                _install(self.device, self.cupy)
-                inst = _installed
-                assert inst is not None
+                inst = _installed = _install(self.device, self.cupy)
             elif inst.device != self.device:
                 raise error(
                     "CUDA_ERROR_INVALID_VALUE",
@@ -206,7 +214,6 @@ class CudacorePlugin(WorkerPlugin):
                     op="cudacore.dask.setup",
                 )
             inst.workers.add(key)
-            self.libraries = dict(inst.libraries)
             self._key = key
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
@@ -308,10 +315,14 @@ class WorkerMemory:
         lines = [
             head,
             f"  device {self.device}: {self.name} ({self.backend}), CUDA_VISIBLE_DEVICES={self.visible_devices}",
-            f"  in use {format_bytes(s['in_use'])} (peak {format_bytes(s['peak_in_use'])}), "
-            f"cached {format_bytes(s['cached'])}, limit {format_bytes(s['limit']) if s['limit'] else 'none'}",
-            f"  device free {format_bytes(self.free)} of {format_bytes(self.total)}; "
-            f"allocations {s['allocations']}, frees {s['frees']}, out of memory {s['ooms']}",
+            (
+                f"  in use {format_bytes(s['in_use'])} (peak {format_bytes(s['peak_in_use'])}), "
+                f"cached {format_bytes(s['cached'])}, limit {format_bytes(s['limit']) if s['limit'] else 'none'}"
+            ),
+            (
+                f"  device free {format_bytes(self.free)} of {format_bytes(self.total)}; "
+                f"allocations {s['allocations']}, frees {s['frees']}, out of memory {s['ooms']}"
+            ),
         ]
         if self.libraries is None:
             lines.append("  plugin: not registered on this worker")
@@ -538,3 +549,10 @@ def dask_deserialize_buffer(header: dict[str, Any], frames: list[Any]) -> Buffer
     """The ``"dask"`` family's receiving side: the host frame copied into a new Buffer on the receiving
     worker's device."""
     return _receive(header, frames, "cudacore.dask.dask_deserialize")
+
+
+@sizeof.register(Buffer)
+def sizeof_buffer(buf: Buffer) -> int:
+    """What Dask counts a Buffer as: its bytes (0 once closed), as it counts a CuPy array's, so that
+    dask-cuda's device-memory accounting and spilling see it."""
+    return 0 if buf.closed else int(buf.size)
