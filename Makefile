@@ -31,6 +31,8 @@ $(VENV)/.ready: pyproject.toml Makefile
 	# typecheck`, and tests/test_typing.py (mypy --strict and pyright over the documented code; pyright's
 	# package bundles the checker and runs it with the machine's node).
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check nbclient nbformat ipykernel matplotlib mypy pyright
+	# cudacore.dask's tests (tests/test_dask.py: distributed's LocalCluster of simulated devices).
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check dask distributed
 	touch $@
 
 # The main job: install cudacore into the venv, report the driver and devices, run the quick start.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 import traceback
 
@@ -105,3 +106,24 @@ def test_error_classes_are_public_and_pickle_by_their_public_name(cls: type) -> 
     assert f"cudacore\n{cls.__name__}".encode() in pickle.dumps(cls("m"), protocol=0)
     back = pickle.loads(pickle.dumps(cls("m", code=1, name="CUDA_ERROR_INVALID_VALUE", op="op", fields={"k": "v"})))
     assert type(back) is cls and (str(back), back.fields) == ("m", {"k": "v"})
+
+
+def _fails_holding(dev: cc.Device, n: int) -> None:
+    held = dev.allocate(n)  # a local of a frame in the error's traceback
+    dev.allocate(1 << 50)
+    held.close()
+
+
+def test_an_out_of_memory_error_holds_no_reference_cycle(dev: cc.Device) -> None:
+    """The frames of an error's traceback are freed with the error, not at the next garbage collection:
+    the funnel that raises it keeps no reference to it."""
+    before = dev.memory_stats()["in_use"]
+    gc.disable()
+    try:
+        try:
+            _fails_holding(dev, 1 << 20)
+        except cc.OutOfMemoryError:
+            pass
+        assert dev.memory_stats()["in_use"] == before
+    finally:
+        gc.enable()

@@ -349,7 +349,13 @@ def from_wire(text: str) -> None:
     __tracebackhide__ = True  # pytest: this frame is the funnel's, not the caller's
     typed = typed_error(text)
     if typed is not None:
-        raise typed from None
+        try:
+            raise typed from None
+        finally:
+            # This frame is in the exception's traceback: a local still naming the exception would make a
+            # reference cycle, and every frame of the traceback, with the caller's Buffers, would live until
+            # the garbage collector ran (an out-of-memory failure would keep the memory it failed for).
+            del typed
 
 
 def from_runtime_error(exc: BaseException) -> BaseException:
