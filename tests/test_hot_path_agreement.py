@@ -137,6 +137,50 @@ def test_gpu_a_copy_given_no_stream_under_with_s_waits_for_s(dev: cc.Device, cal
         s.close()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("call", ["C", "general"])
+def test_gpu_a_small_copy_into_pageable_memory_lets_other_threads_run_while_it_waits(dev: cc.Device, call: str) -> None:
+    # A copy to the host waits for the work queued on its stream before it lands in pageable memory: it
+    # must not hold the GIL meanwhile. With a long switch interval a thread that wants the GIL runs only if
+    # the copy releases it.
+    import sys
+    import threading
+
+    s = dev.create_stream()
+    big = dev.allocate(1 << 30, stream=s)
+    out = np.zeros(8, np.uint8)
+    ticks = [0]
+    stop = threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            ticks[0] += 1
+
+    interval = sys.getswitchinterval()
+    t = threading.Thread(target=count)
+    try:
+        for _ in range(20):
+            big.fill(1, stream=s)  # milliseconds of work queued on s
+        sys.setswitchinterval(0.5)
+        t.start()
+        before = ticks[0]
+        part = big[:8]
+        if call == "C":
+            part.copy_to(out, stream=s)
+        else:
+            type(part)._copy_to(part, out, stream=s)
+        during = ticks[0] - before
+    finally:
+        stop.set()
+        sys.setswitchinterval(interval)
+        if t.is_alive():
+            t.join()
+        big.close()
+        s.close()
+    assert bytes(out) == b"\x01" * 8
+    assert during > 0, "no other thread ran while the copy waited for its stream: it held the GIL"
+
+
 @pytest.mark.sim
 @pytest.mark.parametrize("host_kind", ["bytes", "pinned", "staged"])
 @pytest.mark.parametrize("into", [True, False], ids=["copy_from", "copy_to"])

@@ -573,7 +573,10 @@ copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh
     int64_t device = self->device, ptr = (int64_t)(self->ptr + (uint64_t)part->offset);
     char *hbuf = (char *)view.buf + part->host_offset;
     int64_t hlen = (int64_t)view.len - part->host_offset;
-    if (sh >= 0 && n <= CC_HELD_COPY_MAX) {
+    /* A small copy on a stream keeps the GIL host to device only: one to the host through this path may
+     * land in pageable memory, which waits for the work queued on the stream first (a PinnedBuffer, which
+     * does not wait, is copy_hot's), and the GIL held across that wait would stop every thread and Ctrl-C. */
+    if (sh >= 0 && n <= CC_HELD_COPY_MAX && to_device) {
         /* Direct when the stream manager would hand this copy to the driver's own pageable copy (which
          * stages it and returns once it has read the host memory; memory the driver knows as pinned is
          * read when the stream gets there, as documented for pinned memory). */
@@ -584,8 +587,7 @@ copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh
             PyBuffer_Release(&view);
             return 1;
         }
-        err = to_device ? cudacore_door_CopyToDeviceHeld(device, ptr, hbuf, hlen, n, sh, &ret)
-                        : cudacore_door_CopyToHostHeld(device, hbuf, hlen, ptr, n, sh, &ret);
+        err = cudacore_door_CopyToDeviceHeld(device, ptr, hbuf, hlen, n, sh, &ret);
     } else {
         Py_BEGIN_ALLOW_THREADS
         err = to_device ? cudacore_door_CopyToDevice(device, ptr, hbuf, hlen, n, sh, &ret)

@@ -40,8 +40,9 @@ import (
 
 // HeldCopyMax is the largest asynchronous copy the Python layer makes while keeping the GIL (the Held
 // doors of the facade): such a copy only enqueues work, and releasing the GIL would cost more than the
-// call. Larger ones release it. The Python and C layers read it from the generated tables
-// (cudacore/internal/tablegen).
+// call. Larger ones release it, and so does every copy to the host but one into a PinnedBuffer: a copy
+// into pageable memory waits for the work queued on its stream, which must not stop every Python thread.
+// The Python and C layers read it from the generated tables (cudacore/internal/tablegen).
 const HeldCopyMax = 64 << 10
 
 const (

@@ -173,7 +173,9 @@ def device_to_host(host: Any, buf: Buffer, stream: object = None, nbytes: int | 
     n = _size(nbytes, buf.size - offset, op)
     if n > buf.size - offset:
         raise _invalid(f"{op}: the copy is {n} bytes but the device buffer holds only {buf.size - offset} from offset {offset}", op)
-    if handle != SYNC and n <= HELD_MAX:
+    # The GIL stays held only into a PinnedBuffer: a copy into pageable memory waits for the work queued on
+    # the stream first, and holding the GIL across that wait would stop every thread and Ctrl-C.
+    if handle != SYNC and n <= HELD_MAX and isinstance(host, PinnedBuffer):
         fast.copy_to_host_held(buf.device_id, host, buf.ptr + offset, n, handle)
     else:
         fast.copy_to_host(buf.device_id, host, buf.ptr + offset, n, handle)
