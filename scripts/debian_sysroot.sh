@@ -60,5 +60,13 @@ mkdir -p "$dest"
 for deb in "${debs[@]}"; do
     dpkg-deb -x "$deb" "$dest"
 done
+rm -f "${debs[@]}"
+# Suites with a merged /usr (Debian 13 on) ship /lib and /bin only as links that no package holds; the
+# dynamic loader's path in every program (/lib/ld-linux-aarch64.so.1) goes through them.
+for d in bin lib sbin; do
+    if [ ! -e "$dest/$d" ] && [ -d "$dest/usr/$d" ]; then
+        ln -s "usr/$d" "$dest/$d"
+    fi
+done
 echo "$want" >"$dest/.packages"
 echo "$0: ${#debs[@]} $arch packages of $suite in $dest"
