@@ -131,8 +131,14 @@ def test_the_aarch64_check_is_wired_and_its_tests_exist() -> None:
     assert re.search(rf"^    {re.escape(default.group(1))}\) suite=", script, re.MULTILINE), "no Debian suite for the default"
     tests = re.search(r'^AARCH64_TESTS=\$\{AARCH64_TESTS:-(.*?)\}$', script, re.MULTILINE | re.DOTALL)
     assert tests is not None, "scripts/check_aarch64.sh sets its default AARCH64_TESTS"
-    files = tests.group(1).replace("\\\n", " ").split()
+    words = tests.group(1).replace("\\\n", " ").split()
+    files = [w.split("::")[0] for w in words if w.startswith("tests/")]
     assert files and all((ROOT / f).is_file() for f in files), [f for f in files if not (ROOT / f).is_file()]
+    # A deselected test is one of the files' own.
+    for i, w in enumerate(words[:-1]):
+        if w == "--deselect":
+            path, name = words[i + 1].split("::")
+            assert path in files and f"def {name}(" in (ROOT / path).read_text(), words[i + 1]
     assert "make check-aarch64" in BUILDING.read_text()
 
 
