@@ -5,7 +5,7 @@
 #  2. unpack it and build a manylinux wheel from it with no network: GOPROXY=off, GOFLAGS=-mod=vendor, an
 #     empty module cache, GOTOOLCHAIN=local and no package index (pip --no-build-isolation, the build tools
 #     coming from the packaging environment);
-#  3. check the wheel: auditwheel's policy, a stripped extension, `twine check --strict` of both files;
+#  3. check the wheel: auditwheel's policy, a stripped extension with no RUNPATH, `twine check --strict` of both files;
 #  4. install it into a fresh virtual environment with no Go on PATH (timed), import it from outside the
 #     sources, run `cudacore doctor` and the quick start on the simulator, and check that the PyTorch
 #     shim's C++ exception reaches a program built with the system's libstdc++ (scripts/shim_probe.cc);
@@ -55,6 +55,7 @@ mkdir "$tmp/unzipped"
 so=$(ls "$tmp"/unzipped/cudacore/_gopy/_core.*.so)
 sections=$(readelf -SW "$so")
 ! grep -q -e '\.symtab' -e '\.debug_' <<<"$sections" || fail "$so is not stripped"
+! readelf -dW "$so" | grep -q -e RUNPATH -e RPATH || fail "$so has a run-time search path of the build machine"
 "$PKG_PYTHON" -m twine check --strict "$sdist" "$wheel"
 echo "wheel $(stat -c %s "$wheel") bytes; extension $(stat -c %s "$so") bytes"
 

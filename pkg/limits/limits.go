@@ -25,10 +25,10 @@ const (
 	Launches Unit = "launches" // a count of launches
 )
 
-// AddressSpace is the most bytes a process can address on x86-64 Linux (47 bits of user virtual address
-// space): a byte limit above it cannot be meant, whatever the device. Smaller requests that the device
-// cannot honour go to the driver, which clamps them; Set reports the clamp.
-const AddressSpace uint64 = 1 << 47
+// AddressSpace is the most bytes a process can address (its user virtual address space: addrspace_*.go):
+// a byte limit above it cannot be meant, whatever the device. Smaller requests that the device cannot
+// honour go to the driver, which clamps them; Set reports the clamp.
+const AddressSpace uint64 = 1 << addressBits
 
 // MaxStackSize is the architecture's limit on local memory per thread (512 KiB on every compute capability
 // since 2.0), which bounds the per-thread stack.

@@ -2,6 +2,7 @@ package limits_test
 
 import (
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -104,7 +105,8 @@ func TestValidationBeforeTheDriver(t *testing.T) {
 		want  []string
 	}{
 		{"unknown name", "heap", 1, []string{`unknown limit "heap"`, "malloc_heap_size", "stack_size", "persisting_l2_cache_size"}},
-		{"heap beyond the address space", "malloc_heap_size", 1 << 50, []string{"malloc_heap_size = 1,125,899,906,842,624 bytes (1.0 PiB)", "128.0 TiB"}},
+		{"heap beyond the address space", "malloc_heap_size", 1 << 50, []string{"malloc_heap_size = 1,125,899,906,842,624 bytes (1.0 PiB)",
+			"larger than the " + limits.FormatValue(limits.AddressSpace, limits.Bytes) + " a process can address at all"}},
 		{"stack beyond local memory", "stack_size", 1 << 20, []string{"local memory", "524,288 bytes (512.0 KiB)"}},
 		{"granularity not allowed", "max_l2_fetch_granularity", 100, []string{"0, 32, 64, 128"}},
 		{"sync depth too deep", "dev_runtime_sync_depth", 25, []string{"24 levels"}},
@@ -126,6 +128,20 @@ func TestValidationBeforeTheDriver(t *testing.T) {
 			assert.Equal(t, before, drv.Calls("cuCtxSetLimit")+drv.Calls("cuCtxGetLimit"), "the driver was called")
 		})
 	}
+}
+
+// The address space bound is the machine's: 128 TiB on x86-64, 256 TiB on aarch64 (make check-aarch64 runs
+// this package's tests emulated), so a heap between the two is refused on x86-64 only.
+func TestAddressSpaceIsTheMachines(t *testing.T) {
+	want := map[string]uint64{"amd64": 1 << 47, "arm64": 1 << 48}[runtime.GOARCH]
+	require.NotZero(t, want, "no address space known for %s", runtime.GOARCH)
+	assert.Equal(t, want, limits.AddressSpace)
+	heap, err := limits.Lookup("malloc_heap_size")
+	require.NoError(t, err)
+	require.NoError(t, heap.Check(h100, want))
+	err = heap.Check(h100, want+1)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), limits.HumanBytes(want)+") a process can address at all")
 }
 
 func TestCheckSigned(t *testing.T) {

@@ -18,6 +18,14 @@
 // Usage (from the repository root):
 //
 //	go run ./bindings/cmd/build -python /path/to/python [-out python/cudacore/_gopy]
+//
+// Cross builds: the extension is built for the platform the Python reports (sysconfig.get_platform()),
+// which is the machine's own unless _PYTHON_HOST_PLATFORM names another, as it does for setuptools.
+// For linux-aarch64 on an x86-64 machine (make wheels WHEEL_ARCH=aarch64), the cgo builds get GOARCH=arm64
+// and the extension is named with that platform's EXT_SUFFIX (.cpython-312-aarch64-linux-gnu.so); the
+// interpreter given still supplies the headers and the version, and CC and CXX must be a C toolchain for
+// the target (scripts/wheels.sh passes zig's). The tools run here (gopy, goimports) are built for this
+// machine whatever GOARCH says.
 package main
 
 import (
@@ -30,6 +38,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 
 	"github.com/cudacore/cudacore/bindings/door"
@@ -85,11 +95,14 @@ func run(python, out, work string) error {
 	if err != nil {
 		return err
 	}
-	log.Printf("target %s (%s, %s)", python, py.Tag, py.ExtSuffix)
+	log.Printf("target %s (%s, %s, GOARCH=%s)", python, py.Tag, py.ExtSuffix, py.GoArch)
 
 	if work == "" {
 		// A leading "_" keeps the generated main package out of `go build/vet/test ./...`.
 		work = filepath.Join("build", "_gopy_"+py.Tag)
+		if py.GoArch != runtime.GOARCH {
+			work += "_" + py.GoArch
+		}
 	}
 	work, err = filepath.Abs(work)
 	if err != nil {
@@ -108,13 +121,16 @@ func run(python, out, work string) error {
 	if err != nil {
 		return err
 	}
+	// The tools run on this machine: built without the target's GOARCH or cgo (both are pure Go).
+	hostEnv := append(os.Environ(), "GOOS="+runtime.GOOS, "GOARCH="+runtime.GOARCH, "CGO_ENABLED=0")
 	for _, tool := range []string{"github.com/go-python/gopy", "golang.org/x/tools/cmd/goimports"} {
-		if err := cmd("", nil, "go", "build", "-o", bin+string(os.PathSeparator), tool); err != nil {
+		if err := cmd("", hostEnv, "go", "build", "-o", bin+string(os.PathSeparator), tool); err != nil {
 			return err
 		}
 	}
-	// gopy runs `go` and (in build mode) goimports from PATH; put ours first.
-	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	// gopy runs `go` and (in build mode) goimports from PATH; put ours first. Every go command from here
+	// on builds for the target.
+	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"), "GOARCH="+py.GoArch)
 
 	pyEnv, err := ensurePybindgen(python, root, py.Tag, env)
 	if err != nil {
@@ -149,7 +165,7 @@ func run(python, out, work string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(goFile, patched, 0o644); err != nil {
+	if err := os.WriteFile(goFile, cgoWithoutRunpath(patched), 0o644); err != nil {
 		return err
 	}
 	manifest, err := gil.Manifest(policy)
@@ -267,9 +283,10 @@ func run(python, out, work string) error {
 // bind.GetPythonConfig for the dynamic-link case.
 type pyConfig struct {
 	Tag            string   // cp311, cp312, ...
-	ExtSuffix      string   // .cpython-311-x86_64-linux-gnu.so
+	ExtSuffix      string   // .cpython-311-x86_64-linux-gnu.so (the target's: see targetPlatform)
 	IncDir         string   // Python.h lives here
 	LdDynamicFlags []string // LDSHARED without the compiler: link flags for a module that relies on the interpreter's symbols
+	GoArch         string   // the target's GOARCH
 }
 
 const pyConfigScript = `
@@ -278,6 +295,10 @@ ldshared = sysconfig.get_config_var("LDSHARED") or ""
 print(json.dumps({
     "tag": "cp%d%d" % sys.version_info[:2],
     "extsuffix": sysconfig.get_config_var("EXT_SUFFIX"),
+    # The interpreter's own platform (its build's MULTIARCH triplet) and the one to build for, which
+    # _PYTHON_HOST_PLATFORM overrides (sysconfig.get_platform honours it, as setuptools' wheel tag does).
+    "multiarch": sysconfig.get_config_var("MULTIARCH") or "",
+    "platform": sysconfig.get_platform(),
     "incdir": sysconfig.get_path("include"),
     # LDSHARED is "<compiler> -shared ..."; cgo brings its own compiler. "-bundle" is macOS-only and cgo
     # already passes the equivalent (gopy's clear_ld_flags does the same).
@@ -293,7 +314,7 @@ func pythonConfig(python string) (pyConfig, error) {
 		return pyConfig{}, fmt.Errorf("%s: reading sysconfig: %w", python, err)
 	}
 	var raw struct {
-		Tag, ExtSuffix, IncDir, LdFlags string
+		Tag, ExtSuffix, Multiarch, Platform, IncDir, LdFlags string
 	}
 	if err := json.Unmarshal(stdout.Bytes(), &raw); err != nil {
 		return pyConfig{}, fmt.Errorf("%s: decoding sysconfig: %w", python, err)
@@ -304,8 +325,72 @@ func pythonConfig(python string) (pyConfig, error) {
 	if _, err := os.Stat(filepath.Join(raw.IncDir, "Python.h")); err != nil {
 		return pyConfig{}, fmt.Errorf("%s: no Python.h in %s (install the Python development headers)", python, raw.IncDir)
 	}
-	return pyConfig{Tag: raw.Tag, ExtSuffix: raw.ExtSuffix, IncDir: raw.IncDir,
-		LdDynamicFlags: strings.Fields(raw.LdFlags)}, nil
+	goarch, suffix, err := targetPlatform(raw.Platform, raw.Multiarch, raw.ExtSuffix)
+	if err != nil {
+		return pyConfig{}, fmt.Errorf("%s: %w", python, err)
+	}
+	return pyConfig{Tag: raw.Tag, ExtSuffix: suffix, IncDir: raw.IncDir,
+		LdDynamicFlags: withoutRunpath(strings.Fields(raw.LdFlags)), GoArch: goarch}, nil
+}
+
+// cgoWithoutRunpath drops the run-time search paths from the #cgo LDFLAGS lines of gopy's generated Go
+// file, which copies them from the interpreter's LDSHARED (see withoutRunpath).
+func cgoWithoutRunpath(src []byte) []byte {
+	const directive = "#cgo LDFLAGS:"
+	lines := strings.Split(string(src), "\n")
+	for i, l := range lines {
+		if rest, ok := strings.CutPrefix(l, directive); ok {
+			lines[i] = strings.TrimRight(directive+" "+strings.Join(withoutRunpath(strings.Fields(rest)), " "), " ")
+		}
+	}
+	return []byte(strings.Join(lines, "\n"))
+}
+
+// withoutRunpath drops the run-time search paths from LDSHARED's flags (pyenv's and other builds with a
+// shared libpython add -Wl,-rpath,<prefix>/lib): the extension links no libpython, so they would only
+// carry the build machine's folders into every wheel as a RUNPATH.
+func withoutRunpath(flags []string) []string {
+	var out []string
+	for _, f := range flags {
+		if !strings.HasPrefix(f, "-Wl,-rpath,") && !strings.HasPrefix(f, "-Wl,-rpath=") && !strings.HasPrefix(f, "-Wl,-R") {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// linuxTargets maps the Linux platforms cudacore is built for (sysconfig.get_platform() spelling) to
+// their GOARCH and to the multiarch triplet in CPython's EXT_SUFFIX there.
+var linuxTargets = map[string]struct{ goarch, multiarch string }{
+	"linux-x86_64":  {"amd64", "x86_64-linux-gnu"},
+	"linux-aarch64": {"arm64", "aarch64-linux-gnu"},
+}
+
+// targetPlatform returns the GOARCH and the extension suffix for building on an interpreter whose
+// EXT_SUFFIX and MULTIARCH are its own, for platform (sysconfig.get_platform(), which names another
+// machine when _PYTHON_HOST_PLATFORM is set). For the interpreter's own platform the suffix is its
+// EXT_SUFFIX unchanged; for another, the interpreter's triplet in it is replaced by the target's
+// (.cpython-312-x86_64-linux-gnu.so becomes .cpython-312-aarch64-linux-gnu.so), which is the name the
+// target's CPython of that version imports.
+func targetPlatform(platform, multiarch, extSuffix string) (goarch, suffix string, err error) {
+	t, ok := linuxTargets[platform]
+	if !ok {
+		known := make([]string, 0, len(linuxTargets))
+		for p := range linuxTargets {
+			known = append(known, p)
+		}
+		slices.Sort(known)
+		return "", "", fmt.Errorf("cannot build for platform %q: cudacore builds for %s", platform, strings.Join(known, ", "))
+	}
+	if multiarch == t.multiarch {
+		return t.goarch, extSuffix, nil
+	}
+	own := "-" + multiarch + ".so"
+	if multiarch == "" || !strings.HasSuffix(extSuffix, own) {
+		return "", "", fmt.Errorf("cannot cross-build for %s: EXT_SUFFIX %q does not end in the interpreter's triplet %q",
+			platform, extSuffix, multiarch)
+	}
+	return t.goarch, strings.TrimSuffix(extSuffix, own) + "-" + t.multiarch + ".so", nil
 }
 
 // ensurePybindgen returns the environment for running gopy's build.py. If the target Python cannot import
