@@ -47,7 +47,7 @@ tests/test_limits.py tests/test_recycle.py tests/test_direct.py tests/test_hot_p
 --deselect tests/test_streams.py::test_synchronize_is_interruptible \
 --deselect tests/test_streams.py::test_event_synchronize_is_interruptible}
 # The most the tests may take before the check fails rather than wait (a few times their usual time).
-AARCH64_TESTS_TIMEOUT=${AARCH64_TESTS_TIMEOUT:-2400}
+AARCH64_TESTS_TIMEOUT=${AARCH64_TESTS_TIMEOUT:-1200}
 # The Go packages with C code (the driver shim, the recycle log with its spin lock and atomics, the fast
 # path's snapshot, the process checks) and the one with a per-machine constant (limits.AddressSpace).
 # TestBurstTimesAreDistinctAndIncreasing is left out: it bounds the wall-clock time of a burst of calls,
