@@ -2,6 +2,7 @@ package stream
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -182,38 +183,18 @@ func TestStagingPoolStaysBounded(t *testing.T) {
 					defer wg.Done()
 					for r := range rounds {
 						n := 1 + ((i*rounds+r)*977)%(3*chunk+5) // one to four chunks
-						want := pattern(n, byte(i+r))
-						got := make([]byte, n)
 						on := s
 						if r%2 == 0 {
 							on = nil // synchronous
 						}
-						if err := e.m.CopyHtoD(p, bytes.Clone(want), on); err != nil {
-							errs <- err
-							return
-						}
-						if err := e.m.CopyDtoH(got, p, on); err != nil {
-							errs <- err
-							return
-						}
-						if !bytes.Equal(want, got) {
-							errs <- fmt.Errorf("thread %d round %d: bytes differ", i, r)
+						if err := roundTrip(e.m, p, pattern(n, byte(i+r)), on); err != nil {
+							errs <- fmt.Errorf("thread %d round %d: %w", i, r, err)
 							return
 						}
 					}
 				}()
 			}
-			done := make(chan struct{})
-			go func() { wg.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(30 * time.Second):
-				t.Fatal("the copies waited for each other for good")
-			}
-			close(errs)
-			for err := range errs {
-				require.NoError(t, err)
-			}
+			waitCopiers(t, &wg, errs)
 			all, free, busy := poolState(e.m)
 			assert.LessOrEqual(t, all, count, "buffers allocated")
 			assert.LessOrEqual(t, e.drv.Calls("cuMemHostAlloc")-allocs, count, "allocations made")
@@ -761,5 +742,37 @@ func TestAPageableCopyRefusedForACaptureBegunMeanwhileSaysSo(t *testing.T) {
 			assert.NotContains(t, err.Error(), "failed during stream capture")
 			require.NoError(t, rival.end(), "the capture went on")
 		})
+	}
+}
+
+// roundTrip copies want to p and back on s (nil: synchronously), and says whether the bytes came back.
+func roundTrip(m *Manager, p cuda.DevicePtr, want []byte, s *Stream) error {
+	got := make([]byte, len(want))
+	if err := m.CopyHtoD(p, bytes.Clone(want), s); err != nil {
+		return err
+	}
+	if err := m.CopyDtoH(got, p, s); err != nil {
+		return err
+	}
+	if !bytes.Equal(want, got) {
+		return errors.New("bytes differ")
+	}
+	return nil
+}
+
+// waitCopiers waits for the copying goroutines of wg, failing t if they wait for each other for good (30 s),
+// then fails t with the first error they sent on errs.
+func waitCopiers(t *testing.T, wg *sync.WaitGroup, errs chan error) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the copies waited for each other for good")
+	}
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
 	}
 }

@@ -485,34 +485,14 @@ func TestStagedCopiesShareThePool(t *testing.T) {
 					defer wg.Done()
 					for r := range rounds {
 						size := 1 + (th*rounds+r)*977%n
-						want := pattern(size, byte(th+r))
-						got := make([]byte, size)
-						if err := e.m.CopyHtoD(p, bytes.Clone(want), s); err != nil {
-							errs <- err
-							return
-						}
-						if err := e.m.CopyDtoH(got, p, s); err != nil {
-							errs <- err
-							return
-						}
-						if !bytes.Equal(want, got) {
-							errs <- fmt.Errorf("thread %d round %d: bytes differ", th, r)
+						if err := roundTrip(e.m, p, pattern(size, byte(th+r)), s); err != nil {
+							errs <- fmt.Errorf("thread %d round %d: %w", th, r, err)
 							return
 						}
 					}
 				}()
 			}
-			done := make(chan struct{})
-			go func() { wg.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(30 * time.Second):
-				t.Fatal("the copies waited for each other for good")
-			}
-			close(errs)
-			for err := range errs {
-				require.NoError(t, err)
-			}
+			waitCopiers(t, &wg, errs)
 			_, err := e.m.SynchronizeDevice(0, true)
 			require.NoError(t, err)
 			all, free, busy := poolState(e.m)
@@ -829,17 +809,7 @@ func TestStagingAllocationFailsUnderContention(t *testing.T) {
 			}
 		}()
 	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the copies waited for each other for good")
-	}
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+	waitCopiers(t, &wg, errs)
 	e.drv.ClearFaults()
 	_, err := e.m.SynchronizeDevice(0, true)
 	require.NoError(t, err)
