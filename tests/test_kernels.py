@@ -359,6 +359,64 @@ def test_cupy_arrays_pack_without_their_interface(mod):
 
 
 @pytest.mark.sim
+def test_torch_tensors_pack_without_their_interface(mod):
+    # A PyTorch tensor (a type whose MRO holds torch's C base, "torch._C.TensorBase") is read by data_ptr(),
+    # as its interface gives it, without calling the interface's Python property; an empty tensor, one on
+    # the CPU, a sparse one or one that requires grad goes by its interface, which decides (and refuses).
+    from cudacore._native import fast
+
+    base = type("torch._C.TensorBase", (), {})
+
+    class Tensor(base):  # type: ignore[valid-type, misc]
+        interface_reads = 0
+
+        def __init__(self, ptr, numel, *, is_cuda=True, is_sparse=False, requires_grad=False):
+            self.ptr, self.n = ptr, numel
+            self.is_cuda, self.is_sparse, self.requires_grad = is_cuda, is_sparse, requires_grad
+
+        def numel(self):
+            return self.n
+
+        def data_ptr(self):
+            return self.ptr
+
+        @property
+        def __cuda_array_interface__(self):
+            Tensor.interface_reads += 1
+            if self.requires_grad:
+                raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad")
+            return {"shape": (self.n,), "typestr": "<u4", "data": (self.ptr if self.n else 0, False), "version": 3}
+
+    class Parameter(Tensor):  # nn.Parameter is a subclass
+        pass
+
+    k = mod.function("fill")
+    for t in (Tensor(0x2000, 4), Parameter(0x2000, 4)):
+        with pytest.raises(cc.NotSupportedError):  # packed in C and handed to the launch door
+            fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (t, 7, 16), k._spec)
+    assert Tensor.interface_reads == 0
+    for t in (Tensor(0x2000, 0), Tensor(0x2000, 4, is_sparse=True), Tensor(0x2000, 4, is_cuda=False)):
+        with pytest.raises(cc.NotSupportedError):
+            fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (t, 7, 16), k._spec)
+    assert Tensor.interface_reads == 3
+    # The interface refuses a tensor that requires grad: the general path is left to explain.
+    assert fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (Tensor(0x2000, 4, requires_grad=True), 7, 16), k._spec) is NotImplemented
+    assert _readable(k.encode_args((Tensor(0x2000, 4), 7, 16))).startswith("ptr:0020000000000000")
+
+    class Interrupting(Tensor):
+        @property
+        def is_cuda(self):
+            raise KeyboardInterrupt
+
+        @is_cuda.setter
+        def is_cuda(self, value):
+            pass
+
+    with pytest.raises(KeyboardInterrupt):  # never swallowed while reading an argument
+        fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (Interrupting(0x2000, 4), 7, 16), k._spec)
+
+
+@pytest.mark.sim
 @pytest.mark.parametrize(("name", "value"), _GENERAL, ids=repr)
 def test_other_arguments_take_the_general_path(mod, name, value):
     from cudacore._native import fast
@@ -537,6 +595,36 @@ def test_gpu_cupy_views_reach_the_kernel():
     )
     want = [0] * 16 + [5] * 16 + [0] * 8 + [6] * 8 + [0] * 16
     assert out == {"go": want, "direct": want}
+
+
+@pytest.mark.gpu
+def test_gpu_torch_tensors_reach_the_kernel():
+    # A PyTorch tensor passed for a pointer goes as the address of its first element (a view's own start),
+    # on the direct path and through Go alike; one that requires grad is refused as its interface refuses it.
+    pytest.importorskip("torch")
+    out = _gpu(
+        f"""
+        import json, torch
+        fill = d.load_module({str(FILL_PTX)!r}).function("fill")
+        s = d.create_stream()
+        got = {{}}
+        for how in ("go", "direct"):
+            a = torch.zeros(64, dtype=torch.int32, device="cuda")
+            fill.launch(grid=1, block=32, args=(a[16:], 5, 16), stream=s if how == "direct" else None)
+            fill.launch(grid=1, block=32, args=(a[40:48], 6, 8), stream=s if how == "direct" else None)
+            s.synchronize()
+            got[how] = a.cpu().tolist()
+        try:
+            fill.launch(grid=1, block=32, args=(torch.zeros(4, device="cuda", requires_grad=True), 1, 4), stream=s)
+            got["grad"] = "launched"
+        except Exception as e:
+            got["grad"] = type(e).__name__
+        print(json.dumps(got))
+        """
+    )
+    want = [0] * 16 + [5] * 16 + [0] * 8 + [6] * 8 + [0] * 16
+    assert out["go"] == want and out["direct"] == want
+    assert out["grad"] != "launched"
 
 
 @pytest.mark.gpu

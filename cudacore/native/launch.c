@@ -278,6 +278,76 @@ cupy_array_ptr(PyObject *a)
     return ptr;
 }
 
+/* Whether type is a PyTorch tensor type: torch.Tensor, or a subclass of it (nn.Parameter, a user's), found
+ * by its C base in the MRO. The last answer is kept per type, as is_cupy_ndarray's. */
+static int
+is_torch_tensor(PyTypeObject *type)
+{
+    static PyTypeObject *last = NULL;
+    static unsigned int last_tag = 0;
+    static int last_answer = 0;
+    if (type == last && last_tag != 0 && type->tp_version_tag == last_tag) {
+        return last_answer;
+    }
+    int answer = 0;
+    PyObject *mro = type->tp_mro;
+    if (mro != NULL && PyTuple_Check(mro)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro) && !answer; i++) {
+            const char *name = ((PyTypeObject *)PyTuple_GET_ITEM(mro, i))->tp_name;
+            answer = strcmp(name, "torch._C.TensorBase") == 0 || strcmp(name, "torch._C._TensorBase") == 0;
+        }
+    }
+    Py_INCREF(type);
+    Py_XSETREF(last, type);
+    last_tag = type->tp_version_tag;
+    last_answer = answer;
+    return answer;
+}
+
+/* An attribute of a that must be exactly the singleton want (Py_True or Py_False): 1 yes, 0 no or unreadable
+ * (the error cleared when it is ordinary), -1 when reading it raised what clear_read_error keeps. */
+static int
+attr_is(PyObject *a, const char *name, PyObject *want)
+{
+    PyObject *v = PyObject_GetAttrString(a, name);
+    int yes = v == want;
+    Py_XDECREF(v);
+    if (v == NULL) {
+        return clear_read_error() < 0 ? -1 : 0;
+    }
+    return yes;
+}
+
+/* The device address of a PyTorch tensor as its __cuda_array_interface__ gives it, without building that
+ * dictionary (a Python property): the address of its first element, data_ptr(), for a dense CUDA tensor
+ * that does not require grad and is not empty. A new reference to an exact int, or NULL with no exception
+ * set when a is not such a tensor (the interface decides, and explains what it refuses: a CPU tensor, a
+ * sparse one, one that requires grad), or NULL with the exception set when reading it raised what
+ * clear_read_error keeps. */
+static PyObject *
+torch_tensor_ptr(PyObject *a)
+{
+    if (!is_torch_tensor(Py_TYPE(a))) {
+        return NULL;
+    }
+    int ok = attr_is(a, "is_cuda", Py_True);
+    ok = ok == 1 ? attr_is(a, "is_sparse", Py_False) : ok;
+    ok = ok == 1 ? attr_is(a, "requires_grad", Py_False) : ok;
+    if (ok != 1) {
+        return NULL; /* the exception, if any, is kept for the caller */
+    }
+    PyObject *numel = PyObject_CallMethod(a, "numel", NULL);
+    int empty = numel == NULL || !PyLong_CheckExact(numel) || PyLong_AsLongLong(numel) <= 0;
+    Py_XDECREF(numel);
+    PyObject *ptr = empty ? NULL : PyObject_CallMethod(a, "data_ptr", NULL);
+    if (ptr == NULL || !PyLong_CheckExact(ptr)) {
+        Py_XDECREF(ptr);
+        clear_read_error();
+        return NULL;
+    }
+    return ptr;
+}
+
 /* args with each array of another library passed for a pointer parameter (an object with
  * __cuda_array_interface__: a CuPy array, a Numba device array, a PyTorch tensor) replaced by its device
  * address, as the general path reads it (the "data" entry's address): a new reference, to args itself when
@@ -307,7 +377,11 @@ resolve_array_args(PyObject *args, PyObject *spec)
             PyMemoryView_Check(a) || PyFloat_CheckExact(a) || numpy_number(a, &num)) {
             continue; /* packed as it is, or left to the general path */
         }
-        PyObject *cai = NULL, *ptr = cupy_array_ptr(a); /* a CuPy array's address costs no dictionary */
+        /* A CuPy array's or a PyTorch tensor's address costs no dictionary. */
+        PyObject *cai = NULL, *ptr = cupy_array_ptr(a);
+        if (ptr == NULL && !PyErr_Occurred()) {
+            ptr = torch_tensor_ptr(a);
+        }
         if (ptr == NULL && PyErr_Occurred()) {
             Py_XDECREF(out);
             return NULL;
