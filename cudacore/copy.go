@@ -196,6 +196,7 @@ type stagingJSON struct {
 	Buffers int `json:"buffers"`
 	Workers int `json:"workers"`
 	Piece   int `json:"piece"`
+	Burst   int `json:"burst"`
 }
 
 // StagingTuning sets how device ordinal stages pageable copies (stream.Manager.SetStagingTuning) when
@@ -220,14 +221,14 @@ func StagingTuning(ordinal int, spec string) (string, error) {
 			dec.DisallowUnknownFields()
 			if err := dec.Decode(&j); err != nil {
 				return "", cuda.NewError(op, cuda.ErrorInvalidValue,
-					fmt.Sprintf("the staging tuning must be a JSON object of chunk, buffers, workers and piece (integers): %v", err))
+					fmt.Sprintf("the staging tuning must be a JSON object of chunk, buffers, workers, piece and burst (integers): %v", err))
 			}
-			if err := m.SetStagingTuning(stream.StagingTuning{Chunk: j.Chunk, Buffers: j.Buffers, Workers: j.Workers, Piece: j.Piece}); err != nil {
+			if err := m.SetStagingTuning(stream.StagingTuning{Chunk: j.Chunk, Buffers: j.Buffers, Workers: j.Workers, Piece: j.Piece, Burst: j.Burst}); err != nil {
 				return "", err
 			}
 		}
 		t := m.StagingTuning()
-		b, err := json.Marshal(stagingJSON{Chunk: t.Chunk, Buffers: t.Buffers, Workers: t.Workers, Piece: t.Piece})
+		b, err := json.Marshal(stagingJSON{Chunk: t.Chunk, Buffers: t.Buffers, Workers: t.Workers, Piece: t.Piece, Burst: t.Burst})
 		return string(b), err
 	})
 }

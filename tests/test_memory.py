@@ -462,10 +462,11 @@ def test_staging_tuning_hook(dev: cc.Device, default_staging) -> None:
     arriving both ways at sizes around its chunk and piece), refuses bad fields with InvalidValueError, and
     zero fields mean the defaults."""
     tune = default_staging
-    defaults = {"chunk": 4 << 20, "buffers": 8, "workers": 8, "piece": 1 << 20}
+    defaults = {"chunk": 4 << 20, "buffers": 8, "workers": 8, "piece": 1 << 20, "burst": 16 << 20}
     assert tune(dev.device_id) == defaults
-    assert tune(dev.device_id, chunk=1 << 20, buffers=2, workers=3, piece=256 << 10) == {
-        "chunk": 1 << 20, "buffers": 2, "workers": 3, "piece": 256 << 10}
+    # A burst of one chunk: each chunk's DMA drains before the next is enqueued, both ways.
+    assert tune(dev.device_id, chunk=1 << 20, buffers=2, workers=3, piece=256 << 10, burst=1 << 20) == {
+        "chunk": 1 << 20, "buffers": 2, "workers": 3, "piece": 256 << 10, "burst": 1 << 20}
     s = dev.create_stream()
     try:
         for n in (MiB + 1, 3 * MiB - 7, 5 * MiB + (256 << 10) + 1):
@@ -482,7 +483,7 @@ def test_staging_tuning_hook(dev: cc.Device, default_staging) -> None:
             assert 0 < dev.memory_stats()["pinned_staging"] <= 2 * MiB
     finally:
         s.close()
-    for bad in ({"chunk": 100}, {"buffers": -1}, {"workers": 10_000}, {"piece": 1}, {"pieces": 4}, {"chunk": 1.5}, {"workers": True}):
+    for bad in ({"chunk": 100}, {"buffers": -1}, {"workers": 10_000}, {"piece": 1}, {"burst": 5}, {"pieces": 4}, {"chunk": 1.5}, {"workers": True}):
         with pytest.raises(cc.InvalidValueError):
             tune(dev.device_id, **bad)
     assert tune(dev.device_id)["chunk"] == 1 << 20, "a refused tuning changes nothing"

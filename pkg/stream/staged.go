@@ -52,6 +52,10 @@ type StagingTuning struct {
 	Workers int
 	// Piece is the most bytes a worker copies at a time (at most Chunk).
 	Piece int
+	// Burst is the most bytes one copy enqueues for the copy engine in one stretch: after that many it
+	// lets its DMAs drain before it enqueues more, so that another stream's copies, which the engine
+	// otherwise serves only once this copy's queue runs dry, get their turn. Negative: never drain.
+	Burst int
 }
 
 // Defaults of StagingTuning, reasoned from the rates involved (a copy engine reading pinned memory moves
@@ -74,6 +78,10 @@ const (
 	// (the destination is read once, by the DMA or by the caller, so caching it only costs memory
 	// bandwidth); a chunk is a few pieces, shared by as many workers.
 	DefaultCopyPiece = 1 << 20
+	// DefaultStagingBurst: a copy engine fed without a pause serves one stream's queue until it runs dry,
+	// so another stream's copy would wait for the whole staged copy; a drain every few chunks bounds that
+	// wait to about one burst's DMAs, for the cost of one idle gap of the engine per burst.
+	DefaultStagingBurst = 16 << 20
 )
 
 // Bounds of StagingTuning accepted by SetStagingTuning (absurd values are mistakes, not tuning).
@@ -99,6 +107,9 @@ func (t StagingTuning) withDefaults() StagingTuning {
 	if t.Piece <= 0 {
 		t.Piece = DefaultCopyPiece
 	}
+	if t.Burst == 0 {
+		t.Burst = DefaultStagingBurst
+	}
 	t.Piece = min(t.Piece, t.Chunk)
 	return t
 }
@@ -117,6 +128,8 @@ func (t StagingTuning) check(op string) error {
 		return bad("workers", t.Workers, fmt.Sprintf("between 1 and %d (0: the default)", maxCopyWorkers))
 	case t.Piece != 0 && t.Piece < minCopyPiece:
 		return bad("piece", t.Piece, fmt.Sprintf("at least %d bytes (0: the default)", minCopyPiece))
+	case t.Burst > 0 && t.Burst < minCopyPiece:
+		return bad("burst", t.Burst, fmt.Sprintf("at least %d bytes (0: the default; negative: never drain)", minCopyPiece))
 	}
 	return nil
 }
@@ -319,6 +332,41 @@ func (w *crew) isDone(c int) bool {
 // waitDone waits until chunk c's host side is done.
 func (w *crew) waitDone(c int) { <-w.slots[c].done }
 
+// help is what the caller does while it waits for chunk c's host side: it copies the next unclaimed piece
+// itself, if that piece's chunk has its buffer, and otherwise waits for c. Either way it returns soon, for
+// the caller to look at its pipeline again (a chunk may be done, a buffer back). A caller that copies
+// keeps its thread busy instead of parking it, which, for a goroutine locked to its thread (a call from
+// C), costs a wake-up per chunk; and it never claims a piece it cannot copy at once, since the buffers
+// are the caller's to hand out.
+func (w *crew) help(c int) {
+	if w.inline || w.isDone(c) {
+		return
+	}
+	for {
+		i := w.next.Load()
+		if int(i) >= w.plan.pieces {
+			break
+		}
+		pc, off, n := w.plan.pieceSpan(int(i))
+		s := &w.slots[pc]
+		select {
+		case <-s.ready:
+		default:
+			w.waitDone(c)
+			return
+		}
+		if !w.next.CompareAndSwap(i, i+1) {
+			continue // a worker claimed it: look again
+		}
+		w.copyPiece(s, pc, off, n)
+		if s.left.Add(-1) == 0 {
+			close(s.done)
+		}
+		return
+	}
+	w.waitDone(c)
+}
+
 // halt stops the workers and waits until none touches the caller's memory or a staging buffer any more.
 func (w *crew) halt() {
 	if w.halted {
@@ -336,6 +384,7 @@ func (m *Manager) stagedHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 	pl := newPlan(len(src), t.Chunk, t.Piece)
 	w := newCrew(pl, src, true, t.Workers)
 	head, assigned := 0, 0 // chunks [head, assigned) hold a buffer not yet enqueued
+	stretch := 0           // bytes enqueued since the DMAs last drained
 	defer func() {
 		w.halt()
 		for c := head; c < assigned; c++ {
@@ -348,6 +397,13 @@ func (m *Manager) stagedHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 		for head < assigned && w.isDone(head) {
 			buf := w.slots[head].buf
 			off, n := pl.chunkSpan(head)
+			if t.Burst > 0 && stretch >= t.Burst {
+				if err := m.drain(s); err != nil {
+					return err // the chunk keeps its buffer: the deferred recycle returns it
+				}
+				stretch = 0
+			}
+			stretch += n
 			head++
 			if err := m.drv.MemcpyHtoDAsync(m.ctx, dst+cuda.DevicePtr(off), buf[:n], s.h); err != nil {
 				m.staging.recycle(buf, 0) // nothing reads it
@@ -378,7 +434,7 @@ func (m *Manager) stagedHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 		}
 		switch {
 		case head < assigned:
-			w.waitDone(head)
+			w.help(head)
 		default: // the copy holds no buffer: wait for the pool
 			buf, err := m.staging.get()
 			if err != nil {
@@ -401,6 +457,7 @@ func (m *Manager) stagedDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 	// Chunks [freed, landed) have landed in their buffers and are being copied out; [landed, issued) have
 	// their DMA and event enqueued.
 	freed, landed, issued := 0, 0, 0
+	stretch := 0 // bytes issued since the DMAs last drained
 	defer func() {
 		w.halt()
 		for c := freed; c < landed; c++ {
@@ -410,9 +467,15 @@ func (m *Manager) stagedDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 			m.staging.putRecorded(w.slots[c].buf, w.slots[c].ev) // busy until its event says it landed
 		}
 	}()
+	// A burst issued: no more DMAs until those issued have landed (the engine's queue ran dry).
+	paused := func() bool { return t.Burst > 0 && stretch >= t.Burst && landed < issued }
 	issue := func(buf []byte) error {
 		c := issued
 		off, n := pl.chunkSpan(c)
+		if landed == issued {
+			stretch = 0
+		}
+		stretch += n
 		if err := m.drv.MemcpyDtoHAsync(m.ctx, buf[:n], src+cuda.DevicePtr(off), s.h); err != nil {
 			m.staging.recycle(buf, 0)
 			return err
@@ -432,14 +495,14 @@ func (m *Manager) stagedDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 		for freed < landed && w.isDone(freed) {
 			buf := w.slots[freed].buf
 			freed++
-			if issued == pl.chunks {
+			if issued == pl.chunks || paused() {
 				m.staging.recycle(buf, 0)
 			} else if err := issue(buf); err != nil {
 				return err
 			}
 		}
 		// More DMAs, into the buffers the pool has free now, without waiting.
-		for issued < pl.chunks && issued-freed < t.Buffers {
+		for issued < pl.chunks && issued-freed < t.Buffers && !paused() {
 			buf, err := m.staging.poll()
 			if err != nil {
 				return m.unstagedDtoH(err, freed == issued, pl, dst, src, issued, s)
@@ -462,7 +525,7 @@ func (m *Manager) stagedDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 			landed++
 			w.ready(landed-1, sl.buf)
 		case freed < landed:
-			w.waitDone(freed)
+			w.help(freed)
 		case freed < pl.chunks: // the copy holds no buffer: wait for the pool
 			buf, err := m.staging.get()
 			if err != nil {
@@ -473,6 +536,20 @@ func (m *Manager) stagedDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 			}
 		}
 	}
+	return nil
+}
+
+// drain waits until the work enqueued on s so far has completed: the end of a burst of a staged copy.
+func (m *Manager) drain(s *Stream) error {
+	ev, err := m.staging.record(s)
+	if err != nil {
+		return err
+	}
+	err = m.drv.EventSynchronize(m.ctx, ev)
+	if err != nil {
+		return err // the event is given up with the error: the stream may still be using it
+	}
+	m.staging.recycle(nil, ev)
 	return nil
 }
 

@@ -30,6 +30,9 @@ type lazyGPU struct {
 	queues map[cuda.Stream]*lazyQueue
 	marks  map[cuda.Event]lazyMark
 	failed error // the first failure of an operation run late
+	// mostQueued is the most bytes of copies enqueued on one stream and not yet run, seen as each was
+	// enqueued.
+	mostQueued int
 
 	// Faults of the wrapper's own (the simulator's InjectFault fails a DMA when it runs, here late):
 	// the nth call from now of an entry point fails with code before anything is enqueued.
@@ -41,8 +44,9 @@ type lazyGPU struct {
 }
 
 type lazyQueue struct {
-	ops  []func() error
-	done int // ops run so far
+	ops   []func() error
+	bytes []int // what each op copies
+	done  int   // ops run so far
 }
 
 type lazyMark struct {
@@ -113,7 +117,7 @@ func (d *lazyGPU) runAllLocked() {
 	}
 }
 
-func (d *lazyGPU) enqueue(entry string, s cuda.Stream, op func() error) error {
+func (d *lazyGPU) enqueue(entry string, s cuda.Stream, n int, op func() error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.faultLocked(entry); err != nil {
@@ -121,15 +125,30 @@ func (d *lazyGPU) enqueue(entry string, s cuda.Stream, op func() error) error {
 	}
 	q := d.queue(s)
 	q.ops = append(q.ops, op)
+	q.bytes = append(q.bytes, n)
+	queued := 0
+	for _, b := range q.bytes[q.done:] {
+		queued += b
+	}
+	d.mostQueued = max(d.mostQueued, queued)
 	return nil
 }
 
 func (d *lazyGPU) MemcpyHtoDAsync(c cuda.Context, dst cuda.DevicePtr, src []byte, s cuda.Stream) error {
-	return d.enqueue("MemcpyHtoDAsync", s, func() error { return d.Driver.MemcpyHtoDAsync(c, dst, src, s) })
+	return d.enqueue("MemcpyHtoDAsync", s, len(src), func() error { return d.Driver.MemcpyHtoDAsync(c, dst, src, s) })
 }
 
 func (d *lazyGPU) MemcpyDtoHAsync(c cuda.Context, dst []byte, src cuda.DevicePtr, s cuda.Stream) error {
-	return d.enqueue("MemcpyDtoHAsync", s, func() error { return d.Driver.MemcpyDtoHAsync(c, dst, src, s) })
+	return d.enqueue("MemcpyDtoHAsync", s, len(dst), func() error { return d.Driver.MemcpyDtoHAsync(c, dst, src, s) })
+}
+
+// queuedMost returns mostQueued and starts it again from 0.
+func (d *lazyGPU) queuedMost() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := d.mostQueued
+	d.mostQueued = 0
+	return m
 }
 
 func (d *lazyGPU) EventRecord(c cuda.Context, e cuda.Event, s cuda.Stream) error {
@@ -362,8 +381,46 @@ var lazyTunings = []StagingTuning{
 	{Chunk: 4096, Buffers: 1, Workers: 1},
 	{Chunk: 16 << 10, Buffers: 3, Workers: 4, Piece: 4096},
 	{Chunk: 16 << 10, Buffers: 1, Workers: 8, Piece: 4096},
-	{Chunk: 8192, Buffers: 4, Workers: 3, Piece: 5000},
+	{Chunk: 8192, Buffers: 4, Workers: 3, Piece: 5000, Burst: -1},
 	{Chunk: 64 << 10, Buffers: 16, Workers: 2, Piece: 4096},
+	{Chunk: 4096, Buffers: 6, Workers: 4, Burst: 4096},
+	{Chunk: 8192, Buffers: 8, Workers: 8, Piece: 4096, Burst: 3 * 8192},
+}
+
+// TestStagedBurstBoundsTheQueue: a staged copy, either way, never has more than its burst (and at most one
+// chunk beyond, when the burst is not a whole number of chunks) queued for the copy engine and not yet
+// run; with draining off it queues up to its pool. Every byte arrives.
+func TestStagedBurstBoundsTheQueue(t *testing.T) {
+	withProcs(t, 8)
+	const chunk = 4096
+	cases := []struct {
+		burst, most int
+	}{
+		{chunk, chunk},
+		{2 * chunk, 2 * chunk},
+		{2*chunk + 1, 3 * chunk},
+		{5 * chunk, 5 * chunk},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("burst=%d", c.burst), func(t *testing.T) {
+			st := StagingTuning{Chunk: chunk, Buffers: 8, Workers: 4, Burst: c.burst}
+			e, gpu := newLazyEnv(t, uint64(c.burst), st)
+			s := e.stream(t, true)
+			n := 24*chunk + 5
+			p := e.alloc(t, n)
+			want := pattern(n, 3)
+			gpu.queuedMost()
+			require.NoError(t, e.m.CopyHtoD(p, bytes.Clone(want), s))
+			assert.LessOrEqual(t, gpu.queuedMost(), c.most, "host to device")
+			require.NoError(t, s.Synchronize()) // the last burst ran: the next copy's queue starts empty
+			gpu.queuedMost()
+			got := make([]byte, n)
+			require.NoError(t, e.m.CopyDtoH(got, p, s))
+			assert.LessOrEqual(t, gpu.queuedMost(), c.most, "device to host")
+			assert.True(t, bytes.Equal(want, got), "bytes differ")
+			require.NoError(t, s.Synchronize())
+		})
+	}
 }
 
 // TestStagedOrderOnALazyGPU: on a GPU that runs DMAs late, staged copies both ways, one after another on
@@ -585,23 +642,23 @@ func TestStagingTuning(t *testing.T) {
 	e := newEnv(t)
 	s := e.stream(t, true)
 	bad := []StagingTuning{
-		{Chunk: 100}, {Chunk: 2 << 30}, {Buffers: -1}, {Buffers: 1000}, {Workers: -2}, {Workers: 1000}, {Piece: 10},
+		{Chunk: 100}, {Chunk: 2 << 30}, {Buffers: -1}, {Buffers: 1000}, {Workers: -2}, {Workers: 1000}, {Piece: 10}, {Burst: 100},
 	}
 	for _, b := range bad {
 		t.Run(fmt.Sprintf("refused %+v", b), func(t *testing.T) {
 			requireResult(t, cuda.ErrorInvalidValue, e.m.SetStagingTuning(b))
 		})
 	}
-	assert.Equal(t, StagingTuning{Chunk: 4096, Buffers: 2, Workers: DefaultCopyWorkers, Piece: 4096}, e.m.StagingTuning())
+	assert.Equal(t, StagingTuning{Chunk: 4096, Buffers: 2, Workers: DefaultCopyWorkers, Piece: 4096, Burst: DefaultStagingBurst}, e.m.StagingTuning())
 	const n = 5*8192 + 3
 	p := e.alloc(t, n)
 	require.NoError(t, e.m.CopyHtoD(p, pattern(n, 1), s))
 	require.NoError(t, s.Synchronize())
 	allocs, frees := e.drv.Calls("cuMemHostAlloc"), e.drv.Calls("cuMemFreeHost")
 	all, _, _ := poolState(e.m)
-	require.NoError(t, e.m.SetStagingTuning(StagingTuning{Chunk: 8192, Buffers: 3, Workers: 2}))
+	require.NoError(t, e.m.SetStagingTuning(StagingTuning{Chunk: 8192, Buffers: 3, Workers: 2, Burst: -1}))
 	assert.Equal(t, frees+all, e.drv.Calls("cuMemFreeHost"), "the old buffers are freed")
-	assert.Equal(t, StagingTuning{Chunk: 8192, Buffers: 3, Workers: 2, Piece: 8192}, e.m.StagingTuning())
+	assert.Equal(t, StagingTuning{Chunk: 8192, Buffers: 3, Workers: 2, Piece: 8192, Burst: -1}, e.m.StagingTuning())
 	assert.Zero(t, e.m.StagingBytes())
 	got := make([]byte, n)
 	require.NoError(t, e.m.CopyHtoD(p, pattern(n, 2), s))
@@ -611,7 +668,7 @@ func TestStagingTuning(t *testing.T) {
 	assert.Equal(t, uint64(3*8192), e.m.StagingBytes())
 	require.NoError(t, e.m.SetStagingTuning(StagingTuning{}))
 	assert.Equal(t, StagingTuning{Chunk: DefaultStagingSize, Buffers: DefaultStagingCount, Workers: DefaultCopyWorkers,
-		Piece: DefaultCopyPiece}, e.m.StagingTuning(), "zero fields: the defaults")
+		Piece: DefaultCopyPiece, Burst: DefaultStagingBurst}, e.m.StagingTuning(), "zero fields: the defaults")
 
 	t.Run("refused while a copy runs", func(t *testing.T) {
 		require.NoError(t, e.m.SetStagingTuning(StagingTuning{Chunk: 4096, Buffers: 1}))
@@ -676,6 +733,7 @@ func FuzzStagedCopy(f *testing.F) {
 			Buffers: 1 + int(buffers)%6,
 			Workers: 1 + int(workers)%8,
 			Piece:   minCopyPiece + int(piece)%(16<<10),
+			Burst:   []int{-1, 0, minCopyPiece, 3 * minCopyPiece, 64 << 10}[seed%5],
 		}
 		size := 1 + int(n)%(1<<20)
 		if size/st.Chunk > 300 {

@@ -445,7 +445,7 @@ def host_memory(obj: Any, ordinal: int, stream: object, op: str) -> tuple[Any, i
 
 
 #: The fields of a staging tuning (:func:`staging_tuning`).
-STAGING_FIELDS = ("chunk", "buffers", "workers", "piece")
+STAGING_FIELDS = ("chunk", "buffers", "workers", "piece", "burst")
 
 
 def staging_tuning(device: int = 0, **fields: int) -> dict[str, int]:
@@ -459,7 +459,9 @@ def staging_tuning(device: int = 0, **fields: int) -> dict[str, int]:
     **fields
         ``chunk`` (bytes per pinned staging buffer, the unit of one DMA), ``buffers`` (staging buffers per
         device at most), ``workers`` (goroutines copying host memory for one copy; 1: the calling thread)
-        and ``piece`` (bytes a worker copies at a time). A field left out, or 0, is its default. Changing
+        ``piece`` (bytes a worker copies at a time) and ``burst`` (bytes one copy enqueues for the copy
+        engine before it lets them drain, so that other streams' copies get their turn; negative: never).
+        A field left out, or 0, is its default. Changing
         the tuning frees the staging buffers; the next copy allocates them at the new size.
 
     Returns
