@@ -233,6 +233,8 @@ GPU_OF: dict[str, str] = {}
 
 #: time.monotonic() after which no process starts and a running one is stopped (--deadline); None: none.
 DEADLINE: float | None = None
+#: A pytest marker expression (-m) the pytest suites run under, or None for all their tests.
+MARK: str | None = None
 
 
 def time_left(timeout: float) -> float:
@@ -331,6 +333,8 @@ def run_once(
             cmd += nodeids or [target]
             if keyword:
                 cmd += ["-k", keyword]
+            if MARK:
+                cmd += ["-m", MARK]
             for d in deselect:
                 cmd += ["--deselect", d]
         started = time.monotonic()
@@ -380,6 +384,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--suite", action="append", choices=sorted(SELECTED), help="suite to run (repeat); default all")
     ap.add_argument("--only", action="append", help="run only the selected files containing this text (repeat)")
+    ap.add_argument("--mark", help="pytest suites: run only the tests with this marker expression (-m), e.g. multi_gpu")
     ap.add_argument("--allocator", action="append", choices=["own", "cudacore"], help="default both")
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
     ap.add_argument("--timeout", type=float, default=600, help="seconds for one file's process")
@@ -395,8 +400,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.split_gpus:
         GPU_OF.update(own="0", cudacore="1")
-    global DEADLINE
+    global DEADLINE, MARK
     DEADLINE = None if args.deadline is None else time.monotonic() + args.deadline
+    MARK = args.mark
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     try:
