@@ -130,6 +130,7 @@ def test_gpu_a_copy_given_no_stream_under_with_s_waits_for_s(dev: cc.Device, cal
                 else:
                     type(part)._copy_to(part, pinned)
                 assert bytes(view) == bytes([value]) * 4096, "the copy returned before the fill queued on s landed"
+                del part  # a view keeps big open
     finally:
         del view
         pinned.close()
@@ -170,6 +171,7 @@ def test_gpu_a_small_copy_into_pageable_memory_lets_other_threads_run_while_it_w
         else:
             type(part)._copy_to(part, out, stream=s)
         during = ticks[0] - before
+        del part  # a view keeps big open
     finally:
         stop.set()
         sys.setswitchinterval(interval)

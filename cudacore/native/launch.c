@@ -304,12 +304,13 @@ is_torch_tensor(PyTypeObject *type)
     return answer;
 }
 
-/* An attribute of a that must be exactly the singleton want (Py_True or Py_False): 1 yes, 0 no or unreadable
- * (the error cleared when it is ordinary), -1 when reading it raised what clear_read_error keeps. */
+/* An attribute of a (name interned) that must be exactly the singleton want (Py_True or Py_False): 1 yes,
+ * 0 no or unreadable (the error cleared when it is ordinary), -1 when reading it raised what
+ * clear_read_error keeps. */
 static int
-attr_is(PyObject *a, const char *name, PyObject *want)
+attr_is(PyObject *a, PyObject *name, PyObject *want)
 {
-    PyObject *v = PyObject_GetAttrString(a, name);
+    PyObject *v = PyObject_GetAttr(a, name);
     int yes = v == want;
     Py_XDECREF(v);
     if (v == NULL) {
@@ -330,16 +331,21 @@ torch_tensor_ptr(PyObject *a)
     if (!is_torch_tensor(Py_TYPE(a))) {
         return NULL;
     }
-    int ok = attr_is(a, "is_cuda", Py_True);
-    ok = ok == 1 ? attr_is(a, "is_sparse", Py_False) : ok;
-    ok = ok == 1 ? attr_is(a, "requires_grad", Py_False) : ok;
+    GENERAL_NAME(str_is_cuda, "is_cuda");
+    GENERAL_NAME(str_is_sparse, "is_sparse");
+    GENERAL_NAME(str_requires_grad, "requires_grad");
+    GENERAL_NAME(str_numel, "numel");
+    GENERAL_NAME(str_data_ptr, "data_ptr");
+    int ok = attr_is(a, str_is_cuda, Py_True);
+    ok = ok == 1 ? attr_is(a, str_is_sparse, Py_False) : ok;
+    ok = ok == 1 ? attr_is(a, str_requires_grad, Py_False) : ok;
     if (ok != 1) {
         return NULL; /* the exception, if any, is kept for the caller */
     }
-    PyObject *numel = PyObject_CallMethod(a, "numel", NULL);
+    PyObject *numel = PyObject_CallMethodNoArgs(a, str_numel);
     int empty = numel == NULL || !PyLong_CheckExact(numel) || PyLong_AsLongLong(numel) <= 0;
     Py_XDECREF(numel);
-    PyObject *ptr = empty ? NULL : PyObject_CallMethod(a, "data_ptr", NULL);
+    PyObject *ptr = empty ? NULL : PyObject_CallMethodNoArgs(a, str_data_ptr);
     if (ptr == NULL || !PyLong_CheckExact(ptr)) {
         Py_XDECREF(ptr);
         clear_read_error();

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cudacore/cudacore/pkg/cuda"
 )
@@ -385,25 +386,45 @@ func (m *Manager) stagedHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 	w := newCrew(pl, src, true, t.Workers)
 	head, assigned := 0, 0 // chunks [head, assigned) hold a buffer not yet enqueued
 	stretch := 0           // bytes enqueued since the DMAs last drained
+	var drain cuda.Event   // recorded after a burst's last DMA: nothing more is enqueued until it completes
+	var spinning time.Time // when the caller began asking whether drain completed, with the next chunk ready
 	defer func() {
 		w.halt()
 		for c := head; c < assigned; c++ {
 			m.staging.recycle(w.slots[c].buf, 0) // nothing was enqueued to read it
 		}
+		if drain != 0 {
+			m.staging.recycle(nil, drain) // recording it again later is allowed, complete or not
+		}
 	}()
+	// drained says whether the burst enqueued last has run (true when none is pending); a failed query is
+	// the error it returns.
+	drained := func() (bool, error) {
+		if drain == 0 {
+			return true, nil
+		}
+		if err := m.drv.EventQuery(m.ctx, drain); err != nil {
+			if cuda.ResultOf(err) == cuda.ErrorNotReady {
+				return false, nil
+			}
+			return false, err
+		}
+		m.staging.recycle(nil, drain)
+		drain, stretch, spinning = 0, 0, time.Time{}
+		return true, nil
+	}
 	for head < pl.chunks {
 		// Enqueue every filled chunk, in order: one DMA each (enqueueing a chunk in smaller pieces as they
 		// are filled was measured slower: driver-facts.md, "Pageable copies").
 		for head < assigned && w.isDone(head) {
+			if ok, err := drained(); err != nil || !ok {
+				if err != nil {
+					return err
+				}
+				break // a burst is draining: enqueue the next chunk once it has run
+			}
 			buf := w.slots[head].buf
 			off, n := pl.chunkSpan(head)
-			if t.Burst > 0 && stretch >= t.Burst {
-				if err := m.drain(s); err != nil {
-					return err // the chunk keeps its buffer: the deferred recycle returns it
-				}
-				stretch = 0
-			}
-			stretch += n
 			head++
 			if err := m.drv.MemcpyHtoDAsync(m.ctx, dst+cuda.DevicePtr(off), buf[:n], s.h); err != nil {
 				m.staging.recycle(buf, 0) // nothing reads it
@@ -411,6 +432,13 @@ func (m *Manager) stagedHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 			}
 			if err := m.staging.put(buf, s); err != nil {
 				return err
+			}
+			if stretch += n; t.Burst > 0 && stretch >= t.Burst && head < pl.chunks {
+				ev, err := m.staging.record(s)
+				if err != nil {
+					return err
+				}
+				drain = ev
 			}
 		}
 		if head == pl.chunks {
@@ -433,6 +461,19 @@ func (m *Manager) stagedHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 			}
 		}
 		switch {
+		case head < assigned && drain != 0 && w.isDone(head):
+			// The next chunk is ready and waits for the burst to drain: ask again at once (the copy
+			// engine idles from the moment the burst has run until the next DMA is enqueued), handing the
+			// workers each buffer that comes back meanwhile; past spinFor, as the stream waits do (here:
+			// the stream had other work queued before the copy), wait in the driver instead.
+			if spinning.IsZero() {
+				spinning = time.Now()
+			} else if time.Since(spinning) > spinFor {
+				if err := m.drv.EventSynchronize(m.ctx, drain); err != nil {
+					return err
+				}
+			}
+			runtime.Gosched()
 		case head < assigned:
 			w.help(head)
 		default: // the copy holds no buffer: wait for the pool
@@ -536,20 +577,6 @@ func (m *Manager) stagedDtoH(dst []byte, src cuda.DevicePtr, s *Stream) error {
 			}
 		}
 	}
-	return nil
-}
-
-// drain waits until the work enqueued on s so far has completed: the end of a burst of a staged copy.
-func (m *Manager) drain(s *Stream) error {
-	ev, err := m.staging.record(s)
-	if err != nil {
-		return err
-	}
-	err = m.drv.EventSynchronize(m.ctx, ev)
-	if err != nil {
-		return err // the event is given up with the error: the stream may still be using it
-	}
-	m.staging.recycle(nil, ev)
 	return nil
 }
 

@@ -421,6 +421,23 @@ func TestStagedBurstBoundsTheQueue(t *testing.T) {
 			require.NoError(t, s.Synchronize())
 		})
 	}
+	// A stream whose queries never say done (it is busy with work from before the copy): the copy stops
+	// asking after spinFor and waits for the burst in the driver, and still never queues more.
+	t.Run("stalled", func(t *testing.T) {
+		st := StagingTuning{Chunk: chunk, Buffers: 8, Workers: 4, Burst: 2 * chunk}
+		e, gpu := newLazyEnv(t, 5, st)
+		gpu.stalled.Store(true)
+		s := e.stream(t, true)
+		n := 6 * chunk
+		p := e.alloc(t, n)
+		want := pattern(n, 4)
+		gpu.queuedMost()
+		require.NoError(t, e.m.CopyHtoD(p, bytes.Clone(want), s))
+		assert.LessOrEqual(t, gpu.queuedMost(), 2*chunk)
+		got := make([]byte, n)
+		require.NoError(t, e.m.CopyDtoH(got, p, s))
+		assert.True(t, bytes.Equal(want, got), "bytes differ")
+	})
 }
 
 // TestStagedOrderOnALazyGPU: on a GPU that runs DMAs late, staged copies both ways, one after another on
