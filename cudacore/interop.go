@@ -45,6 +45,7 @@ func TorchMalloc(size, device, stream int) (int, error) {
 		if err != nil {
 			return 0, recordInterop(err)
 		}
+		d.LibraryAllocates()
 		st := cuda.Stream(uint64(stream))
 		p, err := d.AllocateSteady(uint64(size), st) // PyTorch calls without the GIL
 		if err != nil {
@@ -55,6 +56,25 @@ func TorchMalloc(size, device, stream int) (int, error) {
 			d.Memory().Label(p, "PyTorch (cudacore.interop.torch_allocator)")
 		}
 		return int(p), nil
+	})
+}
+
+// LibraryAllocates tells cudacore that another library's allocator (CuPy's or Numba's, from
+// cudacore.interop) allocates on device ordinal: the devices such allocators use get peer access to each
+// other's memory, pools included (process.Device.LibraryAllocates). It returns 1 once that is done for
+// the device, 0 while it is not (a capture runs: a later call does it).
+//
+//cudacore:gil release
+func LibraryAllocates(ordinal int) (int, error) {
+	return guard("cudacore.interop", func() (int, error) {
+		d, err := process.Lookup(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		if d.LibraryAllocates() {
+			return 1, nil
+		}
+		return 0, nil
 	})
 }
 

@@ -245,11 +245,21 @@ def op_peer_check(st: Any, a: int, b: int, c: int, *_: Any) -> None:
 
 # -- shareable memory ------------------------------------------------------------------------------------
 
+#: Per device ordinal, whether its driver exports an exportable pool's blocks (kind "pool"), as warm_up
+#: found it: some refuse (cuMemPoolExportPointer answers INVALID_VALUE on the H200 pair), and the programs
+#: then share kind "ipc" where they would have asked for "pool".
+POOL_SHARES: dict[int, bool] = {}
+
+
+def _kind(dev: Any, kind: str | None) -> str | None:
+    return "ipc" if kind == "pool" and not POOL_SHARES.get(dev.device_id, True) else kind
+
+
 
 def op_shared(st: Any, a: int, b: int, c: int, *_: Any) -> None:
     m = mix(st)
     dev = st.dev if c % 3 else m.dev1
-    kind = (None, "pool", "ipc")[b % 3]
+    kind = _kind(dev, (None, "pool", "ipc")[b % 3])
     size = fuzz._size(a)
     obj = dev.allocate_shareable(size, kind=kind)
     with st.lock:
@@ -386,7 +396,7 @@ def op_shared_check(st: Any, a: int, b: int, c: int, *_: Any) -> None:
     dev = st.dev if c % 2 else m.dev1
     size = fuzz._size(a)
     data = st.host(size, b)
-    kind = "pool" if c % 3 else "ipc"
+    kind = _kind(dev, "pool" if c % 3 else "ipc")
     sb = dev.allocate_shareable(size, kind=kind)
     opened = []
     try:
@@ -428,7 +438,7 @@ def op_spawn(st: Any, a: int, b: int, *_: Any) -> None:
         return
     m = mix(st)
     dev = st.dev if a % 2 else m.dev1
-    kind = "pool" if b % 2 else "ipc"
+    kind = _kind(dev, "pool" if b % 2 else "ipc")
     value = 1 + a % 250
     COUNTS["spawns"] += 1
     with dev.allocate_shareable(4096, kind=kind) as sb:
@@ -806,7 +816,12 @@ def warm_up(cc: Any) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     for ordinal in range(min(cc.device_count(), 2)):
         d = cc.Device(ordinal)
-        for kind in ("pool", "ipc"):
+        try:
+            d.allocate_shareable(4096, kind="pool").close()
+            POOL_SHARES[ordinal] = True
+        except cc.NotSupportedError:
+            POOL_SHARES[ordinal] = False
+        for kind in ("pool", "ipc") if POOL_SHARES[ordinal] else ("ipc",):
             with d.allocate_shareable(4096, kind=kind) as sb, sb.export() as h:
                 if kind == "pool":
                     # The import path keeps the pool it imported for the process (one per exporting pool).

@@ -102,9 +102,12 @@ def cupy_allocator(device: Device | int | None = None) -> Callable[[int], Any]:
 
     fixed = None if device is None else _device(device)
     memory = cupy.cuda.memory
+    opened: set[int] = set()  # the devices this allocator has told cudacore about (_opened)
 
     def allocate(size: int) -> Any:
         dev = fixed if fixed is not None else _device(cupy.cuda.runtime.getDevice())
+        if dev.device_id not in opened:
+            _opened(dev.device_id, opened)
         if size == 0:
             return memory.MemoryPointer(memory.UnownedMemory(0, 0, None, dev.device_id), 0)
         # CuPy's current stream, as the object: the Buffer holds it until freed, and cudacore watches it, so
@@ -113,6 +116,15 @@ def cupy_allocator(device: Device | int | None = None) -> Callable[[int], Any]:
         return memory.MemoryPointer(memory.UnownedMemory(buf.ptr, size, buf, dev.device_id), 0)
 
     return allocate
+
+
+def _opened(ordinal: int, opened: set[int]) -> None:
+    """Tell cudacore that a library's allocator allocates on device ``ordinal``: the devices such
+    allocators use get peer access to each other's memory, cudacore's pools included, as that library
+    expects of memory from cudaMalloc once it enables peer access (docs/guide/multi-gpu.md). Added to
+    ``opened`` once done (not while a capture runs)."""
+    if core.LibraryAllocates(ordinal):
+        opened.add(ordinal)
 
 
 def last_error() -> Exception | None:
@@ -297,6 +309,9 @@ def _numba_manager_class() -> type:
 
         def memalloc(self, size: int) -> Any:
             dev = self._cudacore_device()
+            opened = self.__dict__.setdefault("_cudacore_opened", set())
+            if dev.device_id not in opened:
+                _opened(dev.device_id, opened)
             buf = dev.allocate(size)
             ordinal = dev.device_id
             # Numba's bytes are a part of cudacore's allocator's: the split by library of memory_stats()

@@ -220,7 +220,8 @@ def main() -> int:
             "all device memory of the workload came from cudacore",
             all(s["peak_in_use"] > 0 and s["allocations"] > 0 for s in st.values())
             and all(c["pool_total"] == 0 for c in cp_after.values())
-            and all(not r["rmm"] and r["numba_manager"] == "cudacore.interop.NumbaMemoryManager" for r in received.values()),
+            and all(not r["rmm"] and str(r["numba_manager"]).startswith("cudacore.interop.")
+                    and str(r["numba_manager"]).endswith(".NumbaMemoryManager") for r in received.values()),
             f"cudacore peak {[st[w]['peak_in_use'] for w in (w0, w1)]}, CuPy's own pool {[cp_after[w]['pool_total'] for w in (w0, w1)]}, "
             f"chunks received into {received}",
         )
@@ -256,7 +257,9 @@ def main() -> int:
         again = client.submit(small_sum, workers=[w0], pure=False).result()
         target(
             "the worker let go of the failed task's memory and keeps working",
-            after[w0]["in_use"] == base[w0]["in_use"] and again == float(sum(range(1_000_000))),
+            # No more in use than before (less is the cluster releasing what it held meanwhile: the
+            # Buffer's copy on this worker once the other worker has its own).
+            after[w0]["in_use"] <= base[w0]["in_use"] and again == float(sum(range(1_000_000))),
             f"in use {base[w0]['in_use']} before, {after[w0]['in_use']} after",
         )
         target("the other worker's device saw no out of memory", after[w1]["ooms"] == base[w1]["ooms"] == 0)

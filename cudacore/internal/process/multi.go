@@ -74,6 +74,58 @@ func (d *Device) EnablePeerAccess(peer *Device) error {
 	return nil
 }
 
+// libraryDevices are the devices that other libraries allocated on through cudacore's allocators
+// (LibraryAllocates), in the order they first did; libMu guards it and is taken before multiMu.
+var (
+	libMu          sync.Mutex
+	libraryDevices []*Device
+)
+
+// LibraryAllocates is called by the allocators cudacore hands other libraries (CuPy's, PyTorch's, Numba's)
+// as they allocate on d. Those libraries expect memory as cudaMalloc gives it, which a kernel or copy on
+// another device reaches once that device has peer access (they enable it themselves before they touch
+// another device's memory); a pool's memory is reached only from devices the pool grants access to. So
+// the first time, d and each device libraries allocated on before get access to each other's memory,
+// pools included (EnablePeerAccess both ways), wherever the two can access each other; pairs that cannot
+// are left alone (their copies are staged by the driver). Nothing is done while a capture runs (the calls
+// are unsafe there): a later allocation does it. Failures are not the allocation's: they are dropped,
+// and the pair is tried again at the next allocation. It says whether d is done.
+func (d *Device) LibraryAllocates() bool {
+	if d.library.Load() {
+		return true
+	}
+	_ = captures.Steady(func() error {
+		if Capturing() {
+			return nil
+		}
+		libMu.Lock()
+		defer libMu.Unlock()
+		if d.library.Load() {
+			return nil
+		}
+		done := true
+		for _, q := range libraryDevices {
+			can, err := d.CanAccessPeer(q)
+			if err != nil {
+				done = false
+				continue
+			}
+			if !can {
+				continue
+			}
+			if d.EnablePeerAccess(q) != nil || q.EnablePeerAccess(d) != nil {
+				done = false
+			}
+		}
+		if done {
+			libraryDevices = append(libraryDevices, d)
+			d.library.Store(true)
+		}
+		return nil
+	})
+	return d.library.Load()
+}
+
 // PeersWithAccess lists the devices given access to d's memory with EnablePeerAccess.
 func (d *Device) PeersWithAccess() []int {
 	multiMu.Lock()

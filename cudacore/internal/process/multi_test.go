@@ -92,3 +92,45 @@ func TestPeersAndSharingOnTheSimulator(t *testing.T) {
 	probe := ProbeIPC(d2)
 	assert.Equal(t, map[string]string{"posix_fd": "ok", "cuipc_mem": "ok", "cuipc_event": "ok"}, probe)
 }
+
+// TestLibraryAllocatesOpensDevicesToEachOther: the devices other libraries' allocators use get access to
+// each other's memory, pools included, the first time each is used, where the two can access each other;
+// a device that cannot reach the others is left alone; nothing is done while a capture runs.
+func TestLibraryAllocatesOpensDevicesToEachOther(t *testing.T) {
+	t.Setenv("CUDACORE_BACKEND", "sim")
+	t.Setenv("CUDACORE_SIM_DEVICES", `[{}, {}, {"peer_group": 1}]`)
+	n, err := DeviceCount()
+	require.NoError(t, err)
+	if n < 3 {
+		t.Skip("the process's simulator was opened with fewer devices by an earlier test")
+	}
+	d0, err := GetDevice(0)
+	require.NoError(t, err)
+	d1, err := GetDevice(1)
+	require.NoError(t, err)
+	d2, err := GetDevice(2)
+	require.NoError(t, err)
+	drv := d0.Driver()
+	access := func(owner, user *Device) cuda.AccessFlags {
+		f, err := drv.MemPoolGetAccess(owner.Context(), owner.Memory().Pool().Handle(), user.Handle())
+		require.NoError(t, err)
+		return f
+	}
+	libMu.Lock()
+	libraryDevices = nil
+	libMu.Unlock()
+	for _, d := range []*Device{d0, d1, d2} {
+		d.library.Store(false)
+	}
+
+	assert.True(t, d0.LibraryAllocates())
+	assert.True(t, d2.LibraryAllocates()) // no peer of d0: nothing to open, and done
+	assert.Equal(t, cuda.AccessNone, access(d2, d0))
+	assert.Equal(t, cuda.AccessNone, access(d0, d2))
+	assert.True(t, d1.LibraryAllocates())
+	assert.Equal(t, cuda.AccessReadWrite, access(d0, d1), "d1 reaches d0's pool")
+	assert.Equal(t, cuda.AccessReadWrite, access(d1, d0), "d0 reaches d1's pool")
+	assert.Contains(t, d0.PeersWithAccess(), 1)
+	assert.Contains(t, d1.PeersWithAccess(), 0)
+	assert.True(t, d1.LibraryAllocates(), "once done, done")
+}

@@ -77,6 +77,9 @@ type Device struct {
 	// shared is the pool the device shares with the other libraries of the process (sharedpool.go), nil
 	// while it shares none. Written under devMu with inFlight held for writing.
 	shared atomic.Pointer[SharedPool]
+	// library is set once another library's allocator has allocated on the device and the device was
+	// opened to the others such allocators use (LibraryAllocates).
+	library atomic.Bool
 }
 
 // Memory returns the device's allocator.
