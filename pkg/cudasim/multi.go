@@ -181,6 +181,72 @@ func (d *Driver) DeviceCanAccessPeer(dev, peer cuda.Device) (bool, error) {
 	return d.canPeer(v, d.devs[peer]), nil
 }
 
+// nvlinks is how many NVLinks join a and b: the smaller of their counts, for devices of one peer group.
+func (d *Driver) nvlinks(a, b *device) int {
+	if !d.canPeer(a, b) {
+		return 0
+	}
+	return min(a.cfg.NVLinks, b.cfg.NVLinks)
+}
+
+// DeviceGetP2PAttribute implements cuDeviceGetP2PAttribute. Between peers the model answers access
+// supported; native atomics and performance rank 0 over NVLink, no atomics and rank 1 over PCIe; devices
+// that are not peers get 0 for every attribute. A device with itself is CUDA_ERROR_INVALID_DEVICE.
+func (d *Driver) DeviceGetP2PAttribute(attr cuda.P2PAttribute, src, dst cuda.Device) (int, error) {
+	const op = "cuDeviceGetP2PAttribute"
+	v, err := d.device(op, src)
+	if err != nil {
+		return 0, err
+	}
+	if dst < 0 || int(dst) >= len(d.devs) {
+		return 0, errf(op, cuda.ErrorInvalidDevice, "device %d does not exist; there are %d", dst, len(d.devs))
+	}
+	if src == dst {
+		return 0, errf(op, cuda.ErrorInvalidDevice, "device %d is itself: the attributes describe the path between two devices", src)
+	}
+	p := d.devs[dst]
+	peer, links := d.canPeer(v, p), d.nvlinks(v, p)
+	switch attr {
+	case cuda.P2PAccessSupported:
+		return b2i(peer), nil
+	case cuda.P2PNativeAtomicSupport:
+		return b2i(links > 0), nil
+	case cuda.P2PPerformanceRank:
+		return b2i(peer && links == 0), nil
+	}
+	return 0, errf(op, cuda.ErrorInvalidValue, "unknown peer-to-peer attribute %d", attr)
+}
+
+// NVMLLink is what the simulated NVML says of the link between two devices, in the terms of the real one
+// (libcuda.LinkBetween): the NVLinks joining them (none through an NVSwitch in the model), and the PCIe
+// tree's common ancestor, a single switch (10) between peers and across NUMA nodes (50) otherwise.
+type NVMLLink struct {
+	DirectLinks int
+	Ancestor    int
+}
+
+// LinkBetween answers as NVML would for ordinals a and b; ok is false for an ordinal the simulator does
+// not have, or when the memory conditions of either model no NVML (SetMemoryConditions' NoNVML).
+func (d *Driver) LinkBetween(a, b int) (NVMLLink, bool) {
+	if a < 0 || a >= len(d.devs) || b < 0 || b >= len(d.devs) {
+		return NVMLLink{}, false
+	}
+	va, vb := d.devs[a], d.devs[b]
+	for _, v := range []*device{va, vb} {
+		v.mu.Lock()
+		no := v.conds.NoNVML
+		v.mu.Unlock()
+		if no {
+			return NVMLLink{}, false
+		}
+	}
+	link := NVMLLink{DirectLinks: d.nvlinks(va, vb), Ancestor: 50}
+	if d.canPeer(va, vb) {
+		link.Ancestor = 10
+	}
+	return link, true
+}
+
 // CtxEnablePeerAccess implements cuCtxEnablePeerAccess.
 func (d *Driver) CtxEnablePeerAccess(c, peer cuda.Context) error {
 	const op = "cuCtxEnablePeerAccess"

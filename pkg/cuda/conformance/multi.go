@@ -54,6 +54,38 @@ func testPeerQuery(t *testing.T, e *env) {
 	}
 	_, err = e.drv.DeviceCanAccessPeer(0, cuda.Device(n))
 	assertResult(t, cuda.ErrorInvalidDevice, err, "a peer that does not exist")
+	testP2PAttributes(t, e, n)
+}
+
+// testP2PAttributes: cuDeviceGetP2PAttribute's access attribute agrees with cuDeviceCanAccessPeer,
+// native atomics only where there is access, and a device with itself or one that does not exist is
+// ErrorInvalidDevice. doctor's link report (cudacore._topology) reads these.
+func testP2PAttributes(t *testing.T, e *env, n int) {
+	for i := range n {
+		for j := range n {
+			if i == j {
+				_, err := e.drv.DeviceGetP2PAttribute(cuda.P2PAccessSupported, cuda.Device(i), cuda.Device(j))
+				assertResult(t, cuda.ErrorInvalidDevice, err, "the path from a device to itself")
+				continue
+			}
+			can, err := e.drv.DeviceCanAccessPeer(cuda.Device(i), cuda.Device(j))
+			require.NoError(t, err)
+			access, err := e.drv.DeviceGetP2PAttribute(cuda.P2PAccessSupported, cuda.Device(i), cuda.Device(j))
+			require.NoError(t, err)
+			assert.Equal(t, can, access == 1, "access %d -> %d agrees with cuDeviceCanAccessPeer", i, j)
+			atomics, err := e.drv.DeviceGetP2PAttribute(cuda.P2PNativeAtomicSupport, cuda.Device(i), cuda.Device(j))
+			require.NoError(t, err)
+			assert.Contains(t, []int{0, 1}, atomics)
+			if !can {
+				assert.Zero(t, atomics, "no atomics %d -> %d without access", i, j)
+			}
+			rank, err := e.drv.DeviceGetP2PAttribute(cuda.P2PPerformanceRank, cuda.Device(i), cuda.Device(j))
+			require.NoError(t, err)
+			assert.GreaterOrEqual(t, rank, 0)
+		}
+	}
+	_, err := e.drv.DeviceGetP2PAttribute(cuda.P2PAccessSupported, 0, cuda.Device(n))
+	assertResult(t, cuda.ErrorInvalidDevice, err, "a peer that does not exist")
 }
 
 func testPeerCopy(t *testing.T, e *env) {

@@ -100,6 +100,7 @@ const (
 	symIpcCloseMemHandle
 	symIpcGetEventHandle
 	symIpcOpenEventHandle
+	symDeviceGetP2PAttribute
 	numSyms
 )
 
@@ -211,4 +212,5 @@ var bindings = [numSyms]binding{
 	symIpcCloseMemHandle:                req("cuIpcCloseMemHandle", "cuIpcCloseMemHandle"),
 	symIpcGetEventHandle:                req("cuIpcGetEventHandle", "cuIpcGetEventHandle"),
 	symIpcOpenEventHandle:               req("cuIpcOpenEventHandle", "cuIpcOpenEventHandle"),
+	symDeviceGetP2PAttribute:            req("cuDeviceGetP2PAttribute", "cuDeviceGetP2PAttribute"),
 }

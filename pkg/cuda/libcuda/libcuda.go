@@ -197,6 +197,8 @@ package libcuda
 #cgo nocallback cc_ipcGetEventHandle
 #cgo noescape cc_ipcOpenEventHandle
 #cgo nocallback cc_ipcOpenEventHandle
+#cgo noescape cc_deviceGetP2PAttribute
+#cgo nocallback cc_deviceGetP2PAttribute
 #include <stdlib.h>
 #include "shim.h"
 */

@@ -198,6 +198,8 @@ var fakeBodies = map[string]string{
 	// Several devices and processes: each canned body checks what arrived and answers in a recognizable way.
 	"cuDeviceCanAccessPeer": `int cuDeviceCanAccessPeer(int *c, int d, int p) {
 		if (d < 0 || d >= 2 || p < 0 || p >= 2) return 101; *c = d != p; return 0; }`,
+	"cuDeviceGetP2PAttribute": `int cuDeviceGetP2PAttribute(int *v, int attr, int s, int d) {
+		if (s < 0 || s >= 2 || d < 0 || d >= 2 || s == d) return 101; *v = attr * 10 + s; return 0; }`,
 	"cuCtxEnablePeerAccess": `int cuCtxEnablePeerAccess(void *peer, unsigned f) {
 		return cur == (void *)0xC0 && peer == (void *)0xC1 && f == 0 ? 0 : 704; }`,
 	"cuMemcpyPeerAsync": `int cuMemcpyPeerAsync(CUdeviceptr d, void *dc, CUdeviceptr s, void *sc, size_t n, void *st) {
@@ -638,6 +640,21 @@ func TestFakeMultiDriver(t *testing.T) {
 	assert.False(t, can)
 	_, err = d.DeviceCanAccessPeer(0, 5)
 	assert.Equal(t, cuda.ErrorInvalidDevice, cuda.ResultOf(err))
+	for _, c := range []struct {
+		attr     cuda.P2PAttribute
+		src, dst cuda.Device
+		want     int
+		result   cuda.Result
+	}{
+		{cuda.P2PPerformanceRank, 0, 1, 10, cuda.Success},
+		{cuda.P2PNativeAtomicSupport, 1, 0, 31, cuda.Success},
+		{cuda.P2PAccessSupported, 1, 1, 0, cuda.ErrorInvalidDevice},
+		{cuda.P2PAccessSupported, 0, 5, 0, cuda.ErrorInvalidDevice},
+	} {
+		v, err := d.DeviceGetP2PAttribute(c.attr, c.src, c.dst)
+		assert.Equal(t, c.result, cuda.ResultOf(err), "%+v", c)
+		assert.Equal(t, c.want, v, "%+v", c)
+	}
 	require.NoError(t, d.CtxEnablePeerAccess(ctx0, ctx1), "made in ctx0, for ctx1")
 	err = d.CtxEnablePeerAccess(ctx1, ctx0)
 	assert.Equal(t, cuda.ErrorPeerAccessAlreadyEnabled, cuda.ResultOf(err))

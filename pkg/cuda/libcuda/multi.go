@@ -26,6 +26,15 @@ func (d *Driver) DeviceCanAccessPeer(dev, peer cuda.Device) (bool, error) {
 	return can != 0, nil
 }
 
+// DeviceGetP2PAttribute reads one attribute of the path from src to dst (cuDeviceGetP2PAttribute).
+func (d *Driver) DeviceGetP2PAttribute(attr cuda.P2PAttribute, src, dst cuda.Device) (int, error) {
+	var v C.int
+	if r := C.cc_deviceGetP2PAttribute(d.tab, C.int(attr), C.int(src), C.int(dst), &v); r != 0 {
+		return 0, d.fail(symDeviceGetP2PAttribute, r)
+	}
+	return int(v), nil
+}
+
 // CtxEnablePeerAccess lets ctx's device access memory of peer's device (cuCtxEnablePeerAccess).
 func (d *Driver) CtxEnablePeerAccess(ctx, peer cuda.Context) error {
 	if r := C.cc_ctxEnablePeerAccess(d.tab, cctx(ctx), cctx(peer)); r != 0 {

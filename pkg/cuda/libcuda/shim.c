@@ -492,6 +492,10 @@ _Static_assert(sizeof(CUmemPoolPtrExportData) == 64, "CUmemPoolPtrExportData is 
 CUresult cc_deviceCanAccessPeer(const cc_table *t, int dev, int peer, int *can) {
 	return t->cuDeviceCanAccessPeer(can, dev, peer);
 }
+// A device attribute: no context is made current, so it can be read for devices no context was made for.
+CUresult cc_deviceGetP2PAttribute(const cc_table *t, int attr, int src, int dst, int *v) {
+	return t->cuDeviceGetP2PAttribute(v, attr, src, dst);
+}
 CUresult cc_ctxEnablePeerAccess(const cc_table *t, uintptr_t ctx, uintptr_t peer) {
 	ENSURE;
 	return t->cuCtxEnablePeerAccess((CUcontext)peer, 0);
