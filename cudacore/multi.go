@@ -56,6 +56,22 @@ func CanAccessPeer(ordinal, peer int) (bool, error) {
 	})
 }
 
+// LinkProbe returns, as a JSON object, the path from the device at ordinal to peer: the driver's
+// peer-to-peer attributes and what NVML says of the link (process.Link). It opens neither device and is
+// safe while a stream captures.
+//
+//cudacore:gil release
+func LinkProbe(ordinal, peer int) (string, error) {
+	return guard("cudacore.link_probe", func() (string, error) {
+		l, err := process.LinkBetween(ordinal, peer)
+		if err != nil {
+			return "", err
+		}
+		b, err := json.Marshal(l)
+		return string(b), err
+	})
+}
+
 // EnablePeerAccess lets the device at ordinal access peer's memory, its pools included; it returns 0.
 //
 //cudacore:gil release

@@ -178,6 +178,61 @@ def test_peer_matrix_matches_the_driver() -> None:
     assert d0.can_access_peer(d0) is False
 
 
+def test_links_match_the_driver_and_nvml() -> None:
+    """doctor's link report agrees with cuDeviceGetP2PAttribute (through cuda.bindings) and, where NVML is
+    there (nvidia-ml-py), with NVML's NVLink count between the two GPUs. -s prints it."""
+    two_gpus()
+    from cudacore._topology import describe_link, link
+
+    bindings = pytest.importorskip("cuda.bindings.driver")
+    got = link(0, 1)
+    print("link 0 -> 1:", got, "|", describe_link(got))
+    attrs = bindings.CUdevice_P2PAttribute
+    for key, attr in (
+        ("access", attrs.CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED),
+        ("native_atomics", attrs.CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED),
+        ("performance_rank", attrs.CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK),
+    ):
+        err, value = bindings.cuDeviceGetP2PAttribute(attr, 0, 1)
+        assert int(err) == 0
+        assert got[key] == (value if key == "performance_rank" else bool(value)), key
+    try:
+        import pynvml
+    except ImportError:
+        return
+    if got["nvml"] != "ok":
+        pytest.fail(f"nvidia-ml-py is installed but cudacore found no NVML: {got['nvml']}")
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByPciBusId(cc.Device(0).pci_bus_id)
+    status = pynvml.nvmlDeviceGetP2PStatus(handle, pynvml.nvmlDeviceGetHandleByPciBusId(cc.Device(1).pci_bus_id), pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+    assert (got["kind"] == "nvlink") == (status == pynvml.NVML_P2P_STATUS_OK)
+    if got["kind"] == "nvlink":
+        active = 0
+        for n in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                active += pynvml.nvmlDeviceGetNvLinkState(handle, n) == pynvml.NVML_FEATURE_ENABLED
+            except pynvml.NVMLError:
+                pass
+        assert got["nvlinks"] == active, "every active link of device 0 ends at device 1 or at an NVSwitch"
+
+
+@pytest.mark.parametrize("capturing", [0, 1])
+def test_link_probe_leaves_a_global_capture_on_either_device(capturing: int) -> None:
+    """The link probe (cuDeviceGetP2PAttribute, cuDeviceGetPCIBusId, NVML) during a GLOBAL capture on
+    either GPU: the capture is not invalidated (docs/contributing/driver-facts.md, "Links between devices")."""
+    two_gpus()
+    from cudacore._topology import link
+
+    s = cc.Device(capturing).create_stream()
+    try:
+        s.begin_capture("global")
+        link(0, 1)
+        link(1, 0)
+        s.end_capture().destroy()  # a CaptureError here: the probe invalidated the capture
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("n", [1, 4096, 64 << 20])
 def test_peer_copies_both_ways(n: int) -> None:
     d0, d1 = two_gpus()
