@@ -72,6 +72,25 @@ func LinkProbe(ordinal, peer int) (string, error) {
 	})
 }
 
+// NCCLMemoryProbe returns, as a JSON object, what NCCL asks of the memory at ptr on the device at ordinal
+// before it registers it with a peer process (process.NCCLMemory).
+//
+//cudacore:gil hold
+func NCCLMemoryProbe(ordinal, ptr int) (string, error) {
+	return guard("cudacore.nccl_memory_probe", func() (string, error) {
+		d, err := process.GetDevice(ordinal)
+		if err != nil {
+			return "", err
+		}
+		m, err := d.ProbeNCCLMemory(cuda.DevicePtr(ptr))
+		if err != nil {
+			return "", err
+		}
+		b, err := json.Marshal(m)
+		return string(b), err
+	})
+}
+
 // EnablePeerAccess lets the device at ordinal access peer's memory, its pools included; it returns 0.
 //
 //cudacore:gil release

@@ -247,6 +247,57 @@ func (d *Driver) LinkBetween(a, b int) (NVMLLink, bool) {
 	return link, true
 }
 
+// PointerGetAttribute implements cuPointerGetAttribute for the two attributes the model has: cuMemAlloc
+// memory is legacy-IPC capable, and a block of an exportable pool can be exported as a file descriptor.
+func (d *Driver) PointerGetAttribute(c cuda.Context, attr cuda.PointerAttribute, ptr cuda.DevicePtr) (uint64, error) {
+	const op = "cuPointerGetAttribute"
+	v, err := d.ctx(op, c)
+	if err != nil {
+		return 0, err
+	}
+	defer v.mu.Unlock()
+	a, _, ok := v.find(ptr, 1)
+	if !ok {
+		return 0, errf(op, cuda.ErrorInvalidValue, "%#x is not memory of device %d", uint64(ptr), v.index)
+	}
+	switch attr {
+	case cuda.PointerLegacyIpcCapable:
+		return uint64(b2i(a.kind == kindSync)), nil
+	case cuda.PointerAllowedHandleTypes:
+		if a.kind == kindPool && a.pool != nil && a.pool.shared != nil {
+			return uint64(cuda.HandlePosixFD), nil
+		}
+		return 0, nil
+	}
+	return 0, errf(op, cuda.ErrorNotSupported, "the simulator models pointer attributes %d and %d, not %d",
+		cuda.PointerLegacyIpcCapable, cuda.PointerAllowedHandleTypes, attr)
+}
+
+// MemRetainAllocationHandle implements cuMemRetainAllocationHandle. The simulator maps nothing with
+// cuMemMap, so no memory has a physical allocation handle: cuMemAlloc's and pool blocks are refused
+// (docs/contributing/driver-facts.md, "NCCL's user buffers", says what the real driver answered).
+func (d *Driver) MemRetainAllocationHandle(c cuda.Context, ptr cuda.DevicePtr) (cuda.MemHandle, error) {
+	const op = "cuMemRetainAllocationHandle"
+	v, err := d.ctx(op, c)
+	if err != nil {
+		return 0, err
+	}
+	defer v.mu.Unlock()
+	return 0, errf(op, cuda.ErrorInvalidValue, "%#x was not mapped with cuMemMap on device %d", uint64(ptr), v.index)
+}
+
+// MemRelease implements cuMemRelease: no handle of the simulator's is ever retained, so every one is
+// unknown.
+func (d *Driver) MemRelease(c cuda.Context, h cuda.MemHandle) error {
+	const op = "cuMemRelease"
+	v, err := d.ctx(op, c)
+	if err != nil {
+		return err
+	}
+	defer v.mu.Unlock()
+	return errf(op, cuda.ErrorInvalidValue, "%#x is not an allocation handle of device %d", uint64(h), v.index)
+}
+
 // CtxEnablePeerAccess implements cuCtxEnablePeerAccess.
 func (d *Driver) CtxEnablePeerAccess(c, peer cuda.Context) error {
 	const op = "cuCtxEnablePeerAccess"

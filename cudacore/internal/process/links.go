@@ -116,3 +116,39 @@ func (l *Link) fromNVML(n libcuda.Link) {
 		l.Kind = "pcie"
 	}
 }
+
+// NCCLMemory is what NCCL asks of a buffer before it registers it with a peer process of its
+// communicator (docs/contributing/driver-facts.md, "NCCL's user buffers").
+type NCCLMemory struct {
+	// Retain is "ok" when the driver gives the buffer's physical allocation handle
+	// (cuMemRetainAllocationHandle: memory mapped with cuMemMap), NCCL's own way; else the driver's error.
+	Retain string `json:"retain"`
+	// HandleTypes is the bitmask of handle types the allocation can be exported as (1: a POSIX file
+	// descriptor, which NCCL's cuMem path needs between processes).
+	HandleTypes uint64 `json:"handle_types"`
+	// LegacyIPC is true for memory cuIpcGetMemHandle can export (cuMemAlloc's): NCCL registers it only
+	// with NCCL_LEGACY_CUDA_REGISTER=1.
+	LegacyIPC bool `json:"legacy_ipc"`
+}
+
+// ProbeNCCLMemory asks the driver what NCCL would of the memory at p on d. It only reads attributes; a
+// handle it retains is released at once.
+func (d *Device) ProbeNCCLMemory(p cuda.DevicePtr) (NCCLMemory, error) {
+	drv, ctx := d.Driver(), d.Context()
+	legacy, err := drv.PointerGetAttribute(ctx, cuda.PointerLegacyIpcCapable, p)
+	if err != nil {
+		return NCCLMemory{}, err
+	}
+	types, err := drv.PointerGetAttribute(ctx, cuda.PointerAllowedHandleTypes, p)
+	if err != nil {
+		return NCCLMemory{}, err
+	}
+	m := NCCLMemory{LegacyIPC: legacy != 0, HandleTypes: types, Retain: "ok"}
+	h, err := drv.MemRetainAllocationHandle(ctx, p)
+	if err != nil {
+		m.Retain = err.Error()
+	} else if err := drv.MemRelease(ctx, h); err != nil {
+		return NCCLMemory{}, err
+	}
+	return m, nil
+}

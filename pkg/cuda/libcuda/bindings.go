@@ -101,6 +101,9 @@ const (
 	symIpcGetEventHandle
 	symIpcOpenEventHandle
 	symDeviceGetP2PAttribute
+	symPointerGetAttribute
+	symMemRetainAllocationHandle
+	symMemRelease
 	numSyms
 )
 
@@ -213,4 +216,7 @@ var bindings = [numSyms]binding{
 	symIpcGetEventHandle:                req("cuIpcGetEventHandle", "cuIpcGetEventHandle"),
 	symIpcOpenEventHandle:               req("cuIpcOpenEventHandle", "cuIpcOpenEventHandle"),
 	symDeviceGetP2PAttribute:            req("cuDeviceGetP2PAttribute", "cuDeviceGetP2PAttribute"),
+	symPointerGetAttribute:              req("cuPointerGetAttribute", "cuPointerGetAttribute"),
+	symMemRetainAllocationHandle:        opt("cuMemRetainAllocationHandle", "11.0", "cuMemRetainAllocationHandle"),
+	symMemRelease:                       opt("cuMemRelease", "10.2", "cuMemRelease"),
 }
