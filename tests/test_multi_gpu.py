@@ -331,6 +331,37 @@ def test_allreduce_example() -> None:
     assert "rank 0: torch.distributed all_reduce -> [3.0]" in r.stdout
 
 
+@pytest.mark.parametrize(
+    ("extra", "path"),
+    [({}, "copy"), ({"CUDACORE_ALLOCATOR": "sync", "NCCL_LEGACY_CUDA_REGISTER": "1"}, "legacy_ipc")],
+    ids=["pool", "sync-legacy-register"],
+)
+def test_torchrun_allreduce_example(extra: dict[str, str], path: str) -> None:
+    """examples/torchrun_allreduce.py under torchrun on 2 GPUs: the pool's memory is cudacore's, the sums
+    are right, and the path is the one nccl_memory_path predicts; where it registers, NCCL's own log
+    (NCCL_DEBUG_SUBSYS=REG) shows the IPC registration. -s prints the bandwidths."""
+    two_gpus()
+    pytest.importorskip("torch")
+    env = {**os.environ, "CUDACORE_BACKEND": "cuda", **NO_MULTICAST, **extra, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "REG"}
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(ROOT / "examples" / "torchrun_allreduce.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    out = r.stdout + r.stderr
+    print(out)
+    assert r.returncode == 0, out
+    assert "memory from cudacore; sums right on every rank" in out
+    assert f"path '{path}'" in out
+    assert ("registered with NCCL" in out) == (path != "copy")
+    assert "ratio " in out
+    if path != "copy" and "NCCL INFO" in out:
+        assert "IPC register" in out or "IPC reuse" in out, "NCCL logged no IPC registration of the pool's buffers"
+
+
 def test_bench_runs_on_two_gpus() -> None:
     two_gpus()
     r = subprocess.run(
@@ -343,3 +374,4 @@ def test_bench_runs_on_two_gpus() -> None:
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "peer copy   64 MiB  cudacore" in r.stdout
+    assert "all_reduce  256 MiB  cudacore pool (" in r.stdout
