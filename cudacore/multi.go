@@ -364,6 +364,12 @@ func EventOpenIpc(ordinal int, handle string) (int, error) {
 //cudacore:gil release
 func IpcProbe(ordinal int) (string, error) {
 	return guard("cudacore.ipc_probe", func() (string, error) {
+		// Refused before the device is opened, as well as inside probeJSON: opening a device for the first
+		// time makes calls of its own (its context, its pools), which a capture on another device may not
+		// survive.
+		if process.Capturing() {
+			return "", probeRefusal("cudacore.ipc_probe")
+		}
 		d, err := process.GetDevice(ordinal)
 		if err != nil {
 			return "", err
@@ -378,14 +384,18 @@ func IpcProbe(ordinal int) (string, error) {
 func probeJSON(op string, probe func() any) (out string, err error) {
 	err = process.Steady(func() error {
 		if process.Capturing() {
-			return cuda.NewError(op, cuda.ErrorStreamCaptureUnsupported,
-				"the probes allocate and free memory, which would invalidate the stream capture in progress; probe before or after the capture")
+			return probeRefusal(op)
 		}
 		b, err := json.Marshal(probe())
 		out = string(b)
 		return err
 	})
 	return out, err
+}
+
+func probeRefusal(op string) error {
+	return cuda.NewError(op, cuda.ErrorStreamCaptureUnsupported,
+		"the probes allocate and free memory, which would invalidate the stream capture in progress; probe before or after the capture")
 }
 
 // ShareRelease gives the memory that the device's exportable pool keeps for reuse back to the device (call

@@ -713,12 +713,24 @@ def test_link_probe_during_a_global_capture() -> None:
         import cudacore as cc
         from cudacore._topology import link
 
-        for ordinal in (0, 1):
-            s = cc.Device(ordinal).create_stream()
-            s.begin_capture("global")
-            link(0, 1), link(1, 0), link(0, 2)
-            s.end_capture().destroy()
-            s.close()
+        from cudacore._topology import topology
+
+        # Before device 1 is ever opened: topology() reads links and the peer matrix without opening a
+        # device, and its sharing probe is refused before it would open one.
+        s = cc.Device(0).create_stream()
+        s.begin_capture("global")
+        link(0, 1), link(1, 0), link(0, 2)
+        try:
+            topology()
+        except cc.CaptureError as e:
+            assert e.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", e
+        s.end_capture().destroy()
+        s.close()
+        s = cc.Device(1).create_stream()
+        s.begin_capture("global")
+        link(0, 1), link(1, 0), link(0, 2)
+        s.end_capture().destroy()
+        s.close()
         print("ok")
         """,
         CUDACORE_SIM_DEVICES=LINKED,

@@ -83,7 +83,7 @@ class FakeGroup:
         return self.backend
 
 
-def fake_torch(*, mem_pool: bool = True, backend: str = "native", nccl: tuple[int, int, int] = (2, 27, 5), group: Any = None) -> types.ModuleType:
+def fake_torch(*, mem_pool: bool = True, backend: str = "native", nccl: tuple[int, int, int] | int = (2, 27, 5), group: Any = None) -> types.ModuleType:
     torch = types.ModuleType("torch")
     torch.__version__ = "0.0-fake"  # type: ignore[attr-defined]
     made: list[Any] = []
@@ -168,11 +168,13 @@ def test_nccl_mem_pool_refuses_what_pytorch_cannot(install: Any, kwargs: dict[st
         ("sync", None, (2, 27, 5), False, "copy"),
         ("sync", "1", (2, 27, 5), True, "legacy_ipc"),
         ("sync", "1", (2, 21, 5), False, "copy"),
+        ("sync", "1", 22705, True, "legacy_ipc"),
+        ("sync", "1", 22105, False, "copy"),
     ],
     indirect=["strategy"],
 )
 def test_register_nccl_pool_registers_only_what_nccl_can_take(
-    install: Any, strategy: str, legacy_env: str | None, nccl: tuple[int, int, int], registered: bool, path: str, monkeypatch: pytest.MonkeyPatch
+    install: Any, strategy: str, legacy_env: str | None, nccl: tuple[int, int, int] | int, registered: bool, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if legacy_env is None:
         monkeypatch.delenv("NCCL_LEGACY_CUDA_REGISTER", raising=False)
@@ -184,7 +186,7 @@ def test_register_nccl_pool_registers_only_what_nccl_can_take(
     reg = interop.register_nccl_pool(pool)
     assert (reg.registered, reg.path.path) == (registered, path)
     assert backend.registered == ([pool] if registered else [])
-    if nccl[:2] < (2, 23) and strategy == "sync":
+    if not registered and strategy == "sync" and legacy_env == "1":
         assert "from 2.23 on" in reg.path.reason
     assert ("registered with NCCL" if registered else "not registered") in str(reg)
     reg.deregister()

@@ -8,7 +8,7 @@ import json
 from typing import Any, TextIO
 
 from ._api import core
-from ._device import Device, device_count
+from ._device import device_count
 
 __all__ = ["link", "render_topology", "topology"]
 
@@ -48,9 +48,13 @@ def topology() -> dict[str, Any]:
     create the device's exportable pool, as the first shareable allocation would.
     """
     n = device_count()
-    peers = [[i != j and bool(core.CanAccessPeer(i, j)) for j in range(n)] for i in range(n)]
-    links = [{"devices": [i, j], **link(i, j)} for i in range(n) for j in range(i + 1, n)]
-    ipc = [json.loads(core.IpcProbe(Device(i).device_id)) for i in range(n)]
+    # The peer matrix is the driver's access attribute of each direction (which agrees with
+    # cuDeviceCanAccessPeer), read like the links without opening a device: opening one while another
+    # device captures could disturb its capture. The sharing probe refuses during a capture.
+    paths = {(i, j): link(i, j) for i in range(n) for j in range(n) if i != j}
+    peers = [[i != j and bool(paths[i, j]["access"]) for j in range(n)] for i in range(n)]
+    links = [{"devices": [i, j], **paths[i, j]} for i in range(n) for j in range(i + 1, n)]
+    ipc = [json.loads(core.IpcProbe(i)) for i in range(n)]
     return {"peer_access": peers, "links": links, "ipc": ipc}
 
 

@@ -350,7 +350,8 @@ def register_nccl_pool(pool: Any, group: Any = None) -> NcclRegistration:
             op="cudacore.register_nccl_pool",
         )
     path = nccl_memory_path(ordinal)
-    version = tuple(torch.cuda.nccl.version()[:2])
+    raw = torch.cuda.nccl.version()  # (2, 27, 5); an int (22705) in older PyTorch releases
+    version = tuple(raw[:2]) if isinstance(raw, tuple) else (raw // 10000, raw // 100 % 100)
     if path.zero_copy and version < NCCL_INTRA_NODE_REGISTRATION:
         path = NcclPath(path.device, "copy", f"NCCL {'.'.join(map(str, version))} registers user buffers between the GPUs of one host from 2.23 on", path.memory)
     if not path.zero_copy:
