@@ -14,7 +14,9 @@ machine's speed drifts between runs: compare within one run), and the table give
   and of a tensor in a ``torch.cuda.MemPool`` of cudacore's memory registered with NCCL where NCCL can take
   it (``cudacore.interop.register_nccl_pool``; the row names the path), against a torch tensor of the same
   size on PyTorch's own allocator: time, bus bandwidth, and the ratio of bus bandwidths (target >= 0.95 at
-  256 MiB).
+  256 MiB). The all_reduce is in place, which NCCL never registers on one host: the pool's row measures
+  cudacore's memory on NCCL's staged path (examples/torchrun_allreduce.py also times an all_gather, which
+  NCCL does register).
 
     python bench/multi_gpu.py             # on the 2-GPU machine
     python bench/multi_gpu.py --sim       # smoke test on the simulator: tiny sizes, peers skipped unless
