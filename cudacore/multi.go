@@ -56,6 +56,41 @@ func CanAccessPeer(ordinal, peer int) (bool, error) {
 	})
 }
 
+// LinkProbe returns, as a JSON object, the path from the device at ordinal to peer: the driver's
+// peer-to-peer attributes and what NVML says of the link (process.Link). It opens neither device and is
+// safe while a stream captures.
+//
+//cudacore:gil release
+func LinkProbe(ordinal, peer int) (string, error) {
+	return guard("cudacore.link_probe", func() (string, error) {
+		l, err := process.LinkBetween(ordinal, peer)
+		if err != nil {
+			return "", err
+		}
+		b, err := json.Marshal(l)
+		return string(b), err
+	})
+}
+
+// NCCLMemoryProbe returns, as a JSON object, what NCCL asks of the memory at ptr on the device at ordinal
+// before it registers it with a peer process (process.NCCLMemory).
+//
+//cudacore:gil hold
+func NCCLMemoryProbe(ordinal, ptr int) (string, error) {
+	return guard("cudacore.nccl_memory_probe", func() (string, error) {
+		d, err := process.GetDevice(ordinal)
+		if err != nil {
+			return "", err
+		}
+		m, err := d.ProbeNCCLMemory(cuda.DevicePtr(ptr))
+		if err != nil {
+			return "", err
+		}
+		b, err := json.Marshal(m)
+		return string(b), err
+	})
+}
+
 // EnablePeerAccess lets the device at ordinal access peer's memory, its pools included; it returns 0.
 //
 //cudacore:gil release
@@ -329,6 +364,12 @@ func EventOpenIpc(ordinal int, handle string) (int, error) {
 //cudacore:gil release
 func IpcProbe(ordinal int) (string, error) {
 	return guard("cudacore.ipc_probe", func() (string, error) {
+		// Refused before the device is opened, as well as inside probeJSON: opening a device for the first
+		// time makes calls of its own (its context, its pools), which a capture on another device may not
+		// survive.
+		if process.Capturing() {
+			return "", probeRefusal("cudacore.ipc_probe")
+		}
 		d, err := process.GetDevice(ordinal)
 		if err != nil {
 			return "", err
@@ -343,14 +384,18 @@ func IpcProbe(ordinal int) (string, error) {
 func probeJSON(op string, probe func() any) (out string, err error) {
 	err = process.Steady(func() error {
 		if process.Capturing() {
-			return cuda.NewError(op, cuda.ErrorStreamCaptureUnsupported,
-				"the probes allocate and free memory, which would invalidate the stream capture in progress; probe before or after the capture")
+			return probeRefusal(op)
 		}
 		b, err := json.Marshal(probe())
 		out = string(b)
 		return err
 	})
 	return out, err
+}
+
+func probeRefusal(op string) error {
+	return cuda.NewError(op, cuda.ErrorStreamCaptureUnsupported,
+		"the probes allocate and free memory, which would invalidate the stream capture in progress; probe before or after the capture")
 }
 
 // ShareRelease gives the memory that the device's exportable pool keeps for reuse back to the device (call

@@ -367,6 +367,9 @@ class Workload:
     def peers(self, d: Any, s: Any, a: Any) -> None:
         """A second device, where the sweep has one (CUDACORE_SIM_DEVICES, see _env): peer access, copies
         between the devices, and shareable memory on the peer."""
+        from cudacore import _topology as topology
+        from cudacore import interop
+
         cc, step, keep = self.cc, self.step, self.keep
         if (step("device_count", cc.device_count) or 0) < 2:
             return
@@ -374,6 +377,8 @@ class Workload:
         if d1 is None:
             return
         step("can_access_peer", lambda: (d.can_access_peer(d1), d1.can_access_peer(d)))
+        step("link", lambda: (topology.link(0, 1), topology.link(1, 0)))
+        step("nccl_memory_path", lambda: (interop.nccl_memory_path(0), interop.nccl_memory_path(1)))
         step("enable_peer_access", lambda: d.enable_peer_access(d1))
         step("enable_peer_access_back", lambda: d1.enable_peer_access(d))
         n = 64 << 10

@@ -625,6 +625,119 @@ def test_doctor_shows_peer_matrix_and_ipc_kinds() -> None:
     assert topo["ipc"][0] == {"posix_fd": "ok", "cuipc_mem": "ok", "cuipc_event": "ok"}
 
 
+LINKED = json.dumps(
+    [
+        {"name": "a", "total_memory": 1 << 30, "nvlinks": 18},
+        {"name": "b", "total_memory": 1 << 30, "nvlinks": 12},
+        {"name": "c", "total_memory": 1 << 30},
+        {"name": "far", "total_memory": 1 << 30, "nvlinks": 18, "peer_group": 1},
+    ]
+)
+
+
+def test_doctor_shows_the_link_between_each_pair() -> None:
+    """NVLink and its width (the smaller count of the two ends), PCIe and where the devices meet on it,
+    and the driver's attributes, for each pair once; --json has the same under topology.links."""
+    from conftest import run_cli
+
+    env = {"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": LINKED}
+    r = run_cli(["doctor"], env=env)
+    assert r.returncode == 0, r.stderr
+    section = r.stdout.split("links between devices\n")[1].split("\n\n")[0].splitlines()
+    assert [line.split()[:5] for line in section] == [
+        ["dev", "0", "-", "dev", "1"],
+        ["dev", "0", "-", "dev", "2"],
+        ["dev", "0", "-", "dev", "3"],
+        ["dev", "1", "-", "dev", "2"],
+        ["dev", "1", "-", "dev", "3"],
+        ["dev", "2", "-", "dev", "3"],
+    ]
+    assert "NVLink x12" in section[0]
+    assert "peer access yes, native atomics yes, performance rank 0" in section[0]
+    assert "PCIe (PIX)" in section[1]
+    assert "peer access yes, native atomics no, performance rank 1" in section[1]
+    assert "PCIe (SYS)" in section[2]
+    assert "peer access no, native atomics no" in section[2]
+    assert "NVML" not in r.stdout.split("links between devices")[1].split("sharing with other processes")[0]
+    r = run_cli(["doctor", "--json"], env=env)
+    links = json.loads(r.stdout)["topology"]["links"]
+    assert [entry["devices"] for entry in links] == [[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]]
+    assert links[0] == {
+        "devices": [0, 1], "access": True, "native_atomics": True, "performance_rank": 0, "kind": "nvlink",
+        "nvlinks": 12, "nvswitch": False, "pcie": "PIX", "nvml": "ok",
+    }
+    assert links[2]["kind"] == "pcie" and links[2]["pcie"] == "SYS" and links[2]["access"] is False
+
+
+def test_links_without_nvml_and_their_errors() -> None:
+    """Without NVML the kind of link is unknown and doctor says why; the driver's attributes stay. A
+    device with itself, or one that does not exist, is an InvalidValueError."""
+    out = _run(
+        """
+        import io, json
+        import cudacore as cc
+        from cudacore import testing
+        from cudacore._topology import link, render_topology, topology
+
+        testing.set_memory_conditions(1, {"no_nvml": True})
+        got = link(0, 1)
+        print(json.dumps(got))
+        buf = io.StringIO()
+        render_topology(topology(), buf)
+        print(buf.getvalue())
+        for a, b in ((0, 0), (0, 7), (-1, 1)):
+            try:
+                link(a, b)
+            except cc.InvalidValueError as e:
+                print("refused", a, b, e)
+        """,
+        CUDACORE_SIM_DEVICES=LINKED,
+    )
+    first = json.loads(out.splitlines()[0])
+    assert first["kind"] == "" and first["pcie"] == "" and first["nvlinks"] == 0
+    assert first["access"] is True and first["native_atomics"] is True
+    assert "NVML (libnvidia-ml.so.1) is not available" in first["nvml"]
+    assert "dev 0 - dev 1   unknown (no NVML)" in out
+    assert "dev 0 - dev 2   PCIe (PIX)" in out, "device 2 still has NVML"
+    assert "  NVML: NVML (libnvidia-ml.so.1) is not available" in out
+    assert "refused 0 0 device 0 is itself" in out
+    assert "refused 0 7 device 7 does not exist: there are 4 devices" in out
+    assert "refused -1 1 device -1 does not exist" in out
+
+
+def test_link_probe_during_a_global_capture() -> None:
+    """The link probe opens no device and makes no call a capture forbids: a GLOBAL capture on either device
+    goes on (the same on the GPU: tests/test_multi_gpu.py)."""
+    out = _run(
+        """
+        import cudacore as cc
+        from cudacore._topology import link
+
+        from cudacore._topology import topology
+
+        # Before device 1 is ever opened: topology() reads links and the peer matrix without opening a
+        # device, and its sharing probe is refused before it would open one.
+        s = cc.Device(0).create_stream()
+        s.begin_capture("global")
+        link(0, 1), link(1, 0), link(0, 2)
+        try:
+            topology()
+        except cc.CaptureError as e:
+            assert e.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", e
+        s.end_capture().destroy()
+        s.close()
+        s = cc.Device(1).create_stream()
+        s.begin_capture("global")
+        link(0, 1), link(1, 0), link(0, 2)
+        s.end_capture().destroy()
+        s.close()
+        print("ok")
+        """,
+        CUDACORE_SIM_DEVICES=LINKED,
+    )
+    assert out.strip() == "ok"
+
+
 def test_topology_function_in_process() -> None:
     from cudacore._topology import topology
 
@@ -632,6 +745,7 @@ def test_topology_function_in_process() -> None:
     n = cc.device_count()
     assert len(topo["peer_access"]) == n
     assert all(not topo["peer_access"][i][i] for i in range(n))
+    assert topo["links"] == [] if n == 1 else len(topo["links"]) == n * (n - 1) // 2
     assert set(topo["ipc"][0]) == {"posix_fd", "cuipc_mem", "cuipc_event"}
 
 

@@ -178,6 +178,61 @@ def test_peer_matrix_matches_the_driver() -> None:
     assert d0.can_access_peer(d0) is False
 
 
+def test_links_match_the_driver_and_nvml() -> None:
+    """doctor's link report agrees with cuDeviceGetP2PAttribute (through cuda.bindings) and, where NVML is
+    there (nvidia-ml-py), with NVML's NVLink count between the two GPUs. -s prints it."""
+    two_gpus()
+    from cudacore._topology import describe_link, link
+
+    bindings = pytest.importorskip("cuda.bindings.driver")
+    got = link(0, 1)
+    print("link 0 -> 1:", got, "|", describe_link(got))
+    attrs = bindings.CUdevice_P2PAttribute
+    for key, attr in (
+        ("access", attrs.CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED),
+        ("native_atomics", attrs.CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED),
+        ("performance_rank", attrs.CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK),
+    ):
+        err, value = bindings.cuDeviceGetP2PAttribute(attr, 0, 1)
+        assert int(err) == 0
+        assert got[key] == (value if key == "performance_rank" else bool(value)), key
+    try:
+        import pynvml
+    except ImportError:
+        return
+    if got["nvml"] != "ok":
+        pytest.fail(f"nvidia-ml-py is installed but cudacore found no NVML: {got['nvml']}")
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByPciBusId(cc.Device(0).pci_bus_id)
+    status = pynvml.nvmlDeviceGetP2PStatus(handle, pynvml.nvmlDeviceGetHandleByPciBusId(cc.Device(1).pci_bus_id), pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+    assert (got["kind"] == "nvlink") == (status == pynvml.NVML_P2P_STATUS_OK)
+    if got["kind"] == "nvlink":
+        active = 0
+        for n in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                active += pynvml.nvmlDeviceGetNvLinkState(handle, n) == pynvml.NVML_FEATURE_ENABLED
+            except pynvml.NVMLError:
+                pass
+        assert got["nvlinks"] == active, "every active link of device 0 ends at device 1 or at an NVSwitch"
+
+
+@pytest.mark.parametrize("capturing", [0, 1])
+def test_link_probe_leaves_a_global_capture_on_either_device(capturing: int) -> None:
+    """The link probe (cuDeviceGetP2PAttribute, cuDeviceGetPCIBusId, NVML) during a GLOBAL capture on
+    either GPU: the capture is not invalidated (docs/contributing/driver-facts.md, "Links between devices")."""
+    two_gpus()
+    from cudacore._topology import link
+
+    s = cc.Device(capturing).create_stream()
+    try:
+        s.begin_capture("global")
+        link(0, 1)
+        link(1, 0)
+        s.end_capture().destroy()  # a CaptureError here: the probe invalidated the capture
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("n", [1, 4096, 64 << 20])
 def test_peer_copies_both_ways(n: int) -> None:
     d0, d1 = two_gpus()
@@ -276,6 +331,39 @@ def test_allreduce_example() -> None:
     assert "rank 0: torch.distributed all_reduce -> [3.0]" in r.stdout
 
 
+@pytest.mark.parametrize(
+    ("extra", "path"),
+    [({}, "copy"), ({"CUDACORE_ALLOCATOR": "sync", "NCCL_LEGACY_CUDA_REGISTER": "1"}, "legacy_ipc")],
+    ids=["pool", "sync-legacy-register"],
+)
+def test_torchrun_allreduce_example(extra: dict[str, str], path: str) -> None:
+    """examples/torchrun_allreduce.py under torchrun on 2 GPUs: the pool's memory is cudacore's, the
+    all_reduce and all_gather results are right, and the path is the one nccl_memory_path predicts; where it
+    registers, NCCL's own log (NCCL_DEBUG_SUBSYS=REG) shows the IPC registration of the all_gather's output.
+    -s prints the bandwidths."""
+    two_gpus()
+    pytest.importorskip("torch")
+    env = {**os.environ, "CUDACORE_BACKEND": "cuda", **NO_MULTICAST, **extra, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "REG"}
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(ROOT / "examples" / "torchrun_allreduce.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    out = r.stdout + r.stderr
+    print(out)
+    assert r.returncode == 0, out
+    assert "memory from cudacore; results right on every rank" in out
+    assert f"path '{path}'" in out
+    assert ("registered with NCCL" in out) == (path != "copy")
+    assert "all_reduce ratio " in out and "all_gather ratio " in out
+    if path != "copy" and "NCCL INFO" in out:
+        # NCCL's own word (its REG log): the all_gather's output, a pool tensor, was registered with the peer.
+        assert " - IPC register" in out or " - IPC reuse" in out, "NCCL logged no IPC registration of the pool's buffers"
+
+
 def test_bench_runs_on_two_gpus() -> None:
     two_gpus()
     r = subprocess.run(
@@ -288,3 +376,4 @@ def test_bench_runs_on_two_gpus() -> None:
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "peer copy   64 MiB  cudacore" in r.stdout
+    assert "all_reduce  256 MiB  cudacore pool (" in r.stdout

@@ -27,6 +27,29 @@ const (
 	IpcLazyPeerAccess uint32     = 0x1 // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, the only cuIpcOpenMemHandle flag
 )
 
+// P2PAttribute is a CUdevice_P2PAttribute: what cuDeviceGetP2PAttribute reports about the path from one
+// device to another.
+type P2PAttribute int32
+
+const (
+	P2PPerformanceRank     P2PAttribute = 1 // CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: relative, lower is faster
+	P2PAccessSupported     P2PAttribute = 2 // CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: 1 when peer access works
+	P2PNativeAtomicSupport P2PAttribute = 3 // CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: atomics over the link
+)
+
+// PointerAttribute is a CUpointer_attribute; cudacore reads the integer ones below.
+type PointerAttribute int32
+
+const (
+	// PointerLegacyIpcCapable is 1 for memory cuIpcGetMemHandle can export (cuMemAlloc's), 0 otherwise.
+	PointerLegacyIpcCapable PointerAttribute = 10 // CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
+	// PointerAllowedHandleTypes is the bitmask of HandleType the allocation can be exported as.
+	PointerAllowedHandleTypes PointerAttribute = 14 // CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES
+)
+
+// MemHandle is a CUmemGenericAllocationHandle: the physical allocation behind memory mapped with cuMemMap.
+type MemHandle uint64
+
 // IpcHandle is the 64 opaque bytes of a CUipcMemHandle, CUipcEventHandle or CUmemPoolPtrExportData. Only
 // the Driver kind that made one can read it, and only in another process (for the cuIpc handles).
 type IpcHandle [IpcHandleSize]byte
@@ -36,6 +59,18 @@ type IpcHandle [IpcHandleSize]byte
 type MultiDriver interface {
 	// DeviceCanAccessPeer reports whether dev can access peer's memory directly (cuDeviceCanAccessPeer).
 	DeviceCanAccessPeer(dev, peer Device) (bool, error)
+	// DeviceGetP2PAttribute reads one attribute of the path from src to dst (cuDeviceGetP2PAttribute). It
+	// needs no context. src == dst is ErrorInvalidDevice, as is an ordinal the driver does not have.
+	DeviceGetP2PAttribute(attr P2PAttribute, src, dst Device) (int, error)
+	// PointerGetAttribute reads an integer attribute of the allocation holding ptr (cuPointerGetAttribute,
+	// called in ctx). Memory the driver does not know is ErrorInvalidValue.
+	PointerGetAttribute(ctx Context, attr PointerAttribute, ptr DevicePtr) (uint64, error)
+	// MemRetainAllocationHandle returns the physical allocation behind ptr, memory mapped with cuMemMap,
+	// with one more reference that MemRelease gives back (cuMemRetainAllocationHandle). NCCL registers a
+	// buffer with another process this way (docs/contributing/driver-facts.md, "NCCL's user buffers").
+	MemRetainAllocationHandle(ctx Context, ptr DevicePtr) (MemHandle, error)
+	// MemRelease gives back a reference to a physical allocation (cuMemRelease).
+	MemRelease(ctx Context, h MemHandle) error
 	// CtxEnablePeerAccess lets ctx's device access peer's memory (cuCtxEnablePeerAccess, made in ctx).
 	// Enabling it twice is ErrorPeerAccessAlreadyEnabled; across devices that cannot,
 	// ErrorPeerAccessUnsupported.

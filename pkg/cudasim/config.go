@@ -31,6 +31,9 @@ const MaxDevices = 64
 // device that is never reused, so a bound keeps the window from running out in a long-lived process.
 const MaxTotalMemory = 1 << 48
 
+// MaxNVLinks bounds DeviceConfig.NVLinks: NVIDIA's GPUs have had at most 18 NVLinks; 64 leaves room.
+const MaxNVLinks = 64
+
 const exampleDevices = `[{"name": "sim-tcc", "total_memory": 1073741824, "memory_pools_supported": false, "tcc_driver": true}]`
 
 // DeviceConfig describes one simulated device. The caller owns it; the Driver copies it at New.
@@ -53,6 +56,10 @@ type DeviceConfig struct {
 	// the same group, 0 unless set. A device alone in its group has no peers, like GPUs of two PCIe root
 	// complexes without a switch between them.
 	PeerGroup int `json:"peer_group"`
+	// NVLinks is how many NVLinks join this device to each other device of its peer group; two devices
+	// are joined by the smaller of their two counts (cuDeviceGetP2PAttribute and the simulated NVML say
+	// so). 0, the default, makes its peers reach it over PCIe.
+	NVLinks int `json:"nvlinks"`
 }
 
 // H100 returns the device measured in docs/contributing/driver-facts.md: NVIDIA H100 80GB HBM3, compute capability 9.0.
@@ -168,6 +175,8 @@ func validate(i int, c DeviceConfig) *cuda.Error {
 		return configError("device %d: pci_bus_id %q is not of the form 0000:18:00.0", i, c.PCIBusID)
 	case c.PeerGroup < 0 || c.PeerGroup > MaxDevices:
 		return configError("device %d: peer_group %d must be between 0 and %d", i, c.PeerGroup, MaxDevices)
+	case c.NVLinks < 0 || c.NVLinks > MaxNVLinks:
+		return configError("device %d: nvlinks %d must be between 0 and %d", i, c.NVLinks, MaxNVLinks)
 	}
 	return nil
 }
@@ -186,6 +195,7 @@ type jsonDevice struct {
 	UUID                 *json.RawMessage `json:"uuid"`
 	PCIBusID             *string          `json:"pci_bus_id"`
 	PeerGroup            *json.Number     `json:"peer_group"`
+	NVLinks              *json.Number     `json:"nvlinks"`
 }
 
 // ParseDevices parses a CUDACORE_SIM_DEVICES value: a JSON list of device objects whose omitted fields
@@ -274,6 +284,13 @@ func ParseDevices(data []byte) ([]DeviceConfig, error) {
 				return nil, configError("device %d: peer_group %q must be a whole number", i, r.PeerGroup.String())
 			}
 			c.PeerGroup = int(v)
+		}
+		if r.NVLinks != nil {
+			v, err := strconv.ParseInt(r.NVLinks.String(), 10, 32)
+			if err != nil {
+				return nil, configError("device %d: nvlinks %q must be a whole number", i, r.NVLinks.String())
+			}
+			c.NVLinks = int(v)
 		}
 		// Explicit zeros were meant: validate them rather than letting normalize default them.
 		if c.UUID == [16]byte{} {

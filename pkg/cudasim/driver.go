@@ -247,7 +247,7 @@ func init() {
 	cuCtxEnablePeerAccess cuMemcpyPeerAsync cuMemPoolSetAccess cuMemPoolGetAccess
 	cuMemPoolExportToShareableHandle cuMemPoolImportFromShareableHandle cuMemPoolExportPointer
 	cuMemPoolImportPointer cuIpcGetMemHandle cuIpcOpenMemHandle_v2 cuIpcCloseMemHandle cuIpcGetEventHandle
-	cuIpcOpenEventHandle`) {
+	cuIpcOpenEventHandle cuDeviceGetP2PAttribute cuPointerGetAttribute cuMemRetainAllocationHandle cuMemRelease`) {
 		entryPoints[n] = true
 	}
 }

@@ -181,6 +181,123 @@ func (d *Driver) DeviceCanAccessPeer(dev, peer cuda.Device) (bool, error) {
 	return d.canPeer(v, d.devs[peer]), nil
 }
 
+// nvlinks is how many NVLinks join a and b: the smaller of their counts, for devices of one peer group.
+func (d *Driver) nvlinks(a, b *device) int {
+	if !d.canPeer(a, b) {
+		return 0
+	}
+	return min(a.cfg.NVLinks, b.cfg.NVLinks)
+}
+
+// DeviceGetP2PAttribute implements cuDeviceGetP2PAttribute. Between peers the model answers access
+// supported; native atomics and performance rank 0 over NVLink, no atomics and rank 1 over PCIe; devices
+// that are not peers get 0 for every attribute. A device with itself is CUDA_ERROR_INVALID_DEVICE.
+func (d *Driver) DeviceGetP2PAttribute(attr cuda.P2PAttribute, src, dst cuda.Device) (int, error) {
+	const op = "cuDeviceGetP2PAttribute"
+	v, err := d.device(op, src)
+	if err != nil {
+		return 0, err
+	}
+	if dst < 0 || int(dst) >= len(d.devs) {
+		return 0, errf(op, cuda.ErrorInvalidDevice, "device %d does not exist; there are %d", dst, len(d.devs))
+	}
+	if src == dst {
+		return 0, errf(op, cuda.ErrorInvalidDevice, "device %d is itself: the attributes describe the path between two devices", src)
+	}
+	p := d.devs[dst]
+	peer, links := d.canPeer(v, p), d.nvlinks(v, p)
+	switch attr {
+	case cuda.P2PAccessSupported:
+		return b2i(peer), nil
+	case cuda.P2PNativeAtomicSupport:
+		return b2i(links > 0), nil
+	case cuda.P2PPerformanceRank:
+		return b2i(peer && links == 0), nil
+	}
+	return 0, errf(op, cuda.ErrorInvalidValue, "unknown peer-to-peer attribute %d", attr)
+}
+
+// NVMLLink is what the simulated NVML says of the link between two devices, in the terms of the real one
+// (libcuda.LinkBetween): the NVLinks joining them (none through an NVSwitch in the model), and the PCIe
+// tree's common ancestor, a single switch (10) between peers and across NUMA nodes (50) otherwise.
+type NVMLLink struct {
+	DirectLinks int
+	Ancestor    int
+}
+
+// LinkBetween answers as NVML would for ordinals a and b; ok is false for an ordinal the simulator does
+// not have, or when the memory conditions of either model no NVML (SetMemoryConditions' NoNVML).
+func (d *Driver) LinkBetween(a, b int) (NVMLLink, bool) {
+	if a < 0 || a >= len(d.devs) || b < 0 || b >= len(d.devs) {
+		return NVMLLink{}, false
+	}
+	va, vb := d.devs[a], d.devs[b]
+	for _, v := range []*device{va, vb} {
+		v.mu.Lock()
+		no := v.conds.NoNVML
+		v.mu.Unlock()
+		if no {
+			return NVMLLink{}, false
+		}
+	}
+	link := NVMLLink{DirectLinks: d.nvlinks(va, vb), Ancestor: 50}
+	if d.canPeer(va, vb) {
+		link.Ancestor = 10
+	}
+	return link, true
+}
+
+// PointerGetAttribute implements cuPointerGetAttribute for the two attributes the model has: cuMemAlloc
+// memory is legacy-IPC capable, and a block of an exportable pool can be exported as a file descriptor.
+func (d *Driver) PointerGetAttribute(c cuda.Context, attr cuda.PointerAttribute, ptr cuda.DevicePtr) (uint64, error) {
+	const op = "cuPointerGetAttribute"
+	v, err := d.ctx(op, c)
+	if err != nil {
+		return 0, err
+	}
+	defer v.mu.Unlock()
+	a, _, ok := v.find(ptr, 1)
+	if !ok {
+		return 0, errf(op, cuda.ErrorInvalidValue, "%#x is not memory of device %d", uint64(ptr), v.index)
+	}
+	switch attr {
+	case cuda.PointerLegacyIpcCapable:
+		return uint64(b2i(a.kind == kindSync)), nil
+	case cuda.PointerAllowedHandleTypes:
+		if a.kind == kindPool && a.pool != nil && a.pool.shared != nil {
+			return uint64(cuda.HandlePosixFD), nil
+		}
+		return 0, nil
+	}
+	return 0, errf(op, cuda.ErrorNotSupported, "the simulator models pointer attributes %d and %d, not %d",
+		cuda.PointerLegacyIpcCapable, cuda.PointerAllowedHandleTypes, attr)
+}
+
+// MemRetainAllocationHandle implements cuMemRetainAllocationHandle. The simulator maps nothing with
+// cuMemMap, so no memory has a physical allocation handle: cuMemAlloc's and pool blocks are refused
+// (docs/contributing/driver-facts.md, "NCCL's user buffers", says what the real driver answered).
+func (d *Driver) MemRetainAllocationHandle(c cuda.Context, ptr cuda.DevicePtr) (cuda.MemHandle, error) {
+	const op = "cuMemRetainAllocationHandle"
+	v, err := d.ctx(op, c)
+	if err != nil {
+		return 0, err
+	}
+	defer v.mu.Unlock()
+	return 0, errf(op, cuda.ErrorInvalidValue, "%#x was not mapped with cuMemMap on device %d", uint64(ptr), v.index)
+}
+
+// MemRelease implements cuMemRelease: no handle of the simulator's is ever retained, so every one is
+// unknown.
+func (d *Driver) MemRelease(c cuda.Context, h cuda.MemHandle) error {
+	const op = "cuMemRelease"
+	v, err := d.ctx(op, c)
+	if err != nil {
+		return err
+	}
+	defer v.mu.Unlock()
+	return errf(op, cuda.ErrorInvalidValue, "%#x is not an allocation handle of device %d", uint64(h), v.index)
+}
+
 // CtxEnablePeerAccess implements cuCtxEnablePeerAccess.
 func (d *Driver) CtxEnablePeerAccess(c, peer cuda.Context) error {
 	const op = "cuCtxEnablePeerAccess"

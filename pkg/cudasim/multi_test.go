@@ -171,6 +171,51 @@ func TestIpcEventAcrossProcesses(t *testing.T) {
 	requireResult(t, cuda.ErrorInvalidContext, "cuIpcOpenEventHandle", err)
 }
 
+// The link model: NVLinks between peers (the smaller count of the two), PCIe between peers without them,
+// nothing across peer groups; the simulated NVML answers the same, or not at all under no_nvml.
+func TestLinks(t *testing.T) {
+	e := start(t, cudasim.WithDevices(
+		cudasim.DeviceConfig{TotalMemory: 1 << 30, NVLinks: 18},
+		cudasim.DeviceConfig{TotalMemory: 1 << 30, NVLinks: 12},
+		cudasim.DeviceConfig{TotalMemory: 1 << 30},
+		cudasim.DeviceConfig{TotalMemory: 1 << 30, NVLinks: 18, PeerGroup: 1},
+	))
+	for _, c := range []struct {
+		a, b                  cuda.Device
+		access, atomics, rank int
+		links, ancestor       int
+	}{
+		{0, 1, 1, 1, 0, 12, 10},
+		{1, 0, 1, 1, 0, 12, 10},
+		{0, 2, 1, 0, 1, 0, 10},
+		{2, 1, 1, 0, 1, 0, 10},
+		{0, 3, 0, 0, 0, 0, 50},
+		{3, 2, 0, 0, 0, 0, 50},
+	} {
+		for attr, want := range map[cuda.P2PAttribute]int{cuda.P2PAccessSupported: c.access, cuda.P2PNativeAtomicSupport: c.atomics, cuda.P2PPerformanceRank: c.rank} {
+			got, err := e.d.DeviceGetP2PAttribute(attr, c.a, c.b)
+			require.NoError(t, err)
+			assert.Equal(t, want, got, "attribute %d, %d -> %d", attr, c.a, c.b)
+		}
+		link, ok := e.d.LinkBetween(int(c.a), int(c.b))
+		require.True(t, ok)
+		assert.Equal(t, cudasim.NVMLLink{DirectLinks: c.links, Ancestor: c.ancestor}, link, "%d -> %d", c.a, c.b)
+	}
+	for _, c := range []struct{ src, dst cuda.Device }{{1, 1}, {0, 4}, {-1, 0}} {
+		_, err := e.d.DeviceGetP2PAttribute(cuda.P2PAccessSupported, c.src, c.dst)
+		requireResult(t, cuda.ErrorInvalidDevice, "cuDeviceGetP2PAttribute", err)
+	}
+	_, err := e.d.DeviceGetP2PAttribute(99, 0, 1)
+	requireResult(t, cuda.ErrorInvalidValue, "cuDeviceGetP2PAttribute", err)
+	_, ok := e.d.LinkBetween(0, 4)
+	assert.False(t, ok, "an ordinal the simulator does not have")
+	require.NoError(t, e.d.SetMemoryConditions(1, cudasim.MemoryConditions{NoNVML: true}))
+	_, ok = e.d.LinkBetween(0, 1)
+	assert.False(t, ok, "no NVML on either device: not available")
+	_, ok = e.d.LinkBetween(0, 2)
+	assert.True(t, ok)
+}
+
 func TestPeerGroups(t *testing.T) {
 	e := start(t, cudasim.WithDevices(
 		cudasim.DeviceConfig{TotalMemory: 1 << 30, MemoryPoolsSupported: true},

@@ -23,6 +23,13 @@ Allocators drawing from cudacore's pools, statistics and out-of-memory handling
 
 Their memory shows in ``Device.memory_stats()`` and counts against ``Device.memory_limit``.
 
+NCCL's zero-copy path (user buffer registration)
+------------------------------------------------
+:func:`nccl_mem_pool` makes a ``torch.cuda.MemPool`` whose memory comes from cudacore, and
+:func:`register_nccl_pool` registers it with a ``torch.distributed`` NCCL process group where NCCL can
+take cudacore's memory without a copy, and says which path collectives on it take
+(:func:`nccl_memory_path`; docs/guide/multi-gpu.md, "NCCL's zero-copy path").
+
 One pool for every library, natively
 ------------------------------------
 :func:`cudacore.share_pool` makes one memory pool the device's current pool and wires PyTorch, CuPy, RMM
@@ -34,9 +41,11 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import _accounts, _external, _tables
@@ -56,6 +65,8 @@ _DLManagedTensorVersioned = _tables.DLManagedTensorVersioned
 
 __all__ = [
     "ExternalBuffer",
+    "NcclPath",
+    "NcclRegistration",
     "NumbaMemoryManager",
     "asbuffer",
     "cuda_core_memory_resource",
@@ -63,6 +74,9 @@ __all__ = [
     "extension_path",
     "from_dlpack",
     "last_error",
+    "nccl_mem_pool",
+    "nccl_memory_path",
+    "register_nccl_pool",
     "torch_allocator",
     "use_torch_allocator",
 ]
@@ -181,6 +195,181 @@ def use_torch_allocator() -> Any:
     alloc = torch_allocator()
     torch.cuda.memory.change_current_allocator(alloc)
     return alloc
+
+
+# -- NCCL's user buffers -----------------------------------------------------------------------------------
+
+#: NCCL's environment variable that lets it register cuMemAlloc memory through cuIpc handles.
+NCCL_LEGACY_REGISTER = "NCCL_LEGACY_CUDA_REGISTER"
+#: The first NCCL release that registers user buffers with the peers of one host (NCCL's documentation:
+#: "General Buffer Registration", 2.23).
+NCCL_INTRA_NODE_REGISTRATION = (2, 23)
+_POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+
+
+@dataclass(frozen=True)
+class NcclPath:
+    """Which path NCCL takes with cudacore's memory on a device, and why.
+
+    ``path`` is ``"cumem"`` (memory mapped with the driver's cuMem calls and exportable as a file
+    descriptor: NCCL registers it with its peers, zero-copy), ``"legacy_ipc"`` (cuMemAlloc memory with
+    ``NCCL_LEGACY_CUDA_REGISTER=1``: NCCL registers it through cuIpc handles, zero-copy) or ``"copy"``
+    (NCCL cannot register it: collectives stage through NCCL's own buffers, as for any unregistered
+    tensor). ``memory`` is the driver's answer for a fresh allocation of cudacore's: ``retain`` ("ok" or
+    the driver's refusal of ``cuMemRetainAllocationHandle``), ``handle_types`` and ``legacy_ipc``.
+    """
+
+    device: int
+    path: str
+    reason: str
+    memory: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def zero_copy(self) -> bool:
+        """Whether NCCL can take this memory without a copy (``path`` is not ``"copy"``)."""
+        return self.path != "copy"
+
+
+def nccl_memory_path(device: Device | int | None = None) -> NcclPath:
+    """Which path NCCL can take with memory cudacore allocates on ``device`` (default 0).
+
+    It allocates one block from the device's allocator, asks the driver what NCCL asks before it registers
+    a buffer (``cuMemRetainAllocationHandle``, the allocation's handle types, whether it is cuMemAlloc
+    memory), frees the block, and reads ``NCCL_LEGACY_CUDA_REGISTER`` from this process's environment
+    (NCCL reads it there). No torch or NCCL is needed. It allocates, so a stream capture that forbids
+    allocating outside it refuses it as it refuses an allocation.
+    """
+    dev = _device(device)
+    buf = dev.allocate(2 << 20)
+    try:
+        memory = dict(json.loads(core.NCCLMemoryProbe(dev.device_id, buf.ptr)))
+    finally:
+        buf.close()
+    strategy = dev.allocation_strategy
+    if memory["retain"] == "ok" and memory["handle_types"] & _POSIX_FD:
+        return NcclPath(dev.device_id, "cumem", "cuMem memory exportable as a file descriptor: NCCL registers it with its peers", memory)
+    if memory["legacy_ipc"]:
+        if os.environ.get(NCCL_LEGACY_REGISTER) == "1":
+            return NcclPath(
+                dev.device_id, "legacy_ipc",
+                f"cuMemAlloc memory (the {strategy} strategy) with {NCCL_LEGACY_REGISTER}=1: NCCL registers it through cuIpc "
+                "handles (NCCL documents this path as able to hang when a peer fails)",
+                memory,
+            )
+        return NcclPath(
+            dev.device_id, "copy",
+            f"cuMemAlloc memory (the {strategy} strategy): NCCL registers it only with {NCCL_LEGACY_REGISTER}=1 in the "
+            "environment of every rank",
+            memory,
+        )
+    return NcclPath(
+        dev.device_id, "copy",
+        f"memory of a stream-ordered pool (the {strategy} strategy) has neither a cuMem allocation handle ({memory['retain']}) "
+        f"nor a cuIpc handle, so NCCL cannot register it; CUDACORE_ALLOCATOR=sync with {NCCL_LEGACY_REGISTER}=1 makes "
+        "registrable memory",
+        memory,
+    )
+
+
+def nccl_mem_pool(device: Device | int | None = None) -> Any:
+    """A ``torch.cuda.MemPool`` on ``device`` (default 0) whose memory comes from cudacore's allocator.
+
+    Tensors made inside ``with torch.cuda.use_mem_pool(pool):`` are carved by PyTorch's caching allocator
+    out of segments it asks cudacore for (through :func:`torch_allocator`'s entry points): they show in
+    ``Device.memory_stats()``, count against ``Device.memory_limit``, and run out with cudacore's error.
+    Register the pool with a process group with :func:`register_nccl_pool`.
+
+    The pool lives in PyTorch's native caching allocator, so PyTorch must be allocating with it: not after
+    :func:`use_torch_allocator` (or any ``change_current_allocator``), nor with the ``cudaMallocAsync``
+    backend. Where PyTorch cannot (no ``torch.cuda.MemPool``, another allocator) this raises
+    :class:`cudacore.NotSupportedError` saying why.
+    """
+    import torch
+
+    dev = _device(device)
+    pool_class = getattr(torch.cuda, "MemPool", None)
+    if pool_class is None:
+        raise error("CUDA_ERROR_NOT_SUPPORTED", f"PyTorch {torch.__version__} has no torch.cuda.MemPool: a pool of cudacore's memory for NCCL needs a newer PyTorch", op="cudacore.nccl_mem_pool")
+    backend = torch.cuda.get_allocator_backend()
+    if backend != "native":
+        raise error(
+            "CUDA_ERROR_NOT_SUPPORTED",
+            f"PyTorch allocates with its {backend!r} allocator, and a torch.cuda.MemPool lives in the native caching allocator: "
+            "leave PyTorch's allocator as it is in this process (no use_torch_allocator, no backend:cudaMallocAsync) to use "
+            "a pool of cudacore's memory",
+            op="cudacore.nccl_mem_pool",
+        )
+    alloc = torch_allocator()
+    with torch.cuda.device(dev.device_id):  # a MemPool belongs to the device current when it is made
+        try:
+            return pool_class(alloc.allocator())
+        except TypeError:  # PyTorch releases whose MemPool took the CUDAPluggableAllocator itself
+            return pool_class(alloc)
+
+
+@dataclass
+class NcclRegistration:
+    """What :func:`register_nccl_pool` did: the pool, whether it is registered with the group's NCCL
+    communicator, and the path collectives on its memory take (:class:`NcclPath`)."""
+
+    pool: Any
+    backend: Any
+    registered: bool
+    path: NcclPath
+
+    def deregister(self) -> None:
+        """Deregister the pool from the communicator (``deregister_mem_pool``), before the pool or the
+        process group goes; idempotent, and nothing to do where it was not registered."""
+        if self.registered:
+            self.backend.deregister_mem_pool(self.pool)
+            self.registered = False
+
+    def __str__(self) -> str:
+        state = "registered with NCCL" if self.registered else "not registered"
+        return f"pool on device {self.path.device}: {state}, path {self.path.path!r}: {self.path.reason}"
+
+
+def register_nccl_pool(pool: Any, group: Any = None) -> NcclRegistration:
+    """Register ``pool`` (from :func:`nccl_mem_pool`) with the NCCL communicator of ``group`` (default: the
+    world), where NCCL can take cudacore's memory without a copy.
+
+    The path is decided from the driver's answer for cudacore's memory on the pool's device
+    (:func:`nccl_memory_path`) and NCCL's version: where it is ``"copy"`` the pool is left unregistered
+    (registering memory NCCL cannot map gains nothing, and newer NCCL releases refuse it), and collectives on
+    its tensors still work, through NCCL's buffers. Otherwise ``register_mem_pool`` registers the pool's
+    segments and, through PyTorch's allocator hooks, those it makes later. Every rank must make the same
+    choice (NCCL requires registered buffers on all ranks of a collective or on none): run every rank with
+    the same cudacore strategy and environment.
+
+    The group's NCCL communicator must exist: pass ``device_id`` to ``init_process_group`` (or run one
+    collective first). A group that is not NCCL, or a PyTorch without ``register_mem_pool``, raises
+    :class:`cudacore.NotSupportedError`.
+    """
+    import torch
+    import torch.distributed as dist
+
+    ordinal = int(pool.device) if hasattr(pool, "device") else torch.cuda.current_device()
+    pg = group if group is not None else dist.group.WORLD
+    try:
+        backend = pg._get_backend(torch.device("cuda", ordinal))
+    except RuntimeError as exc:
+        raise error("CUDA_ERROR_NOT_SUPPORTED", f"the process group has no CUDA backend for device {ordinal}: {exc}", op="cudacore.register_nccl_pool") from None
+    if not hasattr(backend, "register_mem_pool"):
+        raise error(
+            "CUDA_ERROR_NOT_SUPPORTED",
+            f"the group's backend {type(backend).__name__} has no register_mem_pool (an NCCL process group of PyTorch with "
+            "memory-pool registration is needed)",
+            op="cudacore.register_nccl_pool",
+        )
+    path = nccl_memory_path(ordinal)
+    raw = torch.cuda.nccl.version()  # (2, 27, 5); an int (22705) in older PyTorch releases
+    version = tuple(raw[:2]) if isinstance(raw, tuple) else (raw // 10000, raw // 100 % 100)
+    if path.zero_copy and version < NCCL_INTRA_NODE_REGISTRATION:
+        path = NcclPath(path.device, "copy", f"NCCL {'.'.join(map(str, version))} registers user buffers between the GPUs of one host from 2.23 on", path.memory)
+    if not path.zero_copy:
+        return NcclRegistration(pool, backend, False, path)
+    backend.register_mem_pool(pool)
+    return NcclRegistration(pool, backend, True, path)
 
 
 # -- cuda.core ------------------------------------------------------------------------------------------

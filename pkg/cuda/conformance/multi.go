@@ -19,6 +19,7 @@ func runMulti(t *testing.T, newDriver func(t *testing.T) cuda.Driver) {
 	t.Run("ExportablePool", func(t *testing.T) { testExportablePool(t, setup(t, newDriver)) })
 	t.Run("IpcMemHandle", func(t *testing.T) { testIpcMemHandle(t, setup(t, newDriver)) })
 	t.Run("IpcEvent", func(t *testing.T) { testIpcEvent(t, setup(t, newDriver)) })
+	t.Run("NCCLMemoryKinds", func(t *testing.T) { testNCCLMemoryKinds(t, setup(t, newDriver)) })
 }
 
 // second retains device 1's primary context, skipping the test on a machine with one device.
@@ -53,6 +54,38 @@ func testPeerQuery(t *testing.T, e *env) {
 		}
 	}
 	_, err = e.drv.DeviceCanAccessPeer(0, cuda.Device(n))
+	assertResult(t, cuda.ErrorInvalidDevice, err, "a peer that does not exist")
+	testP2PAttributes(t, e, n)
+}
+
+// testP2PAttributes: cuDeviceGetP2PAttribute's access attribute agrees with cuDeviceCanAccessPeer,
+// native atomics only where there is access, and a device with itself or one that does not exist is
+// ErrorInvalidDevice. doctor's link report (cudacore._topology) reads these.
+func testP2PAttributes(t *testing.T, e *env, n int) {
+	for i := range n {
+		for j := range n {
+			if i == j {
+				_, err := e.drv.DeviceGetP2PAttribute(cuda.P2PAccessSupported, cuda.Device(i), cuda.Device(j))
+				assertResult(t, cuda.ErrorInvalidDevice, err, "the path from a device to itself")
+				continue
+			}
+			can, err := e.drv.DeviceCanAccessPeer(cuda.Device(i), cuda.Device(j))
+			require.NoError(t, err)
+			access, err := e.drv.DeviceGetP2PAttribute(cuda.P2PAccessSupported, cuda.Device(i), cuda.Device(j))
+			require.NoError(t, err)
+			assert.Equal(t, can, access == 1, "access %d -> %d agrees with cuDeviceCanAccessPeer", i, j)
+			atomics, err := e.drv.DeviceGetP2PAttribute(cuda.P2PNativeAtomicSupport, cuda.Device(i), cuda.Device(j))
+			require.NoError(t, err)
+			assert.Contains(t, []int{0, 1}, atomics)
+			if !can {
+				assert.Zero(t, atomics, "no atomics %d -> %d without access", i, j)
+			}
+			rank, err := e.drv.DeviceGetP2PAttribute(cuda.P2PPerformanceRank, cuda.Device(i), cuda.Device(j))
+			require.NoError(t, err)
+			assert.GreaterOrEqual(t, rank, 0)
+		}
+	}
+	_, err := e.drv.DeviceGetP2PAttribute(cuda.P2PAccessSupported, 0, cuda.Device(n))
 	assertResult(t, cuda.ErrorInvalidDevice, err, "a peer that does not exist")
 }
 
@@ -197,4 +230,52 @@ func testIpcEvent(t *testing.T, e *env) {
 	h, err := d.IpcGetEventHandle(c, ev)
 	require.NoError(t, err)
 	assert.NotEqual(t, cuda.IpcHandle{}, h)
+}
+
+// testNCCLMemoryKinds: what NCCL asks of a buffer before it registers it with a peer process
+// (docs/contributing/driver-facts.md, "NCCL's user buffers"). cuMemAlloc memory is legacy-IPC capable and
+// has no physical allocation handle (it is not mapped with cuMemMap); a block of a stream-ordered pool,
+// default or exportable, is not legacy-IPC capable, and the model says it has no allocation handle either:
+// the GPU run decides that, and -v prints the handle types each kind reports.
+func testNCCLMemoryKinds(t *testing.T, e *env) {
+	d, c := e.drv, e.ctx
+	p, err := d.MemAlloc(c, 1<<21)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, d.MemFree(c, p)) }()
+	legacy, err := d.PointerGetAttribute(c, cuda.PointerLegacyIpcCapable, p+64)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), legacy, "cuMemAlloc memory is legacy-IPC capable")
+	_, err = d.MemRetainAllocationHandle(c, p)
+	assert.Error(t, err, "cuMemAlloc memory has no physical allocation handle")
+	types, err := d.PointerGetAttribute(c, cuda.PointerAllowedHandleTypes, p)
+	t.Logf("cuMemAlloc: allowed handle types %#x (%v)", types, err)
+	if !e.pools {
+		return
+	}
+	for _, exportable := range []bool{false, true} {
+		pool, err := d.DeviceDefaultMemPool(e.dev)
+		require.NoError(t, err)
+		if exportable {
+			pool, err = d.MemPoolCreate(c, cuda.PoolProps{Device: e.dev, HandleTypes: cuda.HandlePosixFD})
+			require.NoError(t, err)
+		}
+		q, err := d.MemAllocFromPoolAsync(c, 1<<21, pool, cuda.StreamLegacy)
+		require.NoError(t, err)
+		require.NoError(t, d.StreamSynchronize(c, cuda.StreamLegacy))
+		legacy, err := d.PointerGetAttribute(c, cuda.PointerLegacyIpcCapable, q)
+		require.NoError(t, err)
+		assert.Zero(t, legacy, "a pool block (exportable %v) is not legacy-IPC capable", exportable)
+		h, err := d.MemRetainAllocationHandle(c, q)
+		if err == nil {
+			assert.NoError(t, d.MemRelease(c, h))
+		}
+		assert.Error(t, err, "a pool block (exportable %v) has no physical allocation handle in the model", exportable)
+		types, terr := d.PointerGetAttribute(c, cuda.PointerAllowedHandleTypes, q)
+		t.Logf("pool block (exportable %v): retain %v; allowed handle types %#x (%v)", exportable, err, types, terr)
+		require.NoError(t, d.MemFreeAsync(c, q, cuda.StreamLegacy))
+		require.NoError(t, d.StreamSynchronize(c, cuda.StreamLegacy))
+		if exportable {
+			require.NoError(t, d.MemPoolDestroy(c, pool))
+		}
+	}
 }

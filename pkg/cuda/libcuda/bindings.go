@@ -100,6 +100,10 @@ const (
 	symIpcCloseMemHandle
 	symIpcGetEventHandle
 	symIpcOpenEventHandle
+	symDeviceGetP2PAttribute
+	symPointerGetAttribute
+	symMemRetainAllocationHandle
+	symMemRelease
 	numSyms
 )
 
@@ -211,4 +215,8 @@ var bindings = [numSyms]binding{
 	symIpcCloseMemHandle:                req("cuIpcCloseMemHandle", "cuIpcCloseMemHandle"),
 	symIpcGetEventHandle:                req("cuIpcGetEventHandle", "cuIpcGetEventHandle"),
 	symIpcOpenEventHandle:               req("cuIpcOpenEventHandle", "cuIpcOpenEventHandle"),
+	symDeviceGetP2PAttribute:            req("cuDeviceGetP2PAttribute", "cuDeviceGetP2PAttribute"),
+	symPointerGetAttribute:              req("cuPointerGetAttribute", "cuPointerGetAttribute"),
+	symMemRetainAllocationHandle:        opt("cuMemRetainAllocationHandle", "11.0", "cuMemRetainAllocationHandle"),
+	symMemRelease:                       opt("cuMemRelease", "10.2", "cuMemRelease"),
 }

@@ -197,6 +197,14 @@ package libcuda
 #cgo nocallback cc_ipcGetEventHandle
 #cgo noescape cc_ipcOpenEventHandle
 #cgo nocallback cc_ipcOpenEventHandle
+#cgo noescape cc_deviceGetP2PAttribute
+#cgo nocallback cc_deviceGetP2PAttribute
+#cgo noescape cc_pointerGetAttribute
+#cgo nocallback cc_pointerGetAttribute
+#cgo noescape cc_memRetainAllocationHandle
+#cgo nocallback cc_memRetainAllocationHandle
+#cgo noescape cc_memRelease
+#cgo nocallback cc_memRelease
 #include <stdlib.h>
 #include "shim.h"
 */

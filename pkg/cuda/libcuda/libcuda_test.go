@@ -198,6 +198,16 @@ var fakeBodies = map[string]string{
 	// Several devices and processes: each canned body checks what arrived and answers in a recognizable way.
 	"cuDeviceCanAccessPeer": `int cuDeviceCanAccessPeer(int *c, int d, int p) {
 		if (d < 0 || d >= 2 || p < 0 || p >= 2) return 101; *c = d != p; return 0; }`,
+	"cuDeviceGetP2PAttribute": `int cuDeviceGetP2PAttribute(int *v, int attr, int s, int d) {
+		if (s < 0 || s >= 2 || d < 0 || d >= 2 || s == d) return 101; *v = attr * 10 + s; return 0; }`,
+	"cuPointerGetAttribute": `int cuPointerGetAttribute(void *v, int attr, CUdeviceptr p) {
+		if (cur != (void *)0xC0 || p < BASE || p >= BASE + sizeof devmem) return 1;
+		if (attr == 10) { *(int *)v = 1; return 0; }
+		if (attr == 14) { *(unsigned long long *)v = 0x100000001ULL; return 0; }
+		return 1; }`,
+	"cuMemRetainAllocationHandle": `int cuMemRetainAllocationHandle(unsigned long long *h, void *p) {
+		if (cur != (void *)0xC0 || (CUdeviceptr)p != BASE) return 1; *h = 0xABC; return 0; }`,
+	"cuMemRelease": `int cuMemRelease(unsigned long long h) { return h == 0xABC ? 0 : 1; }`,
 	"cuCtxEnablePeerAccess": `int cuCtxEnablePeerAccess(void *peer, unsigned f) {
 		return cur == (void *)0xC0 && peer == (void *)0xC1 && f == 0 ? 0 : 704; }`,
 	"cuMemcpyPeerAsync": `int cuMemcpyPeerAsync(CUdeviceptr d, void *dc, CUdeviceptr s, void *sc, size_t n, void *st) {
@@ -638,6 +648,36 @@ func TestFakeMultiDriver(t *testing.T) {
 	assert.False(t, can)
 	_, err = d.DeviceCanAccessPeer(0, 5)
 	assert.Equal(t, cuda.ErrorInvalidDevice, cuda.ResultOf(err))
+	for _, c := range []struct {
+		attr     cuda.P2PAttribute
+		src, dst cuda.Device
+		want     int
+		result   cuda.Result
+	}{
+		{cuda.P2PPerformanceRank, 0, 1, 10, cuda.Success},
+		{cuda.P2PNativeAtomicSupport, 1, 0, 31, cuda.Success},
+		{cuda.P2PAccessSupported, 1, 1, 0, cuda.ErrorInvalidDevice},
+		{cuda.P2PAccessSupported, 0, 5, 0, cuda.ErrorInvalidDevice},
+	} {
+		v, err := d.DeviceGetP2PAttribute(c.attr, c.src, c.dst)
+		assert.Equal(t, c.result, cuda.ResultOf(err), "%+v", c)
+		assert.Equal(t, c.want, v, "%+v", c)
+	}
+	const buf = cuda.DevicePtr(0x100000)
+	legacy, err := d.PointerGetAttribute(ctx0, cuda.PointerLegacyIpcCapable, buf+8)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), legacy, "an int attribute reads back as its value")
+	types, err := d.PointerGetAttribute(ctx0, cuda.PointerAllowedHandleTypes, buf)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(0x100000001), types, "an unsigned long long attribute, whole")
+	_, err = d.PointerGetAttribute(ctx0, cuda.PointerLegacyIpcCapable, 8)
+	assert.Equal(t, cuda.ErrorInvalidValue, cuda.ResultOf(err))
+	mh, err := d.MemRetainAllocationHandle(ctx0, buf)
+	require.NoError(t, err)
+	assert.Equal(t, cuda.MemHandle(0xABC), mh)
+	require.NoError(t, d.MemRelease(ctx0, mh))
+	_, err = d.MemRetainAllocationHandle(ctx0, buf+1)
+	assert.Equal(t, cuda.ErrorInvalidValue, cuda.ResultOf(err))
 	require.NoError(t, d.CtxEnablePeerAccess(ctx0, ctx1), "made in ctx0, for ctx1")
 	err = d.CtxEnablePeerAccess(ctx1, ctx0)
 	assert.Equal(t, cuda.ErrorPeerAccessAlreadyEnabled, cuda.ResultOf(err))

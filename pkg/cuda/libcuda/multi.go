@@ -26,6 +26,47 @@ func (d *Driver) DeviceCanAccessPeer(dev, peer cuda.Device) (bool, error) {
 	return can != 0, nil
 }
 
+// DeviceGetP2PAttribute reads one attribute of the path from src to dst (cuDeviceGetP2PAttribute).
+func (d *Driver) DeviceGetP2PAttribute(attr cuda.P2PAttribute, src, dst cuda.Device) (int, error) {
+	var v C.int
+	if r := C.cc_deviceGetP2PAttribute(d.tab, C.int(attr), C.int(src), C.int(dst), &v); r != 0 {
+		return 0, d.fail(symDeviceGetP2PAttribute, r)
+	}
+	return int(v), nil
+}
+
+// PointerGetAttribute reads an integer attribute of the allocation holding ptr (cuPointerGetAttribute).
+func (d *Driver) PointerGetAttribute(ctx cuda.Context, attr cuda.PointerAttribute, ptr cuda.DevicePtr) (uint64, error) {
+	var v C.ulonglong
+	if r := C.cc_pointerGetAttribute(d.tab, cctx(ctx), C.int(attr), C.CUdeviceptr(ptr), &v); r != 0 {
+		return 0, d.fail(symPointerGetAttribute, r)
+	}
+	return uint64(v), nil
+}
+
+// MemRetainAllocationHandle returns the physical allocation behind ptr (cuMemRetainAllocationHandle).
+func (d *Driver) MemRetainAllocationHandle(ctx cuda.Context, ptr cuda.DevicePtr) (cuda.MemHandle, error) {
+	if err := d.need(symMemRetainAllocationHandle); err != nil {
+		return 0, err
+	}
+	var h C.ulonglong
+	if r := C.cc_memRetainAllocationHandle(d.tab, cctx(ctx), C.CUdeviceptr(ptr), &h); r != 0 {
+		return 0, d.fail(symMemRetainAllocationHandle, r)
+	}
+	return cuda.MemHandle(h), nil
+}
+
+// MemRelease gives back a reference to a physical allocation (cuMemRelease).
+func (d *Driver) MemRelease(ctx cuda.Context, h cuda.MemHandle) error {
+	if err := d.need(symMemRelease); err != nil {
+		return err
+	}
+	if r := C.cc_memRelease(d.tab, cctx(ctx), C.ulonglong(h)); r != 0 {
+		return d.fail(symMemRelease, r)
+	}
+	return nil
+}
+
 // CtxEnablePeerAccess lets ctx's device access memory of peer's device (cuCtxEnablePeerAccess).
 func (d *Driver) CtxEnablePeerAccess(ctx, peer cuda.Context) error {
 	if r := C.cc_ctxEnablePeerAccess(d.tab, cctx(ctx), cctx(peer)); r != 0 {

@@ -15,3 +15,12 @@ func TestOtherProcessesUnknownDevice(t *testing.T) {
 		assert.Empty(t, procs, bus)
 	}
 }
+
+// The link query answers "not available" for devices NVML does not know (or without NVML), never a crash.
+func TestLinkBetweenUnknownDevices(t *testing.T) {
+	for _, c := range [][2]string{{"ffff:ff:1f.7", "ffff:ff:1f.6"}, {"", ""}, {"not a bus id", "0000:18:00.0"}} {
+		link, ok := LinkBetween(c[0], c[1])
+		assert.False(t, ok, c)
+		assert.Equal(t, Link{}, link, c)
+	}
+}

@@ -492,6 +492,27 @@ _Static_assert(sizeof(CUmemPoolPtrExportData) == 64, "CUmemPoolPtrExportData is 
 CUresult cc_deviceCanAccessPeer(const cc_table *t, int dev, int peer, int *can) {
 	return t->cuDeviceCanAccessPeer(can, dev, peer);
 }
+// A device attribute: no context is made current, so it can be read for devices no context was made for.
+CUresult cc_deviceGetP2PAttribute(const cc_table *t, int attr, int src, int dst, int *v) {
+	return t->cuDeviceGetP2PAttribute(v, attr, src, dst);
+}
+// The attributes read are an int or an unsigned long long: v starts zeroed, so an int attribute (written to
+// its low half on a little-endian machine, the only kind cudacore builds for) reads back as its value.
+CUresult cc_pointerGetAttribute(const cc_table *t, uintptr_t ctx, int attr, CUdeviceptr p, unsigned long long *v) {
+	ENSURE;
+	*v = 0;
+	return t->cuPointerGetAttribute(v, attr, p);
+}
+CUresult cc_memRetainAllocationHandle(const cc_table *t, uintptr_t ctx, CUdeviceptr p, unsigned long long *h) {
+	ENSURE;
+	NEED(cuMemRetainAllocationHandle);
+	return t->cuMemRetainAllocationHandle(h, (void *)(uintptr_t)p);
+}
+CUresult cc_memRelease(const cc_table *t, uintptr_t ctx, unsigned long long h) {
+	ENSURE;
+	NEED(cuMemRelease);
+	return t->cuMemRelease(h);
+}
 CUresult cc_ctxEnablePeerAccess(const cc_table *t, uintptr_t ctx, uintptr_t peer) {
 	ENSURE;
 	return t->cuCtxEnablePeerAccess((CUcontext)peer, 0);

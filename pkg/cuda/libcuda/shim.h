@@ -160,6 +160,10 @@ typedef struct {
 	CUresult (*cuIpcCloseMemHandle)(CUdeviceptr);
 	CUresult (*cuIpcGetEventHandle)(CUipcEventHandle *, CUevent);
 	CUresult (*cuIpcOpenEventHandle)(CUevent *, CUipcEventHandle);
+	CUresult (*cuDeviceGetP2PAttribute)(int *, int, CUdevice, CUdevice);
+	CUresult (*cuPointerGetAttribute)(void *, int, CUdeviceptr);
+	CUresult (*cuMemRetainAllocationHandle)(unsigned long long *, void *);
+	CUresult (*cuMemRelease)(unsigned long long);
 } cc_table;
 
 // Flags that a wrapper ORs into its result when the failure came from making the context current rather
@@ -287,5 +291,9 @@ CUresult cc_ipcOpenMemHandle(const cc_table *t, uintptr_t ctx, const unsigned ch
 CUresult cc_ipcCloseMemHandle(const cc_table *t, uintptr_t ctx, CUdeviceptr p);
 CUresult cc_ipcGetEventHandle(const cc_table *t, uintptr_t ctx, uintptr_t e, unsigned char *out64);
 CUresult cc_ipcOpenEventHandle(const cc_table *t, uintptr_t ctx, const unsigned char *h64, uintptr_t *e);
+CUresult cc_deviceGetP2PAttribute(const cc_table *t, int attr, int src, int dst, int *v);
+CUresult cc_pointerGetAttribute(const cc_table *t, uintptr_t ctx, int attr, CUdeviceptr p, unsigned long long *v);
+CUresult cc_memRetainAllocationHandle(const cc_table *t, uintptr_t ctx, CUdeviceptr p, unsigned long long *h);
+CUresult cc_memRelease(const cc_table *t, uintptr_t ctx, unsigned long long h);
 
 #endif
