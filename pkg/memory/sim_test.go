@@ -657,6 +657,38 @@ func TestOOMVerdictNVMLBlind(t *testing.T) {
 	assert.Contains(t, e.Msg, "NVML sees less than that: processes in other containers are invisible to it")
 }
 
+// Memory the process's other libraries hold in the allocator's pool is this process's: a gap it explains
+// is not blamed on other processes, and the message names it.
+func TestOOMVerdictPoolOthers(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		ps      PoolState
+		verdict string
+		msg     string
+	}{
+		{"the gap unexplained", PoolState{}, CauseOtherProcesses, "used outside this process's allocator"},
+		{"the pool's other libraries", PoolState{PoolOthers: 40 * GiB}, CauseExhausted,
+			"the process's other libraries 40.0 GiB in the same pool"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			drv, d := openSim(t, cudasim.H100())
+			// 40 GiB used on the device that cudacore's allocator does not hold, and no NVML to say whose.
+			require.NoError(t, drv.SetMemoryConditions(0, cudasim.MemoryConditions{
+				OtherProcesses: []cudasim.ProcessMemory{{PID: 9, Used: 40 * GiB}}, NoNVML: true}))
+			e := OutOfMemory(d, 50*GiB, cuda.NewError("torch", cuda.ErrorOutOfMemory, ""), tc.ps)
+			got, _ := e.Field("cause")
+			assert.Equal(t, tc.verdict, got)
+			assert.Contains(t, e.Msg, tc.msg)
+			assert.Equal(t, "torch", e.Op)
+			others, ok := e.Field("pool_others")
+			assert.Equal(t, tc.ps.PoolOthers != 0, ok)
+			if ok {
+				assert.Equal(t, "42949672960", others)
+			}
+		})
+	}
+}
+
 // The simulator's conditions produce each verdict through a whole Stack, and the recorder sees it.
 func TestStackVerdictsWithSimConditions(t *testing.T) {
 	for _, tc := range []struct {

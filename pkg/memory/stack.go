@@ -174,6 +174,13 @@ func (s *Stack) wrap(size uint64, st cuda.Stream, err error) error {
 // allocation of the device made outside the stack.
 func (s *Stack) State() PoolState { return s.state(false) }
 
+// StateOn is State for an allocation that failed on stream st outside the stack (another library's):
+// while another library captures on st, the pool's last readings and no probe, as for the stack's own
+// failures on such a stream.
+func (s *Stack) StateOn(st cuda.Stream) PoolState {
+	return s.state(capturedElsewhere(s.d.Driver(), s.d.Context(), st))
+}
+
 // state is State; captured (another library captures on the allocation's stream) takes the pool's last
 // readings and no probe, since a query of the pool's usage or a probe allocation would invalidate that
 // capture.
@@ -186,6 +193,17 @@ func (s *Stack) state(captured bool) PoolState {
 	}
 	if s.outside != nil {
 		ps.Outside = s.outside()
+	}
+	if s.pool != nil {
+		used := s.pool.lastUsed.Load()
+		if !captured {
+			if u, err := s.pool.Used(); err == nil {
+				used = u
+			}
+		}
+		if held := s.pool.Held(); used > held {
+			ps.PoolOthers = used - held
+		}
 	}
 	if s.maxSize != 0 && s.pool != nil {
 		ps.MaxSize = s.maxSize
