@@ -145,6 +145,8 @@ func SimPoolFree(ordinal, ptr int) (int, error) {
 	})
 }
 
+const opExplain = "cudacore.explain_oom"
+
 // ExplainOOM is the verdict of cudacore.explain_oom (python/cudacore/_explain.py): the out-of-memory
 // error cudacore gives for an allocation of requested bytes on stream (a CUstream; 0 for the legacy
 // stream) of the device that failed in another library, op (process.Device.ExplainOutOfMemory), as
@@ -153,13 +155,12 @@ func SimPoolFree(ordinal, ptr int) (int, error) {
 //
 //cudacore:gil release
 func ExplainOOM(ordinal, requested, stream int, op string) (string, error) {
-	const me = "cudacore.explain_oom"
-	return guard(me, func() (string, error) {
+	return guard(opExplain, func() (string, error) {
 		if requested <= 0 {
-			return "", cuda.NewError(me, cuda.ErrorInvalidValue, "requested must be a positive number of bytes")
+			return "", cuda.NewError(opExplain, cuda.ErrorInvalidValue, "requested must be a positive number of bytes")
 		}
 		if op == "" || len(op) > 64 || strings.ContainsFunc(op, unicode.IsSpace) {
-			return "", cuda.NewError(me, cuda.ErrorInvalidValue, "op must be one word of at most 64 characters")
+			return "", cuda.NewError(opExplain, cuda.ErrorInvalidValue, "op must be one word of at most 64 characters")
 		}
 		d, err := process.GetDevice(ordinal)
 		if err != nil {
