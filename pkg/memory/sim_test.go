@@ -862,3 +862,34 @@ func TestAnInjectedOutOfMemorySaysSo(t *testing.T) {
 	cause, _ = asCUDA(t, err).Field("cause")
 	assert.Equal(t, CauseTooLarge, cause)
 }
+
+// The out-of-memory probe's block whose free the driver refused is not lost: the next probe, Release and
+// Close free it again.
+func TestProbeBlockWhoseFreeIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		again func(s *Stack) error
+	}{
+		{"the next probe", func(s *Stack) error { s.probe(MiB); return nil }},
+		{"Release", func(s *Stack) error { return s.Release() }},
+		{"Close", func(s *Stack) error { return s.Close() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			drv, d := openSim(t)
+			s, err := NewStack(d, StackOptions{})
+			require.NoError(t, err)
+			free0, _, err := d.MemoryInfo()
+			require.NoError(t, err)
+			drv.InjectFault("cuMemFree_v2", 1, cuda.ErrorInvalidValue)
+			assert.True(t, s.probe(MiB), "the block was had")
+			free1, _, _ := d.MemoryInfo()
+			assert.Equal(t, free0-MiB, free1, "its free was refused")
+			require.NoError(t, tc.again(s))
+			free2, _, _ := d.MemoryInfo()
+			assert.Equal(t, free0, free2, "freed again")
+			if tc.name != "Close" {
+				require.NoError(t, s.Close())
+			}
+		})
+	}
+}
