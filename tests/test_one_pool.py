@@ -20,7 +20,7 @@ import pytest
 
 import cudacore as cc
 import one_pool_standins as standin
-from cudacore import _accounts, _broker
+from cudacore import _accounts, _broker, _errors, _explain
 from cudacore._api import core
 
 from conftest import run_python
@@ -567,3 +567,26 @@ def test_explain_oom_without_a_shared_pool(dev: cc.Device) -> None:
     e = cc.explain_oom(MemoryError("std::bad_alloc: out_of_memory: CUDA error (failed to allocate 1099511627776 bytes) at: x"))
     assert (e.cause, e.op, e.requested, e.device) == ("too_large", "rmm", 1 << 40, 0)
     assert e.by_library == {}
+
+
+def test_an_error_while_the_split_is_read_leaves_the_split_out(dev: cc.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split's statistics failing with an out-of-memory error of their own do not recurse: that error
+    gets no split, and the error being made keeps its verdict without one."""
+    real = _explain.core
+    calls: list[int] = []
+
+    class Failing:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def MemoryStats(self, ordinal: int) -> str:
+            calls.append(ordinal)
+            raise _errors.error("CUDA_ERROR_OUT_OF_MEMORY", "the statistics ran out of memory", device=ordinal)
+
+    with cc.share_pool(dev, libraries=[]):
+        monkeypatch.setattr(_explain, "core", Failing())
+        with pytest.raises(cc.OutOfMemoryError) as e:
+            dev.allocate(1 << 50)
+        monkeypatch.setattr(_explain, "core", real)
+    assert calls == [0]
+    assert e.value.cause == "too_large" and e.value.by_library == {}

@@ -6,7 +6,9 @@ allocation paths:
 
 - PyTorch through its ``cudaMallocAsync`` backend, which allocates from the current pool (chosen when
   ``torch`` is imported: ``PYTORCH_CUDA_ALLOC_CONF`` is set here if torch is not imported yet);
-- CuPy through ``cupy.cuda.MemoryAsyncPool`` on the pool, made CuPy's allocator;
+- CuPy through ``cupy.cuda.MemoryAsyncPool`` on the pool, made CuPy's allocator (PyTorch and CuPy publish
+  no count of their bytes: each is declared a library without one, whose row is the pool's remainder
+  while it is the only such library drawing from the pool, cudacore._accounts);
 - RMM through ``rmm.mr.CudaAsyncViewMemoryResource`` on the pool, under a ``StatisticsResourceAdaptor``
   (its bytes are its row of the split), made the device's RMM resource;
 - Numba through cudacore's memory-manager plug-in (``cudacore.interop.NumbaMemoryManager``), which

@@ -245,16 +245,24 @@ def _split_sentence(used: int, rows: dict[str, int]) -> str:
     return f"By library, the shared pool's {format_bytes(used)} in use: {parts}."
 
 
+_splitting: contextvars.ContextVar[bool] = contextvars.ContextVar("cudacore_oom_splitting", default=False)
+
+
 def _attach_split(exc: _errors.CUDAError) -> None:
-    """The OutOfMemoryError hook: while the error's device shares a pool, its split by library."""
-    if not isinstance(exc, OutOfMemoryError) or exc.op == "fork":
+    """The OutOfMemoryError hook: while the error's device shares a pool, its split by library. An error
+    raised while the split is read (the driver's, by the statistics' query) gets none."""
+    if not isinstance(exc, OutOfMemoryError) or exc.op == "fork" or _splitting.get():
         return
     ordinal = exc.device
     if ordinal is None or _broker.shared_pool_of(ordinal) is None:
         return
-    counters: dict[str, Any] = json.loads(core.MemoryStats(ordinal))
-    used = int(counters["pool_used"])
-    rows = _accounts.split(ordinal, used, counters["by_library"], _known.get())
+    token = _splitting.set(True)
+    try:
+        counters: dict[str, Any] = json.loads(core.MemoryStats(ordinal))
+        used = int(counters["pool_used"])
+        rows = _accounts.split(ordinal, used, counters["by_library"], _known.get())
+    finally:
+        _splitting.reset(token)
     exc.by_library = rows
     if exc.args and isinstance(exc.args[0], str):
         exc.args = (f"{exc.args[0]} {_split_sentence(used, rows)}", *exc.args[1:])
