@@ -51,8 +51,14 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def have(name: str) -> bool:
-    return importlib.util.find_spec(name) is not None
+def library(name: str) -> tuple[Any, str]:
+    """The library imported, or None and why not ("skipped: ...")."""
+    if importlib.util.find_spec(name) is None:
+        return None, "skipped: not installed"
+    try:
+        return importlib.import_module(name), ""
+    except Exception as e:  # noqa: BLE001 - a library that cannot load here is reported, not fatal
+        return None, f"skipped: import failed: {type(e).__name__}: {e}"
 
 
 # -- allocation cost ------------------------------------------------------------------------------------------
@@ -95,32 +101,29 @@ def cost_rows(sim: bool, rounds: int, pairs: int, size: int) -> list[str]:
         for name in LIBRARIES:
             skipped[name] = "skipped: the simulator runs no library but cudacore and the stand-in"
     else:
-        if have("torch"):
-            import torch
-
+        torch, why = library("torch")
+        if torch is not None:
             torch.zeros(1, device="cuda")
             ours["torch"] = (lambda: torch.empty(size, dtype=torch.uint8, device="cuda"), _drop)
             wire.append("torch")
         else:
-            skipped["torch"] = "skipped: not installed"
-        if have("cupy"):
-            import cupy
-
+            skipped["torch"] = why
+        cupy, why = library("cupy")
+        if cupy is not None:
             # CuPy's own async path: MemoryAsyncPool on the current pool, which is the default pool until
             # the pool is shared (undo puts this allocator back).
             cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool("current").malloc)
             ours["cupy"] = (lambda: cupy.empty(size, dtype=cupy.uint8), _drop)
             wire.append("cupy")
         else:
-            skipped["cupy"] = "skipped: not installed"
-        if have("rmm"):
-            import rmm
-
+            skipped["cupy"] = why
+        rmm, why = library("rmm")
+        if rmm is not None:
             rmm.mr.set_per_device_resource(0, rmm.mr.CudaAsyncMemoryResource())
             ours["rmm"] = (lambda: rmm.DeviceBuffer(size=size), _drop)
             wire.append("rmm")
         else:
-            skipped["rmm"] = "skipped: not installed"
+            skipped["rmm"] = why
 
     samples: dict[tuple[str, str], list[float]] = {(name, mode): [] for name in ours for mode in ("shared", "own")}
 
@@ -206,20 +209,12 @@ def _workload_gpu(shared: bool, rounds: int) -> dict[str, Any]:
     if shared:
         cc.share_pool(0)  # before importing torch: PyTorch picks its allocator backend at import
     libraries = ["cudacore"]
-    torch: Any = None
-    cupy: Any = None
-    rmm: Any = None
-    if have("torch"):
-        torch = importlib.import_module("torch")
-        libraries.append("torch")
-    if have("cupy"):
-        cupy = importlib.import_module("cupy")
-        libraries.append("cupy")
-    if have("rmm"):
-        rmm = importlib.import_module("rmm")
-        if not shared:
-            rmm.mr.set_per_device_resource(0, rmm.mr.CudaAsyncMemoryResource())
-        libraries.append("rmm")
+    torch, _ = library("torch")
+    cupy, _ = library("cupy")
+    rmm, _ = library("rmm")
+    libraries += [name for name, lib in (("torch", torch), ("cupy", cupy), ("rmm", rmm)) if lib is not None]
+    if rmm is not None and not shared:
+        rmm.mr.set_per_device_resource(0, rmm.mr.CudaAsyncMemoryResource())
     d = cc.Device(0)
     # Every library started (contexts, handles) before the baseline.
     d.allocate(MiB).close()
@@ -298,22 +293,19 @@ def _oom_gpu() -> dict[str, Any]:
     """PyTorch, CuPy, RMM and cudacore in a pool with a maximum size; PyTorch runs out; the verdict's split."""
     import cudacore as cc
 
-    if not have("torch"):
-        return {"skipped": "skipped: torch not installed"}
     d = cc.Device(0)
-    cc.share_pool(0, max_size=4 << 30)
-    import torch
-
+    cc.share_pool(0, max_size=4 << 30)  # before importing torch
+    torch, why = library("torch")
+    if torch is None:
+        return {"skipped": why.replace("skipped: ", "skipped: torch ")}
     held: list[Any] = [torch.empty(1 << 30, dtype=torch.uint8, device="cuda"), d.allocate(256 * MiB)]
     libraries = ["torch", "cudacore"]
-    if have("cupy"):
-        import cupy
-
+    cupy, _ = library("cupy")
+    if cupy is not None:
         held.append(cupy.zeros(512 * MiB, dtype=cupy.uint8))
         libraries.append("cupy")
-    if have("rmm"):
-        import rmm
-
+    rmm, _ = library("rmm")
+    if rmm is not None:
         held.append(rmm.DeviceBuffer(size=512 * MiB))
         libraries.append("rmm")
     torch.cuda.synchronize()
