@@ -357,6 +357,10 @@ def _run_worker(kind: str, sim: bool, rounds: int) -> dict[str, Any]:
     return out
 
 
+def _highest(result: dict[str, Any], phase: str) -> int:
+    return max((r["above_baseline"] for r in result["phases"] if r["phase"] == phase), default=0)
+
+
 def workload_rows(sim: bool, rounds: int) -> list[str]:
     shared, own = _run_worker("shared", sim, rounds), _run_worker("own", sim, rounds)
     oom = _run_worker("oom", sim, rounds)
@@ -366,6 +370,9 @@ def workload_rows(sim: bool, rounds: int) -> list[str]:
             f"  {'workload':<40}{'shared':>12}{'own':>12}{'ratio':>9}",
             f"  {what:<40}{fmt_bytes(shared['peak']):>12}{fmt_bytes(own['peak']):>12}{ratio:>8.2f}x",
             f"  {'':<40}at its peak: shared during {shared['peak_phase']!r}, own during {own['peak_phase']!r}",
+            "  by phase, the highest (shared / own): " + ", ".join(
+                f"{phase} {fmt_bytes(_highest(shared, phase))} / {fmt_bytes(_highest(own, phase))}"
+                for phase in dict.fromkeys(r["phase"] for r in shared["phases"])),
             "attribution of the shared pool's use (counted: the libraries' own counts; named: with the one taken by difference; target: >= 95%)",
             f"  {'mixed workload, least over its phases':<40}counted {shared['counted']:6.1%}   named {shared['named']:6.1%}"]
     if "skipped" in oom:
