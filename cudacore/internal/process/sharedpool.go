@@ -305,7 +305,7 @@ func (d *Device) PoolUsage() (PoolUsage, bool, error) {
 // of d that failed in another library of the process (op names it: "torch", "cupy", "rmm"), with the verdict
 // memory.OutOfMemory gives from the device's state now: what cudacore's allocator holds, the pool's
 // reserve and maximum size, and the bytes the process's other libraries hold in the same pool, which are
-// this process's and never blamed on other processes. Nothing is allocated or recorded; on the pool
+// this process's and never blamed on other processes. Nothing is recorded; on the pool
 // strategy, with the device's free memory enough for the request, the verdict probes for one block of
 // that size outside the pool (allocated and freed at once), as for cudacore's own failures, unless a
 // capture runs on st (memory.Stack.StateOn) or on a stream of cudacore's.
