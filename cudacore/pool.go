@@ -3,6 +3,8 @@ package cudacore
 import (
 	"encoding/json"
 	"math"
+	"strings"
+	"unicode"
 
 	"github.com/cudacore/cudacore/cudacore/internal/process"
 	"github.com/cudacore/cudacore/pkg/cuda"
@@ -140,5 +142,30 @@ func SimPoolFree(ordinal, ptr int) (int, error) {
 			return 0, err
 		}
 		return 0, s.MemFreeAsync(d.Context(), cuda.DevicePtr(uint64(ptr)), cuda.StreamLegacy)
+	})
+}
+
+const opExplain = "cudacore.explain_oom"
+
+// ExplainOOM is the verdict of cudacore.explain_oom (python/cudacore/_explain.py): the out-of-memory
+// error cudacore gives for an allocation of requested bytes on stream (a CUstream; 0 for the legacy
+// stream) of the device that failed in another library, op (process.Device.ExplainOutOfMemory), as
+// wire-format text. op is one word: the library's name, or the entry point of a cudacore error that
+// carried no verdict.
+//
+//cudacore:gil release
+func ExplainOOM(ordinal, requested, stream int, op string) (string, error) {
+	return guard(opExplain, func() (string, error) {
+		if requested <= 0 {
+			return "", cuda.NewError(opExplain, cuda.ErrorInvalidValue, "requested must be a positive number of bytes")
+		}
+		if op == "" || len(op) > 64 || strings.ContainsFunc(op, unicode.IsSpace) {
+			return "", cuda.NewError(opExplain, cuda.ErrorInvalidValue, "op must be one word of at most 64 characters")
+		}
+		d, err := process.GetDevice(ordinal)
+		if err != nil {
+			return "", err
+		}
+		return cuda.Encode(d.ExplainOutOfMemory(uint64(requested), cuda.Stream(uint64(stream)), op)), nil
 	})
 }

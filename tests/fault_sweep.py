@@ -127,6 +127,9 @@ class Workload:
         # The shared pool first (a pool of cudacore's own is made before cudacore allocates); closed last.
         if keep(step("share_pool", lambda: cc.share_pool(d, release_threshold=1 << 30, libraries=[]))) is not None:
             step("share_pool_again", lambda: cc.share_pool(d, libraries=[]))
+        # Another library's out-of-memory error explained: the verdict's driver reads and its probe.
+        rmm_oom = MemoryError("std::bad_alloc: out_of_memory: CUDA error (failed to allocate 1048576 bytes) at: x.cpp:1")
+        step("explain_oom", lambda: cc.explain_oom(rmm_oom, d))
         n = 64 << 10
         s = keep(step("create_stream", lambda: d.create_stream()))
         s2 = keep(step("create_blocking_stream", lambda: d.create_stream(non_blocking=False, priority=-1)))

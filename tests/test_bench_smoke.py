@@ -47,3 +47,19 @@ def test_copies_runs_every_row():
     for direction in ("H2D", "D2H"):
         for kind in ("pinned sync", "pinned async", "pageable sync", "pageable async"):
             assert f"{direction} {kind} 64 KiB" in rows, lines
+
+
+@pytest.mark.sim
+def test_one_pool_runs_every_row():
+    lines = _bench(str(ROOT / "bench" / "one_pool.py"), "--sim", "--rounds", "2")
+    text = "\n".join(lines)
+    rows = {line[:30].strip() for line in lines}
+    for row in ("cudacore", "stand-in (current pool)"):
+        assert row in rows, text
+    for library in ("torch", "cupy", "rmm"):
+        assert any(line.split()[:1] == [library] and "skipped" in line for line in lines), text
+    for part in ("allocation, us per alloc+free pair", "peak reserved of one mixed workload", "cudacore + stand-in",
+                 "mixed workload, least over its phases", "out-of-memory verdict (stand-in)"):
+        assert part in text, text
+    verdict = next(line for line in lines if "out-of-memory verdict" in line)
+    assert "pool_max_size" in verdict and "named 100.0%" in verdict, verdict

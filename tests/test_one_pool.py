@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import sys
 import warnings
 from collections.abc import Iterator
@@ -18,7 +19,8 @@ from typing import Any
 import pytest
 
 import cudacore as cc
-from cudacore import _accounts, _broker
+import one_pool_standins as standin
+from cudacore import _accounts, _broker, _errors, _explain
 from cudacore._api import core
 
 from conftest import run_python
@@ -257,22 +259,38 @@ def test_undo_leaves_other_libraries_blocks_valid(dev: cc.Device) -> None:
     other.live.clear()
 
 
+C10 = {"cudacore": 10}  # cudacore's row, as Go sends it
+
+
 @pytest.mark.parametrize(
-    ("held", "inside", "outside", "used", "want"),
+    ("held", "inside", "outside", "uncounted", "known", "used", "want"),
     [
-        ({}, {}, {}, 0, {}),  # no pool: the synchronous strategy
-        ({"cudacore": 10}, {}, {}, 10, {"cudacore": 10, "unattributed": 0}),
-        ({"cudacore": 10}, {}, {}, 25, {"cudacore": 10, "unattributed": 15}),
-        ({"cudacore": 10}, {"numba": 4}, {}, 10, {"cudacore": 6, "numba": 4, "unattributed": 0}),
-        ({"cudacore": 10}, {}, {"rmm": 7}, 20, {"cudacore": 10, "rmm": 7, "unattributed": 3}),
+        ({}, {}, {}, {}, {}, 0, {}),  # no pool: the synchronous strategy
+        ({}, {}, {}, {"torch": True}, {}, 0, {}),
+        (C10, {}, {}, {}, {}, 10, {"cudacore": 10, "unattributed": 0}),
+        (C10, {}, {}, {}, {}, 25, {"cudacore": 10, "unattributed": 15}),
+        (C10, {"numba": 4}, {}, {}, {}, 10, {"cudacore": 6, "numba": 4, "unattributed": 0}),
+        (C10, {}, {"rmm": 7}, {}, {}, 20, {"cudacore": 10, "rmm": 7, "unattributed": 3}),
         # More named than used (cudacore's allocations inside captures are graph memory, outside the pool):
         # unattributed never goes below 0.
-        ({"cudacore": 10}, {}, {"rmm": 7}, 12, {"cudacore": 10, "rmm": 7, "unattributed": 0}),
+        (C10, {}, {"rmm": 7}, {}, {}, 12, {"cudacore": 10, "rmm": 7, "unattributed": 0}),
         # A failing reporter, or one answering no byte count, leaves its bytes unattributed.
-        ({"cudacore": 10}, {}, {"broken": None, "silly": "x"}, 20, {"cudacore": 10, "unattributed": 10}),
+        (C10, {}, {"broken": None, "silly": "x"}, {}, {}, 20, {"cudacore": 10, "unattributed": 10}),
+        # The one library drawing from the pool without a count takes the remainder, said to be by difference.
+        (C10, {}, {"rmm": 7}, {"torch": True}, {}, 30, {"cudacore": 10, "rmm": 7, "torch (by difference)": 13, "unattributed": 0}),
+        (C10, {}, {}, {"torch": True}, {}, 10, {"cudacore": 10, "torch (by difference)": 0, "unattributed": 0}),
+        (C10, {}, {}, {"torch": True, "cupy": False}, {}, 25, {"cudacore": 10, "torch (by difference)": 15, "unattributed": 0}),
+        (C10, {}, {}, {"torch": True, "cupy": None}, {}, 25, {"cudacore": 10, "torch (by difference)": 15, "unattributed": 0}),
+        # Two of them: no count tells them apart.
+        (C10, {}, {"rmm": 7}, {"torch": True, "cupy": True}, {}, 30, {"cudacore": 10, "rmm": 7, "unattributed": 13}),
+        # A count supersedes: the failure's own (PyTorch's message), or the library's statistics.
+        (C10, {}, {"rmm": 7}, {"torch": True, "cupy": True}, {"torch": 8}, 30,
+         {"cudacore": 10, "rmm": 7, "torch": 8, "cupy (by difference)": 5, "unattributed": 0}),
+        (C10, {}, {"torch": 4}, {"torch": True}, {}, 30, {"cudacore": 10, "torch": 4, "unattributed": 16}),
     ],
 )
-def test_the_split(held: dict[str, int], inside: dict[str, int], outside: dict[str, Any], used: int, want: dict[str, int]) -> None:
+def test_the_split(held: dict[str, int], inside: dict[str, int], outside: dict[str, Any], uncounted: dict[str, bool | None],
+                   known: dict[str, int], used: int, want: dict[str, int]) -> None:
     ordinal = 1000  # no device of the process: the books are this test's alone
     for name, n in inside.items():
         _accounts.count_inside(ordinal, name, n)
@@ -284,13 +302,23 @@ def test_the_split(held: dict[str, int], inside: dict[str, int], outside: dict[s
             return value
 
         _accounts.report_outside(ordinal, name, report)
+    for name, drawing in uncounted.items():
+
+        def draws(drawing: bool | None = drawing) -> bool:
+            if drawing is None:
+                raise RuntimeError("the library cannot say")
+            return drawing
+
+        _accounts.report_uncounted(ordinal, name, draws)
     try:
-        assert _accounts.split(ordinal, used, held) == want
+        assert _accounts.split(ordinal, used, held, known) == want
     finally:
         for name, n in inside.items():
             _accounts.count_inside(ordinal, name, -n)
         for name in outside:
             _accounts.report_outside(ordinal, name, None)
+        for name in uncounted:
+            _accounts.report_uncounted(ordinal, name, None)
 
 
 # -- wiring, before the libraries are imported -------------------------------------------------------------
@@ -351,3 +379,214 @@ def test_a_library_whose_wiring_fails_is_reported_and_the_rest_goes_on(dev: cc.D
         assert current_pool(dev) == sp.handle, "the pool is shared all the same"
     finally:
         sp.undo()
+
+
+# -- libraries without a count, and their out-of-memory errors (stand-ins: tests/one_pool_standins.py) -------
+
+
+@pytest.fixture
+def standins(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[standin.Torch, standin.Cupy]]:
+    """The torch and cupy stand-ins, imported (in sys.modules); their blocks freed at the end."""
+    torch, cupy = standin.Torch(), standin.Cupy()
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(_broker, "_installed", lambda name: name in ("torch", "cupy"))
+    try:
+        yield torch, cupy
+    finally:
+        torch.free_all()
+        cupy.library.free_all()
+
+
+@pytest.mark.sim
+def test_one_library_without_a_count_takes_the_remainder_by_difference(dev: cc.Device, standins: tuple[standin.Torch, standin.Cupy]) -> None:
+    torch, cupy = standins
+    sp = cc.share_pool(dev, libraries=["torch"])
+    try:
+        assert sp.wired == ("torch",)
+        buf = dev.allocate(4 * MiB)
+        torch.empty(6 * MiB)
+        by = dev.memory_stats()["by_library"]
+        assert by == {"cudacore": 4 * MiB, "torch (by difference)": 6 * MiB, "unattributed": 0}
+        # CuPy wired too: two libraries without a count, which nothing tells apart.
+        cc.share_pool(dev, libraries=["cupy"])
+        assert sp.wired == ("torch", "cupy")
+        cupy.alloc(3 * MiB)
+        by = dev.memory_stats()["by_library"]
+        assert by == {"cudacore": 4 * MiB, "unattributed": 9 * MiB}
+        # CuPy given another allocator no longer draws from the pool: PyTorch is alone again, and the
+        # blocks CuPy still holds there fall into its remainder (said to be by difference).
+        cupy.cuda.set_allocator(lambda n: 0)
+        assert dev.memory_stats()["by_library"]["torch (by difference)"] == 9 * MiB
+        cupy.cuda.set_allocator(sp._keep[-1].malloc)
+        # A library whose count is known is never taken by difference.
+        sp.track("torch", torch.bytes_in_use)
+        by = dev.memory_stats()["by_library"]
+        assert by == {"cudacore": 4 * MiB, "torch": 6 * MiB, "cupy (by difference)": 3 * MiB, "unattributed": 0}
+        assert "by difference" in cc.memory_summary(dev, events=0)
+        buf.close()
+    finally:
+        torch.free_all()
+        cupy.library.free_all()
+        sp.undo()
+    assert _accounts.uncounted(0) == [] and _accounts.reporters(0) == [], "undo forgets every row"
+
+
+@pytest.mark.sim
+def test_a_tracked_library_without_a_count(dev: cc.Device) -> None:
+    with cc.share_pool(dev, libraries=[]) as sp:
+        mine = StandIn(dev)
+        sp.track("mylib")
+        mine.allocate(5 * MiB)
+        try:
+            assert dev.memory_stats()["by_library"] == {"cudacore": 0, "mylib (by difference)": 5 * MiB, "unattributed": 0}
+            with pytest.raises(cc.InvalidValueError, match="cannot name a row"):
+                sp.track("mylib")  # declared already
+            with pytest.raises(cc.InvalidValueError, match="cannot name a row"):
+                sp.track("x (by difference)", mine.bytes_in_use)
+            sp.track("mylib", mine.bytes_in_use)  # a count supersedes
+            assert dev.memory_stats()["by_library"] == {"cudacore": 0, "mylib": 5 * MiB, "unattributed": 0}
+        finally:
+            mine.free_all()
+
+
+@pytest.mark.sim
+def test_an_out_of_memory_error_of_each_library_gets_the_verdict_and_the_split(
+    dev: cc.Device, standins: tuple[standin.Torch, standin.Cupy]
+) -> None:
+    torch, cupy = standins
+    sp = cc.share_pool(dev, max_size=64 * MiB, libraries=["torch", "cupy"])
+    rmm = standin.Rmm(pool=sp.handle)
+    sp.track("rmm", rmm.bytes_in_use)
+    buf = dev.allocate(8 * MiB)
+    try:
+        torch.empty(16 * MiB)
+        cupy.alloc(8 * MiB)
+        rmm.allocate(8 * MiB)
+        assert dev.memory_stats()["by_library"] == {"cudacore": 8 * MiB, "rmm": 8 * MiB, "unattributed": 24 * MiB}
+
+        with pytest.raises(standin.TorchOutOfMemoryError) as caught:
+            torch.empty(40 * MiB)
+        e = cc.explain_oom(caught.value)
+        assert isinstance(e, cc.OutOfMemoryError) and isinstance(e, MemoryError)
+        assert e.cause == "pool_max_size" and e.op == "torch" and e.requested == 40 * MiB and e.device == 0
+        assert e.pool_others == 32 * MiB, "PyTorch's, CuPy's and RMM's blocks in the pool are this process's"
+        # PyTorch's own count, from its message, is its row; CuPy is then the one library left without one.
+        assert e.by_library == {"cudacore": 8 * MiB, "rmm": 8 * MiB, "torch": 16 * MiB, "cupy (by difference)": 8 * MiB,
+                                "unattributed": 0}
+        assert str(e).startswith("the pool reached its maximum size: out of memory allocating 40.0 MiB")
+        assert "the process's other libraries 32.0 MiB in the same pool" in str(e)
+        assert str(e).endswith("By library, the shared pool's 40.0 MiB in use: cudacore 8.0 MiB, rmm 8.0 MiB, "
+                               "torch 16.0 MiB, cupy (by difference) 8.0 MiB, unattributed 0 B.")
+        again = pickle.loads(pickle.dumps(e))
+        assert again.by_library == e.by_library and str(again) == str(e)
+
+        with pytest.raises(standin.CupyOutOfMemoryError) as caught_cupy:
+            cupy.alloc(40 * MiB)
+        e = cc.explain_oom(caught_cupy.value)
+        assert (e.cause, e.op, e.requested) == ("pool_max_size", "cupy", 40 * MiB)
+        assert e.by_library == {"cudacore": 8 * MiB, "rmm": 8 * MiB, "unattributed": 24 * MiB}, "CuPy's error carries no count"
+
+        with pytest.raises(MemoryError) as caught_rmm:
+            rmm.allocate(40 * MiB)
+        e = cc.explain_oom(caught_rmm.value)
+        assert (e.cause, e.op, e.requested) == ("pool_max_size", "rmm", 40 * MiB)
+
+        # Re-raised by the caller's code: the library's error is the cause, and is found there.
+        try:
+            try:
+                torch.empty(40 * MiB)
+            except standin.TorchOutOfMemoryError as inner:
+                raise RuntimeError("the training step failed") from inner
+        except RuntimeError as outer:
+            assert cc.explain_oom(outer).op == "torch"
+
+        # CuPy's runtime error of cudaErrorMemoryAllocation says no size: the caller gives it.
+        with pytest.raises(cc.InvalidValueError, match="pass requested="):
+            cc.explain_oom(standin.CUDARuntimeError(2))
+        e = cc.explain_oom(standin.CUDARuntimeError(2), requested=40 * MiB)
+        assert (e.cause, e.op) == ("pool_max_size", "cupy")
+        assert cc.explain_oom(caught.value, requested=MiB).cause == "pool_reservation", "the size given is the one judged"
+
+        # cudacore's own error carries the split from the start, and is explained as it is.
+        with pytest.raises(cc.OutOfMemoryError) as own:
+            dev.allocate(40 * MiB)
+        assert own.value.cause == "pool_max_size" and own.value.by_library["unattributed"] == 24 * MiB
+        assert str(own.value).endswith("unattributed 24.0 MiB.")
+        assert cc.explain_oom(own.value) is own.value
+    finally:
+        buf.close()
+        rmm.free_all()
+        torch.free_all()
+        cupy.library.free_all()
+        sp.undo()
+    with pytest.raises(cc.OutOfMemoryError) as unshared:
+        dev.allocate(1 << 50)
+    assert unshared.value.by_library == {} and "By library" not in str(unshared.value), "no split without a shared pool"
+
+
+@pytest.mark.sim
+def test_the_other_libraries_in_the_pool_are_not_other_processes(dev: cc.Device) -> None:
+    with cc.share_pool(dev, libraries=[]):
+        other = StandIn(dev)
+        other.allocate(8 << 30)  # PyTorch, say, holds 8 GiB of the pool
+        try:
+            free, _ = dev.memory_info()
+            with pytest.raises(cc.OutOfMemoryError) as e:
+                dev.allocate(free + MiB)
+            assert e.value.cause == "exhausted", str(e.value)
+            assert e.value.pool_others == 8 << 30
+            assert "the process's other libraries 8.0 GiB in the same pool" in str(e.value)
+            assert e.value.by_library == {"cudacore": 0, "unattributed": 8 << 30}
+        finally:
+            other.free_all()
+
+
+@pytest.mark.parametrize(
+    ("exc", "kwargs", "error", "match"),
+    [
+        ("not an exception", {}, TypeError, "takes the exception caught"),
+        (ValueError("bad value"), {}, TypeError, "builtins.ValueError is none of them: 'bad value'"),
+        (MemoryError("Unable to allocate 8.00 GiB for an array"), {}, TypeError, "is none of them"),
+        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), {}, TypeError, "is none of them"),
+        (MemoryError("std::bad_alloc: out_of_memory: CUDA error at: x.cpp:1"), {}, cc.InvalidValueError, "pass requested="),
+        (MemoryError("std::bad_alloc: out_of_memory: CUDA error at: x.cpp:1"), {"requested": 0}, cc.InvalidValueError, "positive"),
+        (MemoryError("std::bad_alloc: out_of_memory: CUDA error at: x.cpp:1"), {"requested": -5}, cc.InvalidValueError, "positive"),
+        (MemoryError("std::bad_alloc: out_of_memory: CUDA error at: x.cpp:1"), {"requested": "1 GiB"}, TypeError, "requested must be an int"),
+        (MemoryError("std::bad_alloc: out_of_memory: CUDA error at: x.cpp:1"), {"requested": True}, TypeError, "requested must be an int"),
+        (MemoryError("std::bad_alloc: out_of_memory: CUDA error (failed to allocate 64 bytes) at: x"), {"device": -1},
+         cc.InvalidValueError, "device ordinal must be >= 0"),
+    ],
+)
+def test_explain_oom_refuses_what_it_cannot_explain(exc: Any, kwargs: dict[str, Any], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        cc.explain_oom(exc, **kwargs)
+
+
+def test_explain_oom_without_a_shared_pool(dev: cc.Device) -> None:
+    e = cc.explain_oom(MemoryError("std::bad_alloc: out_of_memory: CUDA error (failed to allocate 1099511627776 bytes) at: x"))
+    assert (e.cause, e.op, e.requested, e.device) == ("too_large", "rmm", 1 << 40, 0)
+    assert e.by_library == {}
+
+
+def test_an_error_while_the_split_is_read_leaves_the_split_out(dev: cc.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split's statistics failing with an out-of-memory error of their own do not recurse: that error
+    gets no split, and the error being made keeps its verdict without one."""
+    real = _explain.core
+    calls: list[int] = []
+
+    class Failing:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def MemoryStats(self, ordinal: int) -> str:
+            calls.append(ordinal)
+            raise _errors.error("CUDA_ERROR_OUT_OF_MEMORY", "the statistics ran out of memory", device=ordinal)
+
+    with cc.share_pool(dev, libraries=[]):
+        monkeypatch.setattr(_explain, "core", Failing())
+        with pytest.raises(cc.OutOfMemoryError) as e:
+            dev.allocate(1 << 50)
+        monkeypatch.setattr(_explain, "core", real)
+    assert calls == [0]
+    assert e.value.cause == "too_large" and e.value.by_library == {}

@@ -60,6 +60,7 @@ LAYERS: dict[str, int] = {
     "pytest_plugin": 4,
     "interop": 4,
     "_broker": 4,  # share_pool: one pool for every library of the process, and their wiring
+    "_explain": 4,  # explain_oom: cudacore's verdict, and the pool's split, for any library's out-of-memory error
     "dask": 4,  # the Dask worker plugin, memory_report and Buffer serialization (needs distributed)
     "__main__": 4,
     # 5: the public face, re-exporting everything

@@ -31,6 +31,10 @@ type PoolState struct {
 	// MaxSize is the pool's maximum size (cudacore.share_pool's max_size), 0 for none; PoolReserved is
 	// what the pool reserves, over every library drawing from it.
 	MaxSize, PoolReserved uint64
+	// PoolOthers is what the other libraries of this process hold in the allocator's pool (its use
+	// minus the allocator's share): a pool serves one process, so these bytes are this process's in the
+	// verdict, never other processes'.
+	PoolOthers uint64
 }
 
 // ProcessUsage is one other process's memory on a device.
@@ -119,7 +123,7 @@ func OutOfMemory(d *device.Device, requested uint64, cause error, ps PoolState) 
 
 	// What is held outside this process: other processes by NVML when it answers, else the gap between
 	// the device's used memory and what this process is known to hold (its allocator and Outside).
-	ours := ps.InUse + ps.Cached + ps.Outside
+	ours := ps.InUse + ps.Cached + ps.Outside + ps.PoolOthers
 	var gap uint64
 	if total > free+ours {
 		gap = total - free - ours
@@ -170,6 +174,9 @@ func OutOfMemory(d *device.Device, requested uint64, cause error, ps PoolState) 
 		"this process's pool holds %s in use and %s cached",
 		causeLead[verdict], FormatBytes(requested), props.Ordinal, name, FormatBytes(free), FormatBytes(total),
 		FormatBytes(ps.InUse), FormatBytes(ps.Cached))
+	if ps.PoolOthers != 0 {
+		fmt.Fprintf(&b, ", the process's other libraries %s in the same pool", FormatBytes(ps.PoolOthers))
+	}
 	if ps.Outside != 0 {
 		fmt.Fprintf(&b, ", and %s outside it (shareable, managed and graph memory)", FormatBytes(ps.Outside))
 	}
@@ -247,6 +254,9 @@ func OutOfMemory(d *device.Device, requested uint64, cause error, ps PoolState) 
 		{Key: "device", Value: fmt.Sprint(props.Ordinal)},
 		field("in_use", ps.InUse), field("cached", ps.Cached), field("outside", ps.Outside), field("released", released),
 		field("others", others), {Key: "others_source", Value: source},
+	}
+	if ps.PoolOthers != 0 {
+		fields = append(fields, field("pool_others", ps.PoolOthers))
 	}
 	if without != "" {
 		fields = append(fields, cuda.Field{Key: "cause_without_fault", Value: without})

@@ -657,6 +657,38 @@ func TestOOMVerdictNVMLBlind(t *testing.T) {
 	assert.Contains(t, e.Msg, "NVML sees less than that: processes in other containers are invisible to it")
 }
 
+// Memory the process's other libraries hold in the allocator's pool is this process's: a gap it explains
+// is not blamed on other processes, and the message names it.
+func TestOOMVerdictPoolOthers(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		ps      PoolState
+		verdict string
+		msg     string
+	}{
+		{"the gap unexplained", PoolState{}, CauseOtherProcesses, "used outside this process's allocator"},
+		{"the pool's other libraries", PoolState{PoolOthers: 40 * GiB}, CauseExhausted,
+			"the process's other libraries 40.0 GiB in the same pool"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			drv, d := openSim(t, cudasim.H100())
+			// 40 GiB used on the device that cudacore's allocator does not hold, and no NVML to say whose.
+			require.NoError(t, drv.SetMemoryConditions(0, cudasim.MemoryConditions{
+				OtherProcesses: []cudasim.ProcessMemory{{PID: 9, Used: 40 * GiB}}, NoNVML: true}))
+			e := OutOfMemory(d, 50*GiB, cuda.NewError("torch", cuda.ErrorOutOfMemory, ""), tc.ps)
+			got, _ := e.Field("cause")
+			assert.Equal(t, tc.verdict, got)
+			assert.Contains(t, e.Msg, tc.msg)
+			assert.Equal(t, "torch", e.Op)
+			others, ok := e.Field("pool_others")
+			assert.Equal(t, tc.ps.PoolOthers != 0, ok)
+			if ok {
+				assert.Equal(t, "42949672960", others)
+			}
+		})
+	}
+}
+
 // The simulator's conditions produce each verdict through a whole Stack, and the recorder sees it.
 func TestStackVerdictsWithSimConditions(t *testing.T) {
 	for _, tc := range []struct {
@@ -829,4 +861,35 @@ func TestAnInjectedOutOfMemorySaysSo(t *testing.T) {
 	_, err = s.Allocate(2<<40, cuda.StreamLegacy)
 	cause, _ = asCUDA(t, err).Field("cause")
 	assert.Equal(t, CauseTooLarge, cause)
+}
+
+// The out-of-memory probe's block whose free the driver refused is not lost: the next probe, Release and
+// Close free it again.
+func TestProbeBlockWhoseFreeIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		again func(s *Stack) error
+	}{
+		{"the next probe", func(s *Stack) error { s.probe(MiB); return nil }},
+		{"Release", func(s *Stack) error { return s.Release() }},
+		{"Close", func(s *Stack) error { return s.Close() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			drv, d := openSim(t)
+			s, err := NewStack(d, StackOptions{})
+			require.NoError(t, err)
+			free0, _, err := d.MemoryInfo()
+			require.NoError(t, err)
+			drv.InjectFault("cuMemFree_v2", 1, cuda.ErrorInvalidValue)
+			assert.True(t, s.probe(MiB), "the block was had")
+			free1, _, _ := d.MemoryInfo()
+			assert.Equal(t, free0-MiB, free1, "its free was refused")
+			require.NoError(t, tc.again(s))
+			free2, _, _ := d.MemoryInfo()
+			assert.Equal(t, free0, free2, "freed again")
+			if tc.name != "Close" {
+				require.NoError(t, s.Close())
+			}
+		})
+	}
 }

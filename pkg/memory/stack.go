@@ -2,6 +2,7 @@ package memory
 
 import (
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,6 +62,10 @@ type Stack struct {
 	// capturing counts the streams marked by SetCapturing: while any is, the out-of-memory probe (a
 	// cuMemAlloc, an unsafe call that would invalidate a capture) is skipped.
 	capturing atomic.Int64
+	// probeLeft holds the probe's blocks whose free the driver refused: freed again by the next probe,
+	// Release and Close, so that a refused free loses no memory.
+	probeMu   sync.Mutex
+	probeLeft []cuda.DevicePtr
 }
 
 // NewStack builds the stack for d.
@@ -174,6 +179,13 @@ func (s *Stack) wrap(size uint64, st cuda.Stream, err error) error {
 // allocation of the device made outside the stack.
 func (s *Stack) State() PoolState { return s.state(false) }
 
+// StateOn is State for an allocation that failed on stream st outside the stack (another library's):
+// while another library captures on st, the pool's last readings and no probe, as for the stack's own
+// failures on such a stream.
+func (s *Stack) StateOn(st cuda.Stream) PoolState {
+	return s.state(capturedElsewhere(s.d.Driver(), s.d.Context(), st))
+}
+
 // state is State; captured (another library captures on the allocation's stream) takes the pool's last
 // readings and no probe, since a query of the pool's usage or a probe allocation would invalidate that
 // capture.
@@ -186,6 +198,17 @@ func (s *Stack) state(captured bool) PoolState {
 	}
 	if s.outside != nil {
 		ps.Outside = s.outside()
+	}
+	if s.pool != nil {
+		used := s.pool.lastUsed.Load()
+		if !captured {
+			if u, err := s.pool.Used(); err == nil {
+				used = u
+			}
+		}
+		if held := s.pool.Held(); used > held {
+			ps.PoolOthers = used - held
+		}
 	}
 	if s.maxSize != 0 && s.pool != nil {
 		ps.MaxSize = s.maxSize
@@ -217,13 +240,39 @@ func (s *Stack) probe(size uint64) bool {
 	if s.capturing.Load() > 0 {
 		return false
 	}
+	_ = s.freeProbes()
 	drv, ctx := s.d.Driver(), s.d.Context()
 	p, err := drv.MemAlloc(ctx, size)
 	if err != nil {
 		return false
 	}
-	_ = drv.MemFree(ctx, p)
+	if drv.MemFree(ctx, p) != nil {
+		s.probeMu.Lock()
+		s.probeLeft = append(s.probeLeft, p)
+		s.probeMu.Unlock()
+	}
 	return true
+}
+
+// freeProbes frees the probe's blocks whose free the driver refused before; those it refuses again
+// stay for the next try. Not while a stream captures (cuMemFree would invalidate the capture).
+func (s *Stack) freeProbes() error {
+	if s.capturing.Load() > 0 {
+		return nil
+	}
+	s.probeMu.Lock()
+	defer s.probeMu.Unlock()
+	drv, ctx := s.d.Driver(), s.d.Context()
+	var errs []error
+	kept := s.probeLeft[:0]
+	for _, p := range s.probeLeft {
+		if err := drv.MemFree(ctx, p); err != nil {
+			kept = append(kept, p)
+			errs = append(errs, err)
+		}
+	}
+	s.probeLeft = kept
+	return errors.Join(errs...)
 }
 
 // Deallocate frees p (allocated with size, used last on st). With Track, an unknown pointer or a second
@@ -278,15 +327,15 @@ func (s *Stack) Stats() StatsSnapshot {
 // ResetPeak sets the peak to the bytes in use now.
 func (s *Stack) ResetPeak() { s.stats.ResetPeak() }
 
-// Release gives every cached block and the pool's unused reserve back to the device, and records a
-// release event (the bytes no longer cached) and a trim event (the bytes the pool's reserve shrank by),
-// each only when it is not 0.
+// Release gives every cached block and the pool's unused reserve back to the device (and the probe's
+// blocks whose free the driver refused), and records a release event (the bytes no longer cached) and a
+// trim event (the bytes the pool's reserve shrank by), each only when it is not 0.
 func (s *Stack) Release() error {
 	if s.rec == nil {
-		return Release(s.top)
+		return errors.Join(Release(s.top), s.freeProbes())
 	}
 	cachedBefore, reservedBefore := Cached(s.top), s.reserved()
-	err := Release(s.top)
+	err := errors.Join(Release(s.top), s.freeProbes())
 	cachedAfter, reservedAfter := Cached(s.top), s.reserved()
 	// A release that freed nothing is not an event worth a slot of the ring.
 	if released := cachedBefore - min(cachedBefore, cachedAfter); released > 0 {
@@ -398,7 +447,7 @@ func (s *Stack) Unwrap() Resource { return s.top }
 // Close releases the cache and closes the pool. Memory still allocated stays valid until freed (through
 // the driver); the Stack must not be used afterwards.
 func (s *Stack) Close() error {
-	err := Release(s.top)
+	err := errors.Join(Release(s.top), s.freeProbes())
 	if s.pool != nil {
 		if cerr := s.pool.Close(); err == nil {
 			err = cerr

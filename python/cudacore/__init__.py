@@ -48,6 +48,7 @@ from ._errors import (
     OutOfMemoryCause,
     OutOfMemoryError,
 )
+from ._explain import explain_oom
 from ._ipc import ImportedBuffer, IpcHandle, SharedBuffer
 from ._limits import LimitClampedWarning, Limits
 from ._memory import Buffer, BufferView, ManagedBuffer, PinnedBuffer
@@ -141,6 +142,7 @@ __all__ = [
     "device_to_device",
     "devices",
     "driver_version",
+    "explain_oom",
     "flight_record",
     "float16",
     "float32",

@@ -6,7 +6,9 @@ allocation paths:
 
 - PyTorch through its ``cudaMallocAsync`` backend, which allocates from the current pool (chosen when
   ``torch`` is imported: ``PYTORCH_CUDA_ALLOC_CONF`` is set here if torch is not imported yet);
-- CuPy through ``cupy.cuda.MemoryAsyncPool`` on the pool, made CuPy's allocator;
+- CuPy through ``cupy.cuda.MemoryAsyncPool`` on the pool, made CuPy's allocator (PyTorch and CuPy publish
+  no count of their bytes: each is declared a library without one, whose row is the pool's remainder
+  while it is the only such library drawing from the pool, cudacore._accounts);
 - RMM through ``rmm.mr.CudaAsyncViewMemoryResource`` on the pool, under a ``StatisticsResourceAdaptor``
   (its bytes are its row of the split), made the device's RMM resource;
 - Numba through cudacore's memory-manager plug-in (``cudacore.interop.NumbaMemoryManager``), which
@@ -41,7 +43,7 @@ from ._handles import as_device
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["LIBRARIES", "SharedPool", "Wiring", "share_pool", "shared_pool"]
+__all__ = ["LIBRARIES", "SharedPool", "Wiring", "share_pool", "shared_pool", "shared_pool_of"]
 
 #: The libraries :func:`share_pool` knows how to wire, in the order it wires them.
 LIBRARIES = ("torch", "cupy", "rmm", "numba", "jax")
@@ -111,6 +113,27 @@ def _torch_backend_asked() -> str | None:
     return None
 
 
+def _torch_draws() -> bool:
+    """Whether PyTorch allocates from the device's current pool now: imported, with its cudaMallocAsync
+    backend (its ``cudaMallocAsync`` calls take the current pool)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.get_allocator_backend() == "cudaMallocAsync"
+
+
+def _uncounted(pool: SharedPool, name: str, drawing: Callable[[], bool], undo: Callable[[], None] | None = None) -> Callable[[], None]:
+    """Make ``name`` an uncounted library of the pool's split (cudacore._accounts); the undo returned
+    removes it, then runs ``undo``."""
+    ordinal = pool.device.device_id
+    _accounts.report_uncounted(ordinal, name, drawing)
+
+    def undo_all() -> None:
+        _accounts.report_uncounted(ordinal, name, None)
+        if undo is not None:
+            undo()
+
+    return undo_all
+
+
 def _wire_torch(pool: SharedPool) -> _Wired:
     if "torch" not in sys.modules:
         asked = _torch_backend_asked()
@@ -129,14 +152,15 @@ def _wire_torch(pool: SharedPool) -> _Wired:
 
             return _Wired(Wiring("torch", True, (
                 f"{var} now asks for backend:cudaMallocAsync: PyTorch, imported after this, allocates with "
-                "cudaMallocAsync from the device's current pool")), undo)
+                "cudaMallocAsync from the device's current pool")), _uncounted(pool, "torch", _torch_draws, undo))
         return _Wired(Wiring("torch", True, (
             "the environment asks for backend:cudaMallocAsync: PyTorch, imported after this, allocates "
-            "from the device's current pool")))
+            "from the device's current pool")), _uncounted(pool, "torch", _torch_draws))
     torch = sys.modules["torch"]
     backend = torch.cuda.get_allocator_backend()
     if backend == "cudaMallocAsync":
-        return _Wired(Wiring("torch", True, "PyTorch's cudaMallocAsync backend allocates from the device's current pool"))
+        return _Wired(Wiring("torch", True, "PyTorch's cudaMallocAsync backend allocates from the device's current pool"),
+                      _uncounted(pool, "torch", _torch_draws))
     return _Wired(Wiring("torch", False, (
         f"PyTorch was imported with its {backend!r} allocator backend, which it chooses once, when torch is "
         "imported: set PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync, or call cudacore.share_pool(), before "
@@ -152,12 +176,18 @@ def _wire_cupy(pool: SharedPool) -> _Wired:
     handles: list[Any] = ["current"] * count
     handles[ordinal] = pool.handle
     async_pool = cupy.cuda.MemoryAsyncPool(pool_handles=handles)
+    malloc = async_pool.malloc
     before = cupy.cuda.memory.get_allocator()
-    cupy.cuda.set_allocator(async_pool.malloc)
+    cupy.cuda.set_allocator(malloc)
     pool._keep.append(async_pool)
 
-    def undo() -> None:
+    def cupy_draws() -> bool:  # CuPy allocates from the pool while the allocator set here is its allocator
+        return bool(cupy.cuda.memory.get_allocator() == malloc)
+
+    def set_back() -> None:
         cupy.cuda.set_allocator(before)
+
+    undo = _uncounted(pool, "cupy", cupy_draws, set_back)
 
     how = "cupy.cuda.MemoryAsyncPool on the shared pool is CuPy's allocator (cudaMallocAsync on CuPy's current stream)"
     if pool.release_threshold is not None:
@@ -330,33 +360,46 @@ class SharedPool:
         """Whether :meth:`undo` ran."""
         return self._closed
 
-    def track(self, name: str, bytes_in_use: Callable[[], int]) -> None:
-        """Give another library's use of the pool its own row in ``memory_stats()["by_library"]``:
-        ``bytes_in_use()`` is called at each ``memory_stats()`` and answers what ``name`` holds in the
-        pool now. Its bytes leave ``"unattributed"``. :meth:`undo` removes the row.
+    def track(self, name: str, bytes_in_use: Callable[[], int] | None = None) -> None:
+        """Give another library's use of the pool a row of its own in ``memory_stats()["by_library"]``.
+
+        With ``bytes_in_use``, it is called at each ``memory_stats()`` and answers what ``name`` holds in
+        the pool now: its bytes leave ``"unattributed"``. Without it, ``name`` allocates from the pool and
+        keeps no count of its own (as PyTorch's and CuPy's allocators, which :func:`share_pool` declares
+        so): while it is the only such library drawing from the pool, the pool's use less every count is
+        its row, ``"<name> (by difference)"``; with two or more, their bytes stay ``"unattributed"``. A
+        count supersedes: a library tracked with one is never taken by difference. :meth:`undo` removes
+        the row.
 
         Raises
         ------
         IllegalStateError
             If the pool was undone.
         InvalidValueError
-            If ``name`` is empty, one of the split's own rows (``"cudacore"``, ``"unattributed"``) or a
-            library already reporting on this device.
+            If ``name`` is empty, one of the split's own rows (``"cudacore"``, ``"unattributed"``), ends
+            with ``" (by difference)"``, or names a library already reporting on this device (with a
+            count; without one, also a library already declared without a count).
         TypeError
-            If ``bytes_in_use`` is not callable.
+            If ``bytes_in_use`` is given and not callable.
         """
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, not {type(name).__name__}")
-        if not callable(bytes_in_use):
-            raise TypeError(f"bytes_in_use must be callable, not {type(bytes_in_use).__name__}")
+        if bytes_in_use is not None and not callable(bytes_in_use):
+            raise TypeError(f"bytes_in_use must be callable or None, not {type(bytes_in_use).__name__}")
         if self._closed:
             raise error("CUDA_ERROR_ILLEGAL_STATE", "this SharedPool was undone: share a pool again to track a library in it",
                         op="cudacore.SharedPool.track")
         ordinal = self.device.device_id
-        if not name or name in _accounts.RESERVED_NAMES or name in _accounts.reporters(ordinal):
+        taken = set(_accounts.reporters(ordinal))
+        if bytes_in_use is None:
+            taken.update(_accounts.uncounted(ordinal))
+        if not name or name in _accounts.RESERVED_NAMES or name.endswith(_accounts.BY_DIFFERENCE) or name in taken:
             raise error("CUDA_ERROR_INVALID_VALUE", f"{name!r} cannot name a row of device {ordinal}'s split: it is empty, "
                         "the split's own, or a library reporting already", op="cudacore.SharedPool.track")
-        _accounts.report_outside(ordinal, name, bytes_in_use)
+        if bytes_in_use is None:
+            _accounts.report_uncounted(ordinal, name, lambda: True)
+        else:
+            _accounts.report_outside(ordinal, name, bytes_in_use)
         self._tracked.append(name)
 
     def undo(self) -> None:
@@ -404,6 +447,7 @@ class SharedPool:
         ordinal = self.device.device_id
         for name in self._tracked:
             _accounts.report_outside(ordinal, name, None)
+            _accounts.report_uncounted(ordinal, name, None)
         self._closed = True
         if _active.get(ordinal) is self:
             del _active[ordinal]
@@ -542,3 +586,9 @@ def shared_pool(device: Device | int | None = None) -> SharedPool | None:
     with _lock:
         sp = _active.get(ordinal)
         return None if sp is None or sp.closed else sp
+
+
+def shared_pool_of(ordinal: int) -> SharedPool | None:
+    """:func:`shared_pool` by ordinal, without opening the device (for the out-of-memory hook)."""
+    sp = _active.get(ordinal)
+    return None if sp is None or sp.closed else sp

@@ -501,8 +501,9 @@ class Device(_CDevice):
         (graph destroys the driver refused, and graphs kept to destroy again: docs/guide/capture.md),
         ``pool_used`` (what the allocator's pool hands out, to every library drawing from it),
         ``pool_shared`` (whether that is the pool of :func:`cudacore.share_pool`) and ``by_library``
-        (``pool_used`` split by library, the rest ``"unattributed"``; empty on the ``"sync"`` strategy:
-        docs/guide/one-pool.md), ..."""
+        (``pool_used`` split by library: the libraries' counts, the remainder of the one library without a
+        count as ``"<name> (by difference)"``, the rest ``"unattributed"``; empty on the ``"sync"``
+        strategy: docs/guide/one-pool.md), ..."""
         return _memory.memory_stats(self)
 
     def reset_peak_memory_stats(self) -> int:

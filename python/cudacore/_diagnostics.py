@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from . import _errors
+from . import _accounts, _errors
 from ._api import core, fast
 from ._display import format_bytes
 from ._errors import OutOfMemoryError
@@ -320,9 +320,13 @@ def memory_summary(device: Any = None, *, events: int = 10, largest: int = 10) -
         out.append(f"the pool: {format_bytes(s['pool_used'])} used of {format_bytes(s['reserved'])} reserved, {shared}")
         out.append("used, by library:")
         out += [f"  {name:<{w - 2}s} {format_bytes(n)}" for name, n in s["by_library"].items()]
+        if any(name.endswith(_accounts.BY_DIFFERENCE) for name in s["by_library"]):
+            out.append("  (by difference: the pool's use less every count, the row of the one library drawing from")
+            out.append("   the pool without a count of its own)")
         if s["by_library"].get("unattributed"):
-            out.append("  (unattributed: libraries that keep no count of their own, such as PyTorch's cudaMallocAsync")
-            out.append("   backend and CuPy's MemoryAsyncPool, and anything else drawing from the pool)")
+            out.append("  (unattributed: what no count covers: the libraries without a count of their own, such as")
+            out.append("   PyTorch's cudaMallocAsync backend and CuPy's MemoryAsyncPool, while two or more draw from")
+            out.append("   the pool, and anything else drawing from it)")
     live = dev.live_allocations()
     if s["tracking"]:
         out.append("-" * len(bar))

@@ -174,13 +174,19 @@ class OutOfMemoryError(CUDAError, MemoryError):
     flight_record : list of dict
         The allocator events that led here (see :func:`cudacore.flight_record`), oldest first, ending
         with this failure; empty when the recorder is off.
+    by_library : dict of str to int
+        While the device shares a pool (:func:`cudacore.share_pool`): the pool's use split by library
+        when the error was made, or explained by :func:`cudacore.explain_oom`, as in
+        ``memory_stats()["by_library"]``; the message ends with it. Empty otherwise.
     """
 
     flight_record: list[dict[str, Any]]
+    by_library: dict[str, int]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.flight_record = []
+        self.by_library = {}
 
     @property
     def cause(self) -> OutOfMemoryCause | None:
@@ -220,6 +226,11 @@ class OutOfMemoryError(CUDAError, MemoryError):
     @property
     def cached(self) -> int | None:
         return self._int_field("cached")
+
+    @property
+    def pool_others(self) -> int | None:
+        """Bytes the process's other libraries held in cudacore's pool (its use beyond cudacore's share)."""
+        return self._int_field("pool_others")
 
     @property
     def limit(self) -> int | None:

@@ -36,7 +36,7 @@ echo "== benchmarks"
     "$PY" bench/gil_calls.py --rounds 7 --calls 100000
     echo
     "$PY" bench/alloc.py
-    for b in bench/copies.py bench/threads.py bench/multi_gpu.py; do
+    for b in bench/copies.py bench/threads.py bench/multi_gpu.py bench/one_pool.py; do
         [ -f "$b" ] && { echo; "$PY" "$b"; }
     done
 } 2>&1 | tee "$OUT/bench.txt"

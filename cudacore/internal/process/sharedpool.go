@@ -300,3 +300,17 @@ func (d *Device) PoolUsage() (PoolUsage, bool, error) {
 	}
 	return PoolUsage{Handle: p.Handle(), Used: used, Reserved: reserved, Held: p.Held()}, true, nil
 }
+
+// ExplainOutOfMemory is cudacore's out-of-memory error for an allocation of requested bytes on stream st
+// of d that failed in another library of the process (op names it: "torch", "cupy", "rmm"), with the verdict
+// memory.OutOfMemory gives from the device's state now: what cudacore's allocator holds, the pool's
+// reserve and maximum size, and the bytes the process's other libraries hold in the same pool, which are
+// this process's and never blamed on other processes. Nothing is recorded; on the pool
+// strategy, with the device's free memory enough for the request, the verdict probes for one block of
+// that size outside the pool (allocated and freed at once), as for cudacore's own failures, unless a
+// capture runs on st (memory.Stack.StateOn) or on a stream of cudacore's.
+func (d *Device) ExplainOutOfMemory(requested uint64, st cuda.Stream, op string) *cuda.Error {
+	d.inFlight.RLock()
+	defer d.inFlight.RUnlock()
+	return memory.OutOfMemory(d.Device, requested, cuda.NewError(op, cuda.ErrorOutOfMemory, ""), d.Memory().StateOn(st))
+}

@@ -1,6 +1,7 @@
 package process
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -177,4 +178,65 @@ func TestUnshareProcessPoolReportsALateRefusal(t *testing.T) {
 	assert.Equal(t, sp.Handle, currentPool(t, d))
 	_, err = d.UnshareProcessPool()
 	require.NoError(t, err)
+}
+
+// Another library's out-of-memory failure gets cudacore's verdict from the device's state: the shared
+// pool's maximum size, the bytes the process's other libraries hold in the pool (this process's, not
+// other processes'), and no probe while that library captures on the allocation's stream.
+func TestExplainOutOfMemory(t *testing.T) {
+	const MiB, GiB = uint64(1 << 20), uint64(1 << 30)
+	for _, tc := range []struct {
+		name      string
+		maxSize   uint64
+		held      uint64 // what the other library holds in the pool
+		requested func(free uint64) uint64
+		capture   bool
+		verdict   string
+		msg       string
+	}{
+		{"the pool's maximum size", 256 * MiB, 200 * MiB, func(uint64) uint64 { return 100 * MiB }, false,
+			memory.CausePoolMaxSize, "reserves 200.0 MiB of its maximum size of 256.0 MiB"},
+		{"the process's other libraries hold the device", 0, 4 * GiB, func(free uint64) uint64 { return free + MiB }, false,
+			memory.CauseExhausted, "the process's other libraries 4.0 GiB in the same pool"},
+		{"free memory, a block outside the pool", 0, 0, func(uint64) uint64 { return 64 * MiB }, false,
+			memory.CausePoolReservation, "can be allocated outside the pool"},
+		{"free memory, the library captures: no probe", 0, 0, func(uint64) uint64 { return 64 * MiB }, true,
+			memory.CauseFragmentation, "No free block of 64.0 MiB exists"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := simDevice(t)
+			drv, ctx := d.Driver(), d.Context()
+			_, err := d.ShareProcessPool(ShareOptions{ReleaseThreshold: math.MaxUint64, MaxSize: tc.maxSize})
+			require.NoError(t, err)
+			t.Cleanup(func() { _, _ = d.UnshareProcessPool() })
+			st, err := drv.StreamCreate(ctx, 1, 0)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = drv.StreamDestroy(ctx, st) })
+			if tc.held != 0 {
+				p, err := drv.MemAllocAsync(ctx, tc.held, st)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = drv.MemFreeAsync(ctx, p, st) })
+			}
+			free, _, err := d.MemoryInfo()
+			require.NoError(t, err)
+			if tc.capture {
+				require.NoError(t, drv.StreamBeginCapture(ctx, st, cuda.CaptureModeRelaxed))
+				t.Cleanup(func() {
+					if g, err := drv.StreamEndCapture(ctx, st); err == nil && g != 0 {
+						_ = drv.GraphDestroy(ctx, g)
+					}
+				})
+			}
+			e := d.ExplainOutOfMemory(tc.requested(free), st, "torch")
+			assert.Equal(t, "torch", e.Op)
+			assert.Equal(t, cuda.ErrorOutOfMemory, e.Result)
+			cause, _ := e.Field("cause")
+			assert.Equal(t, tc.verdict, cause, e.Msg)
+			assert.Contains(t, e.Msg, tc.msg)
+			if tc.held != 0 {
+				others, _ := e.Field("pool_others")
+				assert.Equal(t, fmt.Sprint(tc.held), others)
+			}
+		})
+	}
 }
