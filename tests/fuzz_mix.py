@@ -821,12 +821,14 @@ def warm_up(cc: Any) -> None:
             POOL_SHARES[ordinal] = True
         except cc.NotSupportedError:
             POOL_SHARES[ordinal] = False
-        for kind in ("pool", "ipc") if POOL_SHARES[ordinal] else ("ipc",):
+        kinds = ("pool", "ipc") if POOL_SHARES[ordinal] else ("ipc",)
+        for kind in kinds:
             with d.allocate_shareable(4096, kind=kind) as sb, sb.export() as h:
                 if kind == "pool":
                     # The import path keeps the pool it imported for the process (one per exporting pool).
                     with _foreign(cc, h) as other:
                         other.open().close()
+                if kind == kinds[0]:
                     # Pickling a handle outside a process start starts multiprocessing's resource sharer,
                     # whose listening socket stays.
                     pickle.loads(pickle.dumps(sb)).close()
@@ -835,6 +837,16 @@ def warm_up(cc: Any) -> None:
     if cc.device_count() > 1:
         cc.Device(0).enable_peer_access(1)
         cc.Device(1).enable_peer_access(0)
+        # The driver opens what peer copies need (descriptors included) on the first one each way and
+        # keeps it for the process: make those copies here, on no stream and on a stream of each device.
+        for a, b in ((0, 1), (1, 0)):
+            src, dst = cc.Device(a), cc.Device(b)
+            with src.allocate(4096) as x, dst.allocate(4096) as y:
+                cc.device_to_device(y, x)
+                for s in (src.create_stream(), dst.create_stream()):
+                    cc.device_to_device(y, x, stream=s)
+                    s.synchronize()
+                    s.close()
     resource_tracker.ensure_running()
     gc.collect()
 

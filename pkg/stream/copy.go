@@ -67,7 +67,17 @@ func (m *Manager) CopyHtoD(dst cuda.DevicePtr, src []byte, s *Stream) error {
 				if m.stagedSync(src) {
 					return m.syncStagedHtoD(dst, src)
 				}
-				return m.drv.MemcpyHtoD(m.ctx, dst, src)
+				if err := m.drv.MemcpyHtoD(m.ctx, dst, src); err != nil {
+					return err
+				}
+				// From pageable memory the driver returns once it has staged src, before its DMA on the
+				// legacy stream has landed: wait for it, so that the data has arrived when the call
+				// returns, as documented, for work on any stream or device. Not where a capture forbids
+				// the wait on this thread (the driver's own semantics there).
+				if !m.pinned(src) && m.unsafeCapture() == nil {
+					return m.drv.StreamSynchronize(m.ctx, cuda.StreamLegacy)
+				}
+				return nil
 			})
 	}
 	const dir, fix = "host-to-device", "copy_from(pinned, stream=s)"

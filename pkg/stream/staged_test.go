@@ -221,11 +221,15 @@ func (d *lazyGPU) StreamDestroy(c cuda.Context, s cuda.Stream) error {
 	return d.Driver.StreamDestroy(c, s)
 }
 
+// MemcpyHtoD is the driver's synchronous copy from pageable memory as documented: the work queued before
+// it runs first, src is staged (copied) at once, and the call returns before the DMA, which lands later, in
+// order on the legacy stream.
 func (d *lazyGPU) MemcpyHtoD(c cuda.Context, dst cuda.DevicePtr, src []byte) error {
 	d.mu.Lock()
 	d.runAllLocked()
 	d.mu.Unlock()
-	return d.Driver.MemcpyHtoD(c, dst, src)
+	staged := bytes.Clone(src)
+	return d.enqueue("MemcpyHtoD", cuda.StreamLegacy, len(src), func() error { return d.Driver.MemcpyHtoD(c, dst, staged) })
 }
 
 func (d *lazyGPU) MemcpyDtoH(c cuda.Context, dst []byte, src cuda.DevicePtr) error {
@@ -385,6 +389,23 @@ var lazyTunings = []StagingTuning{
 	{Chunk: 64 << 10, Buffers: 16, Workers: 2, Piece: 4096},
 	{Chunk: 4096, Buffers: 6, Workers: 4, Burst: 4096},
 	{Chunk: 8192, Buffers: 8, Workers: 8, Piece: 4096, Burst: 3 * 8192},
+}
+
+// TestSyncCopyHasLandedWhenItReturns: a synchronous host-to-device copy small enough for the driver's own
+// copy, whose DMA the driver leaves on the legacy stream after it returns, has landed when CopyHtoD
+// returns: a copy to the host on a non-blocking stream right after it reads the new bytes.
+func TestSyncCopyHasLandedWhenItReturns(t *testing.T) {
+	e, gpu := newLazyEnv(t, 11, StagingTuning{})
+	e.m.opts.PageableDirectMax = 1 << 20 // the default: these go to the driver's copy
+	for _, n := range []int{1, 7, 4096, 64 << 10} {
+		p := e.alloc(t, n)
+		want := pattern(n, byte(n))
+		require.NoError(t, e.m.CopyHtoD(p, bytes.Clone(want), nil))
+		// What the device holds now, read past the lazy queues (as a kernel on another stream would).
+		got := make([]byte, n)
+		require.NoError(t, gpu.Driver.MemcpyDtoH(e.m.ctx, got, p))
+		assert.True(t, bytes.Equal(want, got), "%d bytes: the copy had not landed", n)
+	}
 }
 
 // TestStagedBurstBoundsTheQueue: a staged copy, either way, never has more than its burst (and at most one
