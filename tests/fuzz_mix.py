@@ -833,6 +833,12 @@ def warm_up(cc: Any) -> None:
                     # whose listening socket stays.
                     pickle.loads(pickle.dumps(sb)).close()
         d.allocate_managed(4096).close()
+        # The first out-of-memory verdict asks NVML about other processes, which opens the driver's
+        # device files and keeps them (NVML stays initialized): do it here, not in a program.
+        try:
+            d.allocate(2 * d.total_memory).close()
+        except cc.OutOfMemoryError:
+            pass
         d.release_cached_memory()
     if cc.device_count() > 1:
         cc.Device(0).enable_peer_access(1)
