@@ -152,14 +152,14 @@ def cost_rows(sim: bool, rounds: int, pairs: int, size: int) -> list[str]:
 # -- the mixed workload, in a fresh interpreter per configuration ---------------------------------------------
 
 
-def _worker(kind: str, sim: bool, rounds: int) -> None:
+def _worker(kind: str, sim: bool, rounds: int, threshold: int | None = None) -> None:
     """Runs one configuration's workload and prints ``RESULT <json>``."""
     if kind == "oom":
         out = _oom_sim() if sim else _oom_gpu()
     elif sim:
         out = _workload_sim(kind == "shared", rounds)
     else:
-        out = _workload_gpu(kind == "shared", rounds)
+        out = _workload_gpu(kind == "shared", rounds, threshold)
     print("RESULT " + json.dumps(out))
 
 
@@ -203,11 +203,12 @@ class _Sampler:
         return out
 
 
-def _workload_gpu(shared: bool, rounds: int) -> dict[str, Any]:
+def _workload_gpu(shared: bool, rounds: int, threshold: int | None = None) -> dict[str, Any]:
     import cudacore as cc
 
     if shared:
-        cc.share_pool(0)  # before importing torch: PyTorch picks its allocator backend at import
+        # Before importing torch: PyTorch picks its allocator backend at import.
+        cc.share_pool(0, release_threshold=threshold)
     libraries = ["cudacore"]
     torch, _ = library("torch")
     cupy, _ = library("cupy")
@@ -344,8 +345,10 @@ def _oom_sim() -> dict[str, Any]:
             "counted": counted, "named": named}
 
 
-def _run_worker(kind: str, sim: bool, rounds: int) -> dict[str, Any]:
+def _run_worker(kind: str, sim: bool, rounds: int, threshold: int | None = None) -> dict[str, Any]:
     args = [sys.executable, HERE, "--worker", kind, "--rounds", str(rounds)] + (["--sim"] if sim else [])
+    if threshold is not None:
+        args += ["--release-threshold", str(threshold)]
     env = dict(os.environ)
     if sim:
         env["CUDACORE_BACKEND"] = "sim"
@@ -361,12 +364,14 @@ def _highest(result: dict[str, Any], phase: str) -> int:
     return max((r["above_baseline"] for r in result["phases"] if r["phase"] == phase), default=0)
 
 
-def workload_rows(sim: bool, rounds: int) -> list[str]:
-    shared, own = _run_worker("shared", sim, rounds), _run_worker("own", sim, rounds)
+def workload_rows(sim: bool, rounds: int, threshold: int | None = None) -> list[str]:
+    shared, own = _run_worker("shared", sim, rounds, threshold), _run_worker("own", sim, rounds)
     oom = _run_worker("oom", sim, rounds)
     what = " + ".join(shared["libraries"])
     ratio = shared["peak"] / own["peak"] if own["peak"] else float("nan")
+    kept = "all of it" if threshold is None else fmt_bytes(threshold)
     rows = ["peak reserved of one mixed workload, a fresh interpreter each (device used above the baseline; target: shared <= 0.8x own)",
+            f"  the shared pool's release threshold: {kept}",
             f"  {'workload':<40}{'shared':>12}{'own':>12}{'ratio':>9}",
             f"  {what:<40}{fmt_bytes(shared['peak']):>12}{fmt_bytes(own['peak']):>12}{ratio:>8.2f}x",
             f"  {'':<40}at its peak: shared during {shared['peak_phase']!r}, own during {own['peak_phase']!r}",
@@ -390,16 +395,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 15, --sim 2); the workload's rounds")
     ap.add_argument("--pairs", type=int, default=None, help="alloc+free pairs per measurement (default 2000, --sim 50)")
     ap.add_argument("--size", type=int, default=MiB, help="bytes per allocation (default 1 MiB)")
+    ap.add_argument("--release-threshold", type=int, default=None,
+                    help="bytes the shared pool keeps reserved across a synchronize (default: share_pool's, all of it)")
     ap.add_argument("--worker", choices=("shared", "own", "oom"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.sim:
         os.environ["CUDACORE_BACKEND"] = "sim"
     rounds = args.rounds or (2 if args.sim else 15)
     if args.worker:
-        _worker(args.worker, args.sim, min(rounds, 3))
+        _worker(args.worker, args.sim, min(rounds, 3), args.release_threshold)
         return 0
     # The workers first: each starts its own interpreter, before this one has touched the device.
-    rows = workload_rows(args.sim, min(rounds, 3))
+    rows = workload_rows(args.sim, min(rounds, 3), args.release_threshold)
     rows = cost_rows(args.sim, rounds, args.pairs or (50 if args.sim else 2000), args.size) + rows
     import cudacore as cc
 
