@@ -280,8 +280,9 @@ def test_a_host_dlpack_tensor_copied_as_a_ctrl_c_comes_is_released_once() -> Non
     released)."""
     import sys
 
-    import fuzz_mix
     import numpy as np
+
+    import fuzz_mix
 
     d = cc.Device(0)
     before = _accounting(d)
