@@ -666,6 +666,7 @@ class Tripper:
 
     def __init__(self, at: int) -> None:
         self.at, self.seen, self.fired = at, 0, False
+        self.where = ""  # the function, file and line where the signal was raised
         self._prev: dict[int, int] = {}  # id(frame) -> the opcode it ran last
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> Any:
@@ -696,6 +697,7 @@ class Tripper:
             if op == _RESUME or prev in _CHECKED_AFTER and _handler(code, at - 2) == _handler(code, at):
                 if self.seen == self.at:
                     self.fired = True
+                    self.where = f"{code.co_name} ({Path(code.co_filename).name}:{frame.f_lineno})"
                     signal.raise_signal(signal.SIGINT)
                 self.seen += 1
         return self
@@ -709,6 +711,9 @@ def op_interrupt(st: Any, a: int, b: int, c: int, d: int, e: int, f: int, sub: l
         return
     tripper = Tripper(a % INTERRUPT_SPAN)
     interrupted = False
+    # --replay's printing is held back while the trace function counts the signal checks: each print is
+    # one more check, and the replay would interrupt another point than the run it replays.
+    verbose, st.verbose, mark = st.verbose, False, len(st.trace)
     try:
         sys.settrace(tripper)
         try:
@@ -716,10 +721,16 @@ def op_interrupt(st: Any, a: int, b: int, c: int, d: int, e: int, f: int, sub: l
                 st.run(op)
         finally:
             sys.settrace(None)
+            st.verbose = verbose
     except KeyboardInterrupt:
         interrupted = True
     if tripper.fired:
         COUNTS["signals"] += 1
+        with st.lock:
+            st.trace.append(f"  -> {threading.current_thread().name}: SIGINT at {tripper.where}")
+    if verbose:
+        for line in st.trace[mark:]:
+            print(line, file=sys.stderr, flush=True)
     if interrupted:
         COUNTS["interrupted_ops"] += 1
         _after_interrupt(st)

@@ -75,6 +75,7 @@ def _foreign(cc: Any, h: Any) -> Any:
 def _calls(cc: Any) -> dict[str, tuple[Callable[[Ctx], Any], Callable[[Ctx, Any], Any]]]:
     """Each public call: (setup, call). setup(ctx) makes its inputs (kept in ctx); call(ctx, inputs) is the
     call interrupted; what it returns is closed afterwards."""
+    from cudacore import interop
 
     def shared(kind: str, dev: int = 0) -> Callable[[Ctx], Any]:
         def setup(c: Ctx) -> Any:
@@ -231,6 +232,9 @@ def _calls(cc: Any) -> dict[str, tuple[Callable[[Ctx], Any], Callable[[Ctx, Any]
         "device_synchronize": (nothing, lambda c, _: c.d0.synchronize()),
         "release_cached_memory": (buffer_setup, lambda c, b: (b.close(), c.d0.release_cached_memory())[1]),
         "strategy_switch": (nothing, lambda c, _: c.keep(_Strategy(c.d0)).switch()),
+        # Taking a DLPack tensor: a device one as an ExternalBuffer, a host one by a copy.
+        "from_dlpack": (buffer_setup, lambda c, b: interop.from_dlpack(b)),
+        "copy_from_host_dlpack": (buffer_setup, lambda c, b: b.copy_from(_HostTensor(bytes(4096)))),
         # The features of issue 30.
         "allocate_shareable_pool": (nothing, lambda c, _: c.d0.allocate_shareable(4096, kind="pool")),
         "allocate_shareable_ipc": (nothing, lambda c, _: c.d0.allocate_shareable(4096, kind="ipc")),
@@ -302,6 +306,21 @@ class _Unpickled:
     def close(self) -> None:
         for data in self.data:
             pickle.loads(data).close()
+
+
+class _HostTensor:
+    """A host DLPack tensor only (NumPy's, without the buffer protocol), so that a copy takes it by DLPack."""
+
+    def __init__(self, data: bytes) -> None:
+        import numpy as np
+
+        self.array = np.frombuffer(data, dtype=np.uint8).copy()
+
+    def __dlpack__(self, *, stream: object = None, max_version: Any = None) -> Any:
+        return self.array.__dlpack__(stream=stream, max_version=max_version)
+
+    def __dlpack_device__(self) -> Any:
+        return self.array.__dlpack_device__()
 
 
 class _Abort:

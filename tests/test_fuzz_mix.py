@@ -272,3 +272,44 @@ def test_an_interrupted_close_of_the_mix_keeps_its_buffer_on_the_books() -> None
     assert r.returncode == 0, r.stderr[-6000:]
     fired, bad = r.stdout.splitlines()[-2:]
     assert int(fired) > 10 and bad == "[]", r.stdout[-6000:]
+
+
+_REPLAY_POSITIONS = """
+import sys
+sys.path.insert(0, {here!r})
+import fuzz, fuzz_mix
+fuzz.use_mix("all")
+import cudacore as cc
+made = []
+class Tripper(fuzz_mix.Tripper):
+    def __init__(self, at):
+        super().__init__(at)
+        made.append(self)
+fuzz_mix.Tripper = Tripper
+differ, fired = [], 0
+for at in range(0, fuzz_mix.INTERRUPT_SPAN, 3):
+    program = [["alloc", 7, 0, 0, 0, 0, 0], ["interrupt", at, 0, 0, 0, 0, 0, [["dlpack", 0, 5, 0, 0, 0, 0], ["close_buf", 0, 0, 0, 0, 0, 0]]]]
+    where = []
+    for verbose in (False, True):
+        del made[:]
+        fuzz.run_program(cc, at, program, verbose=verbose)
+        where.append(made[0].where)
+    if not where[0]:
+        break  # past the operations' last signal check
+    fired += 1
+    if where[0] != where[1]:
+        differ.append((at, where))
+print(fired)
+print(differ)
+"""
+
+
+def test_a_replay_interrupts_where_the_run_did() -> None:
+    """``--replay`` (a program run verbosely) delivers each Ctrl-C of the mix at the point where the plain run
+    (a worker's, ``--shrink``'s) delivered it. Before, it printed each interrupted operation while the
+    trace function counted signal checks, each print one more, so seed 41000099 leaked in its replay
+    (a DLPack tensor lost in from_dlpack) and not in its run, and ``--shrink`` found nothing to shrink."""
+    r = subprocess.run([sys.executable, "-c", _REPLAY_POSITIONS.format(here=str(HERE))], env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-6000:]
+    fired, differ = r.stdout.splitlines()[-2:]
+    assert int(fired) > 10 and differ == "[]", r.stdout[-6000:]

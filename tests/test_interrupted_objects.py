@@ -227,6 +227,86 @@ def test_an_owner_collected_as_a_ctrl_c_comes_gives_back_what_it_owns(monkeypatc
     os.close(w)
 
 
+def test_a_dlpack_tensor_taken_as_a_ctrl_c_comes_is_given_back() -> None:
+    """``from_dlpack`` with a real SIGINT at every point where Python handles one. Before: it renamed the
+    capsule (the tensor the consumer's from then on, its destructor no longer calling the deleter) and only
+    then made the owner that calls the deleter, so a Ctrl-C at the end of the rename lost the tensor: its
+    producer, a Buffer, refused to close for good ("1 DLPack export of it is alive") and its memory stayed
+    in use (the random mix, seed 41000099)."""
+    import sys
+
+    import fuzz_mix
+    from cudacore import interop
+
+    d = cc.Device(0)
+    before = _accounting(d)
+    for at in range(1000):
+        buf = d.allocate(4096)
+        tripper = fuzz_mix.Tripper(at)
+        try:
+            sys.settrace(tripper)
+            try:
+                interop.from_dlpack(buf)  # the view dropped: the tensor goes back to its producer
+            finally:
+                sys.settrace(None)
+        except KeyboardInterrupt:
+            pass
+        gc.collect()
+        buf.close()  # BufferError where the export was lost
+        del buf
+        assert _accounting(d) == before, f"SIGINT at position {at} of from_dlpack"
+        if not tripper.fired:
+            break
+    assert at > 2
+
+
+class _HostTensor:
+    """A host DLPack tensor only (NumPy's, without the buffer protocol): a copy takes it by DLPack."""
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def __dlpack__(self, *, stream: object = None, max_version: tuple[int, int] | None = None) -> Any:
+        return self.array.__dlpack__(stream=stream, max_version=max_version)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.array.__dlpack_device__()  # type: ignore[no-any-return]
+
+
+def test_a_host_dlpack_tensor_copied_as_a_ctrl_c_comes_is_released_once() -> None:
+    """``Buffer.copy_from`` a host DLPack tensor with a real SIGINT at every point where Python handles one:
+    the tensor's deleter (NumPy's drops the array's reference) runs exactly once, whether the copy took the
+    tensor or not. Before: a Ctrl-C at the end of the capsule's rename lost the tensor (the array never
+    released)."""
+    import sys
+
+    import numpy as np
+
+    import fuzz_mix
+
+    d = cc.Device(0)
+    before = _accounting(d)
+    array = np.arange(4096, dtype=np.uint8)
+    refs = sys.getrefcount(array)
+    with d.allocate(4096) as buf:
+        for at in range(5000):
+            tripper = fuzz_mix.Tripper(at)
+            try:
+                sys.settrace(tripper)
+                try:
+                    buf.copy_from(_HostTensor(array))
+                finally:
+                    sys.settrace(None)
+            except KeyboardInterrupt:
+                pass
+            gc.collect()
+            assert sys.getrefcount(array) == refs, f"SIGINT at position {at} of copy_from"
+            if not tripper.fired:
+                break
+    assert at > 2
+    assert _accounting(d) == before
+
+
 def test_a_sigint_storm_loses_nothing() -> None:
     """Item 18's storm: real SIGINTs every few hundred microseconds (a thread's pthread_kill) over the calls
     that make and give back streams, events, Buffers, pinned, managed and shareable memory, tiles, modules

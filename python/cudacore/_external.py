@@ -15,7 +15,7 @@ from ._errors import error
 from ._handles import stream_handle
 from ._memory import Buffer
 from ._native import fast
-from ._stream import StreamLike
+from ._stream import StreamLike, uninterrupted
 from ._tables import DLManagedTensor as _DLManagedTensor
 from ._tables import DLManagedTensorVersioned as _DLManagedTensorVersioned
 from ._tables import DLTensor as _DLTensor
@@ -182,23 +182,41 @@ _USED_VERSIONED = b"used_dltensor_versioned"
 
 
 class _DLPackOwner:
-    """Holds a consumed DLPack tensor; calls its deleter when collected."""
+    """Holds a consumed DLPack tensor; calls its deleter once, when released or collected."""
 
     __slots__ = ("__weakref__", "_addr", "_deleter", "producer")
 
     def __init__(self, addr: int, deleter: int, producer: Any) -> None:
         self._addr = addr
-        self._deleter = deleter
+        # The C function is made here, so that release() makes no call between taking it and calling it.
+        self._deleter = _DELETER(deleter) if deleter else None
         self.producer = producer
 
     def release(self) -> None:
-        """Call the tensor's deleter now (once): the producer may free the memory afterwards."""
-        if self._deleter:
-            _DELETER(self._deleter)(self._addr)
-            self._deleter = 0
+        """Call the tensor's deleter now (once): the producer may free the memory afterwards.
+
+        The deleter leaves the owner and is called with no point in between where Python handles a
+        signal (taking it is no call), so a Ctrl-C comes before (the owner still holds it, and calls it
+        when released again or collected) or once it ran (never a second time)."""
+        deleter, self._deleter = self._deleter, None
+        if deleter is not None:
+            deleter(self._addr)
 
     def __del__(self) -> None:
         self.release()
+
+
+def _take(capsule: Any, addr: int, deleter: int, versioned: bool, producer: Any) -> _DLPackOwner:
+    """Consume ``capsule``: rename it (its destructor then leaves the tensor to the consumer) and hand the
+    tensor's deleter to an owner, with keyboard interrupts held back from the one to the other
+    (:func:`cudacore._stream.uninterrupted`). A Ctrl-C between the two would lose the tensor: no one would
+    call its deleter, and its producer would hold it for good (a cudacore Buffer then refuses to close)."""
+
+    def take() -> _DLPackOwner:
+        _api.PyCapsule_SetName(capsule, _USED_VERSIONED if versioned else _USED)
+        return _DLPackOwner(addr, deleter, producer)
+
+    return uninterrupted(take)
 
 
 #: DLPack 1.x's flag of a tensor its producer does not allow to be written.
@@ -258,9 +276,7 @@ def from_dlpack(obj: Any, *, stream: int | None = None) -> ExternalBuffer:
     nbytes = _contiguous_nbytes(shape, strides, itemsize, "from_dlpack")
     ptr = (t.data or 0) + t.byte_offset
     ordinal = t.device.device_id
-    # Consumed: rename so that the capsule's destructor leaves the tensor to us.
-    _api.PyCapsule_SetName(capsule, _USED_VERSIONED if versioned else _USED)
-    owner = _DLPackOwner(addr, deleter, producer)
+    owner = _take(capsule, addr, deleter, versioned, producer)
     buf = fast.borrow(ExternalBuffer, ordinal, ptr, nbytes, 0, owner)
     buf._readonly = readonly
     return buf
@@ -274,8 +290,7 @@ def _host_dlpack(obj: Any, op: str, writable: bool) -> tuple[str, Any, Any]:
     except TypeError:  # a producer older than the max_version keyword
         capsule = obj.__dlpack__(stream=None)
     t, addr, deleter, versioned, readonly = _parse_capsule(capsule)
-    _api.PyCapsule_SetName(capsule, _USED_VERSIONED if versioned else _USED)
-    owner = _DLPackOwner(addr, deleter, obj)
+    owner = _take(capsule, addr, deleter, versioned, obj)
     try:
         if t.device.device_type not in (kDLCPU, kDLCUDAHost):
             raise ValueError(f"{op}: the tensor is on DLPack device type {t.device.device_type}, not the host (1) or pinned host (3)")
