@@ -776,3 +776,63 @@ func waitCopiers(t *testing.T, wg *sync.WaitGroup, errs chan error) {
 		require.NoError(t, err)
 	}
 }
+
+// TestSyncDriverCopyWaitsWhereCapturesAllow: a synchronous host-to-device copy of pageable memory small
+// enough for the driver's copy waits for the legacy stream afterwards wherever no capture forbids that on
+// the calling thread (RELAXED anywhere, THREAD_LOCAL begun on another thread) and not where one does
+// (GLOBAL, THREAD_LOCAL begun on this thread); either way the capture of a non-blocking stream goes on
+// and ends with a graph, and the bytes arrive.
+func TestSyncDriverCopyWaitsWhereCapturesAllow(t *testing.T) {
+	cases := []struct {
+		name      string
+		mode      cuda.CaptureMode
+		otherTh   bool // the capture begins on another OS thread
+		wantsSync bool
+	}{
+		{"RELAXED here", cuda.CaptureModeRelaxed, false, true},
+		{"RELAXED elsewhere", cuda.CaptureModeRelaxed, true, true},
+		{"THREAD_LOCAL here", cuda.CaptureModeThreadLocal, false, false},
+		{"THREAD_LOCAL elsewhere", cuda.CaptureModeThreadLocal, true, true},
+		{"GLOBAL here", cuda.CaptureModeGlobal, false, false},
+		{"GLOBAL elsewhere", cuda.CaptureModeGlobal, true, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			runtime.LockOSThread() // a capture's thread rules
+			defer runtime.UnlockOSThread()
+			e := newStagingEnv(t, 4096, 2)
+			e.m.opts.PageableDirectMax = 4096
+			const n = 1000
+			p := e.alloc(t, n)
+			capturing := e.stream(t, true) // non-blocking: a synchronous copy is allowed meanwhile
+			onThread := func(fn func()) {
+				if !c.otherTh {
+					fn()
+					return
+				}
+				done := make(chan struct{})
+				go func() {
+					runtime.LockOSThread()
+					defer runtime.UnlockOSThread()
+					fn()
+					close(done)
+				}()
+				<-done
+			}
+			onThread(func() { require.NoError(t, capturing.BeginCapture(c.mode)) })
+			syncs := e.drv.Calls("cuStreamSynchronize")
+			want := pattern(n, 7)
+			require.NoError(t, e.m.CopyHtoD(p, bytes.Clone(want), nil))
+			waited := e.drv.Calls("cuStreamSynchronize") > syncs
+			assert.Equal(t, c.wantsSync, waited, "the legacy stream's synchronize after the driver's copy")
+			onThread(func() {
+				g, err := capturing.EndCapture()
+				require.NoError(t, err, "the copy left the capture going")
+				require.NoError(t, g.Destroy())
+			})
+			got := make([]byte, n)
+			require.NoError(t, e.m.CopyDtoH(got, p, nil))
+			assert.Equal(t, want, got)
+		})
+	}
+}

@@ -64,7 +64,8 @@ func newLazyGPU(seed uint64) *lazyGPU {
 		queues: map[cuda.Stream]*lazyQueue{}, marks: map[cuda.Event]lazyMark{}, faults: map[string]*lazyFault{}}
 }
 
-// fault makes the nth call from now of entry (MemcpyHtoDAsync, MemcpyDtoHAsync or EventSynchronize) fail
+// fault makes the nth call from now of entry (MemcpyHtoDAsync, MemcpyDtoHAsync, EventSynchronize,
+// EventQuery or EventRecord) fail
 // with code.
 func (d *lazyGPU) fault(entry string, nth int, code cuda.Result) {
 	d.mu.Lock()
@@ -154,6 +155,9 @@ func (d *lazyGPU) queuedMost() int {
 func (d *lazyGPU) EventRecord(c cuda.Context, e cuda.Event, s cuda.Stream) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if err := d.faultLocked("EventRecord"); err != nil {
+		return err
+	}
 	if err := d.Driver.EventRecord(c, e, s); err != nil {
 		return err
 	}
@@ -164,6 +168,9 @@ func (d *lazyGPU) EventRecord(c cuda.Context, e cuda.Event, s cuda.Stream) error
 func (d *lazyGPU) EventQuery(c cuda.Context, e cuda.Event) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if err := d.faultLocked("EventQuery"); err != nil {
+		return err
+	}
 	if m, ok := d.marks[e]; ok {
 		q := d.queue(m.s)
 		if q.done < m.upTo {
@@ -558,6 +565,55 @@ func TestStagedFaultsOnALazyGPU(t *testing.T) {
 		}
 	}
 	settle(t, before)
+}
+
+// TestStagedBurstFaults: a failure of the query or the record of a burst's drain event midway through a
+// staged copy with bursts, either way, returns the typed error once no worker touches the caller's memory,
+// and leaves neither a staging buffer held nor an event lost: every event the pool created is back in it.
+func TestStagedBurstFaults(t *testing.T) {
+	withProcs(t, 8)
+	const chunk = 4096
+	st := StagingTuning{Chunk: chunk, Buffers: 6, Workers: 4, Burst: chunk}
+	for _, entry := range []string{"EventQuery", "EventRecord"} {
+		for _, dtoh := range []bool{false, true} {
+			for nth := 1; nth <= 9; nth += 2 {
+				t.Run(fmt.Sprintf("%s/dtoh=%v/%d", entry, dtoh, nth), func(t *testing.T) {
+					e, gpu := newLazyEnv(t, uint64(nth), st)
+					s := e.stream(t, true)
+					n := 12*chunk + 5
+					p := e.alloc(t, n)
+					host := pattern(n, 5)
+					created := e.drv.Calls("cuEventCreate")
+					gpu.fault(entry, nth, cuda.ErrorInvalidValue)
+					var err error
+					if dtoh {
+						err = e.m.CopyDtoH(host, p, s)
+					} else {
+						err = e.m.CopyHtoD(p, host, s)
+					}
+					clear(host)
+					if err == nil {
+						gpu.clearFaults()
+					} else {
+						requireResult(t, cuda.ErrorInvalidValue, err)
+					}
+					require.NoError(t, s.Synchronize())
+					all, free, busy := poolState(e.m)
+					assert.Zero(t, busy, "no staging buffer stays busy")
+					assert.Equal(t, all, free, "every staging buffer is back")
+					e.m.staging.mu.Lock()
+					events := len(e.m.staging.events)
+					e.m.staging.mu.Unlock()
+					assert.Equal(t, e.drv.Calls("cuEventCreate")-created, events, "every event is back in the pool")
+					want := pattern(n, 6)
+					got := make([]byte, n)
+					require.NoError(t, e.m.CopyHtoD(p, bytes.Clone(want), s), "the pool works again")
+					require.NoError(t, e.m.CopyDtoH(got, p, s))
+					require.True(t, bytes.Equal(want, got), "bytes differ after the failure")
+				})
+			}
+		}
+	}
 }
 
 // TestStagedCopiesShareThePool: staged copies on several streams at once, both ways, with a pool smaller
