@@ -45,8 +45,8 @@ func TorchMalloc(size, device, stream int) (int, error) {
 		if err != nil {
 			return 0, recordInterop(err)
 		}
-		d.LibraryAllocates()
 		st := cuda.Stream(uint64(stream))
+		d.LibraryAllocates(st)
 		p, err := d.AllocateSteady(uint64(size), st) // PyTorch calls without the GIL
 		if err != nil {
 			return 0, recordInterop(err)
@@ -60,18 +60,19 @@ func TorchMalloc(size, device, stream int) (int, error) {
 }
 
 // LibraryAllocates tells cudacore that another library's allocator (CuPy's or Numba's, from
-// cudacore.interop) allocates on device ordinal: the devices such allocators use get peer access to each
-// other's memory, pools included (process.Device.LibraryAllocates). It returns 1 once that is done for
-// the device, 0 while it is not (a capture runs: a later call does it).
+// cudacore.interop) allocates on device ordinal, on stream (that library's handle; 0: not known): the
+// devices such allocators use get peer access to each other's memory, pools included
+// (process.Device.LibraryAllocates). It returns 1 once that is done for the device, 0 while it is not (a
+// capture runs: a later call does it).
 //
 //cudacore:gil release
-func LibraryAllocates(ordinal int) (int, error) {
+func LibraryAllocates(ordinal, stream int) (int, error) {
 	return guard("cudacore.interop", func() (int, error) {
 		d, err := process.Lookup(ordinal)
 		if err != nil {
 			return 0, err
 		}
-		if d.LibraryAllocates() {
+		if d.LibraryAllocates(cuda.Stream(uint64(stream))) {
 			return 1, nil
 		}
 		return 0, nil

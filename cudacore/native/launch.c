@@ -264,11 +264,14 @@ cupy_array_ptr(PyObject *a)
     if (!is_cupy_ndarray(Py_TYPE(a))) {
         return NULL;
     }
-    PyObject *size = PyObject_GetAttrString(a, "size");
+    GENERAL_NAME(str_size, "size");
+    GENERAL_NAME(str_data, "data");
+    GENERAL_NAME(str_ptr, "ptr");
+    PyObject *size = PyObject_GetAttr(a, str_size);
     int empty = size == NULL || !PyLong_CheckExact(size) || PyLong_AsLongLong(size) <= 0;
     Py_XDECREF(size);
-    PyObject *mem = empty ? NULL : PyObject_GetAttrString(a, "data");
-    PyObject *ptr = mem != NULL ? PyObject_GetAttrString(mem, "ptr") : NULL;
+    PyObject *mem = empty ? NULL : PyObject_GetAttr(a, str_data);
+    PyObject *ptr = mem != NULL ? PyObject_GetAttr(mem, str_ptr) : NULL;
     Py_XDECREF(mem);
     if (ptr == NULL || !PyLong_CheckExact(ptr)) {
         Py_XDECREF(ptr);

@@ -121,7 +121,7 @@ def cupy_allocator(device: Device | int | None = None) -> Callable[[int], Any]:
     def allocate(size: int) -> Any:
         dev = fixed if fixed is not None else _device(cupy.cuda.runtime.getDevice())
         if dev.device_id not in opened:
-            _opened(dev.device_id, opened)
+            _opened(dev.device_id, opened, cupy.cuda.get_current_stream().ptr)
         if size == 0:
             return memory.MemoryPointer(memory.UnownedMemory(0, 0, None, dev.device_id), 0)
         # CuPy's current stream, as the object: the Buffer holds it until freed, and cudacore watches it, so
@@ -132,12 +132,12 @@ def cupy_allocator(device: Device | int | None = None) -> Callable[[int], Any]:
     return allocate
 
 
-def _opened(ordinal: int, opened: set[int]) -> None:
-    """Tell cudacore that a library's allocator allocates on device ``ordinal``: the devices such
-    allocators use get peer access to each other's memory, cudacore's pools included, as that library
-    expects of memory from cudaMalloc once it enables peer access (docs/guide/multi-gpu.md). Added to
-    ``opened`` once done (not while a capture runs)."""
-    if core.LibraryAllocates(ordinal):
+def _opened(ordinal: int, opened: set[int], stream: int = 0) -> None:
+    """Tell cudacore that a library's allocator allocates on device ``ordinal``, on the library's
+    ``stream`` handle (0: not known): the devices such allocators use get peer access to each other's
+    memory, cudacore's pools included, as that library expects of memory from cudaMalloc once it enables
+    peer access (docs/guide/multi-gpu.md). Added to ``opened`` once done (not while a capture runs)."""
+    if core.LibraryAllocates(ordinal, stream):
         opened.add(ordinal)
 
 

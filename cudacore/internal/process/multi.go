@@ -82,15 +82,19 @@ var (
 )
 
 // LibraryAllocates is called by the allocators cudacore hands other libraries (CuPy's, PyTorch's, Numba's)
-// as they allocate on d. Those libraries expect memory as cudaMalloc gives it, which a kernel or copy on
-// another device reaches once that device has peer access (they enable it themselves before they touch
-// another device's memory); a pool's memory is reached only from devices the pool grants access to. So
-// the first time, d and each device libraries allocated on before get access to each other's memory,
-// pools included (EnablePeerAccess both ways), wherever the two can access each other; pairs that cannot
-// are left alone (their copies are staged by the driver). Nothing is done while a capture runs (the calls
-// are unsafe there): a later allocation does it. Failures are not the allocation's: they are dropped,
-// and the pair is tried again at the next allocation. It says whether d is done.
-func (d *Device) LibraryAllocates() bool {
+// as they allocate on d, on stream (0: not known). Those libraries expect memory as cudaMalloc gives it,
+// which a kernel or copy on another device reaches once that device has peer access (they enable it
+// themselves before they touch another device's memory); a pool's memory is reached only from devices the
+// pool grants access to. So once, d and each device libraries allocated on before get access to each
+// other's memory, pools included (EnablePeerAccess both ways), wherever the two can access each other.
+//
+// The calls are unsafe during a capture, so nothing is done while one of cudacore's runs or while stream
+// (the library's own, which cudacore may not know) captures: a later allocation does it. A capture that
+// another library began in global mode on another thread is not seen; the first allocation on a device
+// rarely falls inside one (a library warms up before it captures). A pair the driver refuses is left as it
+// is (its copies are staged by the driver) and not tried again, so that no allocation pays for it twice.
+// It says whether d is done.
+func (d *Device) LibraryAllocates(stream cuda.Stream) bool {
 	if d.library.Load() {
 		return true
 	}
@@ -98,29 +102,25 @@ func (d *Device) LibraryAllocates() bool {
 		if Capturing() {
 			return nil
 		}
+		if stream != 0 {
+			st, err := d.Driver().StreamIsCapturing(d.Context(), stream)
+			if err != nil || st != cuda.CaptureStatusNone {
+				return nil
+			}
+		}
 		libMu.Lock()
 		defer libMu.Unlock()
 		if d.library.Load() {
 			return nil
 		}
-		done := true
 		for _, q := range libraryDevices {
-			can, err := d.CanAccessPeer(q)
-			if err != nil {
-				done = false
-				continue
-			}
-			if !can {
-				continue
-			}
-			if d.EnablePeerAccess(q) != nil || q.EnablePeerAccess(d) != nil {
-				done = false
+			if can, err := d.CanAccessPeer(q); err == nil && can {
+				_ = d.EnablePeerAccess(q)
+				_ = q.EnablePeerAccess(d)
 			}
 		}
-		if done {
-			libraryDevices = append(libraryDevices, d)
-			d.library.Store(true)
-		}
+		libraryDevices = append(libraryDevices, d)
+		d.library.Store(true)
 		return nil
 	})
 	return d.library.Load()

@@ -123,14 +123,23 @@ func TestLibraryAllocatesOpensDevicesToEachOther(t *testing.T) {
 		d.library.Store(false)
 	}
 
-	assert.True(t, d0.LibraryAllocates())
-	assert.True(t, d2.LibraryAllocates()) // no peer of d0: nothing to open, and done
+	// A stream of the library's own that captures (cudacore does not know the capture): nothing yet.
+	s, err := drv.StreamCreate(d0.Context(), cuda.StreamNonBlocking, 0)
+	require.NoError(t, err)
+	require.NoError(t, drv.StreamBeginCapture(d0.Context(), s, cuda.CaptureModeThreadLocal))
+	assert.False(t, d0.LibraryAllocates(s), "not while the library's stream captures")
+	g, err := drv.StreamEndCapture(d0.Context(), s)
+	require.NoError(t, err)
+	require.NoError(t, drv.GraphDestroy(d0.Context(), g))
+	assert.True(t, d0.LibraryAllocates(s))
+	require.NoError(t, drv.StreamDestroy(d0.Context(), s))
+	assert.True(t, d2.LibraryAllocates(0)) // no peer of d0: nothing to open, and done
 	assert.Equal(t, cuda.AccessNone, access(d2, d0))
 	assert.Equal(t, cuda.AccessNone, access(d0, d2))
-	assert.True(t, d1.LibraryAllocates())
+	assert.True(t, d1.LibraryAllocates(0))
 	assert.Equal(t, cuda.AccessReadWrite, access(d0, d1), "d1 reaches d0's pool")
 	assert.Equal(t, cuda.AccessReadWrite, access(d1, d0), "d0 reaches d1's pool")
 	assert.Contains(t, d0.PeersWithAccess(), 1)
 	assert.Contains(t, d1.PeersWithAccess(), 0)
-	assert.True(t, d1.LibraryAllocates(), "once done, done")
+	assert.True(t, d1.LibraryAllocates(0), "once done, done")
 }
