@@ -136,7 +136,7 @@ def _note(exc: CUDAError) -> None:
 _errors.HOOKS.append(_note)
 
 
-def rehearse(body: Callable[[Any], object], stream: Any = None, *, mode: CaptureMode = "thread_local") -> CaptureDiagnosis:
+def rehearse(body: Callable[[Any], object], stream: Stream | None = None, *, mode: CaptureMode = "thread_local") -> CaptureDiagnosis:
     """Run ``body(stream)`` inside a capture on ``stream``, discard the capture, and report what went wrong.
 
     Every :class:`CaptureError` made while the body runs, on this thread, is noted with the Python line
@@ -178,7 +178,7 @@ def rehearse(body: Callable[[Any], object], stream: Any = None, *, mode: Capture
                 op=op,
             )
     own = stream is None
-    s = Stream() if own else stream
+    s = Stream() if stream is None else stream
     seen: list[dict[str, Any]] = []
     prev = getattr(_watch, "seen", None)
     _watch.seen = seen
