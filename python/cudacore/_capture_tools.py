@@ -116,7 +116,15 @@ def _raised_at(exc: BaseException) -> str:
 def _check_stream(stream: object, op: str, *, none: bool) -> None:
     if not isinstance(stream, Stream):
         accepted = "a cudacore.Stream (or None, for a new stream)" if none else "a cudacore.Stream"
-        raise TypeError(f"{op}: stream must be {accepted}, not {type(stream).__name__}")
+        hint = ""
+        if hasattr(stream, "__cuda_stream__"):
+            # Captures are tracked on cudacore's own streams; another library can work on one through its
+            # __cuda_stream__, the other way round.
+            hint = (
+                ": a capture runs on a stream of cudacore's; create one with Device.create_stream() and hand it to "
+                "the other library (cudacore.Stream exports __cuda_stream__)"
+            )
+        raise TypeError(f"{op}: stream must be {accepted}, not {type(stream).__name__}{hint}")
 
 
 def _note(exc: CUDAError) -> None:
