@@ -1076,6 +1076,23 @@ def test_rehearse_and_graphed_refuse_what_is_not_a_stream(bad):
         cc.graphed(stream=bad)
 
 
+def test_rehearse_and_graphed_say_how_to_capture_for_another_library(dev):
+    """Issue 31: stream= takes another library's stream wherever cudacore only orders work on it; a capture
+    runs on a Stream of cudacore's, and the refusal of a __cuda_stream__ object says how to get one."""
+    s = dev.create_stream()
+
+    class Foreign:
+        def __cuda_stream__(self):
+            return s.__cuda_stream__()
+
+    hint = r"a capture runs on a stream of cudacore's; create one with Device.create_stream\(\)"
+    with pytest.raises(TypeError, match=r"cudacore.graphed: stream must be a cudacore.Stream, not Foreign: " + hint):
+        cc.graphed(lambda: None, stream=Foreign())
+    with pytest.raises(TypeError, match=r"cudacore.rehearse: .*, not Foreign: " + hint):
+        cc.rehearse(lambda st: None, Foreign())
+    s.close()
+
+
 def test_graphed_copies_later_inputs_into_the_captured_ones_and_refuses_other_shapes(dev):
     """Issue 31 item 3: a later call's Buffers are copied into the captured call's (static inputs) before
     the replay, instead of the replay silently working on the first call's; a Buffer of another size, another

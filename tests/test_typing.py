@@ -203,6 +203,10 @@ _MISTAKES = {
     "wait on None": "s.wait(None)",
     "requested is not optional": "def f(e: cc.OutOfMemoryError) -> None:\n    x: None = e.requested",
     "cause is a verdict": 'def g(e: cc.OutOfMemoryError) -> bool:\n    return e.cause == 3',
+    "fill stream": 'buf.fill(0, stream="x")',
+    "device_to_device stream": 'cc.device_to_device(buf, buf, stream="x")',
+    "rehearse stream": 'cc.rehearse(lambda st: None, stream=1.5)',
+    "graphed call argument": "def h(x: cc.Buffer) -> None:\n    pass\ncc.graphed(h, stream=s)(1)",
 }
 
 _RIGHT = """
@@ -224,6 +228,16 @@ buf.copy_from(bytes(16), s, nbytes=8, offset=8, src_offset=0)
 buf.copy_to(bytearray(16), stream=Foreign(), nbytes=16)
 s.synchronize()
 s.wait(Foreign())
+buf.fill(0, stream=Foreign())
+cc.device_to_device(buf, buf, stream=s.handle)
+
+
+def step(x: cc.Buffer, k: int = 0) -> cc.Buffer:
+    return x
+
+
+graphed_step = cc.graphed(step, stream=s)
+kept: cc.Buffer = graphed_step(buf, 0)
 try:
     d.allocate(1 << 60)
 except cc.OutOfMemoryError as e:

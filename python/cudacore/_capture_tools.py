@@ -116,7 +116,15 @@ def _raised_at(exc: BaseException) -> str:
 def _check_stream(stream: object, op: str, *, none: bool) -> None:
     if not isinstance(stream, Stream):
         accepted = "a cudacore.Stream (or None, for a new stream)" if none else "a cudacore.Stream"
-        raise TypeError(f"{op}: stream must be {accepted}, not {type(stream).__name__}")
+        hint = ""
+        if hasattr(stream, "__cuda_stream__"):
+            # Captures are tracked on cudacore's own streams; another library can work on one through its
+            # __cuda_stream__, the other way round.
+            hint = (
+                ": a capture runs on a stream of cudacore's; create one with Device.create_stream() and hand it to "
+                "the other library (cudacore.Stream exports __cuda_stream__)"
+            )
+        raise TypeError(f"{op}: stream must be {accepted}, not {type(stream).__name__}{hint}")
 
 
 def _note(exc: CUDAError) -> None:
@@ -136,7 +144,7 @@ def _note(exc: CUDAError) -> None:
 _errors.HOOKS.append(_note)
 
 
-def rehearse(body: Callable[[Any], object], stream: Any = None, *, mode: CaptureMode = "thread_local") -> CaptureDiagnosis:
+def rehearse(body: Callable[[Any], object], stream: Stream | None = None, *, mode: CaptureMode = "thread_local") -> CaptureDiagnosis:
     """Run ``body(stream)`` inside a capture on ``stream``, discard the capture, and report what went wrong.
 
     Every :class:`CaptureError` made while the body runs, on this thread, is noted with the Python line
@@ -178,7 +186,7 @@ def rehearse(body: Callable[[Any], object], stream: Any = None, *, mode: Capture
                 op=op,
             )
     own = stream is None
-    s = Stream() if own else stream
+    s = Stream() if stream is None else stream
     seen: list[dict[str, Any]] = []
     prev = getattr(_watch, "seen", None)
     _watch.seen = seen

@@ -25,6 +25,7 @@ from ._errors import CUDAError, error
 from ._handles import current_stream_of, stream_handle
 from ._native import fast
 from ._stream import Stream as _Stream
+from ._stream import StreamLike
 from ._tables import HELD_COPY_MAX
 
 # This module is below _memory (Buffer.copy_from and copy_to call it), so it takes buffers by their C base
@@ -183,7 +184,7 @@ def device_to_host(host: Any, buf: Buffer, stream: object = None, nbytes: int | 
 
 
 def device_to_device(
-    dst: Buffer, src: Buffer, stream: object = None, nbytes: int | None = None, *, dst_offset: int = 0, src_offset: int = 0
+    dst: Buffer, src: Buffer, stream: StreamLike = None, nbytes: int | None = None, *, dst_offset: int = 0, src_offset: int = 0
 ) -> None:
     """Copy device buffer ``src`` (all of it, or its first ``nbytes``) into ``dst``.
 
@@ -320,7 +321,7 @@ def _host_slice(host: Any, start: int, n: int, op: str, writable: bool) -> Any:
 def transfer(
     buf: Buffer,
     other: Any,
-    stream: object,
+    stream: StreamLike,
     nbytes: int | None,
     offset: int,
     other_offset: int,

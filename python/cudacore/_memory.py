@@ -110,7 +110,7 @@ class Buffer(_CBuffer):
     # _copy_to, whose signatures are the methods' own.
 
     def _copy_from(
-        self, src: Any, stream: object = None, *, nbytes: int | None = None, offset: int = 0, src_offset: int = 0
+        self, src: Any, stream: StreamLike = None, *, nbytes: int | None = None, offset: int = 0, src_offset: int = 0
     ) -> None:
         """``copy_from(src, stream=None, *, nbytes=None, offset=0, src_offset=0)``: copy ``src`` into this
         buffer.
@@ -143,7 +143,7 @@ class Buffer(_CBuffer):
         _copy.transfer(self, src, stream, nbytes, offset, src_offset, into=True)
 
     def _copy_to(
-        self, dst: Any, stream: object = None, *, nbytes: int | None = None, offset: int = 0, dst_offset: int = 0
+        self, dst: Any, stream: StreamLike = None, *, nbytes: int | None = None, offset: int = 0, dst_offset: int = 0
     ) -> None:
         """``copy_to(dst, stream=None, *, nbytes=None, offset=0, dst_offset=0)``: copy this buffer into
         ``dst``: writable host memory or device memory, as :meth:`copy_from` takes. ``offset`` is where the
@@ -153,7 +153,7 @@ class Buffer(_CBuffer):
         """
         _copy.transfer(self, dst, stream, nbytes, offset, dst_offset, into=False)
 
-    def fill(self, value: int, stream: object = None) -> None:
+    def fill(self, value: int, stream: StreamLike = None) -> None:
         """Set every byte of this buffer to ``value`` (0..255: a byte memset, cuMemsetD8). With
         ``stream=None`` it runs on the current stream and is synchronous; with a stream it is ordered on it
         (inside a capture of that stream it is a memset node of the graph). Fill part of a buffer through a
