@@ -360,14 +360,14 @@ def test_cupy_arrays_pack_without_their_interface(mod):
 
 @pytest.mark.sim
 def test_torch_tensors_pack_without_their_interface(mod):
-    # A PyTorch tensor (a type whose MRO holds torch's C base, "torch._C.TensorBase") is read by data_ptr(),
-    # as its interface gives it, without calling the interface's Python property; an empty tensor, one on
-    # the CPU, a sparse one or one that requires grad goes by its interface, which decides (and refuses).
+    # PyTorch's own tensor types (torch.Tensor, torch.nn.Parameter, by name and module) are read by
+    # data_ptr(), as their interface gives it, without calling the interface's Python property, in C and in
+    # the general path alike; an empty tensor, one on the CPU, a sparse one, one that requires grad, and a
+    # subclass of another module (which may override __torch_function__) go by the interface, which
+    # decides (and refuses).
     from cudacore._native import fast
 
-    base = type("torch._C.TensorBase", (), {})
-
-    class Tensor(base):  # type: ignore[valid-type, misc]
+    class Tensor:
         interface_reads = 0
 
         def __init__(self, ptr, numel, *, is_cuda=True, is_sparse=False, requires_grad=False):
@@ -385,23 +385,31 @@ def test_torch_tensors_pack_without_their_interface(mod):
             Tensor.interface_reads += 1
             if self.requires_grad:
                 raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad")
-            return {"shape": (self.n,), "typestr": "<u4", "data": (self.ptr if self.n else 0, False), "version": 3}
+            return {"shape": (self.n,), "typestr": "<u4", "data": (self.ptr + 0x100 if self.n else 0, False), "version": 3}
 
-    class Parameter(Tensor):  # nn.Parameter is a subclass
+    Tensor.__module__ = "torch"
+
+    class Parameter(Tensor):
+        pass
+
+    Parameter.__module__ = "torch.nn.parameter"
+
+    class Mine(Tensor):  # a user's subclass: goes by its interface
         pass
 
     k = mod.function("fill")
     for t in (Tensor(0x2000, 4), Parameter(0x2000, 4)):
         with pytest.raises(cc.NotSupportedError):  # packed in C and handed to the launch door
             fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (t, 7, 16), k._spec)
+        assert _readable(k.encode_args((t, 7, 16))).startswith("ptr:0020000000000000"), "the general path agrees"
     assert Tensor.interface_reads == 0
-    for t in (Tensor(0x2000, 0), Tensor(0x2000, 4, is_sparse=True), Tensor(0x2000, 4, is_cuda=False)):
+    for t in (Tensor(0x2000, 0), Tensor(0x2000, 4, is_sparse=True), Tensor(0x2000, 4, is_cuda=False), Mine(0x2000, 4)):
         with pytest.raises(cc.NotSupportedError):
             fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (t, 7, 16), k._spec)
-    assert Tensor.interface_reads == 3
+    assert Tensor.interface_reads == 4
+    assert _readable(k.encode_args((Mine(0x2000, 4), 7, 16))).startswith("ptr:0021000000000000"), "by its interface"
     # The interface refuses a tensor that requires grad: the general path is left to explain.
     assert fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (Tensor(0x2000, 4, requires_grad=True), 7, 16), k._spec) is NotImplemented
-    assert _readable(k.encode_args((Tensor(0x2000, 4), 7, 16))).startswith("ptr:0020000000000000")
 
     class Interrupting(Tensor):
         @property
@@ -412,6 +420,8 @@ def test_torch_tensors_pack_without_their_interface(mod):
         def is_cuda(self, value):
             pass
 
+    Interrupting.__module__ = "torch"
+    Interrupting.__name__ = "Tensor"
     with pytest.raises(KeyboardInterrupt):  # never swallowed while reading an argument
         fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (Interrupting(0x2000, 4), 7, 16), k._spec)
 

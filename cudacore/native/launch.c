@@ -281,8 +281,9 @@ cupy_array_ptr(PyObject *a)
     return ptr;
 }
 
-/* Whether type is a PyTorch tensor type: torch.Tensor, or a subclass of it (nn.Parameter, a user's), found
- * by its C base in the MRO. The last answer is kept per type, as is_cupy_ndarray's. */
+/* Whether type is PyTorch's own tensor type, torch.Tensor or torch.nn.Parameter (by name and module; a
+ * subclass of a user's may override __torch_function__, through which PyTorch reads the interface, so it
+ * goes by the interface). The last answer is kept per type, as is_cupy_ndarray's. */
 static int
 is_torch_tensor(PyTypeObject *type)
 {
@@ -292,14 +293,15 @@ is_torch_tensor(PyTypeObject *type)
     if (type == last && last_tag != 0 && type->tp_version_tag == last_tag) {
         return last_answer;
     }
-    int answer = 0;
-    PyObject *mro = type->tp_mro;
-    if (mro != NULL && PyTuple_Check(mro)) {
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro) && !answer; i++) {
-            const char *name = ((PyTypeObject *)PyTuple_GET_ITEM(mro, i))->tp_name;
-            answer = strcmp(name, "torch._C.TensorBase") == 0 || strcmp(name, "torch._C._TensorBase") == 0;
-        }
+    int tensor = strcmp(type->tp_name, "Tensor") == 0, parameter = strcmp(type->tp_name, "Parameter") == 0;
+    if (!tensor && !parameter) {
+        return 0; /* not asked about, not kept */
     }
+    PyObject *mod = PyObject_GetAttrString((PyObject *)type, "__module__");
+    int answer = mod != NULL && PyUnicode_Check(mod) &&
+                 PyUnicode_CompareWithASCIIString(mod, tensor ? "torch" : "torch.nn.parameter") == 0;
+    Py_XDECREF(mod);
+    PyErr_Clear(); /* a type's __module__ is a plain attribute: nothing to lose */
     Py_INCREF(type);
     Py_XSETREF(last, type);
     last_tag = type->tp_version_tag;
@@ -324,7 +326,7 @@ attr_is(PyObject *a, PyObject *name, PyObject *want)
 
 /* The device address of a PyTorch tensor as its __cuda_array_interface__ gives it, without building that
  * dictionary (a Python property): the address of its first element, data_ptr(), for a dense CUDA tensor
- * that does not require grad and is not empty. A new reference to an exact int, or NULL with no exception
+ * that does not require grad and is not empty (the general path reads it the same way, _torch_pointer). A new reference to an exact int, or NULL with no exception
  * set when a is not such a tensor (the interface decides, and explains what it refuses: a CPU tensor, a
  * sparse one, one that requires grad), or NULL with the exception set when reading it raised what
  * clear_read_error keeps. */

@@ -208,8 +208,27 @@ def pointer(x: int) -> KernelArg:
     return KernelArg("ptr", x)
 
 
+#: PyTorch's own tensor types, by name and module, whose address is read with ``data_ptr()``.
+_TORCH_TYPES = {("Tensor", "torch"), ("Parameter", "torch.nn.parameter")}
+
+
+def _torch_pointer(obj: Any) -> int | None:
+    """A PyTorch tensor's address as its ``__cuda_array_interface__`` gives it (its first element's), read
+    with ``data_ptr()`` for a dense CUDA tensor that does not require grad and is not empty, as the C path
+    reads it; None for anything else, which goes by its interface."""
+    t = type(obj)
+    if (t.__name__, t.__module__) not in _TORCH_TYPES:
+        return None
+    if obj.is_cuda is not True or obj.is_sparse is not False or obj.requires_grad is not False or obj.numel() <= 0:
+        return None
+    return int(obj.data_ptr())
+
+
 def _device_pointer(obj: Any) -> int | None:
     """The device address of a buffer-like object (``.ptr`` or ``__cuda_array_interface__``), or None."""
+    torch_ptr = _torch_pointer(obj)
+    if torch_ptr is not None:
+        return torch_ptr
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         data = cai.get("data") if isinstance(cai, dict) else None
