@@ -652,7 +652,12 @@ def test_doctor_shows_the_link_between_each_pair() -> None:
         ["dev", "1", "-", "dev", "3"],
         ["dev", "2", "-", "dev", "3"],
     ]
-    assert "NVLink x12" in section[0]
+    assert "NVLink x12;" in section[0]
+    # The widest kind, through a switch, is still apart from what follows it.
+    from cudacore._topology import describe_link
+
+    wide = describe_link({"kind": "nvlink", "nvlinks": 18, "nvswitch": True, "access": 1, "native_atomics": 1, "performance_rank": 0})
+    assert wide.startswith("NVLink x18 (through NVSwitch); peer access yes"), wide
     assert "peer access yes, native atomics yes, performance rank 0" in section[0]
     assert "PCIe (PIX)" in section[1]
     assert "peer access yes, native atomics no, performance rank 1" in section[1]

@@ -67,7 +67,7 @@ def describe_link(entry: dict[str, Any]) -> str:
     else:
         what = "unknown (no NVML)"
     return (
-        f"{what:<28}peer access {'yes' if entry['access'] else 'no'}, native atomics "
+        f"{what + ';':<30} peer access {'yes' if entry['access'] else 'no'}, native atomics "
         f"{'yes' if entry['native_atomics'] else 'no'}, performance rank {entry['performance_rank']}"
     )
 
