@@ -120,13 +120,14 @@ def cupy_allocator(device: Device | int | None = None) -> Callable[[int], Any]:
 
     def allocate(size: int) -> Any:
         dev = fixed if fixed is not None else _device(cupy.cuda.runtime.getDevice())
-        if dev.device_id not in opened:
-            _opened(dev.device_id, opened, cupy.cuda.get_current_stream().ptr)
-        if size == 0:
-            return memory.MemoryPointer(memory.UnownedMemory(0, 0, None, dev.device_id), 0)
         # CuPy's current stream, as the object: the Buffer holds it until freed, and cudacore watches it, so
         # that its handle never reaches the driver after CuPy destroyed it (docs/guide/memory.md).
-        buf = dev.allocate(size, stream=cupy.cuda.get_current_stream())
+        stream = cupy.cuda.get_current_stream()
+        if dev.device_id not in opened:
+            _opened(dev.device_id, opened, int(getattr(stream, "ptr", 0) or 0))
+        if size == 0:
+            return memory.MemoryPointer(memory.UnownedMemory(0, 0, None, dev.device_id), 0)
+        buf = dev.allocate(size, stream=stream)
         return memory.MemoryPointer(memory.UnownedMemory(buf.ptr, size, buf, dev.device_id), 0)
 
     return allocate
