@@ -211,31 +211,44 @@ launch_pack_one(PyObject *a, int code, int size, int flags, unsigned char *out)
     return 0;
 }
 
-/* Whether type is CuPy's ndarray (the class users make arrays of: named "ndarray", from module "cupy").
- * The answer for the last type asked is kept (the type held) while the type is unchanged: assigning to a
- * class's attributes, __module__ included, gives it a new version tag (0 until the interpreter assigns
- * one, and then the answer is not kept). */
+/* The answer for the last type asked whether it is one library's class: kept (the type held) while the
+ * type is unchanged. Assigning to a class's attributes, __module__ included, gives it a new version tag (0
+ * until the interpreter assigns one, and then the answer is not kept). */
+typedef struct {
+    PyTypeObject *last;
+    unsigned int tag;
+    int answer;
+} type_memo;
+
+/* Whether type is the class named name of module module, asked once per type (memo). A type of another
+ * name is not asked about, nor kept. */
 static int
-is_cupy_ndarray(PyTypeObject *type)
+is_library_class(type_memo *memo, PyTypeObject *type, const char *name, const char *module)
 {
-    static PyTypeObject *last = NULL;
-    static unsigned int last_tag = 0;
-    static int last_answer = 0;
-    if (type == last && last_tag != 0 && type->tp_version_tag == last_tag) {
-        return last_answer;
+    if (type == memo->last && memo->tag != 0 && type->tp_version_tag == memo->tag) {
+        return memo->answer;
     }
-    if (strcmp(type->tp_name, "ndarray") != 0) {
-        return 0; /* numpy's is "numpy.ndarray": not asked about, not kept */
+    if (strcmp(type->tp_name, name) != 0) {
+        return 0;
     }
     PyObject *mod = PyObject_GetAttrString((PyObject *)type, "__module__");
-    int answer = mod != NULL && PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, "cupy") == 0;
+    int answer = mod != NULL && PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, module) == 0;
     Py_XDECREF(mod);
     PyErr_Clear(); /* a type's __module__ is a plain attribute: nothing to lose */
     Py_INCREF(type);
-    Py_XSETREF(last, type);
-    last_tag = type->tp_version_tag;
-    last_answer = answer;
+    Py_XSETREF(memo->last, type);
+    memo->tag = type->tp_version_tag;
+    memo->answer = answer;
     return answer;
+}
+
+/* Whether type is CuPy's ndarray (the class users make arrays of: named "ndarray", from module "cupy";
+ * numpy's is "numpy.ndarray", another name). */
+static int
+is_cupy_ndarray(PyTypeObject *type)
+{
+    static type_memo memo;
+    return is_library_class(&memo, type, "ndarray", "cupy");
 }
 
 /* After a failed read of an argument's attribute: clear an ordinary error (0: the general path reads the
@@ -283,30 +296,13 @@ cupy_array_ptr(PyObject *a)
 
 /* Whether type is PyTorch's own tensor type, torch.Tensor or torch.nn.Parameter (by name and module; a
  * subclass of a user's may override __torch_function__, through which PyTorch reads the interface, so it
- * goes by the interface). The last answer is kept per type, as is_cupy_ndarray's. */
+ * goes by the interface). */
 static int
 is_torch_tensor(PyTypeObject *type)
 {
-    static PyTypeObject *last = NULL;
-    static unsigned int last_tag = 0;
-    static int last_answer = 0;
-    if (type == last && last_tag != 0 && type->tp_version_tag == last_tag) {
-        return last_answer;
-    }
-    int tensor = strcmp(type->tp_name, "Tensor") == 0, parameter = strcmp(type->tp_name, "Parameter") == 0;
-    if (!tensor && !parameter) {
-        return 0; /* not asked about, not kept */
-    }
-    PyObject *mod = PyObject_GetAttrString((PyObject *)type, "__module__");
-    int answer = mod != NULL && PyUnicode_Check(mod) &&
-                 PyUnicode_CompareWithASCIIString(mod, tensor ? "torch" : "torch.nn.parameter") == 0;
-    Py_XDECREF(mod);
-    PyErr_Clear(); /* a type's __module__ is a plain attribute: nothing to lose */
-    Py_INCREF(type);
-    Py_XSETREF(last, type);
-    last_tag = type->tp_version_tag;
-    last_answer = answer;
-    return answer;
+    static type_memo tensor, parameter;
+    return is_library_class(&tensor, type, "Tensor", "torch") ||
+           is_library_class(&parameter, type, "Parameter", "torch.nn.parameter");
 }
 
 /* An attribute of a (name interned) that must be exactly the singleton want (Py_True or Py_False): 1 yes,
