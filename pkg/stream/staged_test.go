@@ -511,6 +511,48 @@ func TestStagedOrderOnALazyGPU(t *testing.T) {
 	settle(t, before)
 }
 
+// faultedCopy makes the nth call from now of entry fail and copies n bytes with host one way (dtoh: to the
+// host) on s: the copy returns the typed error, or nothing when the fault came after its last call of that
+// kind (then the fault is taken back). host is written right after the call returns, as the caller may:
+// under -race a worker still copying it would show.
+func faultedCopy(t *testing.T, e *env, gpu *lazyGPU, entry string, nth int, dtoh bool, p cuda.DevicePtr, host []byte, s *Stream) {
+	t.Helper()
+	gpu.fault(entry, nth, cuda.ErrorInvalidValue)
+	var err error
+	if dtoh {
+		err = e.m.CopyDtoH(host, p, s)
+	} else {
+		err = e.m.CopyHtoD(p, host, s)
+	}
+	clear(host) // the caller's memory is the caller's again
+	if err == nil {
+		// The fault came after the copy's last call of that kind (a pool of one buffer waits more often
+		// than it enqueues): nothing to check but the pool.
+		gpu.clearFaults()
+	} else {
+		requireResult(t, cuda.ErrorInvalidValue, err)
+	}
+}
+
+// requirePoolBack checks, once s is done, that every staging buffer is back in the pool.
+func requirePoolBack(t *testing.T, e *env, s *Stream) {
+	t.Helper()
+	require.NoError(t, s.Synchronize())
+	all, free, busy := poolState(e.m)
+	assert.Zero(t, busy, "no staging buffer stays busy")
+	assert.Equal(t, all, free, "every staging buffer is back")
+}
+
+// requirePoolWorks checks that a round trip of n bytes through p on s lands whole.
+func requirePoolWorks(t *testing.T, e *env, p cuda.DevicePtr, n int, s *Stream) {
+	t.Helper()
+	want := pattern(n, 6)
+	got := make([]byte, n)
+	require.NoError(t, e.m.CopyHtoD(p, bytes.Clone(want), s), "the pool works again")
+	require.NoError(t, e.m.CopyDtoH(got, p, s))
+	require.True(t, bytes.Equal(want, got), "bytes differ after the failure")
+}
+
 // TestStagedFaultsOnALazyGPU: a failure midway through a staged copy whose chunks are in every state
 // (filled and not enqueued, enqueued and not landed, landed and being copied out) returns the typed
 // error once no worker touches the caller's memory (the test writes it right away: under -race a worker
@@ -537,30 +579,9 @@ func TestStagedFaultsOnALazyGPU(t *testing.T) {
 				n := 7*st.Chunk + 5
 				p := e.alloc(t, n)
 				host := pattern(n, 5)
-				gpu.fault(c.entry, c.nth, cuda.ErrorInvalidValue)
-				var err error
-				if c.dtoh {
-					err = e.m.CopyDtoH(host, p, s)
-				} else {
-					err = e.m.CopyHtoD(p, host, s)
-				}
-				clear(host) // the caller's memory is the caller's again
-				if err == nil {
-					// The fault came after the copy's last call of that kind (a pool of one buffer
-					// waits more often than it enqueues): nothing to check but the pool.
-					gpu.clearFaults()
-				} else {
-					requireResult(t, cuda.ErrorInvalidValue, err)
-				}
-				require.NoError(t, s.Synchronize())
-				all, free, busy := poolState(e.m)
-				assert.Zero(t, busy, "no staging buffer stays busy")
-				assert.Equal(t, all, free, "every staging buffer is back")
-				want := pattern(n, 6)
-				got := make([]byte, n)
-				require.NoError(t, e.m.CopyHtoD(p, bytes.Clone(want), s), "the pool works again")
-				require.NoError(t, e.m.CopyDtoH(got, p, s))
-				require.True(t, bytes.Equal(want, got), "bytes differ after the failure")
+				faultedCopy(t, e, gpu, c.entry, c.nth, c.dtoh, p, host, s)
+				requirePoolBack(t, e, s)
+				requirePoolWorks(t, e, p, n, s)
 			})
 		}
 	}
@@ -584,32 +605,13 @@ func TestStagedBurstFaults(t *testing.T) {
 					p := e.alloc(t, n)
 					host := pattern(n, 5)
 					created := e.drv.Calls("cuEventCreate")
-					gpu.fault(entry, nth, cuda.ErrorInvalidValue)
-					var err error
-					if dtoh {
-						err = e.m.CopyDtoH(host, p, s)
-					} else {
-						err = e.m.CopyHtoD(p, host, s)
-					}
-					clear(host)
-					if err == nil {
-						gpu.clearFaults()
-					} else {
-						requireResult(t, cuda.ErrorInvalidValue, err)
-					}
-					require.NoError(t, s.Synchronize())
-					all, free, busy := poolState(e.m)
-					assert.Zero(t, busy, "no staging buffer stays busy")
-					assert.Equal(t, all, free, "every staging buffer is back")
+					faultedCopy(t, e, gpu, entry, nth, dtoh, p, host, s)
+					requirePoolBack(t, e, s)
 					e.m.staging.mu.Lock()
 					events := len(e.m.staging.events)
 					e.m.staging.mu.Unlock()
 					assert.Equal(t, e.drv.Calls("cuEventCreate")-created, events, "every event is back in the pool")
-					want := pattern(n, 6)
-					got := make([]byte, n)
-					require.NoError(t, e.m.CopyHtoD(p, bytes.Clone(want), s), "the pool works again")
-					require.NoError(t, e.m.CopyDtoH(got, p, s))
-					require.True(t, bytes.Equal(want, got), "bytes differ after the failure")
+					requirePoolWorks(t, e, p, n, s)
 				})
 			}
 		}

@@ -10,9 +10,10 @@ import (
 	"github.com/cudacore/cudacore/pkg/memory"
 )
 
-// This file sorts before process_test.go, so its test opens the process's simulator, with three devices:
-// 0 and 1 peers, 2 in a peer group of its own. The other tests of the package work on any shape.
-func TestPeersAndSharingOnTheSimulator(t *testing.T) {
+// This file sorts before process_test.go, so its first test opens the process's simulator, with three
+// devices: 0 and 1 peers, 2 in a peer group of its own. The other tests of the package work on any shape.
+func threeSimDevices(t *testing.T) (d0, d1, d2 *Device) {
+	t.Helper()
 	t.Setenv("CUDACORE_BACKEND", "sim")
 	t.Setenv("CUDACORE_SIM_DEVICES", `[{}, {}, {"peer_group": 1}]`)
 	n, err := DeviceCount()
@@ -20,12 +21,16 @@ func TestPeersAndSharingOnTheSimulator(t *testing.T) {
 	if n < 3 {
 		t.Skip("the process's simulator was opened with fewer devices by an earlier test")
 	}
-	d0, err := GetDevice(0)
-	require.NoError(t, err)
-	d1, err := GetDevice(1)
-	require.NoError(t, err)
-	d2, err := GetDevice(2)
-	require.NoError(t, err)
+	devs := make([]*Device, 3)
+	for i := range devs {
+		devs[i], err = GetDevice(i)
+		require.NoError(t, err)
+	}
+	return devs[0], devs[1], devs[2]
+}
+
+func TestPeersAndSharingOnTheSimulator(t *testing.T) {
+	d0, d1, d2 := threeSimDevices(t)
 	drv := d0.Driver()
 
 	can, err := d0.CanAccessPeer(d1)
@@ -97,19 +102,7 @@ func TestPeersAndSharingOnTheSimulator(t *testing.T) {
 // each other's memory, pools included, the first time each is used, where the two can access each other;
 // a device that cannot reach the others is left alone; nothing is done while a capture runs.
 func TestLibraryAllocatesOpensDevicesToEachOther(t *testing.T) {
-	t.Setenv("CUDACORE_BACKEND", "sim")
-	t.Setenv("CUDACORE_SIM_DEVICES", `[{}, {}, {"peer_group": 1}]`)
-	n, err := DeviceCount()
-	require.NoError(t, err)
-	if n < 3 {
-		t.Skip("the process's simulator was opened with fewer devices by an earlier test")
-	}
-	d0, err := GetDevice(0)
-	require.NoError(t, err)
-	d1, err := GetDevice(1)
-	require.NoError(t, err)
-	d2, err := GetDevice(2)
-	require.NoError(t, err)
+	d0, d1, d2 := threeSimDevices(t)
 	drv := d0.Driver()
 	access := func(owner, user *Device) cuda.AccessFlags {
 		f, err := drv.MemPoolGetAccess(owner.Context(), owner.Memory().Pool().Handle(), user.Handle())
