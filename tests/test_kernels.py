@@ -583,58 +583,49 @@ def test_gpu_numpy_scalars_and_typed_values_reach_the_kernel():
     }  # fmt: skip
 
 
-@pytest.mark.gpu
-def test_gpu_cupy_views_reach_the_kernel():
-    # A CuPy array passed for a pointer goes as the address its interface gives: a view's own start, on the
-    # direct path and through Go alike.
-    pytest.importorskip("cupy")
-    out = _gpu(
-        f"""
-        import json, cupy
-        fill = d.load_module({str(FILL_PTX)!r}).function("fill")
-        s = d.create_stream()
-        got = {{}}
-        for how in ("go", "direct"):
-            a = cupy.zeros(64, cupy.uint32)
-            fill.launch(grid=1, block=32, args=(a[16:], 5, 16), stream=s if how == "direct" else None)
-            fill.launch(grid=1, block=32, args=(a[40:48], 6, 8), stream=s if how == "direct" else None)
-            s.synchronize()
-            got[how] = a.get().tolist()
-        print(json.dumps(got))
-        """
-    )
-    want = [0] * 16 + [5] * 16 + [0] * 8 + [6] * 8 + [0] * 16
-    assert out == {"go": want, "direct": want}
+#: Per library: how the GPU script makes a zeroed array of 64 32-bit ints, reads it back, and what of the
+#: library's arrays the interface refuses (checked that the launch refuses it too), or None.
+_VIEW_LIBRARIES = {
+    "cupy": ("cupy.zeros(64, cupy.uint32)", "a.get().tolist()", None),
+    "torch": ('torch.zeros(64, dtype=torch.int32, device="cuda")', "a.cpu().tolist()",
+              'torch.zeros(4, device="cuda", requires_grad=True)'),
+}
 
 
 @pytest.mark.gpu
-def test_gpu_torch_tensors_reach_the_kernel():
-    # A PyTorch tensor passed for a pointer goes as the address of its first element (a view's own start),
-    # on the direct path and through Go alike; one that requires grad is refused as its interface refuses it.
-    pytest.importorskip("torch")
-    out = _gpu(
-        f"""
-        import json, torch
-        fill = d.load_module({str(FILL_PTX)!r}).function("fill")
-        s = d.create_stream()
-        got = {{}}
-        for how in ("go", "direct"):
-            a = torch.zeros(64, dtype=torch.int32, device="cuda")
-            fill.launch(grid=1, block=32, args=(a[16:], 5, 16), stream=s if how == "direct" else None)
-            fill.launch(grid=1, block=32, args=(a[40:48], 6, 8), stream=s if how == "direct" else None)
-            s.synchronize()
-            got[how] = a.cpu().tolist()
+@pytest.mark.parametrize("lib", sorted(_VIEW_LIBRARIES))
+def test_gpu_views_of_other_libraries_reach_the_kernel(lib):
+    # A CuPy array or a PyTorch tensor passed for a pointer goes as the address its interface gives: a
+    # view's own start, on the direct path and through Go alike. A tensor that requires grad is refused as
+    # its interface refuses it.
+    pytest.importorskip(lib)
+    zeros, read, refused = _VIEW_LIBRARIES[lib]
+    refusal = f"""
         try:
-            fill.launch(grid=1, block=32, args=(torch.zeros(4, device="cuda", requires_grad=True), 1, 4), stream=s)
-            got["grad"] = "launched"
+            fill.launch(grid=1, block=32, args=({refused}, 1, 4), stream=s)
+            got["refused"] = "launched"
         except Exception as e:
-            got["grad"] = type(e).__name__
+            got["refused"] = type(e).__name__""" if refused else ""
+    out = _gpu(
+        f"""
+        import json, {lib}
+        fill = d.load_module({str(FILL_PTX)!r}).function("fill")
+        s = d.create_stream()
+        got = {{}}
+        for how in ("go", "direct"):
+            a = {zeros}
+            fill.launch(grid=1, block=32, args=(a[16:], 5, 16), stream=s if how == "direct" else None)
+            fill.launch(grid=1, block=32, args=(a[40:48], 6, 8), stream=s if how == "direct" else None)
+            s.synchronize()
+            got[how] = {read}
+        {refusal}
         print(json.dumps(got))
         """
     )
     want = [0] * 16 + [5] * 16 + [0] * 8 + [6] * 8 + [0] * 16
     assert out["go"] == want and out["direct"] == want
-    assert out["grad"] != "launched"
+    if refused is not None:
+        assert out["refused"] != "launched"
 
 
 @pytest.mark.gpu
