@@ -134,7 +134,8 @@ def _peer_size(d0: Any, d1: Any, n: int, rounds: int) -> list[str]:
 
 
 def _ipc_worker(conn: Any) -> None:
-    """The second process: opens and closes each handle it is sent and replies the seconds it took."""
+    """The second process: opens and closes each handle it is sent and replies the seconds each took, as
+    (open, close) (scripts/gpu/ipc_breakdown.py shows them apart)."""
     import cudacore as cc
 
     cc.Device(0)
@@ -143,19 +144,21 @@ def _ipc_worker(conn: Any) -> None:
         if msg is None:
             return
         kind, handle = msg
-        t = time.perf_counter()
+        t0 = time.perf_counter()
         if kind == "cupy":
             import cupy
 
             ptr = cupy.cuda.runtime.ipcOpenMemHandle(handle)
+            t1 = time.perf_counter()
             cupy.cuda.runtime.ipcCloseMemHandle(ptr)
         else:
             buf = handle.open()
+            t1 = time.perf_counter()
             buf.close()
-        dt = time.perf_counter() - t
+        t2 = time.perf_counter()
         if kind != "cupy":
             handle.close()
-        conn.send(dt)
+        conn.send((t1 - t0, t2 - t1))
 
 
 def ipc_rows(rounds: int, size: int) -> list[str]:
@@ -183,7 +186,7 @@ def ipc_rows(rounds: int, size: int) -> list[str]:
             dt = time.perf_counter() - t
             parent.send(("cudacore", h))
             h.close()
-            return dt + float(parent.recv())
+            return dt + sum(parent.recv())
 
         contenders: dict[str, Callable[[], float]] = {
             f"cudacore ({kind})": (lambda buf=buf: cudacore_trip(buf)) for kind, buf in shared.items()
@@ -199,7 +202,7 @@ def ipc_rows(rounds: int, size: int) -> list[str]:
                 h = cupy.cuda.runtime.ipcGetMemHandle(cupy_mem)
                 dt = time.perf_counter() - t
                 parent.send(("cupy", h))
-                return dt + float(parent.recv())
+                return dt + sum(parent.recv())
 
             contenders["cupy"] = cupy_trip
         except ImportError:

@@ -10,36 +10,14 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import statistics
+import sys
 import time
-from typing import Any
 
-
-def child(conn: Any) -> None:
-    import cudacore as cc
-
-    cc.Device(0)
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            return
-        kind, handle = msg
-        if kind == "cupy":
-            import cupy
-
-            t0 = time.perf_counter()
-            ptr = cupy.cuda.runtime.ipcOpenMemHandle(handle)
-            t1 = time.perf_counter()
-            cupy.cuda.runtime.ipcCloseMemHandle(ptr)
-            t2 = time.perf_counter()
-        else:
-            t0 = time.perf_counter()
-            buf = handle.open()
-            t1 = time.perf_counter()
-            buf.close()
-            t2 = time.perf_counter()
-            handle.close()
-        conn.send((t1 - t0, t2 - t1))
+# The second process is the benchmark's own (bench/multi_gpu.py), which replies open and close apart.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+from multi_gpu import _ipc_worker
 
 
 def main() -> int:
@@ -51,7 +29,7 @@ def main() -> int:
 
     ctx = mp.get_context("spawn")
     parent, other = ctx.Pipe()
-    proc = ctx.Process(target=child, args=(other,))
+    proc = ctx.Process(target=_ipc_worker, args=(other,))
     proc.start()
     d = cc.Device(0)
     rows: dict[str, list[tuple[float, float, float]]] = {}
