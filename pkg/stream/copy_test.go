@@ -805,31 +805,37 @@ func TestSyncDriverCopyWaitsWhereCapturesAllow(t *testing.T) {
 			const n = 1000
 			p := e.alloc(t, n)
 			capturing := e.stream(t, true) // non-blocking: a synchronous copy is allowed meanwhile
-			onThread := func(fn func()) {
-				if !c.otherTh {
-					fn()
-					return
-				}
-				done := make(chan struct{})
+			// The capture begins and ends on one thread (ending it on another is refused), this test's or
+			// one other thread's; an error comes back here, where require may stop the test.
+			onThread := func(fn func() error) error { return fn() }
+			if c.otherTh {
+				calls := make(chan func() error)
+				results := make(chan error)
 				go func() {
 					runtime.LockOSThread()
 					defer runtime.UnlockOSThread()
-					fn()
-					close(done)
+					for fn := range calls {
+						results <- fn()
+					}
 				}()
-				<-done
+				defer close(calls)
+				onThread = func(fn func() error) error {
+					calls <- fn
+					return <-results
+				}
 			}
-			onThread(func() { require.NoError(t, capturing.BeginCapture(c.mode)) })
+			require.NoError(t, onThread(func() error { return capturing.BeginCapture(c.mode) }))
 			syncs := e.drv.Calls("cuStreamSynchronize")
 			want := pattern(n, 7)
 			require.NoError(t, e.m.CopyHtoD(p, bytes.Clone(want), nil))
 			waited := e.drv.Calls("cuStreamSynchronize") > syncs
 			assert.Equal(t, c.wantsSync, waited, "the legacy stream's synchronize after the driver's copy")
-			onThread(func() {
-				g, err := capturing.EndCapture()
-				require.NoError(t, err, "the copy left the capture going")
-				require.NoError(t, g.Destroy())
-			})
+			var g *Graph
+			require.NoError(t, onThread(func() (err error) {
+				g, err = capturing.EndCapture()
+				return err
+			}), "the copy left the capture going")
+			require.NoError(t, g.Destroy())
 			got := make([]byte, n)
 			require.NoError(t, e.m.CopyDtoH(got, p, nil))
 			assert.Equal(t, want, got)
