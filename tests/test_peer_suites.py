@@ -134,3 +134,18 @@ def test_split_gpus_runs_each_allocator_on_a_gpu_of_its_own(
     for allocator in ("own", "cudacore"):
         got = json.loads((out / f"outcomes-numba-{allocator}.json").read_text())
         assert list(got.values()) == ["passed"], (allocator, got)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize(("left_out", "ran"), [
+    ([], {"test_3_real_failure", "test_5_fine"}),
+    ([("real_failure", "left out by this test")], {"test_5_fine"}),
+])
+def test_a_keyword_narrows_the_selection_with_the_left_out_tests_still_out(
+    stand_in: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, left_out: list[tuple[str, str]], ran: set[str]
+) -> None:
+    ps = stand_in
+    monkeypatch.setattr(ps, "KEYWORD", "fine or real")
+    monkeypatch.setitem(ps.LEFT_OUT, "cupy", left_out)
+    got = ps.run_file("cupy", "test_stand_in.py", "own", tmp_path / "out", 120, 0)
+    assert {n.rsplit("::", 1)[-1] for n in got} == ran

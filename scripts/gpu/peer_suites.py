@@ -67,6 +67,10 @@ SELECTED = {
         "numba.cuda.tests.cudapy.test_stream_api",
         "numba.cuda.tests.cudapy.test_sync",
         "numba.cuda.tests.cudapy.test_cuda_array_interface",
+        # two GPUs (they skip with one): contexts and arrays of several devices, and threads
+        "numba.cuda.tests.cudapy.test_multigpu",
+        "numba.cuda.tests.cudadrv.test_select_device",
+        "numba.cuda.tests.cudapy.test_multithreads",
     ],
 }
 
@@ -235,6 +239,8 @@ GPU_OF: dict[str, str] = {}
 DEADLINE: float | None = None
 #: A pytest marker expression (-m) the pytest suites run under, or None for all their tests.
 MARK: str | None = None
+#: A pytest keyword expression (-k) the pytest suites' selection is narrowed by (--keyword), or None.
+KEYWORD: str | None = None
 
 
 def time_left(timeout: float) -> float:
@@ -320,6 +326,8 @@ def run_once(
     keyword = f"not ({left})" if left else ""
     if suite == "torch":
         keyword = f"({TORCH_CLASSES}) and {keyword}"
+    if KEYWORD:
+        keyword = f"({KEYWORD}) and {keyword}" if keyword else KEYWORD
     for _attempt in range(50):  # one more start per crash
         if suite == "numba":  # unittest suites: their own runner, which logs as the plugin does
             cmd = [sys.executable, str(PLUGIN_DIR / "peer_unittest.py"), target]
@@ -385,6 +393,8 @@ def main() -> int:
     ap.add_argument("--suite", action="append", choices=sorted(SELECTED), help="suite to run (repeat); default all")
     ap.add_argument("--only", action="append", help="run only the selected files containing this text (repeat)")
     ap.add_argument("--mark", help="pytest suites: run only the tests with this marker expression (-m), e.g. multi_gpu")
+    ap.add_argument("--keyword", help="pytest suites: run only the selected tests matching this keyword expression "
+                    "(-k, with the left-out tests still left out), e.g. TestCudaMultiGPU")
     ap.add_argument("--allocator", action="append", choices=["own", "cudacore"], help="default both")
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
     ap.add_argument("--timeout", type=float, default=600, help="seconds for one file's process")
@@ -400,9 +410,10 @@ def main() -> int:
     args = ap.parse_args()
     if args.split_gpus:
         GPU_OF.update(own="0", cudacore="1")
-    global DEADLINE, MARK
+    global DEADLINE, MARK, KEYWORD
     DEADLINE = None if args.deadline is None else time.monotonic() + args.deadline
     MARK = args.mark
+    KEYWORD = args.keyword
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     try:
