@@ -335,8 +335,17 @@ def installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-@pytest.mark.skipif("torch" in sys.modules or "numba" in sys.modules, reason="torch or numba imported here")
+def _skip_if_imported(*names: str) -> None:
+    """Skip when an earlier test of this process imported one of ``names``: checked when the test runs,
+    not when it is collected (a skipif condition is evaluated at collection, before the GPU tests that
+    import torch have run)."""
+    imported = [n for n in names if n in sys.modules]
+    if imported:
+        pytest.skip(f"{' and '.join(imported)} imported in this process already")
+
+
 def test_torch_and_numba_are_wired_through_the_environment_before_import(dev: cc.Device, installed: None) -> None:
+    _skip_if_imported("torch", "numba")
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:False"
     sp = cc.share_pool(dev, libraries=["torch", "numba"])
     assert sp.wired == ("torch", "numba")
@@ -348,8 +357,8 @@ def test_torch_and_numba_are_wired_through_the_environment_before_import(dev: cc
     assert "NUMBA_CUDA_MEMORY_MANAGER" not in os.environ
 
 
-@pytest.mark.skipif("torch" in sys.modules, reason="torch imported here")
 def test_torch_asked_for_another_backend_is_not_wired(dev: cc.Device, installed: None) -> None:
+    _skip_if_imported("torch")
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:native"
     with cc.share_pool(dev, libraries=["torch"]) as sp:
         w = sp.libraries["torch"]
