@@ -972,3 +972,59 @@ func TestStagingAllocationFailsUnderContention(t *testing.T) {
 	assert.Zero(t, busy)
 	assert.Equal(t, all, free, "every staging buffer is back")
 }
+
+// BenchmarkCrewStart asks, on this host, what a copy of a few chunks pays for starting its crew: the host
+// half of a staged copy of 16 and 64 MiB (as the pipeline runs it, a crew started per copy), against the
+// same pieces copied by workers that are already running and spin between copies, which is the most
+// that keeping a crew warm could give. The gap is the crew's start (waking parked threads), which a copy
+// of a few chunks pays against only a few hundred microseconds of copying.
+func BenchmarkCrewStart(b *testing.B) {
+	st := StagingTuning{Chunk: DefaultStagingSize, Piece: DefaultCopyPiece, Workers: DefaultCopyWorkers}
+	for _, n := range []int{16 << 20, 64 << 20} {
+		src, dst := pattern(n, 1), make([]byte, n)
+		b.Run(fmt.Sprintf("crew/%dMiB", n>>20), func(b *testing.B) {
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				crewCopy(dst, src, st)
+			}
+		})
+		b.Run(fmt.Sprintf("spinning/%dMiB", n>>20), func(b *testing.B) {
+			var round, next, done atomic.Int64
+			var quit atomic.Bool
+			pieces := n / st.Piece
+			var wg sync.WaitGroup
+			for range max(1, min(st.Workers, runtime.GOMAXPROCS(0)-1)) { // spinners need a core each
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					seen := int64(0)
+					for !quit.Load() {
+						if r := round.Load(); r == seen {
+							continue // spin: no parking between copies
+						} else {
+							seen = r
+						}
+						for {
+							i := int(next.Add(1) - 1)
+							if i >= pieces {
+								break
+							}
+							copy(dst[i*st.Piece:(i+1)*st.Piece], src[i*st.Piece:(i+1)*st.Piece])
+							done.Add(1)
+						}
+					}
+				}()
+			}
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				next.Store(0)
+				done.Store(0)
+				round.Add(1)
+				for done.Load() < int64(pieces) {
+				}
+			}
+			quit.Store(true)
+			wg.Wait()
+		})
+	}
+}
