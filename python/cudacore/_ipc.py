@@ -17,7 +17,7 @@ How the memory travels, by the device's allocation strategy:
 - ``"sync"``: the block comes from cuMemAlloc and the handle is its 64-byte cuIpcMemHandle.
 
 Lifetime. The exporter's memory stays valid while an importer holds it. Every export carries a *lease*, a
-small shared-memory file with one slot per importing process: :meth:`IpcHandle.open` takes a slot and
+small shared-memory file with one slot per import: :meth:`IpcHandle.open` takes a slot and
 :meth:`ImportedBuffer.close` gives it back. :meth:`SharedBuffer.close` while a live process holds a slot
 raises :class:`IllegalStateError` naming the processes, and leaves the memory alone; slots of processes
 that have exited are ignored. A SharedBuffer garbage collected while held is freed once the last holder
