@@ -752,7 +752,8 @@ class IpcHandle:
             raise error("CUDACORE_ERROR_CLOSED", "this IpcHandle was closed", op="cudacore.open_shared")
         # Go checks the ordinal (the handle's, by default) as it opens the device.
         ordinal = self.device_id if device is None else as_device(device).device_id
-        if self.exporter == os.getpid():
+        pid = os.getpid()
+        if self.exporter == pid:
             ref = _exported.get((self.device_id, self.ptr))
             share = ref() if ref is not None else None
             if share is None or share.closed:
@@ -767,7 +768,7 @@ class IpcHandle:
         # the slot and the lease back.
         mapping = _Mapping(self.exporter)
         try:
-            _attach(mapping, self.lease_fd).take(os.getpid(), mapping.token)
+            _attach(mapping, self.lease_fd).take(pid, mapping.token)
         except BaseException:
             mapping.close()
             raise
