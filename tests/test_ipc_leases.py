@@ -242,9 +242,17 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("how", ["pidfd", "no-pidfd"])
-def test_an_exporter_that_exited_is_refused_zombie_or_reaped(how: str) -> None:
+def check_an_exporter_that_exited_is_refused(how: str, backend: str = "sim") -> None:
+    """An importer that has the lease mapped (it opened and closed once) is refused once the exporter has
+    exited, before and after the exporter is reaped; ``how`` is "pidfd" or "no-pidfd" (pidfd_open made to
+    fail as where the kernel has none). Also run on the real driver (tests/test_multi_gpu.py)."""
     code = EXPORTER_EXITS.replace('sys.argv[1:] == ["no-pidfd"]', repr(how == "no-pidfd"))
-    r = run_python(textwrap.dedent(code), env={"CUDACORE_BACKEND": "sim", "CUDACORE_ALLOCATOR": "pool"}, timeout=300)
+    env = {"CUDACORE_BACKEND": "sim", "CUDACORE_ALLOCATOR": "pool"} if backend == "sim" else {"CUDACORE_BACKEND": backend}
+    r = run_python(textwrap.dedent(code), env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.split("\n")[:2] == ["zombie IllegalStateError True", "reaped IllegalStateError True"], r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("how", ["pidfd", "no-pidfd"])
+def test_an_exporter_that_exited_is_refused_zombie_or_reaped(how: str) -> None:
+    check_an_exporter_that_exited_is_refused(how)
