@@ -135,7 +135,9 @@ def _peer_size(d0: Any, d1: Any, n: int, rounds: int) -> list[str]:
 
 def _ipc_worker(conn: Any) -> None:
     """The second process: opens and closes each handle it is sent and replies the seconds each took, as
-    (open, close) (scripts/gpu/ipc_breakdown.py shows them apart)."""
+    (open, close) (scripts/gpu/ipc_breakdown.py shows them apart). A handle sent as ``"cudacore-go"`` is
+    opened and closed by cudacore's Go entries alone (the driver's calls and Go's bookkeeping, without the
+    lease or the Python objects): the breakdown's measure of what the Python layer adds."""
     import cudacore as cc
 
     cc.Device(0)
@@ -151,6 +153,15 @@ def _ipc_worker(conn: Any) -> None:
             ptr = cupy.cuda.runtime.ipcOpenMemHandle(handle)
             t1 = time.perf_counter()
             cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+        elif kind == "cudacore-go":
+            from cudacore._api import core
+            from cudacore._owner import Owner
+
+            owner = Owner()  # names the mapping in Go; closing it unmaps (core.OwnedFree)
+            pool_fd = -1 if handle.pool_fd is None else handle.pool_fd
+            core.ShareImport(0, handle.kind, handle.handle, pool_fd, handle.pool_id, handle.size, owner.token)
+            t1 = time.perf_counter()
+            owner.close()
         else:
             buf = handle.open()
             t1 = time.perf_counter()

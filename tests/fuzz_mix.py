@@ -794,8 +794,11 @@ def cleanup(st: Any, attempt: Any) -> None:
 def snapshot(cc: Any, out: dict[str, Any]) -> None:
     """Add the mix's accounting to fuzz.snapshot's: device 1's memory, shared and managed memory of both
     devices, and the open file descriptors (less those cudacore keeps for the process: the exportable
-    pools' descriptors, made at the first export of each device)."""
+    pools' descriptors, made at the first export of each device). The leases that imports here keep mapped
+    are let go first where their exports are closed, as the next open of another export would."""
     from cudacore import _ipc
+
+    _ipc._forget_idle_leases()
 
     for ordinal in range(min(cc.device_count(), 2)):
         d = cc.Device(ordinal)

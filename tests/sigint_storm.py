@@ -45,6 +45,7 @@ def _accounting(cc: Any, d: Any) -> dict[str, Any]:
     out: dict[str, Any] = {k: stats[k] for k in ("in_use", "pinned_in_use", "shared_in_use", "managed_in_use")}
     out["objects"] = json.loads(_api.call(_api.core.StreamObjects))
     out["objects"]["events"] -= len(_ipc._sync_events)  # the event an export waits with, kept per device
+    _ipc._forget_idle_leases()  # the leases imports here kept mapped, whose exports are closed now
     out["descriptors"] = len(os.listdir("/proc/self/fd")) - len(_ipc._pool_fds)
     return out
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import cudacore as cc
+from test_ipc_leases import check_an_exporter_that_exited_is_refused
 from test_multi import (
     ALLOCATORS,
     check_collected_shared_buffer_stays_valid_while_held,
@@ -101,6 +102,11 @@ def test_cupy_opens_an_ipc_kind_handle() -> None:
 
 def test_handle_of_an_exited_exporter_is_refused_gpu() -> None:
     check_handle_of_an_exited_exporter_is_refused(backend="cuda")
+
+
+@pytest.mark.parametrize("how", ["pidfd", "no-pidfd"])
+def test_an_exporter_that_exited_is_refused_where_its_lease_is_mapped_gpu(how: str) -> None:
+    check_an_exporter_that_exited_is_refused(how, backend="cuda")
 
 
 def test_importer_that_exits_without_closing_releases_its_hold_gpu() -> None:

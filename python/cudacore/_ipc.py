@@ -17,7 +17,7 @@ How the memory travels, by the device's allocation strategy:
 - ``"sync"``: the block comes from cuMemAlloc and the handle is its 64-byte cuIpcMemHandle.
 
 Lifetime. The exporter's memory stays valid while an importer holds it. Every export carries a *lease*, a
-small shared-memory file with one slot per importing process: :meth:`IpcHandle.open` takes a slot and
+small shared-memory file with one slot per import: :meth:`IpcHandle.open` takes a slot and
 :meth:`ImportedBuffer.close` gives it back. :meth:`SharedBuffer.close` while a live process holds a slot
 raises :class:`IllegalStateError` naming the processes, and leaves the memory alone; slots of processes
 that have exited are ignored. A SharedBuffer garbage collected while held is freed once the last holder
@@ -30,6 +30,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import functools
 import json
 import mmap
 import os
@@ -58,23 +59,40 @@ if TYPE_CHECKING:
 __all__ = ["ImportedBuffer", "IpcHandle", "SharedBuffer", "allocate_shareable"]
 
 _T = TypeVar("_T")
+_A = TypeVar("_A")
 
 # -- the lease ------------------------------------------------------------------------------------------
 
 _LEASE_SIZE = 4096
-_LEASE_MAGIC = b"cclease1"
-_SLOTS = 256  # importing processes one export can have at once
+_LEASE_MAGIC = b"cclease2"
 _HEAD = struct.Struct("<8siI")  # magic, exporter pid, closed flag
-_SLOT = struct.Struct("<i")
-_ALL_SLOTS = struct.Struct(f"<{_SLOTS}i")
+_SLOT = struct.Struct("<qq")  # an import's process id and its owner's token (_Mapping.token); zeros: free
+_SLOTS_AT = _HEAD.size
+_SLOTS = (_LEASE_SIZE - _SLOTS_AT) // _SLOT.size  # imports of one export at once, in all processes
+_SLOTS_END = _SLOTS_AT + _SLOTS * _SLOT.size
+_FREE = bytes(_SLOT.size)
+
+
+def _find_slot(mm: mmap.mmap, slot: bytes) -> int:
+    """The offset of the first slot whose bytes are ``slot``, or -1 (a match across two slots is skipped)."""
+    at = mm.find(slot, _SLOTS_AT, _SLOTS_END)
+    while at >= 0 and (at - _SLOTS_AT) % _SLOT.size:
+        at = mm.find(slot, at + 1, _SLOTS_END)
+    return at
 
 
 class _Lease(Descriptors):
-    """The importers of one export, across processes: a shared page of pid slots, changed under a POSIX
-    record lock (between processes) and a thread lock (between threads of one process, which record
-    locks do not separate). It owns its descriptor and mapping (closed once, by :meth:`close`)."""
+    """The imports of one export, across processes: a shared page with one slot per import (its process
+    and its owner's token), changed under a POSIX record lock (between processes) and a thread lock
+    (between threads of one process, which record locks do not separate). It owns its descriptors and
+    mapping (closed once, by :meth:`close`).
 
-    __slots__ = ("_fd", "_mm")
+    In an importing process one lease object serves every import of the export (see :func:`_attach`):
+    :attr:`users` holds the tokens of the imports that use it, and :attr:`exporter_gone` answers whether
+    the exporter has exited (a poll of a pidfd of it, which the lease owns, where the kernel has them;
+    None: ask :func:`_alive`)."""
+
+    __slots__ = ("_fd", "_mm", "exporter_gone", "users")
 
     _thread_lock = threading.Lock()
 
@@ -82,14 +100,14 @@ class _Lease(Descriptors):
         """Own ``fd``, or with ``dup`` a duplicate of it, made and owned in one C-level step (extend over
         map: no interrupt can come between the dup and its owner)."""
         super().__init__([] if dup else [fd])
+        self.exporter_gone: Callable[[], object] | None = None
+        self.users: set[int] = set()
         if dup:
             try:
                 self.fds.extend(map(os.dup, [fd]))
             except OSError as exc:  # a number that names no open file (closed behind the handle's back)
                 self.close()
-                raise error(
-                    "CUDA_ERROR_INVALID_VALUE", f"the handle's lease descriptor {fd} is not open: {exc}", op="cudacore.open_shared"
-                ) from exc
+                raise _lease_not_open(fd, exc) from exc
             fd = self.fds[0]
         self._fd = fd
         try:
@@ -106,8 +124,8 @@ class _Lease(Descriptors):
         except BaseException:
             self.close()
             raise
-        magic, _, _ = _HEAD.unpack_from(self._mm, 0)
-        if magic != _LEASE_MAGIC:
+        magic, exporter, _ = _HEAD.unpack_from(self._mm, 0)
+        if magic != _LEASE_MAGIC or exporter <= 0:
             self.close()
             raise error("CUDA_ERROR_INVALID_VALUE", "the handle's lease is not a cudacore lease", op="cudacore.open_shared")
 
@@ -132,9 +150,18 @@ class _Lease(Descriptors):
         mm = getattr(self, "_mm", None)
         return not self.closed and mm is not None and not mm.closed
 
-    def _locked(self, fn: Callable[[], _T]) -> _T:
-        """``fn()`` under the lease's locks: the owner's (the lease is not closed meanwhile), the thread lock
-        and the record lock.
+    def ended(self) -> bool:
+        """Whether the exporter has closed the memory or exited. Read without the locks: the closed flag,
+        once set, stays set."""
+        _, exporter, closed = _HEAD.unpack_from(self._mm, 0)
+        if closed:
+            return True
+        gone = self.exporter_gone
+        return bool(gone()) if gone is not None else not _alive(exporter)
+
+    def _locked(self, fn: Callable[[_A], _T], arg: _A) -> _T:
+        """``fn(arg)`` under the lease's locks: the owner's (the lease is not closed meanwhile), the thread
+        lock and the record lock.
 
         A plain function, not a context manager: a KeyboardInterrupt can come only at the end of a call, at
         a loop's back edge or at a function's entry, and here each of those lies inside the ``with`` or
@@ -142,75 +169,98 @@ class _Lease(Descriptors):
         ``__enter__`` and the entry of its ``__exit__``, where an interrupt leaves them held (the thread lock
         is not reentrant: the next lease call of the thread then waits for good)."""
         with self._lock:
-            if self.closed or not self.usable():
+            if not self.usable():
                 raise error("CUDACORE_ERROR_CLOSED", "the lease was closed", op="cudacore.open_shared")
             with self._thread_lock:
                 try:
                     fcntl.lockf(self._fd, fcntl.LOCK_EX)
-                    return fn()
+                    return fn(arg)
                 finally:
                     fcntl.lockf(self._fd, fcntl.LOCK_UN)
 
-    def _slots(self) -> tuple[int, ...]:
-        return _ALL_SLOTS.unpack_from(self._mm, _HEAD.size)
+    def _taken(self) -> list[tuple[int, int]]:
+        """The offset and process id of each slot taken."""
+        slots = _SLOT.iter_unpack(self._mm[_SLOTS_AT:_SLOTS_END])
+        return [(_SLOTS_AT + i * _SLOT.size, pid) for i, (pid, _) in enumerate(slots) if pid]
 
-    def take(self, pid: int) -> None:
-        def take() -> None:
-            _, exporter, closed = _HEAD.unpack_from(self._mm, 0)
-            if closed or not _alive(exporter):
-                raise error(
-                    "CUDA_ERROR_ILLEGAL_STATE",
-                    f"the exporting process {exporter} has closed this memory (or exited); export it again from a live SharedBuffer",
-                    op="cudacore.open_shared",
-                )
-            slots = self._slots()
-            if 0 in slots:
-                free = slots.index(0)
-            else:  # every slot taken: reuse one of a process that has exited
-                dead = [i for i, p in enumerate(slots) if not _alive(p)]
-                if not dead:
-                    raise error("CUDA_ERROR_ILLEGAL_STATE", f"{_SLOTS} processes hold this memory already", op="cudacore.open_shared")
-                free = dead[0]
-            _SLOT.pack_into(self._mm, _HEAD.size + 4 * free, pid)
+    def take(self, pid: int, token: int) -> None:
+        """Take a slot for the import of process ``pid`` whose owner's token is ``token`` (an importer's
+        lease, which :func:`_attach` gave that import).
 
-        self._locked(take)
+        Without the owner's lock, unlike :meth:`_locked`: an importer's lease is closed only while no
+        import uses it (:func:`_forget_idle`), and this runs while one does. The steps are those of
+        :meth:`_locked` and :meth:`ended`, written out: an open makes this call and :meth:`give_back`
+        once each.
 
-    def give_back(self, pid: int) -> None:
-        def give_back() -> None:
-            slots = self._slots()
-            if pid in slots:
-                _SLOT.pack_into(self._mm, _HEAD.size + 4 * slots.index(pid), 0)
+        Raises
+        ------
+        IllegalStateError
+            If the exporter has closed the memory or exited, or every slot is taken by a live process.
+        """
+        mm = self._mm
+        with self._thread_lock:
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX)
+                _, exporter, closed = _HEAD.unpack_from(mm, 0)
+                gone = self.exporter_gone
+                if closed or (gone() if gone is not None else not _alive(exporter)):
+                    raise error(
+                        "CUDA_ERROR_ILLEGAL_STATE",
+                        f"the exporting process {exporter} has closed this memory (or exited); export it again from a live SharedBuffer",
+                        op="cudacore.open_shared",
+                    )
+                at = _find_slot(mm, _FREE)
+                if at < 0:  # every slot taken: reuse one of a process that has exited
+                    at = next((at for at, pid in self._taken() if not _alive(pid)), -1)
+                    if at < 0:
+                        raise error("CUDA_ERROR_ILLEGAL_STATE", f"{_SLOTS} imports hold this memory already", op="cudacore.open_shared")
+                _SLOT.pack_into(mm, at, pid, token)
+            finally:
+                fcntl.lockf(self._fd, fcntl.LOCK_UN)
 
-        self._locked(give_back)
+    def give_back(self, pid: int, token: int) -> None:
+        """Free the slot that :meth:`take` took for ``pid`` and ``token``; nothing where none is (again).
+        Without the owner's lock, as :meth:`take`."""
+        mm = self._mm
+        with self._thread_lock:
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX)
+                at = _find_slot(mm, _SLOT.pack(pid, token))
+                if at >= 0:
+                    mm[at : at + _SLOT.size] = _FREE
+            finally:
+                fcntl.lockf(self._fd, fcntl.LOCK_UN)
 
     def holders(self) -> list[int]:
-        """The live processes holding a slot (exited ones are cleared on the way)."""
+        """The live processes holding a slot (slots of exited ones are freed on the way)."""
+        return self._locked(self._holders, None)
 
-        def holders() -> list[int]:
-            out = []
-            for i, p in enumerate(self._slots()):
-                if p and _alive(p):
-                    out.append(p)
-                elif p:
-                    _SLOT.pack_into(self._mm, _HEAD.size + 4 * i, 0)
-            return out
-
-        return self._locked(holders)
+    def _holders(self, _: None) -> list[int]:
+        alive: dict[int, bool] = {}
+        for at, pid in self._taken():
+            if pid not in alive:
+                alive[pid] = _alive(pid)
+            if not alive[pid]:
+                self._mm[at : at + _SLOT.size] = _FREE
+        return [pid for pid, live in alive.items() if live]
 
     def close_if_free(self) -> list[int]:
         """Mark the export closed unless live processes hold it; returns those holders."""
+        return self._locked(self._close_if_free, None)
 
-        def close_if_free() -> list[int]:
-            live = [p for p in self._slots() if p and _alive(p)]
-            if not live:
-                magic, exporter, _ = _HEAD.unpack_from(self._mm, 0)
-                _HEAD.pack_into(self._mm, 0, magic, exporter, 1)
-            return live
-
-        return self._locked(close_if_free)
+    def _close_if_free(self, _: None) -> list[int]:
+        live = [pid for pid in dict.fromkeys(pid for _, pid in self._taken()) if _alive(pid)]
+        if not live:
+            magic, exporter, _ = _HEAD.unpack_from(self._mm, 0)
+            _HEAD.pack_into(self._mm, 0, magic, exporter, 1)
+        return live
 
     def release(self) -> None:
         self.close()
+
+
+def _lease_not_open(fd: int, exc: OSError) -> CUDAError:
+    return error("CUDA_ERROR_INVALID_VALUE", f"the handle's lease descriptor {fd} is not open: {exc}", op="cudacore.open_shared")
 
 
 @interrupt_edge
@@ -248,6 +298,81 @@ def _alive(pid: int) -> bool:
     # "pid (comm) state ...": comm may hold spaces and parentheses, the state follows the last ")".
     state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
     return state not in (b"Z", b"X")
+
+
+def _exited() -> bool:
+    return True
+
+
+def _watch_exporter(lease: _Lease) -> None:
+    """Set ``lease.exporter_gone`` (an importer's lease): a poll of a pidfd of the exporter, which becomes
+    readable once the process has exited, reaped or not, so that opening asks one system call where
+    :func:`_alive` asks two and reads /proc. Where the kernel has no pidfds (before Linux 5.3, or a
+    sandbox that refuses the call) it stays None, and each open asks :func:`_alive`."""
+    _, exporter, _ = _HEAD.unpack_from(lease._mm, 0)
+    try:
+        lease.fds.extend(map(os.pidfd_open, [exporter]))  # made and owned in one C-level step
+    except ProcessLookupError:
+        lease.exporter_gone = _exited
+        return
+    except OSError:
+        return
+    poll = select.poll()
+    poll.register(lease.fds[-1], select.POLLIN)
+    lease.exporter_gone = functools.partial(poll.poll, 0)
+
+
+#: The leases this process maps as an importer, by the identity of the lease's file (device, inode), which
+#: cannot name another file while the lease holds a descriptor of it. Every import of one export here
+#: uses one lease, and it stays mapped once the last of them closes, so that opening that export again maps
+#: nothing: an idle one (no import uses it) is let go once its export is closed or its exporter has
+#: exited, and the oldest idle ones beyond _IDLE_LEASES, when an open maps another lease.
+_leases: dict[tuple[int, int], _Lease] = {}
+_leases_lock = threading.Lock()
+_IDLE_LEASES = 8
+
+
+def _attach(mapping: _Mapping, fd: int) -> _Lease:
+    """The lease that descriptor ``fd`` names, mapped in this process (now, if it was not), and used by
+    ``mapping`` from now on: the lease is not let go until ``mapping`` discards its token from
+    :attr:`_Lease.users`."""
+    try:
+        st = os.fstat(fd)
+    except OSError as exc:
+        raise _lease_not_open(fd, exc) from exc
+    key = (st.st_dev, st.st_ino)
+    with _leases_lock:
+        lease = _leases.get(key)
+        if lease is None or not lease.usable():
+            lease = _Lease(fd, dup=True)
+            try:
+                _watch_exporter(lease)
+            except BaseException:
+                lease.close()
+                raise
+            _forget_idle(_IDLE_LEASES - 1)
+            _leases[key] = lease
+        # No call between the two: an interrupt comes before both or after both.
+        mapping.lease = lease
+        lease.users.add(mapping.token)
+        return lease
+
+
+def _forget_idle(keep: int) -> None:
+    """Close the idle leases (under ``_leases_lock``) whose exports are closed or whose exporters have
+    exited, and the oldest of the others beyond ``keep``."""
+    idle = [(key, lease) for key, lease in _leases.items() if not lease.users]
+    for n, (key, lease) in enumerate(idle):
+        if len(idle) - n > keep or not lease.usable() or lease.ended():
+            del _leases[key]
+            lease.close()
+
+
+def _forget_idle_leases() -> None:
+    """Let go of the idle leases whose exports are closed or whose exporters have exited (and of the
+    oldest beyond the bound)."""
+    with _leases_lock:
+        _forget_idle(_IDLE_LEASES)
 
 
 # -- the exporter's side --------------------------------------------------------------------------------
@@ -505,13 +630,14 @@ def allocate_shareable(device: Device, nbytes: int, stream: object = None, kind:
 
 class _Mapping(Owner):
     """Owns one opened import (the owner of its ImportedBuffer): the mapping, which Go records under its
-    token (``core.ShareImport``), and its slot in the exporter's lease."""
+    token (``core.ShareImport``), its slot in the exporter's lease and its use of the lease's mapping in
+    this process (:func:`_attach`)."""
 
     __slots__ = ("exporter", "lease")
 
-    def __init__(self, lease: _Lease, exporter: int) -> None:
+    def __init__(self, exporter: int) -> None:
         super().__init__()
-        self.lease = lease
+        self.lease: _Lease | None = None
         self.exporter = exporter
 
     def why_not_sent(self) -> str:
@@ -528,10 +654,11 @@ class _Mapping(Owner):
         # exporter must not free it), and close() can be called again.
         core.OwnedFree(self.token)
         lease = self.lease
-        if not lease.closed:
+        if lease is not None:
+            # Each step gives back nothing a second time (a close that an interrupt cut short runs again).
             with contextlib.suppress(CUDAError):
-                lease.give_back(os.getpid())
-            lease.close()
+                lease.give_back(os.getpid(), self.token)
+            lease.users.discard(self.token)
         if _pending:
             # The exporter is this process (an import opened here): a SharedBuffer it closed or dropped
             # while this import held it is freed now, not at its next shareable call.
@@ -623,8 +750,10 @@ class IpcHandle:
         """
         if self._closed:
             raise error("CUDACORE_ERROR_CLOSED", "this IpcHandle was closed", op="cudacore.open_shared")
-        dev = as_device(self.device_id if device is None else device)
-        if self.exporter == os.getpid():
+        # Go checks the ordinal (the handle's, by default) as it opens the device.
+        ordinal = self.device_id if device is None else as_device(device).device_id
+        pid = os.getpid()
+        if self.exporter == pid:
             ref = _exported.get((self.device_id, self.ptr))
             share = ref() if ref is not None else None
             if share is None or share.closed:
@@ -634,25 +763,25 @@ class IpcHandle:
                     raise error("CUDA_ERROR_ILLEGAL_STATE", "the SharedBuffer this handle names was closed", op="cudacore.open_shared")
                 # The view holds the memory as an importer does: SharedBuffer.close() refuses while it lives.
                 return fast.borrow(Buffer, self.device_id, self.ptr, self.size, share.stream, _View(share))
-        lease = _Lease(self.lease_fd, dup=True)
-        # The owner exists before the slot is taken and the memory mapped (Go records the mapping under
-        # its token): collected after an interrupt anywhere from here, it unmaps and gives the slot back.
-        mapping = _Mapping(lease, self.exporter)
+        # The owner exists before the lease is used, the slot taken and the memory mapped (Go records the
+        # mapping under its token): collected after an interrupt anywhere from here, it unmaps and gives
+        # the slot and the lease back.
+        mapping = _Mapping(self.exporter)
         try:
-            lease.take(os.getpid())
+            _attach(mapping, self.lease_fd).take(pid, mapping.token)
         except BaseException:
             mapping.close()
             raise
         pool_fd = -1 if self.pool_fd is None else self.pool_fd
         try:
-            ptr = core.ShareImport(dev.device_id, self.kind, self.handle, pool_fd, self.pool_id, self.size, mapping.token)
+            ptr = core.ShareImport(ordinal, self.kind, self.handle, pool_fd, self.pool_id, self.size, mapping.token)
         except BaseException:
             # Refused (during a capture, say) or interrupted: the slot goes back now, not when the owner is
             # collected, which the raised exception's traceback delays while the caller keeps it (the
             # exporter's close would be refused meanwhile). Whatever Go mapped under the token is unmapped.
             mapping.close()
             raise
-        buf = fast.borrow(ImportedBuffer, dev.device_id, ptr, self.size, 0, mapping)
+        buf = fast.borrow(ImportedBuffer, ordinal, ptr, self.size, 0, mapping)
         buf._own = mapping
         return buf
 

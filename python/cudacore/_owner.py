@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
+from _thread import RLock as _RLock
 from collections.abc import Callable
 from itertools import count
 from typing import Any, TypeVar
@@ -56,7 +56,7 @@ class Owner:
 
     def __init__(self) -> None:
         self.token = next(_tokens)
-        self._lock = threading.RLock()
+        self._lock = _RLock()  # the type threading.RLock() returns, without that function's call
         self.closed = False
 
     def _refuse(self) -> None:
