@@ -550,7 +550,8 @@ func BenchmarkGPUPipelineAB(b *testing.B) {
 // pipeline falls short of its rate from 256 MiB: the call (which returns once the last chunk's DMA is
 // enqueued, so it holds the host copy and the caller's driver calls) and the synchronize after it (the
 // DMAs still queued then), in microseconds per copy, for the default tuning and for variants that shorten
-// the unoverlapped first fill and last DMA (smaller chunks) or remove the bursts' drains.
+// the unoverlapped first fill and last DMA (smaller chunks) or remove the bursts' drains, and with the
+// staging buffers filled by Go's copy instead of fillForDMA.
 func BenchmarkGPUPipelineSplit(b *testing.B) {
 	e := openGPU(b)
 	tunings := []struct {
@@ -562,6 +563,7 @@ func BenchmarkGPUPipelineSplit(b *testing.B) {
 		{"chunk-2m", StagingTuning{Chunk: 2 << 20, Buffers: 16}},
 		{"chunk-1m-piece-256k", StagingTuning{Chunk: 1 << 20, Buffers: 32, Piece: 256 << 10}},
 		{"workers-12", StagingTuning{Workers: 12}},
+		{"go-copy", StagingTuning{}}, // the default tuning, the staging buffers filled by Go's copy
 	}
 	for _, n := range []int{16 << 20, 64 << 20} {
 		p := e.alloc(b, n)
@@ -571,6 +573,10 @@ func BenchmarkGPUPipelineSplit(b *testing.B) {
 			s, err := m.Create(true, 0)
 			require.NoError(b, err)
 			b.Run(fmt.Sprintf("%dMiB/%s", n>>20, tu.name), func(b *testing.B) {
+				if tu.name == "go-copy" {
+					fillStaging = func(dst, src []byte) { copy(dst, src) }
+					defer func() { fillStaging = fillForDMA }()
+				}
 				b.SetBytes(int64(n))
 				var call, sync time.Duration
 				for b.Loop() {
@@ -590,5 +596,65 @@ func BenchmarkGPUPipelineSplit(b *testing.B) {
 			require.NoError(b, s.Destroy())
 			require.NoError(b, m.Close())
 		}
+	}
+}
+
+// BenchmarkGPUDMAAfterFill asks whether the copy engine reads pinned memory that the CPU has just written
+// (as the staging workers do, a chunk at a time) more slowly than memory written long before: 16 MiB in
+// four 4 MiB pinned buffers, each DMA'd to the device on one stream and waited for, timed alone, after
+// the buffers were (hot) filled by eight goroutines just before, or (cold) filled and then pushed out of
+// the CPU caches by copying 512 MiB elsewhere. Only the DMAs and the synchronize are timed.
+func BenchmarkGPUDMAAfterFill(b *testing.B) {
+	e := openGPU(b)
+	ctx := e.dev.Context()
+	const chunk, chunks = 4 << 20, 4
+	dst := e.alloc(b, chunk*chunks)
+	bufs := make([][]byte, chunks)
+	for i := range bufs {
+		buf, err := e.drv.MemHostAlloc(ctx, chunk, 0)
+		require.NoError(b, err)
+		bufs[i] = buf
+		b.Cleanup(func() { _ = e.drv.MemFreeHost(ctx, buf) })
+	}
+	src := pattern(chunk*chunks, 3)
+	big, sink := pattern(512<<20, 5), make([]byte, 512<<20)
+	s, err := e.m.Create(true, 0)
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = s.Destroy() })
+	fill := func() {
+		var wg sync.WaitGroup
+		for i := range chunks * 2 { // eight goroutines, 2 MiB each
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c, off := i/2, (i%2)*(chunk/2)
+				copy(bufs[c][off:off+chunk/2], src[c*chunk+off:c*chunk+off+chunk/2])
+			}()
+		}
+		wg.Wait()
+	}
+	for _, cold := range []bool{false, true} {
+		b.Run(map[bool]string{false: "hot", true: "cold"}[cold], func(b *testing.B) {
+			b.SetBytes(chunk * chunks)
+			var dma time.Duration
+			for b.Loop() {
+				fill()
+				if cold {
+					copy(sink, big)
+				}
+				t0 := time.Now()
+				for c := range chunks {
+					if err := e.drv.MemcpyHtoDAsync(ctx, dst+cuda.DevicePtr(c*chunk), bufs[c], s.h); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := e.drv.StreamSynchronize(ctx, s.h); err != nil {
+					b.Fatal(err)
+				}
+				dma += time.Since(t0)
+			}
+			b.ReportMetric(float64(dma.Microseconds())/float64(b.N), "dma-us/op")
+			b.ReportMetric(float64(chunk*chunks)/dma.Seconds()*float64(b.N)/1e9, "dma-GB/s")
+		})
 	}
 }

@@ -294,12 +294,16 @@ func (w *crew) work() {
 	}
 }
 
+// fillStaging is how the crew copies into a staging buffer that a DMA reads next: fillForDMA.
+// BenchmarkGPUPipelineSplit swaps in Go's copy to measure what the non-temporal stores give.
+var fillStaging = fillForDMA
+
 // copyPiece copies n bytes at offset off of chunk c between the caller's memory and s.buf.
 func (w *crew) copyPiece(s *slot, c, off, n int) {
 	coff, _ := w.plan.chunkSpan(c)
 	u := w.user[coff+off : coff+off+n]
 	if w.toBuf {
-		copy(s.buf[off:off+n], u)
+		fillStaging(s.buf[off:off+n], u) // the copy engine reads it next
 	} else {
 		copy(u, s.buf[off:off+n])
 	}
