@@ -10,19 +10,13 @@ import (
 	"github.com/cudacore/cudacore/pkg/memory"
 )
 
-// This file sorts before process_test.go, so its first test opens the process's simulator, with three
-// devices: 0 and 1 peers, 2 in a peer group of its own. The other tests of the package work on any shape.
+// threeSimDevices returns the three simulated devices the package's tests run on (TestMain): 0 and 1
+// peers, 2 in a peer group of its own.
 func threeSimDevices(t *testing.T) (d0, d1, d2 *Device) {
 	t.Helper()
-	t.Setenv("CUDACORE_BACKEND", "sim")
-	t.Setenv("CUDACORE_SIM_DEVICES", `[{}, {}, {"peer_group": 1}]`)
-	n, err := DeviceCount()
-	require.NoError(t, err)
-	if n < 3 {
-		t.Skip("the process's simulator was opened with fewer devices by an earlier test")
-	}
 	devs := make([]*Device, 3)
 	for i := range devs {
+		var err error
 		devs[i], err = GetDevice(i)
 		require.NoError(t, err)
 	}
