@@ -25,6 +25,7 @@ func threeSimDevices(t *testing.T) (d0, d1, d2 *Device) {
 
 func TestPeersAndSharingOnTheSimulator(t *testing.T) {
 	d0, d1, d2 := threeSimDevices(t)
+	forgetPeerAccess(t, d0, d1, d2)
 	drv := d0.Driver()
 
 	can, err := d0.CanAccessPeer(d1)
@@ -92,6 +93,29 @@ func TestPeersAndSharingOnTheSimulator(t *testing.T) {
 	assert.Equal(t, map[string]string{"posix_fd": "ok", "cuipc_mem": "ok", "cuipc_event": "ok"}, probe)
 }
 
+// forgetPeerAccess puts the devices back to where no library has allocated on them (LibraryAllocates) and
+// none was given access to another's pools, so that a test sees each grant made again whatever the tests
+// before it did (the driver's context peer access stays: enabling it again is allowed).
+func forgetPeerAccess(t *testing.T, devs ...*Device) {
+	t.Helper()
+	libMu.Lock()
+	libraryDevices = nil
+	libMu.Unlock()
+	multiMu.Lock()
+	defer multiMu.Unlock()
+	for _, owner := range devs {
+		owner.library.Store(false)
+		delete(peersOf, owner.Ordinal())
+		for _, pool := range owner.poolsLocked() {
+			for _, user := range devs {
+				if can, err := user.CanAccessPeer(owner); err == nil && can {
+					require.NoError(t, owner.Driver().MemPoolSetAccess(owner.Context(), pool, user.Handle(), cuda.AccessNone))
+				}
+			}
+		}
+	}
+}
+
 // TestLibraryAllocatesOpensDevicesToEachOther: the devices other libraries' allocators use get access to
 // each other's memory, pools included, the first time each is used, where the two can access each other;
 // a device that cannot reach the others is left alone; nothing is done while a capture runs.
@@ -103,12 +127,7 @@ func TestLibraryAllocatesOpensDevicesToEachOther(t *testing.T) {
 		require.NoError(t, err)
 		return f
 	}
-	libMu.Lock()
-	libraryDevices = nil
-	libMu.Unlock()
-	for _, d := range []*Device{d0, d1, d2} {
-		d.library.Store(false)
-	}
+	forgetPeerAccess(t, d0, d1, d2)
 
 	// A stream of the library's own that captures (cudacore does not know the capture): nothing yet.
 	s, err := drv.StreamCreate(d0.Context(), cuda.StreamNonBlocking, 0)
