@@ -495,14 +495,13 @@ func ProbeIPC(d *Device) map[string]string {
 }
 
 // regrantPeersLocked opens d's allocator pool, new after a strategy switch, to the devices that were
-// given access to d's memory (EnablePeerAccess). The caller holds devMu, so peers are read from devices.
+// given access to d's memory (EnablePeerAccess). The caller holds devMu, so peers are read from devices,
+// and multiMu.
 func (d *Device) regrantPeersLocked() error {
 	pool := d.Memory().Pool()
 	if pool == nil {
 		return nil
 	}
-	multiMu.Lock()
-	defer multiMu.Unlock()
 	for ordinal := range peersOf[d.Ordinal()] {
 		peer, ok := devices[ordinal]
 		if !ok {
