@@ -632,3 +632,19 @@ def test_a_buffer_closed_during_a_copy_on_another_thread_waits_for_it(dev: cc.De
                 f"trial {trial}: a copy from the closed buffer read another buffer's bytes")
     finally:
         s.close()
+
+
+def test_a_close_inside_a_use_of_the_buffer_on_its_own_thread_is_refused(dev: cc.Device) -> None:
+    """A close() that runs inside a call using the buffer on the same thread (a finalizer the collector runs
+    during a copy, say) would wait for itself: it raises BufferError and frees nothing; once the call is
+    over the buffer closes. A use of something that is not a Buffer counts nothing."""
+    from cudacore._native import fast
+
+    buf = dev.allocate(4096)
+    with fast.using(buf, "not a buffer"):
+        with pytest.raises(BufferError, match="a call on this thread uses its memory"):
+            buf.close()
+        assert not buf.closed
+        buf.copy_from(bytes(4096))  # the memory is still the buffer's
+    buf.close()
+    assert buf.closed
