@@ -149,3 +149,20 @@ func TestLibraryAllocatesOpensDevicesToEachOther(t *testing.T) {
 	assert.Contains(t, d1.PeersWithAccess(), 0)
 	assert.True(t, d1.LibraryAllocates(0), "once done, done")
 }
+
+// A stream cudacore destroyed, named by a library's allocator (CuPy's current stream wrapping a closed
+// cudacore Stream, say): its handle never reaches the driver (the real driver crashes there; the simulator
+// ends the test process), and the device is not done, since nothing could be checked; the allocation that
+// follows refuses the stream as Allocate does.
+func TestLibraryAllocatesNeverNamesADestroyedStream(t *testing.T) {
+	d0, d1, d2 := threeSimDevices(t)
+	forgetPeerAccess(t, d0, d1, d2)
+	s, err := d0.Streams().Create(true, 0)
+	require.NoError(t, err)
+	h := s.Handle()
+	require.NoError(t, s.Destroy())
+	assert.False(t, d0.LibraryAllocates(h), "nothing is done on a destroyed stream")
+	_, err = d0.AllocateSteady(4096, h)
+	assert.Equal(t, cuda.ErrorClosed, cuda.ResultOf(err))
+	assert.True(t, d0.LibraryAllocates(0), "done on a live stream")
+}
