@@ -42,7 +42,7 @@ def _accounting(cc: Any, d: Any) -> dict[str, Any]:
     d.synchronize()
     d.release_cached_memory()
     stats = d.memory_stats()
-    out: dict[str, Any] = {k: stats[k] for k in ("in_use", "pinned_in_use", "shared_in_use", "managed_in_use")}
+    out: dict[str, Any] = {k: stats[k] for k in ("in_use", "pinned_in_use", "pinned_staging", "shared_in_use", "managed_in_use")}
     out["objects"] = json.loads(_api.call(_api.core.StreamObjects))
     out["objects"]["events"] -= len(_ipc._sync_events)  # the event an export waits with, kept per device
     _ipc._forget_idle_leases()  # the leases imports here kept mapped, whose exports are closed now
@@ -80,6 +80,16 @@ def _ops(cc: Any, d: Any, s: Any, src: Any, dst: Any) -> dict[str, Callable[[lis
         p = make(kept, lambda: d.allocate_pinned(4096))
         b.copy_from(p, stream=s)
         s.synchronize()
+        close_all(kept)
+
+    def staged_copies(kept: list[Any]) -> None:
+        # Pageable copies of several staging chunks, both ways, synchronous and on s: through the staging
+        # pool, pausing for each burst to drain (the storm's tuning: storm()).
+        b = make(kept, lambda: d.allocate(len(pageable), stream=s))
+        for stream in (None, s):
+            b.copy_from(pageable, stream=stream)
+            b.copy_to(landing, stream=stream)
+        b.copy_from(pageable, nbytes=4096)  # the driver's own copy, then a wait for the legacy stream
         close_all(kept)
 
     def managed(kept: list[Any]) -> None:
@@ -121,7 +131,9 @@ def _ops(cc: Any, d: Any, s: Any, src: Any, dst: Any) -> dict[str, Callable[[lis
         make(kept, lambda: s.end_capture())
         close_all(kept)
 
-    return {f.__name__: f for f in (stream, events, buffers, managed, tiles, shareable, module, capture_block, explicit_capture)}
+    # Past the driver's own pageable copies (1 MiB): seventeen staging chunks of the storm's tuning (storm()).
+    pageable, landing = bytes(range(256)) * 4112, bytearray(256 * 4112)
+    return {f.__name__: f for f in (stream, events, buffers, staged_copies, managed, tiles, shareable, module, capture_block, explicit_capture)}
 
 
 class _Abort:
@@ -137,6 +149,7 @@ class _Abort:
 
 def storm(seconds: float, seed: int = 0, interval_us: int = 400, only: list[str] | None = None) -> dict[str, Any]:
     import cudacore as cc
+    from cudacore._copy import staging_tuning
 
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("the storm runs in the main thread")
@@ -151,6 +164,10 @@ def storm(seconds: float, seed: int = 0, interval_us: int = 400, only: list[str]
 
     previous = signal.signal(signal.SIGINT, handler)
     d = cc.Device(0)
+    # Small staging chunks, and a pause for the copy engine to drain after every two of them (the staging
+    # tuning hook: the pool is freed with each change, so the pause and the pool's growth are both met).
+    tuning = staging_tuning(d.device_id)
+    staging_tuning(d.device_id, chunk=64 << 10, buffers=3, workers=4, piece=16 << 10, burst=128 << 10)
     s = d.create_stream()
     src, dst = d.allocate(4096, stream=s), d.allocate(4096, stream=s)
     ops = _ops(cc, d, s, src, dst)
@@ -211,6 +228,7 @@ def storm(seconds: float, seed: int = 0, interval_us: int = 400, only: list[str]
             counts["violations"].append(f"{k} is {after[k]} after the storm, {was} before")
     for x in (src, dst, s):
         x.close()
+    staging_tuning(d.device_id, **tuning)
     return counts
 
 

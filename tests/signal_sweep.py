@@ -229,6 +229,11 @@ def _calls(cc: Any) -> dict[str, tuple[Callable[[Ctx], Any], Callable[[Ctx, Any]
         "load_module": (nothing, lambda c, _: c.d0.load_module(_PTX)),
         "module_unload": (module_setup, lambda c, m: m.unload()),
         "copy_h2d_d2h": (buffer_setup, lambda c, b: (b.copy_from(bytes(4096)), b.copy_to(bytearray(4096)))[0]),
+        # The general path's copies and fill (a stream given by its handle), each a use of its buffers
+        # (fast.using), which a close on another thread waits for: an interrupt must never leave one counted.
+        "copy_general_path": (stream_and_bufs, lambda c, x: (x[1].copy_from(bytes(4096), stream=x[0].handle),
+                                                             x[1].copy_to(bytearray(4096), stream=x[0].handle),
+                                                             cc.device_to_device(x[2], x[1]), x[2].fill(7))[0]),
         "device_synchronize": (nothing, lambda c, _: c.d0.synchronize()),
         "release_cached_memory": (buffer_setup, lambda c, b: (b.close(), c.d0.release_cached_memory())[1]),
         "strategy_switch": (nothing, lambda c, _: c.keep(_Strategy(c.d0)).switch()),

@@ -378,3 +378,54 @@ def test_gpu_cupy_takes_a_cudacore_stream() -> None:
     assert int(x[10]) == 20
     del x, cs
     s.close()
+
+
+@pytest.mark.sim
+def test_the_library_allocators_never_hand_a_closed_cudacore_stream_to_the_driver() -> None:
+    # CuPy's current stream wrapping a cudacore Stream that was closed (cupy.cuda.ExternalStream of its
+    # handle), and PyTorch's allocator handed the same handle: the first allocation on the device, which
+    # checks whether the library's stream captures before it opens the devices to each other, must not
+    # name the destroyed handle to the driver (the simulator ends the process there, as the real driver
+    # crashes); the allocation refuses the stream, as cudacore's own allocation does.
+    out = _ok(
+        """
+import ctypes, sys, types
+import cudacore as cc
+from cudacore import interop
+
+class ExternalStream:
+    def __init__(self, ptr):
+        self.ptr = ptr
+ExternalStream.__module__ = "cupy.cuda.stream"
+current = []
+class MemoryPointer:
+    def __init__(self, mem, offset):
+        self.mem, self.ptr = mem, mem.ptr + offset
+class UnownedMemory:
+    def __init__(self, ptr, size, owner, device_id=None):
+        self.ptr, self.size, self.owner = ptr, size, owner
+cupy = types.ModuleType("cupy")
+cupy.cuda = types.SimpleNamespace(
+    memory=types.SimpleNamespace(MemoryPointer=MemoryPointer, UnownedMemory=UnownedMemory),
+    runtime=types.SimpleNamespace(getDevice=lambda: 0),
+    get_current_stream=lambda: current[-1],
+)
+sys.modules["cupy"] = cupy
+d = cc.Device(0)
+s = d.create_stream(); h = s.handle; s.close()
+current.append(ExternalStream(h))
+try:
+    interop.cupy_allocator()(4096)
+except cc.InvalidHandleError as e:
+    print("cupy", e.name)
+lib = ctypes.CDLL(interop.extension_path())
+lib.cudacore_door_TorchMalloc.restype = ctypes.c_void_p
+lib.cudacore_door_TorchMalloc.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
+ret = ctypes.c_int64(0)
+err = lib.cudacore_door_TorchMalloc(4096, 0, h, ctypes.byref(ret))
+print("torch", ctypes.string_at(err).decode().split()[1] if err else ret.value)
+print(d.memory_stats()["in_use"])
+""",
+        env={"CUDACORE_SIM_DEVICES": '[{}, {}]'},
+    )
+    assert out.split("\n")[:3] == ["cupy CUDACORE_ERROR_CLOSED", "torch CUDACORE_ERROR_CLOSED", "0"], out

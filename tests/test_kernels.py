@@ -11,6 +11,7 @@ from __future__ import annotations
 import array
 import json
 import textwrap
+from typing import Any
 
 import numpy as np
 import pytest
@@ -424,6 +425,95 @@ def test_torch_tensors_pack_without_their_interface(mod):
     Interrupting.__name__ = "Tensor"
     with pytest.raises(KeyboardInterrupt):  # never swallowed while reading an argument
         fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (Interrupting(0x2000, 4), 7, 16), k._spec)
+
+
+def _lying_tensor(*, interface: bool, **lies: Any) -> Any:
+    """An object of PyTorch's own Tensor class (by name and module) whose reads answer as ``lies`` says: a
+    value, or an exception class to raise; with ``interface``, a __cuda_array_interface__ at 0x3000 that
+    counts its reads."""
+
+    class Tensor:
+        interface_reads = 0
+
+        def _answer(self, name: str, default: Any) -> Any:
+            v = lies.get(name, default)
+            if isinstance(v, type) and issubclass(v, BaseException):
+                raise v(name)
+            return v
+
+        is_cuda = property(lambda self: self._answer("is_cuda", True))
+        is_sparse = property(lambda self: self._answer("is_sparse", False))
+        requires_grad = property(lambda self: self._answer("requires_grad", False))
+
+        def numel(self) -> Any:
+            return self._answer("numel", 4)
+
+        def data_ptr(self) -> Any:
+            return self._answer("data_ptr", 0x2000)
+
+    def cai(self: Any) -> dict[str, Any]:
+        Tensor.interface_reads += 1
+        return {"shape": (4,), "typestr": "<u4", "data": (0x3000, False), "version": 3}
+
+    if interface:
+        Tensor.__cuda_array_interface__ = property(cai)  # type: ignore[attr-defined]
+    Tensor.__module__ = "torch"
+    return Tensor()
+
+
+# What a tensor that is not what it claims answers: data_ptr() or numel() raising an ordinary exception or
+# returning what is not an exact int (a float would be truncated into another address, True read as 1),
+# and is_sparse raising.
+_TENSOR_LIES = [
+    {"data_ptr": RuntimeError},
+    {"data_ptr": 8192.5},
+    {"data_ptr": "0x2000"},
+    {"data_ptr": True},
+    {"data_ptr": None},
+    {"data_ptr": np.uint64(0x2000)},
+    {"numel": ValueError},
+    {"numel": 4.0},
+    {"numel": 2**70},
+    {"is_sparse": AttributeError},
+]
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("lies", _TENSOR_LIES, ids=repr)
+def test_a_tensor_whose_reads_lie_goes_by_its_interface_in_c_and_in_the_general_path(mod, lies):
+    # The C path takes data_ptr() only as an exact int, from a tensor whose numel() is an exact int > 0, and
+    # lets the interface decide anything else (an ordinary exception included); the general path must
+    # decide the same (it raised the tensor's own exception, or truncated data_ptr() with int()), since it
+    # packs the same arguments whenever another argument sends the launch its way. Without an interface the
+    # argument is refused with a TypeError, by the general path.
+    from cudacore._native import fast
+
+    k = mod.function("fill")
+    t = _lying_tensor(interface=True, **lies)
+    with pytest.raises(cc.NotSupportedError):  # packed in C, by its interface
+        fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (t, 7, 16), k._spec)
+    assert type(t).interface_reads == 1
+    assert _readable(k.encode_args((t, 7, 16))).startswith("ptr:0030000000000000"), "the general path agrees"
+    assert type(t).interface_reads == 2
+    bare = _lying_tensor(interface=False, **lies)
+    assert fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (bare, 7, 16), k._spec) is NotImplemented
+    with pytest.raises(TypeError, match="cannot pass Tensor"):
+        k.encode_args((bare, 7, 16))
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("read", ["is_cuda", "numel", "data_ptr"])
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, MemoryError])
+def test_an_interrupt_or_memory_error_reading_a_tensor_is_raised_by_both_paths(mod, read, exc):
+    from cudacore._native import fast
+
+    k = mod.function("fill")
+    t = _lying_tensor(interface=True, **{read: exc})
+    with pytest.raises(exc):
+        fast.launch(k._handle, 1, 1, 1, 1, 1, 1, 0, 0, (t, 7, 16), k._spec)
+    with pytest.raises(exc):
+        k.encode_args((t, 7, 16))
+    assert type(t).interface_reads == 0
 
 
 @pytest.mark.sim

@@ -566,3 +566,85 @@ def test_a_contiguous_datetime_array_is_not_called_non_contiguous(dev: cc.Device
         out = np.zeros(8, dtype=dtype)
         b.copy_to(out.view("int64"))
         assert (out == a).all()
+
+
+# -- a Buffer closed on another thread while a call uses its memory --------------------------------------
+
+
+def _copy_call(kind: str, buf: cc.Buffer, host: np.ndarray, s: cc.Stream) -> None:
+    """One copy between ``buf`` and ``host`` by the path ``kind`` names; each releases the GIL for the copy."""
+    if kind == "copy_from sync":  # the C hot path
+        buf.copy_from(host)
+    elif kind == "copy_from stream":  # the C hot path, staged on a stream
+        buf.copy_from(host, stream=s)
+    elif kind == "copy_from handle":  # the general path (a stream given by its handle)
+        buf.copy_from(host, stream=s.handle)
+    elif kind == "copy_to sync":
+        buf.copy_to(host)
+    else:  # the general path, device to host
+        buf.copy_to(host, stream=s.handle)
+
+
+@pytest.mark.parametrize("kind", ["copy_from sync", "copy_from stream", "copy_from handle", "copy_to sync", "copy_to handle"])
+def test_a_buffer_closed_during_a_copy_on_another_thread_waits_for_it(dev: cc.Device, default_staging, kind: str) -> None:
+    """A copy releases the GIL; a close() of its buffer on another thread meanwhile must wait until the copy
+    is done, as a Stream's close waits for a copy on it. It freed the memory at once: the copy went on into
+    memory the allocator then handed to the next Buffer (host to device: the new buffer's bytes were
+    overwritten; device to host: the copy read the new buffer's bytes). Staged in small chunks, with a pause
+    for the copy engine after each, so that the copy is long against the close."""
+    default_staging(dev.device_id, chunk=64 << 10, buffers=2, workers=2, piece=16 << 10, burst=64 << 10)
+    n = 3 * MiB + 13
+    ones = np.ones(n, np.uint8)
+    s = dev.create_stream()
+    try:
+        for trial in range(12):
+            buf = dev.allocate(n)
+            buf.copy_from(ones)
+            host = ones.copy() if kind.startswith("copy_from") else np.empty(n, np.uint8)
+            copying, results = threading.Event(), []
+
+            def copier(buf=buf, host=host, copying=copying, results=results) -> None:
+                copying.set()
+                try:
+                    for _ in range(4):
+                        _copy_call(kind, buf, host, s)
+                        s.synchronize()
+                        if not kind.startswith("copy_from"):
+                            results.append(int(np.count_nonzero(host != 1)))
+                except cc.CUDAError as exc:
+                    results.append(exc)
+
+            t = threading.Thread(target=copier)
+            t.start()
+            copying.wait()
+            buf.close()
+            victim = dev.allocate(n)  # the freed block, as the allocator hands it out again
+            victim.copy_from(np.zeros(n, np.uint8))
+            t.join(60)
+            assert not t.is_alive()
+            got = np.empty(n, np.uint8)
+            victim.copy_to(got)
+            victim.close()
+            assert not got.any(), f"trial {trial}: a copy into the closed buffer wrote into the next one"
+            errors = [r for r in results if isinstance(r, Exception)]
+            assert all(isinstance(e, cc.InvalidHandleError) and "closed" in str(e) for e in errors), errors
+            assert [r for r in results if not isinstance(r, Exception)] == [0] * (len(results) - len(errors)), (
+                f"trial {trial}: a copy from the closed buffer read another buffer's bytes")
+    finally:
+        s.close()
+
+
+def test_a_close_inside_a_use_of_the_buffer_on_its_own_thread_is_refused(dev: cc.Device) -> None:
+    """A close() that runs inside a call using the buffer on the same thread (a finalizer the collector runs
+    during a copy, say) would wait for itself: it raises BufferError and frees nothing; once the call is
+    over the buffer closes. A use of something that is not a Buffer counts nothing."""
+    from cudacore._native import fast
+
+    buf = dev.allocate(4096)
+    with fast.using(buf, "not a buffer"):
+        with pytest.raises(BufferError, match="a call on this thread uses its memory"):
+            buf.close()
+        assert not buf.closed
+        buf.copy_from(bytes(4096))  # the memory is still the buffer's
+    buf.close()
+    assert buf.closed

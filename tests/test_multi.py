@@ -197,6 +197,152 @@ def test_peer_copies_from_many_threads() -> None:
     assert out.strip() == "[] 12"
 
 
+def test_library_allocators_on_three_devices_from_many_threads() -> None:
+    """The allocators cudacore hands other libraries (CuPy's, through a stand-in of its allocator API, and
+    the doors PyTorch's allocator calls) allocate on three devices from six threads at once, while other
+    threads capture in every mode, close streams, switch device 1's strategy and enable peer access: no
+    thread is left waiting, every error is typed, each device is reported done once nothing captures,
+    and nothing stays allocated (peer access itself is checked in Go: process.TestLibraryAllocatesUnderManyThreads)."""
+    out = _run(
+        r'''
+        import ctypes, random, sys, threading, types, traceback
+        import cudacore as cc
+        from cudacore import interop
+
+        _local = threading.local()
+        class MemoryPointer:
+            def __init__(self, mem, offset):
+                self.mem, self.ptr = mem, mem.ptr + offset
+        class UnownedMemory:
+            def __init__(self, ptr, size, owner, device_id=None):
+                self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
+        class Stream:  # CuPy's null stream, as cudacore knows CuPy's streams: by module and class name
+            ptr = 0
+        Stream.__module__ = "cupy.cuda.stream"
+        NULL = Stream()
+        cupy = types.ModuleType("cupy")
+        cupy.cuda = types.SimpleNamespace(
+            memory=types.SimpleNamespace(MemoryPointer=MemoryPointer, UnownedMemory=UnownedMemory),
+            runtime=types.SimpleNamespace(getDevice=lambda: getattr(_local, "device", 0)),
+            get_current_stream=lambda: NULL,
+        )
+        sys.modules["cupy"] = cupy
+
+        lib = ctypes.CDLL(interop.extension_path())
+        # The doors the PyTorch shim calls (the shim itself throws a C++ exception on failure, which only PyTorch catches).
+        lib.cudacore_door_TorchMalloc.restype = ctypes.c_void_p
+        lib.cudacore_door_TorchMalloc.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
+        lib.cudacore_door_TorchFree.restype = ctypes.c_void_p
+        lib.cudacore_door_TorchFree.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
+        libc = ctypes.CDLL(None)
+        def door(fn, *args):
+            out = ctypes.c_int64(0)
+            err = fn(*args, ctypes.byref(out))
+            if not err:
+                return out.value, None
+            text = ctypes.string_at(err).decode()
+            libc.free(ctypes.c_void_p(err))
+            return 0, text
+
+        devs = cc.devices()
+        before = [d.memory_stats()["in_use"] for d in devs]
+        alloc = interop.cupy_allocator()
+        errors = []
+        stop = threading.Event()
+
+        def guarded(fn):
+            def run(*a):
+                try:
+                    fn(*a)
+                except BaseException:
+                    errors.append(traceback.format_exc())
+            return run
+
+        @guarded
+        def allocator(k):
+            r = random.Random(k)
+            for i in range(300):
+                o = r.randrange(3)
+                _local.device = o
+                if r.random() < 0.5:
+                    try:
+                        p = alloc(r.choice([0, 1, 4096, 1 << 20]))
+                    except cc.CaptureError:
+                        continue
+                    del p
+                else:
+                    s = devs[o].create_stream() if r.random() < 0.3 else None
+                    h = s.handle if s else 0
+                    p, text = door(lib.cudacore_door_TorchMalloc, 4096, o, h)
+                    if p:
+                        assert door(lib.cudacore_door_TorchFree, p) == (0, None)
+                    else:
+                        assert text.startswith("cuda[900 "), text
+                        interop.last_error()
+                    if s: s.close()
+
+        @guarded
+        def capturer(k):
+            r = random.Random(k)
+            while not stop.is_set():
+                d = devs[r.randrange(3)]
+                s = d.create_stream()
+                try:
+                    with s.capture(mode=r.choice(["global", "thread_local", "relaxed"])) as g:
+                        b = d.allocate(4096, stream=s)
+                        b.close()
+                    g.launch(s); s.synchronize(); g.destroy()
+                except cc.CaptureError:
+                    pass
+                s.close()
+
+        @guarded
+        def peers(k):
+            r = random.Random(k)
+            while not stop.is_set():
+                a, b = r.sample([0, 1], 2)
+                devs[a].enable_peer_access(b)
+                try:
+                    devs[2].enable_peer_access(r.randrange(2))
+                except cc.NotSupportedError:
+                    pass
+
+        @guarded
+        def churn(k):
+            r = random.Random(k)
+            while not stop.is_set():
+                s = devs[r.randrange(3)].create_stream()
+                try:
+                    s.synchronize()
+                except cc.CaptureError:
+                    pass  # refused during another thread's GLOBAL capture
+                s.close()
+                try:
+                    devs[1].set_allocation_strategy(r.choice(["pool", "sync"]))
+                except cc.CUDAError:
+                    pass
+
+        workers = [threading.Thread(target=allocator, args=(k,)) for k in range(6)]
+        others = [threading.Thread(target=f, args=(k,)) for k, f in enumerate([capturer, capturer, peers, churn])]
+        for t in workers + others: t.start()
+        for t in workers: t.join(120)
+        stop.set()
+        for t in others: t.join(120)
+        alive = [t.name for t in workers + others if t.is_alive()]
+        import gc; gc.collect()
+        devs[1].set_allocation_strategy("pool")
+        print("alive", alive)
+        print("errors", len(errors))
+        for e in errors[:5]: print(e)
+        from cudacore._api import core
+        print("opened", [core.LibraryAllocates(o, 0) for o in range(3)])
+        print("torch_live", interop.torch_live_allocations())
+        print("in_use", [d.memory_stats()["in_use"] - b for d, b in zip(devs, before)])
+        '''
+    )
+    assert out.splitlines() == ["alive []", "errors 0", "opened [1, 1, 1]", "torch_live 0", "in_use [0, 0, 0]"], out
+
+
 # -- several processes ---------------------------------------------------------------------------------------
 
 SPAWN = """

@@ -572,6 +572,75 @@ def test_explain_oom_refuses_what_it_cannot_explain(exc: Any, kwargs: dict[str, 
         cc.explain_oom(exc, **kwargs)
 
 
+class _UnprintableMemoryError(MemoryError):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ raises")
+
+
+class _LyingCause(Exception):
+    """An error whose __cause__ is not an exception."""
+
+    @property  # type: ignore[override]
+    def __cause__(self) -> Any:
+        return 5
+
+
+class _RaisingCause(Exception):
+    """An error whose __cause__ raises when read."""
+
+    @property  # type: ignore[override]
+    def __cause__(self) -> Any:
+        raise RuntimeError("__cause__ raises")
+
+
+def _rmm(text: str) -> MemoryError:
+    return MemoryError(f"std::bad_alloc: out_of_memory: CUDA error ({text}) at: x")
+
+
+@pytest.mark.parametrize(
+    ("exc", "error", "match"),
+    [
+        (_UnprintableMemoryError(), TypeError, "is none of them"),
+        (_LyingCause("not an out-of-memory error"), TypeError, "is none of them"),
+        (_RaisingCause("not an out-of-memory error"), TypeError, "is none of them"),
+        (_rmm("failed to allocate " + "9" * 5000 + " bytes"), cc.InvalidValueError, "pass requested="),
+        (_rmm("failed to allocate " + "9" * 30 + " bytes"), cc.InvalidValueError, "pass requested="),
+    ],
+    ids=["str raises", "__cause__ not an exception", "__cause__ raises", "5000 digits", "30 digits"],
+)
+def test_explain_oom_refuses_a_hostile_error_with_a_typed_error(exc: BaseException, error: type, match: str) -> None:
+    """What the error is made of is the caller's: a __str__ or __cause__ that raises or lies, or a size no
+    allocation can have, is refused with cudacore's typed errors, not the error's own (RuntimeError,
+    AttributeError) nor Python's limits on int and float conversion (ValueError, OverflowError)."""
+    with pytest.raises(error, match=match):
+        cc.explain_oom(exc)
+
+
+@pytest.mark.sim
+def test_explain_oom_reads_what_it_can_of_a_hostile_torch_error(dev: cc.Device, standins: tuple[standin.Torch, standin.Cupy]) -> None:
+    """A PyTorch error whose sizes are past any float, or whose text cannot be read: the size is asked of
+    the caller, and a count past any float is left out of the split, with the verdict given."""
+
+    class Unprintable(standin.TorchOutOfMemoryError):
+        def __str__(self) -> str:
+            raise RuntimeError("__str__ raises")
+
+    huge = "9" * 400
+    with cc.share_pool(dev, libraries=[]):
+        for exc in (standin.TorchOutOfMemoryError(f"Requested : {huge} GiB"), Unprintable()):
+            with pytest.raises(cc.InvalidValueError, match="pass requested="):
+                cc.explain_oom(exc)
+        e = cc.explain_oom(Unprintable(), requested=MiB)
+        assert (e.op, e.requested) == ("torch", MiB)
+        e = cc.explain_oom(standin.TorchOutOfMemoryError(f"Requested : 1.00 MiB\nCurrently allocated : {huge} GiB"))
+        assert (e.op, e.requested) == ("torch", MiB) and "torch" not in e.by_library
+        e = cc.explain_oom(standin.TorchOutOfMemoryError(f"Allocation on device {huge} would exceed\nRequested : 1.00 MiB"))
+        assert e.device == 0, "a device past any ordinal is not the error's: the current device"
+        for size in ("9" * 20 + " GiB", "9" * 19 + " GiB"):  # no allocation asks for these: not judged
+            with pytest.raises(cc.InvalidValueError, match="pass requested="):
+                cc.explain_oom(standin.TorchOutOfMemoryError(f"Requested : {size}"))
+
+
 def test_explain_oom_without_a_shared_pool(dev: cc.Device) -> None:
     e = cc.explain_oom(MemoryError("std::bad_alloc: out_of_memory: CUDA error (failed to allocate 1099511627776 bytes) at: x"))
     assert (e.cause, e.op, e.requested, e.device) == ("too_large", "rmm", 1 << 40, 0)

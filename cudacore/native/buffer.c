@@ -26,33 +26,90 @@ wait_for_free(volatile char *freeing)
     }
 }
 
+/* Uses: calls that use a Buffer's memory with the GIL released (a copy, a fill). Each counts in the
+ * Buffer's uses for the call, and close() waits until none is left (buffer_free). The Buffers that this
+ * thread's uses hold are listed here as well, innermost last: a close on this thread of one of them (from
+ * a finalizer that the collector runs during the call, say) would wait for itself, so it is refused. Uses
+ * nest only as deep as the calls that make them. */
+#define USES_HERE_MAX 8
+static _Thread_local BufferObject *uses_here[USES_HERE_MAX];
+static _Thread_local int n_uses_here;
+
+static void
+use_begin(BufferObject *b)
+{
+    b->uses++;
+    if (n_uses_here < USES_HERE_MAX) {
+        uses_here[n_uses_here] = b;
+    }
+    n_uses_here++;
+}
+
+static void
+use_end(BufferObject *b)
+{
+    b->uses--;
+    n_uses_here--;
+    if (n_uses_here < USES_HERE_MAX) {
+        uses_here[n_uses_here] = NULL; /* uses end in the reverse order they began */
+    }
+}
+
+static int
+used_on_this_thread(const BufferObject *b)
+{
+    for (int i = 0; i < n_uses_here && i < USES_HERE_MAX; i++) {
+        if (uses_here[i] == b) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Free the allocation if still open. Returns 0, or -1 with an exception set (the buffer stays open, so
  * that the free can be retried). A close that finds another thread's free in flight waits for it, so
- * that it returns only once the memory is gone (or raises if that free failed and its own retry does). In a forked child nothing is freed: Go must not be entered there, and
+ * that it returns only once the memory is gone (or raises if that free failed and its own retry does);
+ * one that finds calls of other threads using the memory (uses) waits for them, and then checks again
+ * from the start. In a forked child nothing is freed: Go must not be entered there, and
  * the memory belongs to the parent's context anyway. */
 int
 buffer_free(BufferObject *self, int dealloc)
 {
-    wait_for_free(&self->freeing);
-    if (self->closed) {
-        return 0;
-    }
-    if (self->dlpack_exports > 0) {
-        PyErr_Format(PyExc_BufferError,
-                     "cannot close a Buffer while %zd DLPack export%s of it (a CuPy/PyTorch/... array made by "
-                     "from_dlpack) %s alive; delete %s first",
-                     self->dlpack_exports, self->dlpack_exports == 1 ? "" : "s",
-                     self->dlpack_exports == 1 ? "is" : "are", self->dlpack_exports == 1 ? "it" : "them");
-        return -1;
-    }
-    if (self->views > 0) {
-        Py_ssize_t n = self->views;
-        PyErr_Format(PyExc_BufferError,
-                     "cannot close a Buffer while %zd view%s of it (buf[start:stop]) %s open: the view%s share%s its "
-                     "memory; close %s first (or let %s be collected)",
-                     n, n == 1 ? "" : "s", n == 1 ? "is" : "are", n == 1 ? "" : "s", n == 1 ? "s" : "",
-                     n == 1 ? "it" : "them", n == 1 ? "it" : "them");
-        return -1;
+    for (;;) {
+        wait_for_free(&self->freeing);
+        if (self->closed) {
+            return 0;
+        }
+        if (self->dlpack_exports > 0) {
+            PyErr_Format(PyExc_BufferError,
+                         "cannot close a Buffer while %zd DLPack export%s of it (a CuPy/PyTorch/... array made by "
+                         "from_dlpack) %s alive; delete %s first",
+                         self->dlpack_exports, self->dlpack_exports == 1 ? "" : "s",
+                         self->dlpack_exports == 1 ? "is" : "are", self->dlpack_exports == 1 ? "it" : "them");
+            return -1;
+        }
+        if (self->views > 0) {
+            Py_ssize_t n = self->views;
+            PyErr_Format(PyExc_BufferError,
+                         "cannot close a Buffer while %zd view%s of it (buf[start:stop]) %s open: the view%s share%s its "
+                         "memory; close %s first (or let %s be collected)",
+                         n, n == 1 ? "" : "s", n == 1 ? "is" : "are", n == 1 ? "" : "s", n == 1 ? "s" : "",
+                         n == 1 ? "it" : "them", n == 1 ? "it" : "them");
+            return -1;
+        }
+        if (self->uses == 0) {
+            break;
+        }
+        if (used_on_this_thread(self)) {
+            PyErr_SetString(PyExc_BufferError,
+                            "cannot close a Buffer while a call on this thread uses its memory (a copy or a fill of "
+                            "it is under way here, and this close runs inside it, from a finalizer say); close it "
+                            "once that call has returned");
+            return -1;
+        }
+        Py_BEGIN_ALLOW_THREADS /* a call of another thread: it needs the GIL to end */
+        sched_yield();
+        Py_END_ALLOW_THREADS
     }
     if (self->borrowed) {
         self->closed = 1;
@@ -589,10 +646,16 @@ copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh
         }
         err = cudacore_door_CopyToDeviceHeld(device, ptr, hbuf, hlen, n, sh, &ret);
     } else {
+        if (buffer_gone(self)) { /* closed by another thread while the host memory was exported */
+            PyBuffer_Release(&view);
+            return 0;
+        }
+        use_begin(self); /* no Python code runs on this thread until use_end */
         Py_BEGIN_ALLOW_THREADS
         err = to_device ? cudacore_door_CopyToDevice(device, ptr, hbuf, hlen, n, sh, &ret)
                         : cudacore_door_CopyToHost(device, hbuf, hlen, ptr, n, sh, &ret);
         Py_END_ALLOW_THREADS
+        use_end(self);
     }
     PyBuffer_Release(&view);
     if (err != NULL) {
@@ -913,3 +976,108 @@ PyTypeObject BufferType = {
     .tp_getset = buffer_getset,
 };
 
+
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* using(): a use of Buffers by a call of the Python layer                                              */
+
+/* What using(a, b=None) returns: a context manager whose block is a use of the Buffers given (see Uses
+ * above). The count begins in __enter__, not when the object is made, so that a KeyboardInterrupt raised
+ * between the two (at the end of the call that made it) leaves nothing counted; the with statement runs
+ * __exit__ for anything raised after __enter__. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *bufs[2];
+    char entered;
+} UseObject;
+
+static void
+use_leave(UseObject *u)
+{
+    if (!u->entered) {
+        return;
+    }
+    u->entered = 0;
+    for (int i = 1; i >= 0; i--) {
+        if (u->bufs[i] != NULL) {
+            use_end((BufferObject *)u->bufs[i]);
+        }
+    }
+}
+
+static PyObject *
+use_enter(UseObject *u, PyObject *Py_UNUSED(ignored))
+{
+    if (!u->entered) {
+        for (int i = 0; i < 2; i++) {
+            if (u->bufs[i] != NULL) {
+                use_begin((BufferObject *)u->bufs[i]);
+            }
+        }
+        u->entered = 1;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+use_exit(UseObject *u, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args;
+    (void)nargs;
+    use_leave(u);
+    Py_RETURN_FALSE;
+}
+
+static void
+use_dealloc(UseObject *u)
+{
+    use_leave(u);
+    Py_XDECREF(u->bufs[0]);
+    Py_XDECREF(u->bufs[1]);
+    Py_TYPE(u)->tp_free((PyObject *)u);
+}
+
+static PyMethodDef use_methods[] = {
+    {"__enter__", (PyCFunction)use_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))use_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject UseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cudacore._fast.Use",
+    .tp_basicsize = sizeof(UseObject),
+    .tp_dealloc = (destructor)use_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A use of Buffers by one call (cudacore internal: see using()).",
+    .tp_methods = use_methods,
+};
+
+static PyObject *
+fast_using(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "using(buffer, other=None)");
+        return NULL;
+    }
+    UseObject *u = PyObject_New(UseObject, &UseType);
+    if (u == NULL) {
+        return NULL;
+    }
+    u->bufs[0] = u->bufs[1] = NULL;
+    u->entered = 0;
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        if (PyObject_TypeCheck(args[i], &BufferType)) {
+            u->bufs[i] = Py_NewRef(args[i]);
+        }
+    }
+    return (PyObject *)u;
+}
+
+PyMethodDef cc_buffer_functions[] = {
+    {"using", (PyCFunction)(void (*)(void))fast_using, METH_FASTCALL,
+     "using(buffer, other=None)\n\nA context manager: while its block runs, close() of the Buffers given (anything "
+     "else is ignored) on another thread waits for it, and on this thread is refused (cudacore internal: for the "
+     "calls that use their memory with the GIL released)."},
+    {NULL, NULL, 0, NULL},
+};

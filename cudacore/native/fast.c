@@ -206,7 +206,7 @@ static struct PyModuleDef fast_module = {
 PyMODINIT_FUNC
 PyInit__fast(void)
 {
-    if (door_init() < 0 || PyType_Ready(&BufferType) < 0 || PyType_Ready(&PinnedType) < 0) {
+    if (door_init() < 0 || PyType_Ready(&BufferType) < 0 || PyType_Ready(&PinnedType) < 0 || PyType_Ready(&UseType) < 0) {
         return NULL;
     }
     /* The C bases of the Python layer's classes, by the names they are exported under. Their tp_new is
@@ -227,7 +227,7 @@ PyInit__fast(void)
     if (m == NULL) {
         return NULL;
     }
-    PyMethodDef *tables[] = {cc_module_functions, cc_alloc_functions, cc_call_functions, cc_launch_functions,
+    PyMethodDef *tables[] = {cc_module_functions, cc_alloc_functions, cc_buffer_functions, cc_call_functions, cc_launch_functions,
                              cc_stacks_functions, cc_streams_functions, cudacore_door_methods};
     for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
         if (PyModule_AddFunctions(m, tables[i]) < 0) {

@@ -176,6 +176,10 @@ typedef struct {
     char is_view;     /* this buffer is a view: owner is the parent Buffer whose views count it holds */
     char ordered;     /* a view of cudacore's own memory (not of a borrowed buffer's): its DLPack export is
                        * ordered on the parent's stream, which it carries, as the parent's is */
+    /* Calls under way that use the memory with the GIL released (a copy, a fill: buffer_use): close()
+     * waits until there are none, so that no such call goes on into memory freed meanwhile, which the
+     * allocator may have handed to another Buffer. */
+    Py_ssize_t uses;
 } BufferObject;
 
 /* Whether b's memory is gone for a call that would name it: b closed or being freed, or b a view of a
@@ -262,6 +266,8 @@ void label_allocation(int64_t device, int64_t ptr);
 
 /* Each file's module functions, added to the module at init (fast.c). */
 extern PyMethodDef cc_alloc_functions[];
+extern PyMethodDef cc_buffer_functions[]; /* buffer.c: using() */
+extern PyTypeObject UseType;              /* buffer.c: what using() returns */
 extern PyMethodDef cc_call_functions[];
 extern PyMethodDef cc_launch_functions[];
 extern PyMethodDef cc_stacks_functions[];

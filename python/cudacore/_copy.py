@@ -156,11 +156,13 @@ def host_to_device(buf: Buffer, host: Any, stream: object = None, nbytes: int | 
     if n > buf.size - offset:
         raise _invalid(f"{op}: the copy is {n} bytes but the device buffer holds only {buf.size - offset} from offset {offset}", op)
     # The door exports host through the buffer protocol for the call: the pointer is the exporter's, and
-    # arrays of Python objects are refused before Go is entered.
-    if handle != SYNC and n <= HELD_MAX:
-        fast.copy_to_device_held(buf.device_id, buf.ptr + offset, host, n, handle)
-    else:
-        fast.copy_to_device(buf.device_id, buf.ptr + offset, host, n, handle)
+    # arrays of Python objects are refused before Go is entered. The call is a use of buf (fast.using): a
+    # close() on another thread waits for it, and buf.ptr, read inside, raises once buf is closed.
+    with fast.using(buf):
+        if handle != SYNC and n <= HELD_MAX:
+            fast.copy_to_device_held(buf.device_id, buf.ptr + offset, host, n, handle)
+        else:
+            fast.copy_to_device(buf.device_id, buf.ptr + offset, host, n, handle)
     _finish(buf, stream)
 
 
@@ -176,10 +178,11 @@ def device_to_host(host: Any, buf: Buffer, stream: object = None, nbytes: int | 
         raise _invalid(f"{op}: the copy is {n} bytes but the device buffer holds only {buf.size - offset} from offset {offset}", op)
     # The GIL stays held only into a PinnedBuffer: a copy into pageable memory waits for the work queued on
     # the stream first, and holding the GIL across that wait would stop every thread and Ctrl-C.
-    if handle != SYNC and n <= HELD_MAX and isinstance(host, PinnedBuffer):
-        fast.copy_to_host_held(buf.device_id, host, buf.ptr + offset, n, handle)
-    else:
-        fast.copy_to_host(buf.device_id, host, buf.ptr + offset, n, handle)
+    with fast.using(buf):  # as host_to_device
+        if handle != SYNC and n <= HELD_MAX and isinstance(host, PinnedBuffer):
+            fast.copy_to_host_held(buf.device_id, host, buf.ptr + offset, n, handle)
+        else:
+            fast.copy_to_host(buf.device_id, host, buf.ptr + offset, n, handle)
     _finish(buf, stream)
 
 
@@ -205,10 +208,11 @@ def device_to_device(
     n = _size(nbytes, src_n, op)
     if n > src_n or n > dst_n:
         raise _invalid(f"{op}: the copy is {n} bytes but the source holds {src_n} and the destination {dst_n}", op)
-    if handle != SYNC:
-        fast.copy_device_held(dst.device_id, dst.ptr + dst_offset, src.ptr + src_offset, n, handle)
-    else:
-        fast.copy_device(dst.device_id, dst.ptr + dst_offset, src.ptr + src_offset, n, handle)
+    with fast.using(dst, src):  # as host_to_device
+        if handle != SYNC:
+            fast.copy_device_held(dst.device_id, dst.ptr + dst_offset, src.ptr + src_offset, n, handle)
+        else:
+            fast.copy_device(dst.device_id, dst.ptr + dst_offset, src.ptr + src_offset, n, handle)
     _finish(dst, stream)
 
 
@@ -218,9 +222,9 @@ def _peer_copy(dst: Buffer, src: Buffer, stream: object, nbytes: int | None, dst
     n = _size(nbytes, src_n, op)
     if n > src_n or n > dst_n:
         raise _invalid(f"{op}: the copy is {n} bytes but the source holds {src_n} and the destination {dst_n}", op)
-    dst_ptr, src_ptr = dst.ptr + dst_offset, src.ptr + src_offset
     if stream is None:
-        fast.copy_peer(dst.device_id, dst.device_id, dst_ptr, src.device_id, src_ptr, n, SYNC)
+        with fast.using(dst, src):  # as host_to_device
+            fast.copy_peer(dst.device_id, dst.device_id, dst.ptr + dst_offset, src.device_id, src.ptr + src_offset, n, SYNC)
         return
     if not isinstance(stream, _Stream):
         raise TypeError(
@@ -234,7 +238,9 @@ def _peer_copy(dst: Buffer, src: Buffer, stream: object, nbytes: int | None, dst
             "use a stream of either",
             op,
         )
-    fast.copy_peer_held(ordinal, dst.device_id, dst_ptr, src.device_id, src_ptr, n, stream_handle(stream))
+    handle = stream_handle(stream)
+    with fast.using(dst, src):
+        fast.copy_peer_held(ordinal, dst.device_id, dst.ptr + dst_offset, src.device_id, src.ptr + src_offset, n, handle)
 
 
 # -- the general copy: Buffer.copy_from / copy_to with any memory ---------------------------------------
@@ -407,7 +413,8 @@ def fill(buf: Buffer, value: int, stream: object = None) -> None:
     if not 0 <= value <= 255:
         raise _invalid(f"{op}: the value must be a byte, 0..255, got {value}; fill sets each byte (cuMemsetD8)", op)
     handle = _stream_arg(buf, stream, op)
-    core.Fill(buf.device_id, buf.ptr, value, buf.size, handle)
+    with fast.using(buf):  # as host_to_device
+        core.Fill(buf.device_id, buf.ptr, value, buf.size, handle)
     _finish(buf, stream)
 
 

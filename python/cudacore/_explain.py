@@ -32,17 +32,20 @@ __all__ = ["explain_oom"]
 
 _OP = "cudacore.explain_oom"
 _UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-_SIZE = r"(\d+(?:\.\d+)?) (bytes|KiB|MiB|GiB)"
+# Numbers are read with at most 19 digits (2**63 has 19): a longer one is no size or ordinal an allocation
+# has, and is not read at all (Python refuses to convert thousands of digits to an int, and past 308 a
+# float is infinite), so that the error is taken as saying nothing of it.
+_SIZE = r"(\d{1,19}(?:\.\d{1,19})?) (bytes|KiB|MiB|GiB)"
 # PyTorch's messages (c10/cuda): the cudaMallocAsync backend's, and the native allocator's.
 _TORCH_REQUESTED = (re.compile(r"Requested\s*:\s*" + _SIZE), re.compile(r"Tried to allocate " + _SIZE))
 _TORCH_CURRENT = re.compile(r"Currently allocated\s*:\s*" + _SIZE)
-_TORCH_DEVICE = (re.compile(r"Allocation on device (\d+)"), re.compile(r"GPU (\d+) has a total capacity"))
+_TORCH_DEVICE = (re.compile(r"Allocation on device (\d{1,19})\b"), re.compile(r"GPU (\d{1,19}) has a total capacity"))
 # CuPy's OutOfMemoryError: "Out of memory allocating 1,024 bytes (allocated so far: ...)".
-_CUPY_REQUESTED = re.compile(r"allocating ([\d,]+) bytes")
+_CUPY_REQUESTED = re.compile(r"allocating ([\d,]{1,26}) bytes")
 # RMM's rmm::out_of_memory, which Python sees as a MemoryError: "std::bad_alloc: out_of_memory: CUDA error
 # (failed to allocate 1024 bytes) at: ...".
 _RMM_MARK = "out_of_memory"
-_RMM_REQUESTED = re.compile(r"failed to allocate (\d+) bytes")
+_RMM_REQUESTED = re.compile(r"failed to allocate (\d{1,19}) bytes")
 _CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation, the runtime's out-of-memory result
 
 # Rows of the split that the error being explained carries (PyTorch's own count), for the hook.
@@ -66,6 +69,33 @@ def _torch_bytes(m: re.Match[str]) -> int:
     return round(float(m.group(1)) * _UNITS[m.group(2)])
 
 
+def _text(exc: BaseException) -> str:
+    """``str(exc)``, or "" where the error's ``__str__`` raises (the error is the caller's object: what it
+    cannot say is read as saying nothing). A KeyboardInterrupt or a MemoryError is raised, never lost."""
+    try:
+        return str(exc)
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def _linked(e: BaseException) -> list[BaseException]:
+    """``e.__cause__`` and ``e.__context__``, those that are exceptions: a subclass may make them properties
+    that raise or answer anything, which are read as no link."""
+    out = []
+    for name in ("__cause__", "__context__"):
+        try:
+            link = getattr(e, name, None)
+        except MemoryError:
+            raise
+        except Exception:  # noqa: BLE001, S112
+            continue
+        if isinstance(link, BaseException):
+            out.append(link)
+    return out
+
+
 def _first(patterns: tuple[re.Pattern[str], ...], text: str) -> re.Match[str] | None:
     for p in patterns:
         m = p.search(text)
@@ -82,7 +112,7 @@ def _torch_failure(exc: BaseException) -> _Failure | None:
     classes = tuple(c for c in (getattr(torch, "OutOfMemoryError", None), getattr(cuda, "OutOfMemoryError", None)) if isinstance(c, type))
     if not classes or not isinstance(exc, classes):
         return None
-    text = str(exc)
+    text = _text(exc)
     f = _Failure("torch")
     m = _first(_TORCH_REQUESTED, text)
     if m is not None:
@@ -90,10 +120,12 @@ def _torch_failure(exc: BaseException) -> _Failure | None:
     m = _first(_TORCH_DEVICE, text)
     if m is not None:
         f.device = int(m.group(1))
-    # The cudaMallocAsync backend's message gives PyTorch's own count of its bytes on the device.
+    # The cudaMallocAsync backend's message gives PyTorch's own count of its bytes on the device; one no
+    # device can hold is left out of the split.
     m = _TORCH_CURRENT.search(text)
-    if m is not None:
-        f.known["torch"] = _torch_bytes(m)
+    current = _torch_bytes(m) if m is not None else None
+    if current is not None and current < 1 << 63:
+        f.known["torch"] = current
     try:
         stream = cuda.current_stream(f.device) if f.device is not None else cuda.current_stream()
         f.stream = int(stream.cuda_stream)
@@ -116,7 +148,7 @@ def _cupy_failure(exc: BaseException) -> _Failure | None:
         if isinstance(size, int) and not isinstance(size, bool) and size > 0:
             f.requested = size
         else:
-            m = _CUPY_REQUESTED.search(str(exc))
+            m = _CUPY_REQUESTED.search(_text(exc))
             if m is not None:
                 f.requested = int(m.group(1).replace(",", ""))
     elif isinstance(runtime_error, type) and isinstance(exc, runtime_error) and getattr(exc, "status", None) == _CUDA_ERROR_MEMORY_ALLOCATION:
@@ -132,10 +164,11 @@ def _cupy_failure(exc: BaseException) -> _Failure | None:
 
 
 def _rmm_failure(exc: BaseException) -> _Failure | None:
-    if not isinstance(exc, MemoryError) or _RMM_MARK not in str(exc):
+    text = _text(exc) if isinstance(exc, MemoryError) else ""
+    if _RMM_MARK not in text:
         return None
     f = _Failure("rmm")
-    m = _RMM_REQUESTED.search(str(exc))
+    m = _RMM_REQUESTED.search(text)
     if m is not None:
         f.requested = int(m.group(1))
     return f
@@ -166,7 +199,7 @@ def _recognize(exc: BaseException) -> _Failure | None:
             f = recognize(e)
             if f is not None:
                 return f
-        todo += [e.__cause__, e.__context__]
+        todo += _linked(e)
     return None
 
 
@@ -215,7 +248,7 @@ def explain_oom(exc: BaseException, device: Device | int | None = None, *, reque
         raise TypeError(f"requested must be an int number of bytes or None, not {type(requested).__name__}")
     failure = _recognize(exc)
     if failure is None:
-        shown = str(exc)
+        shown = _text(exc)
         shown = shown if len(shown) <= 120 else shown[:117] + "..."
         raise TypeError(
             f"explain_oom takes an out-of-memory error of cudacore, PyTorch, CuPy or RMM; "
@@ -228,6 +261,9 @@ def explain_oom(exc: BaseException, device: Device | int | None = None, *, reque
         raise error("CUDA_ERROR_INVALID_VALUE", f"explain_oom: this out-of-memory error of {failure.op} does not say how many bytes "
                     "it asked for: pass requested=<bytes>", op=_OP)
     if size <= 0 or size >= 1 << 63:
+        if requested is None:
+            raise error("CUDA_ERROR_INVALID_VALUE", f"explain_oom: this out-of-memory error of {failure.op} asks for {size} bytes, "
+                        "which no allocation can (1 to 2**63 - 1): pass requested=<bytes>", op=_OP)
         raise error("CUDA_ERROR_INVALID_VALUE", f"explain_oom: requested must be positive and below 2**63, got {size}", op=_OP)
     dev = as_device(device if device is not None else failure.device)
     text = core.ExplainOOM(dev.device_id, size, failure.stream, failure.op)

@@ -12,6 +12,16 @@ from cudacore._stream import StreamLike
 
 _B = TypeVar("_B", bound=Buffer)
 
+class Use:
+    """A use of Buffers by one call: see :func:`using`."""
+
+    def __enter__(self) -> None: ...
+    def __exit__(self, *exc: object) -> Literal[False]: ...
+
+def using(buffer: object, other: object = None, /) -> Use:
+    """While the block runs, ``close()`` of the Buffers given (anything else is ignored) waits on another
+    thread, and is refused on this one: for calls that use their memory with the GIL released."""
+
 class Buffer:
     """Device memory owned by this object (subclassed by cudacore.Buffer)."""
 

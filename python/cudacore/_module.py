@@ -214,14 +214,26 @@ _TORCH_TYPES = {("Tensor", "torch"), ("Parameter", "torch.nn.parameter")}
 
 def _torch_pointer(obj: Any) -> int | None:
     """A PyTorch tensor's address as its ``__cuda_array_interface__`` gives it (its first element's), read
-    with ``data_ptr()`` for a dense CUDA tensor that does not require grad and is not empty, as the C path
-    reads it; None for anything else, which goes by its interface."""
+    with ``data_ptr()`` for a dense CUDA tensor that does not require grad and is not empty, exactly as the C
+    path (cudacore/native/launch.c, torch_tensor_ptr) reads it: ``is_cuda`` must be True, ``is_sparse`` and
+    ``requires_grad`` False, ``numel()`` and ``data_ptr()`` exact ints (``numel()`` > 0, as a C long long).
+    None for anything else, a read that raises an ordinary exception included: the object then goes by its
+    interface, which decides and explains. A KeyboardInterrupt or a MemoryError is raised, never lost."""
     t = type(obj)
     if (t.__name__, t.__module__) not in _TORCH_TYPES:
         return None
-    if obj.is_cuda is not True or obj.is_sparse is not False or obj.requires_grad is not False or obj.numel() <= 0:
+    try:
+        if obj.is_cuda is not True or obj.is_sparse is not False or obj.requires_grad is not False:
+            return None
+        n = obj.numel()
+        if type(n) is not int or not 0 < n < 1 << 63:
+            return None
+        ptr = obj.data_ptr()
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - as C's clear_read_error: the interface decides
         return None
-    return int(obj.data_ptr())
+    return ptr if type(ptr) is int else None
 
 
 def _device_pointer(obj: Any) -> int | None:

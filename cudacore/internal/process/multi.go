@@ -89,7 +89,8 @@ var (
 // other's memory, pools included (EnablePeerAccess both ways), wherever the two can access each other.
 //
 // The calls are unsafe during a capture, so nothing is done while one of cudacore's runs or while stream
-// (the library's own, which cudacore may not know) captures: a later allocation does it. A capture that
+// (the library's own, which cudacore may not know) captures: a later allocation does it. Nor on a stream
+// cudacore destroyed, whose handle must not reach the driver. A capture that
 // another library began in global mode on another thread is not seen; the first allocation on a device
 // rarely falls inside one (a library warms up before it captures). A pair the driver refuses is left as it
 // is (its copies are staged by the driver) and not tried again, so that no allocation pays for it twice.
@@ -103,7 +104,16 @@ func (d *Device) LibraryAllocates(stream cuda.Stream) bool {
 			return nil
 		}
 		if stream != 0 {
+			// The handle's use is bracketed as an allocation's (Manager.Use): a stream cudacore destroyed
+			// or is closing never reaches the driver (the real driver crashes on a destroyed handle), and
+			// nothing is done, the allocation that follows refusing the stream; a live one cannot be
+			// destroyed until the check is made.
+			streams := d.Streams()
+			if err := streams.Use("interop", stream); err != nil {
+				return nil
+			}
 			st, err := d.Driver().StreamIsCapturing(d.Context(), stream)
+			streams.Done(stream)
 			if err != nil || st != cuda.CaptureStatusNone {
 				return nil
 			}
@@ -495,14 +505,13 @@ func ProbeIPC(d *Device) map[string]string {
 }
 
 // regrantPeersLocked opens d's allocator pool, new after a strategy switch, to the devices that were
-// given access to d's memory (EnablePeerAccess). The caller holds devMu, so peers are read from devices.
+// given access to d's memory (EnablePeerAccess). The caller holds devMu, so peers are read from devices,
+// and multiMu.
 func (d *Device) regrantPeersLocked() error {
 	pool := d.Memory().Pool()
 	if pool == nil {
 		return nil
 	}
-	multiMu.Lock()
-	defer multiMu.Unlock()
 	for ordinal := range peersOf[d.Ordinal()] {
 		peer, ok := devices[ordinal]
 		if !ok {

@@ -10,19 +10,13 @@ import (
 	"github.com/cudacore/cudacore/pkg/memory"
 )
 
-// This file sorts before process_test.go, so its first test opens the process's simulator, with three
-// devices: 0 and 1 peers, 2 in a peer group of its own. The other tests of the package work on any shape.
+// threeSimDevices returns the three simulated devices the package's tests run on (TestMain): 0 and 1
+// peers, 2 in a peer group of its own.
 func threeSimDevices(t *testing.T) (d0, d1, d2 *Device) {
 	t.Helper()
-	t.Setenv("CUDACORE_BACKEND", "sim")
-	t.Setenv("CUDACORE_SIM_DEVICES", `[{}, {}, {"peer_group": 1}]`)
-	n, err := DeviceCount()
-	require.NoError(t, err)
-	if n < 3 {
-		t.Skip("the process's simulator was opened with fewer devices by an earlier test")
-	}
 	devs := make([]*Device, 3)
 	for i := range devs {
+		var err error
 		devs[i], err = GetDevice(i)
 		require.NoError(t, err)
 	}
@@ -31,6 +25,7 @@ func threeSimDevices(t *testing.T) (d0, d1, d2 *Device) {
 
 func TestPeersAndSharingOnTheSimulator(t *testing.T) {
 	d0, d1, d2 := threeSimDevices(t)
+	forgetPeerAccess(t, d0, d1, d2)
 	drv := d0.Driver()
 
 	can, err := d0.CanAccessPeer(d1)
@@ -98,6 +93,29 @@ func TestPeersAndSharingOnTheSimulator(t *testing.T) {
 	assert.Equal(t, map[string]string{"posix_fd": "ok", "cuipc_mem": "ok", "cuipc_event": "ok"}, probe)
 }
 
+// forgetPeerAccess puts the devices back to where no library has allocated on them (LibraryAllocates) and
+// none was given access to another's pools, so that a test sees each grant made again whatever the tests
+// before it did (the driver's context peer access stays: enabling it again is allowed).
+func forgetPeerAccess(t *testing.T, devs ...*Device) {
+	t.Helper()
+	libMu.Lock()
+	libraryDevices = nil
+	libMu.Unlock()
+	multiMu.Lock()
+	defer multiMu.Unlock()
+	for _, owner := range devs {
+		owner.library.Store(false)
+		delete(peersOf, owner.Ordinal())
+		for _, pool := range owner.poolsLocked() {
+			for _, user := range devs {
+				if can, err := user.CanAccessPeer(owner); err == nil && can {
+					require.NoError(t, owner.Driver().MemPoolSetAccess(owner.Context(), pool, user.Handle(), cuda.AccessNone))
+				}
+			}
+		}
+	}
+}
+
 // TestLibraryAllocatesOpensDevicesToEachOther: the devices other libraries' allocators use get access to
 // each other's memory, pools included, the first time each is used, where the two can access each other;
 // a device that cannot reach the others is left alone; nothing is done while a capture runs.
@@ -109,12 +127,7 @@ func TestLibraryAllocatesOpensDevicesToEachOther(t *testing.T) {
 		require.NoError(t, err)
 		return f
 	}
-	libMu.Lock()
-	libraryDevices = nil
-	libMu.Unlock()
-	for _, d := range []*Device{d0, d1, d2} {
-		d.library.Store(false)
-	}
+	forgetPeerAccess(t, d0, d1, d2)
 
 	// A stream of the library's own that captures (cudacore does not know the capture): nothing yet.
 	s, err := drv.StreamCreate(d0.Context(), cuda.StreamNonBlocking, 0)
@@ -135,4 +148,21 @@ func TestLibraryAllocatesOpensDevicesToEachOther(t *testing.T) {
 	assert.Contains(t, d0.PeersWithAccess(), 1)
 	assert.Contains(t, d1.PeersWithAccess(), 0)
 	assert.True(t, d1.LibraryAllocates(0), "once done, done")
+}
+
+// A stream cudacore destroyed, named by a library's allocator (CuPy's current stream wrapping a closed
+// cudacore Stream, say): its handle never reaches the driver (the real driver crashes there; the simulator
+// ends the test process), and the device is not done, since nothing could be checked; the allocation that
+// follows refuses the stream as Allocate does.
+func TestLibraryAllocatesNeverNamesADestroyedStream(t *testing.T) {
+	d0, d1, d2 := threeSimDevices(t)
+	forgetPeerAccess(t, d0, d1, d2)
+	s, err := d0.Streams().Create(true, 0)
+	require.NoError(t, err)
+	h := s.Handle()
+	require.NoError(t, s.Destroy())
+	assert.False(t, d0.LibraryAllocates(h), "nothing is done on a destroyed stream")
+	_, err = d0.AllocateSteady(4096, h)
+	assert.Equal(t, cuda.ErrorClosed, cuda.ResultOf(err))
+	assert.True(t, d0.LibraryAllocates(0), "done on a live stream")
 }

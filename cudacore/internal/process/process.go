@@ -306,9 +306,15 @@ func (d *Device) replaceStackLocked(opts memory.StackOptions) error {
 	// before the stream goes, so no free here can name a stream destroyed meanwhile. A failure leaves
 	// blocks to the Close below, which releases again and reports it.
 	_ = old.Release()
+	// The new allocator is published and its pool opened to the peers under multiMu, under which
+	// EnablePeerAccess reads the pools it grants and grants them: a grant that read the old pool is over
+	// before the Close below may destroy it, and one that comes after reads the new pool.
+	multiMu.Lock()
 	d.memory.Store(stack)
+	err = d.regrantPeersLocked()
+	multiMu.Unlock()
 	snapshot.SetBlocking(d.Ordinal(), d.Strategy() == device.StrategySync)
-	if err := d.regrantPeersLocked(); err != nil {
+	if err != nil {
 		_ = old.Close()
 		return err
 	}
