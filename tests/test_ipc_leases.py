@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 import textwrap
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -256,3 +259,127 @@ def check_an_exporter_that_exited_is_refused(how: str, backend: str = "sim") -> 
 @pytest.mark.parametrize("how", ["pidfd", "no-pidfd"])
 def test_an_exporter_that_exited_is_refused_zombie_or_reaped(how: str) -> None:
     check_an_exporter_that_exited_is_refused(how)
+
+
+# -- the lock between processes ---------------------------------------------------------------------
+
+TRY_LOCK = """
+import fcntl, os, struct, sys
+
+fd = int(sys.argv[1])
+flock = struct.Struct("hhqqi4x")  # struct flock on 64-bit Linux
+out = []
+try:  # a record lock of this process, as the lease took it before
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fcntl.lockf(fd, fcntl.LOCK_UN)
+    out.append("posix:entered")
+except OSError:
+    out.append("posix:refused")
+own = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)  # a description of this process's own, as a lease takes it
+try:
+    fcntl.fcntl(own, fcntl.F_OFD_SETLK, flock.pack(fcntl.F_WRLCK, 0, 0, 0, 0))
+    out.append("ofd:entered")
+except OSError:
+    out.append("ofd:refused")
+print(" ".join(out))
+"""
+
+
+def _other_process_enters(fd: int) -> str:
+    """What a second process gets when it tries, without waiting, to lock the lease file that ``fd`` names:
+    each kind of lock, ``entered`` or ``refused``."""
+    r = subprocess.run([sys.executable, "-c", TRY_LOCK, str(fd)], pass_fds=[fd], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+REFUSED = "posix:refused ofd:refused"
+
+
+def _inside_a_section(enter: Callable[[Callable[[], None]], object], while_inside: Callable[[], None]) -> None:
+    """Run ``enter(wait)`` on a thread, where ``enter`` calls ``wait`` inside a locked lease section, and
+    ``while_inside()`` here while that thread waits there; then let it out."""
+    inside, leave = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        inside.set()
+        assert leave.wait(60)
+
+    def run() -> None:
+        try:
+            enter(wait)
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        assert inside.wait(60), errors
+        while_inside()
+    finally:
+        leave.set()
+        t.join(60)
+    assert not t.is_alive() and not errors, errors
+
+
+def test_closing_another_descriptor_of_the_lease_keeps_the_exporters_lock() -> None:
+    """While a thread is inside a locked section of the exporter's lease, another thread closes an
+    IpcHandle (a descriptor of the same file): no other process may enter meanwhile. A POSIX record lock
+    belongs to the process and the file, and the close of any descriptor of the file dropped it."""
+    d = cc.Device(0)
+    with d.allocate_shareable(4096, kind="pool") as sb:
+        h = sb.export()
+        lease = sb._own.lease
+        assert lease is not None
+        probe = os.dup(lease.fd)
+        try:
+
+            def while_inside() -> None:
+                assert _other_process_enters(probe) == REFUSED
+                closer = threading.Thread(target=h.close)
+                closer.start()
+                closer.join(60)
+                assert h.fds() == []
+                assert _other_process_enters(probe) == REFUSED, "closing a handle dropped the lease's lock"
+
+            _inside_a_section(lambda wait: lease._locked(lambda _: wait(), None), while_inside)
+            assert _other_process_enters(probe) == "posix:entered ofd:entered", "the section let its lock go"
+        finally:
+            os.close(probe)
+
+
+def test_closing_another_descriptor_of_the_lease_keeps_an_importers_lock() -> None:
+    """The same for an importer taking its slot (IpcHandle.open): another import's handle closed by
+    another thread meanwhile leaves the exporter unable to mark the export closed under it."""
+    d = cc.Device(0)
+    with d.allocate_shareable(4096, kind="pool") as sb, sb.export() as h:
+        first, second = _foreign(h), _foreign(h)
+        first.open().close()  # maps the lease here
+        lease = _lease_of(h)
+        assert lease is not None
+        probe = os.dup(h.lease_fd)
+        opened: list[cc.Buffer] = []
+        try:
+
+            def enter(wait: Callable[[], None]) -> None:
+                def gone() -> bool:  # asked inside take()'s locked section
+                    wait()
+                    return False
+
+                lease.exporter_gone = gone
+                opened.append(first.open())
+
+            def while_inside() -> None:
+                closer = threading.Thread(target=second.close)
+                closer.start()
+                closer.join(60)
+                assert _other_process_enters(probe) == REFUSED, "closing a handle dropped the lease's lock"
+
+            _inside_a_section(enter, while_inside)
+            assert len(opened) == 1 and lease.users == {opened[0]._own.token}
+        finally:
+            for buf in opened:
+                buf.close()
+            first.close()
+            os.close(probe)
