@@ -135,8 +135,9 @@ def test_an_export_closed_by_its_exporter_is_refused_where_its_lease_is_still_ma
     fds = _open_fds()
     _ipc._forget_idle_leases()  # its export is closed: let go
     assert not lease.usable() and _lease_of(later) is None
-    # Its descriptor, the one its mapping keeps (Python's mmap holds a duplicate) and the exporter's pidfd.
-    assert len(fds - _open_fds()) == 3
+    # Its descriptor, the one its mapping keeps (Python's mmap holds a duplicate), its own open file
+    # description of the lease (the lock's) and the exporter's pidfd.
+    assert len(fds - _open_fds()) == 4
     later.close()
 
 
@@ -309,7 +310,7 @@ def _inside_a_section(enter: Callable[[Callable[[], None]], object], while_insid
     def run() -> None:
         try:
             enter(wait)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - reported by the test once the thread is joined
             errors.append(exc)
 
     t = threading.Thread(target=run)
@@ -383,3 +384,87 @@ def test_closing_another_descriptor_of_the_lease_keeps_an_importers_lock() -> No
                 buf.close()
             first.close()
             os.close(probe)
+
+
+@pytest.mark.parametrize("why", ["no OFD locks", "no /proc"])
+def test_without_its_own_description_a_lease_falls_back_to_the_record_lock(why: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernel has no OFD locks or the lease file cannot be opened again through /proc, a lease
+    locks with a POSIX record lock through its own descriptor: it opens, closes and excludes other
+    processes as before, holds one descriptor fewer, and (the fallback's documented limit) a descriptor of
+    the file closed by another thread during a section lets another process in."""
+    if why == "no OFD locks":
+        monkeypatch.setattr(_ipc, "_OFD_LOCKS", False)
+    else:
+        real_open = os.open
+
+        def no_proc(path: str, flags: int, mode: int = 0o777, **kw: object) -> int:
+            if str(path).startswith("/proc/self/fd/"):
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+            return real_open(path, flags, mode, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(os, "open", no_proc)
+    d = cc.Device(0)
+    sb = d.allocate_shareable(4096, kind="pool")
+    sb.copy_from(b"\x09" * 4096)
+    h = sb.export()
+    lease = sb._own.lease
+    assert lease is not None and lease.fds == [lease.fd], "no description of its own"
+    other = _foreign(h)
+    buf = other.open()
+    assert _read(buf) == b"\x09" * 4096
+    imported = _lease_of(h)
+    assert imported is not None and len(imported.fds) == 2  # its descriptor and the exporter's pidfd
+    probe = os.dup(h.lease_fd)
+    try:
+
+        def while_inside() -> None:
+            assert _other_process_enters(probe) == REFUSED
+            os.close(os.dup(probe))
+            assert _other_process_enters(probe) == "posix:entered ofd:entered"
+
+        _inside_a_section(lambda wait: lease._locked(lambda _: wait(), None), while_inside)
+    finally:
+        os.close(probe)
+    with pytest.raises(cc.IllegalStateError, match="still hold"):
+        sb.close()
+    buf.close()
+    other.close()
+    h.close()
+    sb.close()
+    assert sb.closed
+
+
+def test_a_forked_child_leaves_the_lease_alone() -> None:
+    """A forked child shares its parent's open file descriptions, the lease's own one included, and with
+    it the parent's lock: its lease calls (an open through the import path, a SharedBuffer's close) raise
+    IllegalStateError (CUDACORE_ERROR_FORKED) before they change the page."""
+    d = cc.Device(0)
+    with d.allocate_shareable(4096, kind="pool") as sb, sb.export() as h:
+        other = _foreign(h)
+        other.open().close()  # the lease is mapped here, and the child inherits it
+        lease = sb._own.lease
+        assert lease is not None
+        page = bytes(lease._mm)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                out = []
+                for what, call in (("open", other.open), ("close", sb.close)):
+                    try:
+                        call()
+                        out.append(f"{what}:returned")
+                    except cc.CUDAError as exc:
+                        out.append(f"{what}:{exc.name}")
+                os.write(w, " ".join(out).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            said = f.read().decode()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert said == "open:CUDACORE_ERROR_FORKED close:CUDACORE_ERROR_FORKED"
+        assert bytes(lease._mm) == page, "the child changed the lease's page"
+        assert not sb.closed
+        other.close()

@@ -37,13 +37,14 @@ import os
 import select
 import socket
 import struct
+import sys
 import threading
 import weakref
 from collections.abc import Callable
 from multiprocessing import context, reduction, resource_sharer
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from ._api import core
+from ._api import check_not_forked, core
 from ._errors import CUDAError, error
 from ._handles import as_device, stream_handle
 from ._memory import Buffer
@@ -83,16 +84,17 @@ def _find_slot(mm: mmap.mmap, slot: bytes) -> int:
 
 class _Lease(Descriptors):
     """The imports of one export, across processes: a shared page with one slot per import (its process
-    and its owner's token), changed under a POSIX record lock (between processes) and a thread lock
-    (between threads of one process, which record locks do not separate). It owns its descriptors and
-    mapping (closed once, by :meth:`close`).
+    and its owner's token), changed under a lock of the file (between processes, see :func:`_file_lock`)
+    and a thread lock (between threads of one process: a lock of the file taken twice by one process, or
+    through one open file description, excludes nothing). It owns its descriptors and mapping (closed
+    once, by :meth:`close`).
 
     In an importing process one lease object serves every import of the export (see :func:`_attach`):
     :attr:`users` holds the tokens of the imports that use it, and :attr:`exporter_gone` answers whether
     the exporter has exited (a poll of a pidfd of it, which the lease owns, where the kernel has them;
     None: ask :func:`_alive`)."""
 
-    __slots__ = ("_fd", "_mm", "exporter_gone", "users")
+    __slots__ = ("_fd", "_lock_file", "_mm", "_unlock_file", "exporter_gone", "users")
 
     _thread_lock = threading.Lock()
 
@@ -128,6 +130,11 @@ class _Lease(Descriptors):
         if magic != _LEASE_MAGIC or exporter <= 0:
             self.close()
             raise error("CUDA_ERROR_INVALID_VALUE", "the handle's lease is not a cudacore lease", op="cudacore.open_shared")
+        try:
+            self._lock_file, self._unlock_file = _file_lock(self)
+        except BaseException:
+            self.close()
+            raise
 
     @classmethod
     def create(cls) -> _Lease:
@@ -167,16 +174,26 @@ class _Lease(Descriptors):
         a loop's back edge or at a function's entry, and here each of those lies inside the ``with`` or
         ``try`` that gives its lock back. A context manager holds its locks across the return of its
         ``__enter__`` and the entry of its ``__exit__``, where an interrupt leaves them held (the thread lock
-        is not reentrant: the next lease call of the thread then waits for good)."""
+        is not reentrant: the next lease call of the thread then waits for good). For the same reason the
+        file's lock is taken and given back by calls of C objects (:func:`_file_lock`), which have no entry
+        where an interrupt could come.
+
+        Raises
+        ------
+        IllegalStateError
+            In a process forked from one that had loaded cudacore: the child shares the parent's open file
+            description, and with it the lock, so it would change the page unexcluded from the parent.
+        """
+        check_not_forked()
         with self._lock:
             if not self.usable():
                 raise error("CUDACORE_ERROR_CLOSED", "the lease was closed", op="cudacore.open_shared")
             with self._thread_lock:
                 try:
-                    fcntl.lockf(self._fd, fcntl.LOCK_EX)
+                    self._lock_file()
                     return fn(arg)
                 finally:
-                    fcntl.lockf(self._fd, fcntl.LOCK_UN)
+                    self._unlock_file()
 
     def _taken(self) -> list[tuple[int, int]]:
         """The offset and process id of each slot taken."""
@@ -197,10 +214,11 @@ class _Lease(Descriptors):
         IllegalStateError
             If the exporter has closed the memory or exited, or every slot is taken by a live process.
         """
+        check_not_forked()
         mm = self._mm
         with self._thread_lock:
             try:
-                fcntl.lockf(self._fd, fcntl.LOCK_EX)
+                self._lock_file()
                 _, exporter, closed = _HEAD.unpack_from(mm, 0)
                 gone = self.exporter_gone
                 if closed or (gone() if gone is not None else not _alive(exporter)):
@@ -216,20 +234,21 @@ class _Lease(Descriptors):
                         raise error("CUDA_ERROR_ILLEGAL_STATE", f"{_SLOTS} imports hold this memory already", op="cudacore.open_shared")
                 _SLOT.pack_into(mm, at, pid, token)
             finally:
-                fcntl.lockf(self._fd, fcntl.LOCK_UN)
+                self._unlock_file()
 
     def give_back(self, pid: int, token: int) -> None:
         """Free the slot that :meth:`take` took for ``pid`` and ``token``; nothing where none is (again).
         Without the owner's lock, as :meth:`take`."""
+        check_not_forked()
         mm = self._mm
         with self._thread_lock:
             try:
-                fcntl.lockf(self._fd, fcntl.LOCK_EX)
+                self._lock_file()
                 at = _find_slot(mm, _SLOT.pack(pid, token))
                 if at >= 0:
                     mm[at : at + _SLOT.size] = _FREE
             finally:
-                fcntl.lockf(self._fd, fcntl.LOCK_UN)
+                self._unlock_file()
 
     def holders(self) -> list[int]:
         """The live processes holding a slot (slots of exited ones are freed on the way)."""
@@ -257,6 +276,51 @@ class _Lease(Descriptors):
 
     def release(self) -> None:
         self.close()
+
+
+#: ``struct flock`` of 64-bit Linux: type, whence, start, length (0: to the end of the file) and pid
+#: (0, as open file description locks require). Both locks cover the whole file.
+_FLOCK = struct.Struct("@hhqqi4x")
+_OFD_LOCKS = sys.platform == "linux" and hasattr(fcntl, "F_OFD_SETLKW") and struct.calcsize("P") == 8
+_WHOLE_FILE_WRITE = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+_WHOLE_FILE_UNLOCK = _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, 0, 0, 0)
+
+
+def _file_lock(lease: _Lease) -> tuple[Callable[[], object], Callable[[], object]]:
+    """How ``lease`` takes and gives back the lock that excludes other processes from its page: two C
+    callables (no Python frame of their own, so an interrupt comes only before or after them).
+
+    A POSIX record lock (``lockf``) belongs to the process and the file, and the close of *any* descriptor
+    of the file in the process drops it: an IpcHandle closed, an idle lease let go or a duplicate closed by
+    one thread while another is inside a lease section would let another process in. So the lock is an
+    open file description lock (``F_OFD_SETLKW``), which belongs to the description it is taken through,
+    taken through a description this lease opens for itself (``/proc/self/fd/N`` opened anew gives a new
+    one) and owns until it is closed, which :meth:`_Lease.close` does only outside every section (under
+    the owner's lock, or for an importer's lease once no import uses it). The descriptors of the lease
+    that cross processes share one description (``dup``, ``SCM_RIGHTS``), whose lock would be both
+    sides': each process's own description is what makes the lock exclude. OFD and POSIX locks of one
+    file conflict, so a process that fell back (below) and one that did not still exclude each other.
+
+    Where the kernel has no OFD locks (before Linux 3.15) or the description cannot be opened (no
+    ``/proc``, or the file's permissions refuse), the lease falls back to the POSIX record lock through
+    its own descriptor: correct between processes, except while another thread of this process closes a
+    descriptor of the same file during a section, which drops the lock early."""
+    fd = lease.fd
+    if _OFD_LOCKS:
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _WHOLE_FILE_WRITE)  # asks the kernel, takes nothing
+            # Made and owned in one C-level step (extend over map): no interrupt between the open and the
+            # append. Close-on-exec: never inherited by a program this process starts.
+            lease.fds.extend(map(functools.partial(os.open, flags=os.O_RDWR | os.O_CLOEXEC), [f"/proc/self/fd/{fd}"]))
+        except OSError:
+            pass
+        else:
+            own = lease.fds[-1]
+            return (
+                functools.partial(fcntl.fcntl, own, fcntl.F_OFD_SETLKW, _WHOLE_FILE_WRITE),
+                functools.partial(fcntl.fcntl, own, fcntl.F_OFD_SETLK, _WHOLE_FILE_UNLOCK),
+            )
+    return functools.partial(fcntl.lockf, fd, fcntl.LOCK_EX), functools.partial(fcntl.lockf, fd, fcntl.LOCK_UN)
 
 
 def _lease_not_open(fd: int, exc: OSError) -> CUDAError:
