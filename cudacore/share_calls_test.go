@@ -26,12 +26,13 @@ const simDevicesForTests = `[{}, {}]`
 const envExporter = "CUDACORE_TEST_EXPORTER"
 
 func TestMain(m *testing.M) {
-	if os.Getenv("CUDACORE_BACKEND") == "" {
-		for k, v := range map[string]string{"CUDACORE_BACKEND": "sim", "CUDACORE_SIM_DEVICES": simDevicesForTests} {
-			if err := os.Setenv(k, v); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				os.Exit(2)
-			}
+	for _, kv := range [][2]string{{"CUDACORE_BACKEND", process.BackendSim}, {"CUDACORE_SIM_DEVICES", simDevicesForTests}} {
+		if _, set := os.LookupEnv(kv[0]); set {
+			continue
+		}
+		if err := os.Setenv(kv[0], kv[1]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
 		}
 	}
 	if size := os.Getenv(envExporter); size != "" {
@@ -164,6 +165,9 @@ func TestShareRoundTripMakesOnlyTheDriversCalls(t *testing.T) {
 	})
 
 	t.Run("pool", func(t *testing.T) {
+		n, err := DeviceCount()
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, n, 2, "the pool kind's import opens device 0's memory on device 1: CUDACORE_SIM_DEVICES needs two devices")
 		p, err := ShareAllocate(0, size, 0, process.KindPool, 0)
 		require.NoError(t, err)
 		defer func() { _, _ = ShareFree(0, p, process.KindPool, 0) }()
