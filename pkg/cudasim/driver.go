@@ -291,6 +291,32 @@ func (d *Driver) Calls(entryPoint string) int {
 	return d.calls[entryPoint]
 }
 
+// CallCounts returns how many times each entry point has been called so far, failed calls included, by
+// name (the calls counted per device are left out): two of them, taken around an operation, show every
+// call it made (CallsBetween).
+func (d *Driver) CallCounts() map[string]int {
+	d.faultMu.Lock()
+	defer d.faultMu.Unlock()
+	out := make(map[string]int, len(d.calls))
+	for k, n := range d.calls {
+		if entryPoints[k] {
+			out[k] = n
+		}
+	}
+	return out
+}
+
+// CallsBetween returns the calls made between two CallCounts, by entry point: those called at least once.
+func CallsBetween(before, after map[string]int) map[string]int {
+	out := map[string]int{}
+	for k, n := range after {
+		if n > before[k] {
+			out[k] = n - before[k]
+		}
+	}
+	return out
+}
+
 // enter counts a call of op and returns its injected fault, if one is due, or NotInitialized.
 func (d *Driver) enter(op string) error {
 	return d.enterOn(op, AnyDevice)

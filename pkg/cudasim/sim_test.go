@@ -217,6 +217,21 @@ func TestNotInitialized(t *testing.T) {
 	requireResult(t, cuda.ErrorNotInitialized, "cuMemAlloc_v2", err)
 }
 
+// CallCounts sees every call by its entry point, a failed one too, and not the per-device tallies that
+// scoped faults count by.
+func TestCallCountsShowEveryCall(t *testing.T) {
+	e := start(t)
+	before := e.d.CallCounts()
+	p, err := e.d.MemAlloc(e.ctx, 64)
+	require.NoError(t, err)
+	require.NoError(t, e.d.MemFree(e.ctx, p))
+	requireResult(t, cuda.ErrorInvalidValue, "cuMemFree_v2", e.d.MemFree(e.ctx, p))
+	assert.Equal(t, map[string]int{"cuMemAlloc_v2": 1, "cuMemFree_v2": 2}, cudasim.CallsBetween(before, e.d.CallCounts()))
+	for k := range e.d.CallCounts() {
+		assert.NotContains(t, k, "@", "a per-device tally")
+	}
+}
+
 func TestFaultInjection(t *testing.T) {
 	e := start(t)
 	before := e.d.Calls("cuMemAllocAsync")
