@@ -648,3 +648,55 @@ def test_a_close_inside_a_use_of_the_buffer_on_its_own_thread_is_refused(dev: cc
         buf.copy_from(bytes(4096))  # the memory is still the buffer's
     buf.close()
     assert buf.closed
+
+
+FORK_DURING_A_USE = """
+import os, sys, threading, warnings
+import cudacore as cc
+from cudacore._native import fast
+
+warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads, which this test means to do
+d = cc.Device(0)
+buf, dropped = d.allocate(4096), d.allocate(4096)
+inside, done = threading.Event(), threading.Event()
+
+def user():
+    with fast.using(buf, dropped):  # a copy of the two under way at the fork, as far as they can tell
+        inside.set()
+        done.wait()
+
+t = threading.Thread(target=user)
+t.start()
+inside.wait()
+pid = os.fork()
+if pid == 0:
+    try:
+        buf.close()
+        print("child close returned", flush=True)
+    except cc.CUDAError as exc:
+        print("child close", exc.name, flush=True)
+    del dropped  # deallocated: nothing to free here, and nothing to wait for
+    print("child dealloc returned", flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child exit status", status, flush=True)
+done.set()
+t.join()
+buf.close()
+print("parent closed", buf.closed, flush=True)
+"""
+
+
+def test_a_forked_child_does_not_wait_for_uses_of_threads_left_in_the_parent() -> None:
+    """A thread's use of a Buffer (a copy with the GIL released) under way at a fork stays counted in the
+    child, where that thread does not exist: the child's close() and deallocation of the Buffer waited for
+    it forever. In the child the close raises the fork error and the deallocation frees nothing, at once."""
+    env = {"CUDACORE_BACKEND": os.environ["CUDACORE_BACKEND"]}
+    r = run_python(FORK_DURING_A_USE, env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "child close CUDACORE_ERROR_FORKED",
+        "child dealloc returned",
+        "child exit status 0",
+        "parent closed True",
+    ], r.stderr
