@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -700,3 +701,35 @@ def test_a_forked_child_does_not_wait_for_uses_of_threads_left_in_the_parent() -
         "child exit status 0",
         "parent closed True",
     ], r.stderr
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["on a stream", "synchronous"])
+def test_a_buffer_closed_by_code_that_its_copy_runs_is_not_copied_into(dev: cc.Device, stream: bool) -> None:
+    """The hot copy path asks the host object what it is (an attribute lookup, which a subclass's
+    __getattr__ answers with Python code: code that can close the buffer, or let another thread run that
+    does) before it names the buffer's address. A buffer closed there is the general path's, which raises
+    the closed error; the small copy on a stream (made with the GIL held) went on into the freed block,
+    which the allocator had handed to the next Buffer."""
+    s = dev.create_stream()
+    try:
+        buf = dev.allocate(4096, stream=s)
+        victims: list[cc.Buffer] = []
+
+        class Closing(bytearray):
+            def __getattr__(self, name: str) -> Any:
+                if not victims:
+                    buf.close()
+                    victims.append(dev.allocate(4096, stream=s))  # the freed block, handed out again
+                    victims[0].copy_from(bytes(4096), stream=s)
+                raise AttributeError(name)
+
+        with pytest.raises(cc.CUDAError, match="closed"):
+            buf.copy_from(Closing(b"\x01" * 4096), stream=s if stream else None)
+        s.synchronize()
+        got = bytearray(4096)
+        victims[0].copy_to(got)
+        assert not any(got), "the copy wrote into the next Buffer"
+    finally:
+        for v in victims:
+            v.close()
+        s.close()

@@ -623,6 +623,13 @@ copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh
         PyBuffer_Release(&view);
         return 0;
     }
+    /* Closed since the check on entry: the checks above and the export may run Python code (a subclass's
+     * __getattr__, say), which can close it, or let another thread run that does. Nothing below runs any
+     * before the copy (or use_begin) names the memory. */
+    if (buffer_gone(self)) {
+        PyBuffer_Release(&view);
+        return 0;
+    }
     if (door_check_fork(to_device ? "copy_from" : "copy_to") < 0) {
         PyBuffer_Release(&view);
         return -1;
@@ -648,10 +655,6 @@ copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh
         }
         err = cudacore_door_CopyToDeviceHeld(device, ptr, hbuf, hlen, n, sh, &ret);
     } else {
-        if (buffer_gone(self)) { /* closed by another thread while the host memory was exported */
-            PyBuffer_Release(&view);
-            return 0;
-        }
         use_begin(self); /* no Python code runs on this thread until use_end */
         Py_BEGIN_ALLOW_THREADS
         err = to_device ? cudacore_door_CopyToDevice(device, ptr, hbuf, hlen, n, sh, &ret)
