@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -648,3 +649,87 @@ def test_a_close_inside_a_use_of_the_buffer_on_its_own_thread_is_refused(dev: cc
         buf.copy_from(bytes(4096))  # the memory is still the buffer's
     buf.close()
     assert buf.closed
+
+
+FORK_DURING_A_USE = """
+import os, sys, threading, warnings
+import cudacore as cc
+from cudacore._native import fast
+
+warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads, which this test means to do
+d = cc.Device(0)
+buf, dropped = d.allocate(4096), d.allocate(4096)
+inside, done = threading.Event(), threading.Event()
+
+def user():
+    with fast.using(buf, dropped):  # a copy of the two under way at the fork, as far as they can tell
+        inside.set()
+        done.wait()
+
+t = threading.Thread(target=user)
+t.start()
+inside.wait()
+pid = os.fork()
+if pid == 0:
+    try:
+        buf.close()
+        print("child close returned", flush=True)
+    except cc.CUDAError as exc:
+        print("child close", exc.name, flush=True)
+    del dropped  # deallocated: nothing to free here, and nothing to wait for
+    print("child dealloc returned", flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child exit status", status, flush=True)
+done.set()
+t.join()
+buf.close()
+print("parent closed", buf.closed, flush=True)
+"""
+
+
+def test_a_forked_child_does_not_wait_for_uses_of_threads_left_in_the_parent() -> None:
+    """A thread's use of a Buffer (a copy with the GIL released) under way at a fork stays counted in the
+    child, where that thread does not exist: the child's close() and deallocation of the Buffer waited for
+    it forever. In the child the close raises the fork error and the deallocation frees nothing, at once."""
+    env = {"CUDACORE_BACKEND": os.environ["CUDACORE_BACKEND"]}
+    r = run_python(FORK_DURING_A_USE, env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "child close CUDACORE_ERROR_FORKED",
+        "child dealloc returned",
+        "child exit status 0",
+        "parent closed True",
+    ], r.stderr
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["on a stream", "synchronous"])
+def test_a_buffer_closed_by_code_that_its_copy_runs_is_not_copied_into(dev: cc.Device, stream: bool) -> None:
+    """The hot copy path asks the host object what it is (an attribute lookup, which a subclass's
+    __getattr__ answers with Python code: code that can close the buffer, or let another thread run that
+    does) before it names the buffer's address. A buffer closed there is the general path's, which raises
+    the closed error; the small copy on a stream (made with the GIL held) went on into the freed block,
+    which the allocator had handed to the next Buffer."""
+    s = dev.create_stream()
+    try:
+        buf = dev.allocate(4096, stream=s)
+        victims: list[cc.Buffer] = []
+
+        class Closing(bytearray):
+            def __getattr__(self, name: str) -> Any:
+                if not victims:
+                    buf.close()
+                    victims.append(dev.allocate(4096, stream=s))  # the freed block, handed out again
+                    victims[0].copy_from(bytes(4096), stream=s)
+                raise AttributeError(name)
+
+        with pytest.raises(cc.CUDAError, match="closed"):
+            buf.copy_from(Closing(b"\x01" * 4096), stream=s if stream else None)
+        s.synchronize()
+        got = bytearray(4096)
+        victims[0].copy_to(got)
+        assert not any(got), "the copy wrote into the next Buffer"
+    finally:
+        for v in victims:
+            v.close()
+        s.close()

@@ -641,6 +641,36 @@ def test_explain_oom_reads_what_it_can_of_a_hostile_torch_error(dev: cc.Device, 
                 cc.explain_oom(standin.TorchOutOfMemoryError(f"Requested : {size}"))
 
 
+@pytest.mark.sim
+def test_explain_oom_reads_what_it_can_of_a_hostile_cupy_error(dev: cc.Device, standins: tuple[standin.Torch, standin.Cupy]) -> None:
+    """A CuPy error whose size attribute is missing or raises when read, and whose text has commas where
+    the digits go: the size is asked of the caller (this raised the attribute's own RuntimeError, or
+    ValueError from int("")), and the text's size is read when there is one."""
+
+    class RaisingSize(standin.CupyOutOfMemoryError):
+        @property
+        def _size(self) -> Any:
+            raise RuntimeError("_size raises")
+
+        @_size.setter
+        def _size(self, value: Any) -> None:
+            pass
+
+    def without_size(text: str) -> standin.CupyOutOfMemoryError:
+        exc = standin.CupyOutOfMemoryError(1, 0)
+        exc._size, exc.args = None, (text,)
+        return exc
+
+    with cc.share_pool(dev, libraries=[]):
+        for exc in (without_size("Out of memory allocating , bytes"), without_size("Out of memory allocating ,,, bytes")):
+            with pytest.raises(cc.InvalidValueError, match="pass requested="):
+                cc.explain_oom(exc)
+        e = cc.explain_oom(RaisingSize(3 * MiB, 0))
+        assert (e.op, e.requested) == ("cupy", 3 * MiB), "the size read from the text"
+        e = cc.explain_oom(without_size("Out of memory allocating 1,048,576 bytes"))
+        assert (e.op, e.requested) == ("cupy", MiB)
+
+
 def test_explain_oom_without_a_shared_pool(dev: cc.Device) -> None:
     e = cc.explain_oom(MemoryError("std::bad_alloc: out_of_memory: CUDA error (failed to allocate 1099511627776 bytes) at: x"))
     assert (e.cause, e.op, e.requested, e.device) == ("too_large", "rmm", 1 << 40, 0)

@@ -15,11 +15,12 @@
 
 /* Wait, with the GIL released in between, until another thread's free of this object has returned (it
  * released the GIL for the driver call). Afterwards the object is closed, or open again if that free
- * failed. Called with the GIL held. */
+ * failed. In a forked child it returns at once: the thread of that free is not in the child, so the flag
+ * never clears (and the child frees nothing). Called with the GIL held. */
 void
 wait_for_free(volatile char *freeing)
 {
-    while (*freeing) {
+    while (*freeing && !cudacore_forked) {
         Py_BEGIN_ALLOW_THREADS
         sched_yield();
         Py_END_ALLOW_THREADS
@@ -71,7 +72,8 @@ used_on_this_thread(const BufferObject *b)
  * that it returns only once the memory is gone (or raises if that free failed and its own retry does);
  * one that finds calls of other threads using the memory (uses) waits for them, and then checks again
  * from the start. In a forked child nothing is freed: Go must not be entered there, and
- * the memory belongs to the parent's context anyway. */
+ * the memory belongs to the parent's context anyway; nor is anything waited for, since the threads whose
+ * free or uses were under way at the fork are not in the child and would never end them. */
 int
 buffer_free(BufferObject *self, int dealloc)
 {
@@ -97,7 +99,7 @@ buffer_free(BufferObject *self, int dealloc)
                          n == 1 ? "it" : "them", n == 1 ? "it" : "them");
             return -1;
         }
-        if (self->uses == 0) {
+        if (self->uses == 0 || cudacore_forked) {
             break;
         }
         if (used_on_this_thread(self)) {
@@ -621,6 +623,13 @@ copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh
         PyBuffer_Release(&view);
         return 0;
     }
+    /* Closed since the check on entry: the checks above and the export may run Python code (a subclass's
+     * __getattr__, say), which can close it, or let another thread run that does. Nothing below runs any
+     * before the copy (or use_begin) names the memory. */
+    if (buffer_gone(self)) {
+        PyBuffer_Release(&view);
+        return 0;
+    }
     if (door_check_fork(to_device ? "copy_from" : "copy_to") < 0) {
         PyBuffer_Release(&view);
         return -1;
@@ -646,10 +655,6 @@ copy_export_hot(BufferObject *self, PyObject *host, PyObject *stream, int64_t sh
         }
         err = cudacore_door_CopyToDeviceHeld(device, ptr, hbuf, hlen, n, sh, &ret);
     } else {
-        if (buffer_gone(self)) { /* closed by another thread while the host memory was exported */
-            PyBuffer_Release(&view);
-            return 0;
-        }
         use_begin(self); /* no Python code runs on this thread until use_end */
         Py_BEGIN_ALLOW_THREADS
         err = to_device ? cudacore_door_CopyToDevice(device, ptr, hbuf, hlen, n, sh, &ret)

@@ -1017,8 +1017,10 @@ func BenchmarkCrewStart(b *testing.B) {
 			}
 			b.SetBytes(int64(n))
 			for b.Loop() {
-				next.Store(0)
+				// done first: a worker still in the last round's loop that claims a piece once next is
+				// reset counts it in this round, never in the last one's count that this reset drops.
 				done.Store(0)
+				next.Store(0)
 				round.Add(1)
 				for done.Load() < int64(pieces) {
 				}

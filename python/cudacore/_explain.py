@@ -41,7 +41,7 @@ _TORCH_REQUESTED = (re.compile(r"Requested\s*:\s*" + _SIZE), re.compile(r"Tried 
 _TORCH_CURRENT = re.compile(r"Currently allocated\s*:\s*" + _SIZE)
 _TORCH_DEVICE = (re.compile(r"Allocation on device (\d{1,19})\b"), re.compile(r"GPU (\d{1,19}) has a total capacity"))
 # CuPy's OutOfMemoryError: "Out of memory allocating 1,024 bytes (allocated so far: ...)".
-_CUPY_REQUESTED = re.compile(r"allocating ([\d,]{1,26}) bytes")
+_CUPY_REQUESTED = re.compile(r"allocating (\d[\d,]{0,25}) bytes")  # a digit first: never int("")
 # RMM's rmm::out_of_memory, which Python sees as a MemoryError: "std::bad_alloc: out_of_memory: CUDA error
 # (failed to allocate 1024 bytes) at: ...".
 _RMM_MARK = "out_of_memory"
@@ -80,20 +80,21 @@ def _text(exc: BaseException) -> str:
         return ""
 
 
+def _attribute(exc: BaseException, name: str) -> object:
+    """``exc``'s attribute ``name``, or None where it is missing or raises when read (as :func:`_text`)."""
+    try:
+        return getattr(exc, name, None)
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _linked(e: BaseException) -> list[BaseException]:
     """``e.__cause__`` and ``e.__context__``, those that are exceptions: a subclass may make them properties
     that raise or answer anything, which are read as no link."""
-    out = []
-    for name in ("__cause__", "__context__"):
-        try:
-            link = getattr(e, name, None)
-        except MemoryError:
-            raise
-        except Exception:  # noqa: BLE001, S112
-            continue
-        if isinstance(link, BaseException):
-            out.append(link)
-    return out
+    links = (_attribute(e, "__cause__"), _attribute(e, "__context__"))
+    return [link for link in links if isinstance(link, BaseException)]
 
 
 def _first(patterns: tuple[re.Pattern[str], ...], text: str) -> re.Match[str] | None:
@@ -144,14 +145,14 @@ def _cupy_failure(exc: BaseException) -> _Failure | None:
     runtime_error = getattr(runtime, "CUDARuntimeError", None)
     if isinstance(oom, type) and isinstance(exc, oom):
         f = _Failure("cupy")
-        size = getattr(exc, "_size", None)
+        size = _attribute(exc, "_size")
         if isinstance(size, int) and not isinstance(size, bool) and size > 0:
             f.requested = size
         else:
             m = _CUPY_REQUESTED.search(_text(exc))
             if m is not None:
                 f.requested = int(m.group(1).replace(",", ""))
-    elif isinstance(runtime_error, type) and isinstance(exc, runtime_error) and getattr(exc, "status", None) == _CUDA_ERROR_MEMORY_ALLOCATION:
+    elif isinstance(runtime_error, type) and isinstance(exc, runtime_error) and _attribute(exc, "status") == _CUDA_ERROR_MEMORY_ALLOCATION:
         f = _Failure("cupy")  # a runtime call of CuPy's: the size is not in the error
     else:
         return None
