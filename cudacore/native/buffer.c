@@ -31,7 +31,8 @@ wait_for_free(volatile char *freeing)
  * Buffer's uses for the call, and close() waits until none is left (buffer_free). The Buffers that this
  * thread's uses hold are listed here as well, innermost last: a close on this thread of one of them (from
  * a finalizer that the collector runs during the call, say) would wait for itself, so it is refused. Uses
- * nest only as deep as the calls that make them. */
+ * nest only as deep as the calls that make them; past USES_HERE_MAX the list stops, and a close on this
+ * thread of any Buffer in use is refused (used_on_this_thread). */
 #define USES_HERE_MAX 8
 static _Thread_local BufferObject *uses_here[USES_HERE_MAX];
 static _Thread_local int n_uses_here;
@@ -56,10 +57,16 @@ use_end(BufferObject *b)
     }
 }
 
+/* Whether a use on this thread holds b. Past USES_HERE_MAX nested uses the list is incomplete, and any
+ * Buffer in use may be this thread's: it answers yes, so that a close refuses rather than waits for
+ * itself. */
 static int
 used_on_this_thread(const BufferObject *b)
 {
-    for (int i = 0; i < n_uses_here && i < USES_HERE_MAX; i++) {
+    if (n_uses_here > USES_HERE_MAX) {
+        return 1;
+    }
+    for (int i = 0; i < n_uses_here; i++) {
         if (uses_here[i] == b) {
             return 1;
         }
