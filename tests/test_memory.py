@@ -733,3 +733,40 @@ def test_a_buffer_closed_by_code_that_its_copy_runs_is_not_copied_into(dev: cc.D
         for v in victims:
             v.close()
         s.close()
+
+
+def test_a_close_waiting_for_another_threads_use_is_ended_by_ctrl_c(dev: cc.Device) -> None:
+    """A close() that waits for another thread's copy of the buffer (a use) can be interrupted: Ctrl-C
+    raises KeyboardInterrupt out of the wait, the buffer stays open while the other thread still uses it,
+    and a later close frees it. (Before, the wait could not be interrupted: close returned only once the
+    other thread was done, and the interrupt came after it.)"""
+    import signal
+
+    from cudacore._native import fast
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are delivered to the main thread")
+    buf = dev.allocate(4096)
+    holding, done = threading.Event(), threading.Event()
+
+    def user() -> None:
+        with fast.using(buf):  # as a copy on this thread holds the buffer while the GIL is released
+            holding.set()
+            done.wait(20)
+
+    t = threading.Thread(target=user)
+    t.start()
+    timer = threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+    try:
+        assert holding.wait(10)
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            buf.close()
+        assert t.is_alive() and not done.is_set(), "the close waited until the other thread was done"
+        assert not buf.closed
+    finally:
+        timer.cancel()
+        done.set()
+        t.join(30)
+    buf.close()
+    assert buf.closed

@@ -78,12 +78,32 @@ used_on_this_thread(const BufferObject *b)
  * that the free can be retried). A close that finds another thread's free in flight waits for it, so
  * that it returns only once the memory is gone (or raises if that free failed and its own retry does);
  * one that finds calls of other threads using the memory (uses) waits for them, and then checks again
- * from the start. In a forked child nothing is freed: Go must not be entered there, and
+ * from the start; a Ctrl-C ends that wait with KeyboardInterrupt, the buffer still open (except in a
+ * destructor, dealloc, which cannot raise and waits on). In a forked child nothing is freed: Go must not be entered there, and
  * the memory belongs to the parent's context anyway; nor is anything waited for, since the threads whose
  * free or uses were under way at the fork are not in the child and would never end them. */
+/* Let other threads run while this one waits for them, with the GIL released: a yield at first (most
+ * waits are short: the rest of a copy), then sleeps of 100 µs, so that a wait for a long copy does not
+ * keep a core busy. *waits counts the pauses so far. */
+static void
+pause_for_others(int *waits)
+{
+    int yield = *waits < 100;
+    (*waits)++;
+    Py_BEGIN_ALLOW_THREADS
+    if (yield) {
+        sched_yield();
+    } else {
+        struct timespec pause = {0, 100000};
+        nanosleep(&pause, NULL);
+    }
+    Py_END_ALLOW_THREADS
+}
+
 int
 buffer_free(BufferObject *self, int dealloc)
 {
+    int waits = 0;
     for (;;) {
         wait_for_free(&self->freeing);
         if (self->closed) {
@@ -116,9 +136,12 @@ buffer_free(BufferObject *self, int dealloc)
                             "once that call has returned");
             return -1;
         }
-        Py_BEGIN_ALLOW_THREADS /* a call of another thread: it needs the GIL to end */
-        sched_yield();
-        Py_END_ALLOW_THREADS
+        /* A call of another thread, which needs the GIL to end. Ctrl-C ends the wait (not a destructor's,
+         * which cannot raise): the Buffer stays open, and its close can be tried again. */
+        if (!dealloc && PyErr_CheckSignals() < 0) {
+            return -1;
+        }
+        pause_for_others(&waits);
     }
     if (self->borrowed) {
         self->closed = 1;
