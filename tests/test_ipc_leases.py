@@ -42,18 +42,10 @@ def _open_fds() -> set[str]:
 
 def _foreign(h: cc.IpcHandle) -> cc.IpcHandle:
     """A copy of ``h`` (with its own descriptors) naming the parent as its exporter: it opens as in a
-    second process."""
-    return cc.IpcHandle(
-        kind=h.kind,
-        device_id=h.device_id,
-        size=h.size,
-        handle=h.handle,
-        pool_id=h.pool_id,
-        pool_fd=None if h.pool_fd is None else os.dup(h.pool_fd),
-        lease_fd=os.dup(h.lease_fd),
-        exporter=os.getppid(),
-        ptr=h.ptr,
-    )
+    second process (the fuzzer's helper, which the sweeps use too)."""
+    import fuzz_mix
+
+    return fuzz_mix._foreign(cc, h)
 
 
 def _lease_of(h: cc.IpcHandle) -> _ipc._Lease | None:
