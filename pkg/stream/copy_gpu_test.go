@@ -554,16 +554,18 @@ func BenchmarkGPUPipelineAB(b *testing.B) {
 // staging buffers filled by Go's copy instead of fillForDMA.
 func BenchmarkGPUPipelineSplit(b *testing.B) {
 	e := openGPU(b)
+	goCopy := func(dst, src []byte) { copy(dst, src) }
 	tunings := []struct {
 		name string
 		t    StagingTuning
+		fill func(dst, src []byte) // how the crew fills a staging buffer; nil: fillForDMA
 	}{
-		{"default", StagingTuning{}},
-		{"no-drain", StagingTuning{Burst: -1}},
-		{"chunk-2m", StagingTuning{Chunk: 2 << 20, Buffers: 16}},
-		{"chunk-1m-piece-256k", StagingTuning{Chunk: 1 << 20, Buffers: 32, Piece: 256 << 10}},
-		{"workers-12", StagingTuning{Workers: 12}},
-		{"go-copy", StagingTuning{}}, // the default tuning, the staging buffers filled by Go's copy
+		{"default", StagingTuning{}, nil},
+		{"no-drain", StagingTuning{Burst: -1}, nil},
+		{"chunk-2m", StagingTuning{Chunk: 2 << 20, Buffers: 16}, nil},
+		{"chunk-1m-piece-256k", StagingTuning{Chunk: 1 << 20, Buffers: 32, Piece: 256 << 10}, nil},
+		{"workers-12", StagingTuning{Workers: 12}, nil},
+		{"go-copy", StagingTuning{}, goCopy},
 	}
 	for _, n := range []int{16 << 20, 64 << 20} {
 		p := e.alloc(b, n)
@@ -573,8 +575,8 @@ func BenchmarkGPUPipelineSplit(b *testing.B) {
 			s, err := m.Create(true, 0)
 			require.NoError(b, err)
 			b.Run(fmt.Sprintf("%dMiB/%s", n>>20, tu.name), func(b *testing.B) {
-				if tu.name == "go-copy" {
-					fillStaging = func(dst, src []byte) { copy(dst, src) }
+				if tu.fill != nil {
+					fillStaging = tu.fill
 					defer func() { fillStaging = fillForDMA }()
 				}
 				b.SetBytes(int64(n))
